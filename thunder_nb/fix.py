@@ -1,0 +1,546 @@
+"""CUDA-graph transforms for thunder 0.2.6: the corrected deletion pass, and the July 2024 legacy one.
+
+`FixedCUDAGraphTransform` is what a user drops into ``thunder.jit(fn, transforms=[...])``:
+
+- ops that must not be captured (host syncs such as ``.item()``, device transfers, CPU ops of a
+  CUDA trace) stay outside regions, as islands; `thunder_nb.analysis.classify_bsym` decides,
+  the same code the checker uses;
+- inside a region only values produced there and not among its outputs are deleted, right after
+  their last use; a value from outside a region is never deleted inside it and is an input only if
+  the region computes with it; top-level dels are regenerated after fusion, right after the last
+  consumer;
+- a Python number produced by an island and consumed by a region is handed over as the 0-d device
+  tensor it came from, so new values do not capture new graphs (`handoff_scalars`);
+- backward traces that receive non-tensor saved values work (thunder 0.2.6 asserts there);
+- tensors returned to the caller are copied out of the runner's static output buffers;
+- ``capture="auto"`` runs regions eagerly (with one warning) when there is no CUDA device.
+
+`LegacyCUDAGraphTransform` reproduces the behaviour behind upstream issue #728, for teaching and
+regression tests.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from thunder.core import prims, utils
+from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy, unvariableify
+from thunder.core.pytree import tree_flatten
+from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, reset_tracectx, set_tracectx
+from thunder.core import vjp_utils
+from thunder.executors.data_dependent_partition import Node, consecutive_fusion, dataflow_fusion
+from thunder.executors.passes import _del_last_used
+from thunder.executors.utils import Region
+from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform, to_arg_descriptor
+
+from .analysis import classify_bsym
+from .model import GraphRecord
+
+__all__ = [
+    "FixedCUDAGraphTransform",
+    "LegacyCUDAGraphTransform",
+    "ThunderNBRunner",
+    "EagerFallbackWarning",
+    "region_del_pass",
+    "strip_top_level_dels",
+    "handoff_scalars",
+]
+
+class EagerFallbackWarning(UserWarning):
+    """Regions ran eagerly (no CUDA graph was captured)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# The runner: capture or eager, graph records, copy-out
+
+
+class ThunderNBRunner(CUDAGraphRunner):
+    """A `CUDAGraphRunner` that can run regions eagerly and records every graph it captures.
+
+    Args:
+        capture: ``"auto"`` (capture when the region's tensors are on a CUDA device), True (always
+            capture), False (always run the region's Python function eagerly).
+        share_mem_pool: as thunder's runner.
+    """
+
+    def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = False):
+        super().__init__(share_mem_pool=share_mem_pool)
+        self.capture = capture
+        self.copy_out: dict[str, tuple[bool, ...]] = {}  # fn_name -> which outputs reach the caller
+        self.graph_records: dict[str, list[GraphRecord]] = {}
+        self.eager_calls: dict[str, int] = {}
+        self.replays: dict[str, int] = {}
+        self._last_key: dict[str, Any] = {}
+        self._warned = False
+
+    def _should_capture(self, args: Sequence[Any]) -> bool:
+        if self.capture is False:
+            return False
+        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        if self.capture is True:
+            if not torch.cuda.is_available():
+                raise RuntimeError("capture=True needs a CUDA device, and torch sees none")
+            return True
+        if on_cuda:
+            return True
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "thunder-nb: no CUDA tensors in this region, so regions run eagerly and no CUDA graph is captured",
+                EagerFallbackWarning,
+                stacklevel=4,
+            )
+        return False
+
+    def call_cuda_graph(self, fn_name: str, *args: Any) -> Any:
+        """Run region ``fn_name``: replay (capturing on a cache miss), or call its function eagerly."""
+        fn, _ = self.python_callables[fn_name]
+        if not self._should_capture(args):
+            self.eager_calls[fn_name] = self.eager_calls.get(fn_name, 0) + 1
+            return fn(*args)
+        key = self.make_cache_key(fn_name, *args)
+        if key not in self.cuda_graph_cache:
+            mask = self.make_static_inputs_mask(fn_name, *args)
+            before = torch.cuda.memory_allocated()
+            self.cuda_graph_cache[key] = self.build_cuda_graph(fn, args, mask)
+            pool = torch.cuda.memory_allocated() - before
+            records = self.graph_records.setdefault(fn_name, [])
+            records.append(
+                GraphRecord(
+                    index=len(records),
+                    cause=_recapture_cause(self._last_key.get(fn_name), key, self.trace_symbols[fn_name][1]),
+                    static_bytes=_static_bytes(args, mask),
+                    pool_bytes=max(pool, 0),
+                )
+            )
+        self._last_key[fn_name] = key
+        graph, static_inputs, static_outputs = self.cuda_graph_cache[key]
+        for static_input, arg in utils.safe_zip(static_inputs, args):
+            if static_input is not arg and isinstance(static_input, torch.Tensor) and isinstance(arg, torch.Tensor):
+                static_input.copy_(arg)
+        graph.replay()
+        self.replays[fn_name] = self.replays.get(fn_name, 0) + 1
+        mask = self.copy_out.get(fn_name)
+        if not mask or not any(mask):
+            return static_outputs
+        # NOTE: the next replay overwrites static outputs; what the caller keeps must be its own
+        return [o.clone() if c and isinstance(o, torch.Tensor) else o for o, c in zip(static_outputs, mask)]
+
+    def region_stats(self, fn_name: str) -> dict[str, Any]:
+        """Return ``{"graphs": (GraphRecord, ...), "captured": bool | None, "eager_calls": n, "replays": n}``."""
+        graphs = tuple(self.graph_records.get(fn_name, ()))
+        eager = self.eager_calls.get(fn_name, 0)
+        captured = True if graphs else (False if eager else None)
+        return {"graphs": graphs, "captured": captured, "eager_calls": eager, "replays": self.replays.get(fn_name, 0)}
+
+    @property
+    def graphs_captured(self) -> int:
+        """How many CUDA graphs this runner captured, all regions together."""
+        return len(self.cuda_graph_cache)
+
+
+def _static_bytes(args: Sequence[Any], mask: Sequence[bool]) -> int:
+    return sum(a.nbytes for a, s in zip(args, mask) if isinstance(a, torch.Tensor) and not s)
+
+
+def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any]) -> str:
+    if old is None:
+        return "first call"
+    names = [getattr(p, "name", f"arg{i}") for i, p in enumerate(inputs)]
+    od, nd = old[2], new[2]
+    for i, name in enumerate(names):
+        for field, label in (("non_tensor_args", "value"), ("dtypes", "dtype"), ("sizes", "shape"), ("strides", "strides")):
+            a, b = getattr(od, field), getattr(nd, field)
+            if a is not None and b is not None and i < len(a) and a[i] != b[i]:
+                if label == "value":
+                    return f"{name}: value {a[i]!r} -> {b[i]!r}"
+                return f"{name}: {label} {tuple(a[i]) if label != 'dtype' else a[i]} -> {tuple(b[i]) if label != 'dtype' else b[i]}"
+    if old[1] != new[1]:
+        return "static-input mask changed"
+    return "cache key changed"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure passes over bound symbols
+
+
+def strip_top_level_dels(bsyms: Sequence[BoundSymbol], *, collections: bool = False) -> list[BoundSymbol]:
+    """Drop top-level ``del`` symbols (and ``clear_mutable_collection`` ones when ``collections``)."""
+    out = []
+    for b in bsyms:
+        if b.sym.id == prims.PrimIDs.DEL:
+            continue
+        if collections and b.sym.id == "clear_mutable_collection":
+            continue
+        out.append(b)
+    return out
+
+
+def region_del_pass(
+    bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]
+) -> list[BoundSymbol]:
+    """Insert dels into a region: only values produced in it and not among its outputs, after their last use.
+
+    Existing dels are dropped. Inputs (values produced outside the region) are never deleted.
+    """
+    protected = {p.name for p in inputs} | {p.name for p in outputs}
+    produced = {p.name for b in bsyms if b.sym.id != prims.PrimIDs.DEL for p in b.flat_proxy_outs}
+    handled: set[str] = set(protected)
+    result: list[BoundSymbol] = []
+    for b in reversed(list(bsyms)):
+        if b.sym.id == prims.PrimIDs.DEL:
+            continue
+        to_del = []
+        for p in list(b.flat_proxy_outs) + list(b.flat_proxy_args):
+            if p.name in handled or p.name not in produced:
+                continue
+            handled.add(p.name)
+            to_del.append(p)
+        if to_del:
+            result.append(prims.python_del.bind(*to_del, output=None))
+        result.append(b)
+    result.reverse()
+    return result
+
+
+def handoff_scalars(bsyms: Sequence[BoundSymbol], can_fuse) -> tuple[list[BoundSymbol], dict[str, str], dict[str, str]]:
+    """Plan the hand-over of island scalars to regions as the 0-d tensors they came from.
+
+    For every ``n = item(t)`` (``t`` a 0-d tensor) whose number ``n`` is read by capturable ops,
+    those ops read ``t`` instead when that computes the same values: every reader is an elementwise
+    op whose tensor operands all have ``t``'s dtype (so PyTorch's type promotion and the kernel's
+    compute type are the same as with the Python number). The ``item`` itself stays when its number
+    is still needed (returned, read by an island); otherwise it is dropped, and with it the host sync.
+
+    Returns:
+        (new bound symbols, {number: tensor} handed over, {number: why not} kept as numbers)
+    """
+    producers: dict[str, BoundSymbol] = {}
+    for b in bsyms:
+        for p in b.flat_proxy_outs:
+            producers.setdefault(p.name, b)
+    readers: dict[str, list[BoundSymbol]] = {}
+    for b in bsyms:
+        if b.sym.id in (prims.PrimIDs.DEL,):
+            continue
+        for p in b.flat_proxy_args:
+            readers.setdefault(p.name, []).append(b)
+
+    handed: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    swaps: dict[str, TensorProxy] = {}
+    for b in bsyms:
+        if b.sym.name != "item" or len(b.flat_proxy_outs) != 1:
+            continue
+        n = b.flat_proxy_outs[0]
+        src = b.flat_proxy_args[0] if b.flat_proxy_args else None
+        if not isinstance(n, NumberProxy) or not isinstance(src, TensorProxy) or len(src.shape) != 0:
+            continue
+        fusible_readers = [r for r in readers.get(n.name, ()) if can_fuse(r) and r.sym.id != prims.PrimIDs.RETURN]
+        if not fusible_readers:
+            continue
+        why = _handoff_refusal(n, src, fusible_readers)
+        if why:
+            refused[n.name] = why
+            continue
+        swaps[n.name] = src
+        handed[n.name] = src.name
+
+    if not swaps:
+        return list(bsyms), handed, refused
+    swap_map = swaps
+    new: list[BoundSymbol] = []
+    for b in bsyms:
+        if can_fuse(b) and any(p.name in swap_map for p in b.flat_proxy_args) and b.sym.id != prims.PrimIDs.RETURN:
+            b = _replace_args(b, swap_map)
+        new.append(b)
+    # drop an item whose number nobody reads any more
+    still_read = {p.name for b in new if b.sym.id != prims.PrimIDs.DEL for p in b.flat_proxy_args}
+    final = []
+    for b in new:
+        if b.sym.name == "item" and b.flat_proxy_outs and b.flat_proxy_outs[0].name in swaps:
+            if b.flat_proxy_outs[0].name not in still_read:
+                continue
+        final.append(b)
+    return final, handed, refused
+
+
+_ELEMENTWISE = frozenset(
+    {"add", "sub", "mul", "div", "true_divide", "pow", "maximum", "minimum", "where", "clamp", "lerp", "addcmul",
+     "addcdiv", "eq", "ne", "lt", "le", "gt", "ge", "fmod", "remainder", "atan2", "copysign"}
+)
+
+
+def _handoff_refusal(n: NumberProxy, src: TensorProxy, readers: Sequence[BoundSymbol]) -> str | None:
+    for r in readers:
+        base = r.sym.name.rsplit(".", 1)[-1]
+        if base not in _ELEMENTWISE:
+            return f"{r.sym.name} reads {n.name}: only elementwise ops take a 0-d tensor in its place exactly"
+        for p in r.flat_proxy_args:
+            if isinstance(p, TensorProxy) and p.name != src.name and p.dtype != src.dtype:
+                return (f"{r.sym.name} mixes {n.name} (from {src.dtype}) with a {p.dtype} tensor: "
+                        "a 0-d tensor would round differently from a Python number")
+        if not any(isinstance(p, TensorProxy) for p in r.flat_proxy_args):
+            return f"{r.sym.name} computes with numbers only"
+    return None
+
+
+def _replace_args(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
+    """Return ``bsym`` reading ``swap[name]`` wherever it read proxy ``name`` (subsymbols too)."""
+
+    def sub(x: Any) -> Any:
+        if isinstance(x, Proxy) and x.name in swap:
+            return swap[x.name]
+        if isinstance(x, tuple):
+            return tuple(sub(e) for e in x)
+        if isinstance(x, list):
+            return [sub(e) for e in x]
+        if isinstance(x, dict):
+            return {k: sub(v) for k, v in x.items()}
+        return x
+
+    return bsym.from_bsym(
+        args=sub(bsym.args),
+        kwargs=sub(bsym.kwargs),
+        subsymbols=[_replace_args(s, swap) for s in bsym.subsymbols],
+    )
+
+
+def _returned_names(trace: TraceCtx) -> set[str]:
+    """Names of the tensors that reach the caller (the user's outputs; every output of a backward)."""
+    out = trace.output
+    if isinstance(out, dict) and "output" in out:
+        out = out["output"]
+    elif isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict) and "output" in out[0]:
+        out = out[0]["output"]
+    flat, _ = tree_flatten(out)
+    return {p.name for p in flat if isinstance(p, TensorProxy)}
+
+
+def _is_cuda_trace(trace: TraceCtx) -> bool:
+    for b in trace.bound_symbols:
+        for p in b.flat_proxy_outs:
+            if isinstance(p, TensorProxy) and p.device.devicetype.name == "CUDA":
+                return True
+    return any(isinstance(a, TensorProxy) and a.device.devicetype.name == "CUDA" for a in trace.args)
+
+
+def _mark_backward_static(transform: CUDAGraphTransform, trace: TraceCtx) -> None:
+    """Tag backward's saved tensors that forward left in static buffers (thunder's logic, without fixed positions)."""
+    if transform.outputs_from_forward is None:
+        raise RuntimeError("the transform ran on a backward trace before its forward trace")
+    sfb = trace.args[0]
+    collections = next(
+        (b.output for b in trace.bound_symbols if b.sym.name == "unpack_sequence" and b.args and b.args[0] is sfb),
+        None,
+    )
+    tensors = ()
+    if collections:
+        c0 = collections[0]
+        tensors = next(
+            (b.output for b in trace.bound_symbols if b.sym.name == "unpack_sequence" and b.args and b.args[0] is c0),
+            (),
+        )
+    saved = [p for p in tensors if isinstance(p, TensorProxy)]
+    if len(saved) == len(transform.outputs_from_forward):
+        for is_static, p in zip(transform.outputs_from_forward, saved):
+            if is_static:
+                p.tags.add(ProxyTag.STATIC_MEMORY_LOCATION)
+    transform.outputs_from_forward = None
+
+
+def _record_forward_static(transform: CUDAGraphTransform, new_trace: TraceCtx) -> None:
+    if TraceTag.AUGMENTED_FORWARD not in new_trace.tags:
+        return
+    names = {o.name for b in new_trace.bound_symbols if b.sym.name.startswith("CUDAGraph") for o in b.flat_proxy_outs}
+    saved = vjp_utils.get_saved_for_backward_tensors(new_trace)
+    transform.outputs_from_forward = [o.name in names or ProxyTag.STATIC_MEMORY_LOCATION in o.tags for o in saved]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The transforms
+
+
+def _check_capture(capture: Any) -> bool | str:
+    if not (capture is True or capture is False or capture == "auto"):
+        raise ValueError(f"capture must be one of ['auto', True, False], not {capture!r}")
+    if capture is True and not torch.cuda.is_available():
+        raise RuntimeError("capture=True needs a CUDA device, and torch sees none (use capture='auto' or False)")
+    return capture
+
+
+class _BaseTransform(CUDAGraphTransform):
+    label = "base"
+
+    def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = False):
+        super().__init__(share_mem_pool=False)
+        self.capture = _check_capture(capture)
+        self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, share_mem_pool=share_mem_pool)
+        self.scalar_handoffs: dict[str, list[str]] = {}  # region -> ["f20 -> t19"]
+        self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
+        self._cuda = False
+        self._returned: set[str] = set()
+
+    @property
+    def graphs_captured(self) -> int:
+        """CUDA graphs captured so far, all regions together."""
+        return self.cuda_graph_runner.graphs_captured
+
+    def _make_fusion(self, bsyms: list[BoundSymbol], inputs: list[Proxy], outputs: list[Proxy]) -> BoundSymbol:
+        runner = self.cuda_graph_runner
+        fusion_callable, fusion_name = runner.make_cuda_graph_callable_from_symbols(bsyms, inputs, outputs)
+        runner.copy_out[fusion_name] = tuple(isinstance(o, TensorProxy) and o.name in self._returned for o in outputs)
+        sym = Symbol(fusion_name, meta=None, is_fusion=True, executor=self)
+        return BoundSymbol(sym, inputs, {}, outputs, bsyms, _call_ctx={fusion_name: fusion_callable})
+
+    def _fuse_groups(self, trace: TraceCtx, groups: list[list[BoundSymbol]]) -> list[BoundSymbol]:
+        producers, consumers = utils.producers_and_consumers(trace)
+        out: list[BoundSymbol] = []
+        for bsyms in groups:
+            if len(bsyms) == 1 or not self.can_fuse(bsyms[0]):
+                out.extend(bsyms)
+                continue
+            out.append(self.fuse(Region(producers, consumers, bsyms), 0))
+        return out
+
+    def _groups(self, trace: TraceCtx, fusion_type: str | None) -> list[list[BoundSymbol]]:
+        def should_fuse(a: Node, b: Node) -> bool:
+            def ok(n: Node) -> bool:
+                return len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0])
+
+            return ok(a) and ok(b)
+
+        from thunder.core.compile_data import get_compile_option
+
+        kind = fusion_type or get_compile_option("fusion_type", "Choose the type of fusion to use") or "consecutive"
+        if kind == "dataflow":
+            return dataflow_fusion(trace, should_fuse)
+        if kind == "consecutive":
+            return consecutive_fusion(trace, should_fuse)
+        raise ValueError(f"unknown fusion_type {kind!r} (must be one of ['consecutive', 'dataflow'])")
+
+
+class FixedCUDAGraphTransform(_BaseTransform):
+    """thunder's CUDA-graph transform with islands kept out, a corrected deletion pass and no re-capture.
+
+    Args:
+        capture: ``"auto"`` (default: capture on CUDA, otherwise run regions eagerly with one
+            `EagerFallbackWarning`), True (always capture; error without CUDA), False (always eager).
+        scalar_handoff: hand island scalars to regions as 0-d device tensors (default True).
+        share_mem_pool: as thunder's transform.
+    """
+
+    label = "fixed"
+
+    def __init__(self, *, capture: bool | str = "auto", scalar_handoff: bool = True, share_mem_pool: bool = False):
+        super().__init__(capture=capture, share_mem_pool=share_mem_pool)
+        self.scalar_handoff = scalar_handoff
+
+    def can_fuse(self, bsym: BoundSymbol) -> bool:
+        """Whether ``bsym`` may join a region: never a del, a host sync, a transfer or a CPU op of a CUDA trace."""
+        if bsym.sym.id == prims.PrimIDs.DEL or bsym.sym.id == "clear_mutable_collection":
+            return False
+        if bsym.sym.id in (
+            prims.PrimIDs.UNPACK_TRIVIAL,
+            prims.PrimIDs.UNPACK_KEY,
+            prims.PrimIDs.UNPACK_EMPTY_DICT,
+            prims.PrimIDs.UNPACK_SEQUENCE,
+            prims.PrimIDs.RETURN,
+            prims.PrimIDs.ITEM,
+        ):
+            return False
+        return classify_bsym(bsym, cuda_trace=self._cuda) is None
+
+    def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
+        """Make one region's fusion symbol, with the corrected region del pass."""
+        inputs = [unvariableify(i) for i in region.inputs]
+        outputs = [unvariableify(o) for o in region.outputs]
+        bsyms = region_del_pass(region.bound_symbols, inputs, outputs)
+        fusion = self._make_fusion(bsyms, inputs, outputs)
+        hand = [f"{n} -> {t}" for n, t in self._handed.items() if any(p.name == t for p in inputs)]
+        if hand:
+            self.scalar_handoffs[fusion.sym.name] = hand
+        return fusion
+
+    def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
+        """Fuse regions into CUDA graphs and regenerate the dels of the top level."""
+        start = time.perf_counter_ns()
+        backward = trace.siginfo().name == "backward_fn"
+        if backward:
+            _mark_backward_static(self, trace)
+        self._cuda = _is_cuda_trace(trace)
+        self._returned = _returned_names(trace) if not backward else {
+            p.name for p in tree_flatten(trace.output)[0] if isinstance(p, TensorProxy)
+        }
+        work = from_trace(trace)
+        work.bound_symbols = strip_top_level_dels(trace.bound_symbols, collections=backward)
+        self._handed = {}
+        if self.scalar_handoff:
+            work.bound_symbols, self._handed, refused = handoff_scalars(work.bound_symbols, self.can_fuse)
+            self.handoff_refusals.update(refused)
+
+        fused = from_trace(trace)
+        fused.clear_collection_names = set()
+        tok = set_tracectx(fused)
+        try:
+            fused.bound_symbols = self._fuse_groups(work, self._groups(work, None))
+        finally:
+            delattr(fused, "clear_collection_names")
+            reset_tracectx(tok)
+        flat_out, _ = tree_flatten(utils.sequencify(trace.output))
+        fused.bound_symbols = _del_last_used(fused.bound_symbols, flat_out, clear_mutable_collections=backward)
+        ms = (time.perf_counter_ns() - start) // 1_000_000
+        fused.set_provenance(TraceProvenance(f"thunder-nb corrected CUDAGraph fusion (took {ms} milliseconds)"))
+        if not backward:
+            _record_forward_static(self, fused)
+        return fused
+
+
+class LegacyCUDAGraphTransform(_BaseTransform):
+    """The July 2024 behaviour behind upstream issue #728, for teaching and regression tests.
+
+    The del pass runs before fusion and its dels are fused into regions as they are (no per-region
+    regeneration); fusion is ``"dataflow"``; the torch executor's ``item`` is kept out of regions.
+    On ``x.sum().item()`` its region deletes and then returns the same name (UnboundLocalError).
+    """
+
+    label = "legacy"
+
+    def can_fuse(self, bsym: BoundSymbol) -> bool:
+        """thunder's rule of the time, plus the torch executor's ``item`` kept out."""
+        if bsym.sym.name == "item":
+            return False
+        return super().can_fuse(bsym)
+
+    def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
+        """Make the fusion symbol with the region's bound symbols as they are, dels included."""
+        inputs = [unvariableify(i) for i in region.inputs]
+        outputs = [unvariableify(o) for o in region.outputs]
+        return self._make_fusion(list(region.bound_symbols), inputs, outputs)
+
+    def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
+        """Fuse along dataflow over a trace that already has its dels (as in July 2024)."""
+        start = time.perf_counter_ns()
+        backward = trace.siginfo().name == "backward_fn"
+        if backward:
+            _mark_backward_static(self, trace)
+        self._cuda = _is_cuda_trace(trace)
+        self._returned = set()
+        fused = from_trace(trace)
+        fused.clear_collection_names = set()
+        tok = set_tracectx(fused)
+        try:
+            fused.bound_symbols = self._fuse_groups(trace, self._groups(trace, "dataflow"))
+        finally:
+            delattr(fused, "clear_collection_names")
+            reset_tracectx(tok)
+        ms = (time.perf_counter_ns() - start) // 1_000_000
+        fused.set_provenance(TraceProvenance(f"thunder-nb legacy (July 2024) CUDAGraph fusion (took {ms} milliseconds)"))
+        if not backward:
+            _record_forward_static(self, fused)
+        return fused
