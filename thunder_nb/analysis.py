@@ -700,7 +700,13 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
     """
     import thunder
 
-    fwd = thunder.last_traces(jfn)
+    try:
+        fwd = thunder.last_traces(jfn)
+    except TypeError as e:
+        if "called yet" in str(e):
+            fwd = []
+        else:
+            raise ValueError(f"analyze() takes a function compiled with thunder.jit: {e}") from None
     if not fwd:
         raise ValueError("the function has no traces yet: call it once before analyze()")
     bwd = thunder.last_backward_traces(jfn) or []
