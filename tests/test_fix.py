@@ -1,0 +1,178 @@
+"""FixedCUDAGraphTransform and LegacyCUDAGraphTransform on real thunder traces, run eagerly (CPU)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import thunder
+import torch
+from thunder.transforms.cudagraph import CUDAGraphTransform
+
+import programs
+import thunder_nb
+from thunder_nb.fix import (
+    EagerFallbackWarning,
+    FixedCUDAGraphTransform,
+    LegacyCUDAGraphTransform,
+    region_del_pass,
+)
+
+EAGER = dict(capture=False)
+
+
+def rules(report_or_trace):
+    return sorted({d.rule for d in thunder_nb.check(report_or_trace)})
+
+
+def grads_of(fn, args):
+    """Run ``fn`` on clones of ``args``, backprop the scalar result, return (value, grads)."""
+    clones = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    out = fn(*clones)
+    out.backward()
+    return out.detach(), [c.grad for c in clones if c.requires_grad]
+
+
+# --- #728 reproduced, and fixed ------------------------------------------------------------------
+
+
+def test_legacy_reproduces_728_on_cpu():
+    t = LegacyCUDAGraphTransform(**EAGER)
+    jfn = thunder.jit(programs.seed, transforms=[t])
+    with pytest.raises(UnboundLocalError, match="t9"):
+        jfn(programs.vec())
+    report = thunder_nb.analyze(jfn, error="UnboundLocalError")
+    (region,) = report.forward.regions
+    body = [o.text for o in region.ops]
+    assert body == ["t9 = torch.sum(x, None, False, dtype=None)", "del t9", "return [t9]"]
+    # the checker predicts the crash from the source alone
+    assert ("use-after-del", "CUDAGraph1", "t9") in {(d.rule, d.region, d.value) for d in report.defects}
+    assert "use-after-del" in rules(region.source)
+    # legacy keeps item out of the region, so that is not what breaks
+    assert [(i.reason, i.detail) for i in report.forward.user_islands] == [("host-sync", "item")]
+
+
+def test_fixed_runs_the_seed_reproducer():
+    t = FixedCUDAGraphTransform(**EAGER)
+    jfn = thunder.jit(programs.seed, transforms=[t])
+    x = programs.vec()
+    assert jfn(x) == programs.seed(x)
+    report = thunder_nb.analyze(jfn)
+    assert report.transform == "fixed" and report.defects == ()
+    assert [(i.reason, i.detail) for i in report.forward.user_islands] == [("single", "sum"), ("host-sync", "item")]
+
+
+def test_fixed_trace_has_its_own_provenance():
+    jfn = thunder.jit(programs.island, transforms=[FixedCUDAGraphTransform(**EAGER)])
+    jfn(programs.vec())
+    provs = [str(t.get_provenance()) for t in thunder.last_traces(jfn)]
+    assert any("thunder-nb corrected CUDAGraph fusion" in p for p in provs)
+    fused = next(t for t in thunder.last_traces(jfn) if "thunder-nb corrected" in str(t.get_provenance()))
+    assert thunder_nb.check(fused) == []
+
+
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+@pytest.mark.parametrize("handoff", [True, False])
+def test_island_program_matches_eager(fusion_type, handoff):
+    t = FixedCUDAGraphTransform(scalar_handoff=handoff, **EAGER)
+    jfn = thunder.jit(programs.island, transforms=[t], fusion_type=fusion_type)
+    x = programs.vec()
+    torch.testing.assert_close(jfn(x), programs.island(x), rtol=0, atol=0)
+    report = thunder_nb.analyze(jfn)
+    allowed = {"scalar-region-input"} if not handoff else set()
+    assert set(report.rules) <= allowed, report.defects
+    if handoff:
+        # the 0-d tensor replaces the number, the item (and its host sync) goes: one region
+        (region,) = report.forward.regions
+        assert [o.callee for o in region.compute_ops] == ["torch.sin", "torch.cos", "torch.sum", "torch.mul", "torch.exp"]
+    else:
+        r1, r2 = report.forward.regions
+        assert (r1.inputs, r1.outputs) == (("x",), ("t16", "t19"))
+        assert (r2.inputs, r2.outputs) == (("t16", "f20"), ("t22",))
+        assert [(i.reason, i.detail) for i in report.forward.user_islands] == [("host-sync", "item")]
+        # top-level dels right after the last consumer
+        top = [o.text for o in report.forward.ops]
+        assert top.index("del t19") == top.index("f20 = Tensor.item(t19)") + 1
+        assert top.index("del t16, f20") == top.index("[t22] = CUDAGraph2(t16, f20)") + 1
+
+
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+def test_mlp_training_step_matches_eager(fusion_type):
+    args = programs.mlp_inputs()
+    jfn = thunder.jit(programs.mlp, transforms=[FixedCUDAGraphTransform(**EAGER)], fusion_type=fusion_type)
+    loss, grads = grads_of(jfn, args)
+    ref_loss, ref_grads = grads_of(programs.mlp, args)
+    torch.testing.assert_close(loss, ref_loss)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+    report = thunder_nb.analyze(jfn)
+    assert report.backward is not None and report.backward.regions
+    assert report.defects == ()
+
+
+def test_backward_with_saved_scalar_works():
+    """thunder 0.2.6 asserts here (non-tensor saved for backward); the fixed transform does not."""
+    args = (programs.vec(), programs.vec(seed_=1).requires_grad_())
+    jfn = thunder.jit(programs.saved_scalar, transforms=[FixedCUDAGraphTransform(**EAGER)])
+    loss, grads = grads_of(jfn, args)
+    ref_loss, ref_grads = grads_of(programs.saved_scalar, args)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grads[0], ref_grads[0])
+    report = thunder_nb.analyze(jfn)
+    # the only defect left: the saved Python number is a backward region input
+    assert report.rules == ("scalar-region-input",)
+    assert {(d.trace, d.value) for d in report.defects} == {("backward", "f57")}
+
+
+def test_stock_transform_asserts_on_the_same_backward():
+    args = (programs.vec(), programs.vec(seed_=1).requires_grad_())
+    jfn = thunder.jit(programs.saved_scalar, transforms=[CUDAGraphTransform()])
+    with pytest.raises(AssertionError):
+        jfn(*args)
+
+
+# --- options and the pure pass -------------------------------------------------------------------
+
+
+def test_capture_option():
+    with pytest.raises(ValueError, match=r"capture must be one of \['auto', True, False\], not 'yes'"):
+        FixedCUDAGraphTransform(capture="yes")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            FixedCUDAGraphTransform(capture=True)
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            LegacyCUDAGraphTransform(capture=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+def test_auto_mode_warns_once_and_claims_no_graph():
+    t = FixedCUDAGraphTransform()
+    jfn = thunder.jit(programs.island, transforms=[t], fusion_type="consecutive")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(3):
+            jfn(programs.vec(seed_=i))
+    assert [type(x.message) for x in w if issubclass(x.category, EagerFallbackWarning)] == [EagerFallbackWarning]
+    assert t.graphs_captured == 0
+    report = thunder_nb.analyze(jfn)
+    assert all(r.captured is False and r.graphs == () for r in report.forward.regions)
+
+
+def test_region_del_pass_on_real_bound_symbols():
+    """Only region-made, non-output values are deleted, each right after its last use."""
+    jfn = thunder.jit(programs.island)
+    jfn(programs.vec())
+    trace = thunder.last_traces(jfn)[-1]
+    bsyms = [b for b in trace.bound_symbols if b.sym.name in ("sin", "cos", "sum")]
+    sin, cos, total = bsyms
+    x = sin.flat_proxy_args[0]
+    out = region_del_pass(bsyms, inputs=[x], outputs=[total.flat_proxy_outs[0], cos.flat_proxy_outs[0]])
+    names = [b.sym.name for b in out]
+    assert names == ["sin", "cos", "python_del", "sum"]
+    assert [p.name for p in out[2].flat_args] == [sin.flat_proxy_outs[0].name]  # t13 only; never x
+
+
+def test_legacy_and_fixed_take_the_same_capture_option():
+    for cls in (FixedCUDAGraphTransform, LegacyCUDAGraphTransform):
+        assert cls(capture=False).cuda_graph_runner.capture is False
+        assert cls().cuda_graph_runner.capture == "auto"
