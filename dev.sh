@@ -31,7 +31,7 @@ apt_install() {  # apt_install PROGRAM PACKAGE...: install Debian packages when 
 
 setup() {
     need_uv
-    uv sync --frozen --extra test --quiet
+    uv sync --frozen --extra test --extra browser --quiet
     apt_install dot graphviz
 }
 

@@ -1,0 +1,243 @@
+"""Time thunder-nb's FixedCUDAGraphTransform against its peers on a GPU, and print one table.
+
+    python bench/bench_cudagraphs.py [--calls 200] [--out bench/results/DATE-h200.md]
+
+For each program: median microseconds per call (a fresh random input on every call, synchronised
+around each call), CUDA graphs captured after all calls, and the peak memory the calls allocated
+beyond their inputs. A configuration that fails is a row saying how it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import re
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+warnings.filterwarnings("ignore")
+
+import programs  # noqa: E402
+
+
+@dataclass
+class Row:
+    program: str
+    config: str
+    median_us: float | None = None
+    graphs: str = ""
+    peak_mib: float | None = None
+    matches: str = ""
+    note: str = ""
+
+
+def _inductor_graphs() -> int | None:
+    try:
+        from torch._inductor import cudagraph_trees
+
+        mgr = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
+        if mgr is None:
+            return 0
+        m = re.search(r"count\((\d+)\)", repr(mgr.graph_counter))  # repr does not advance the counter
+        return int(m.group(1)) if m else None
+    except Exception:
+        return None
+
+
+def configs(fn):
+    """Yield (name, factory) where factory() -> (callable, graphs_counter)."""
+    import thunder
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from thunder_nb.fix import FixedCUDAGraphTransform
+
+    def eager():
+        return fn, lambda: "-"
+
+    def thunder_plain():
+        return thunder.jit(fn), lambda: "-"
+
+    def thunder_stock():
+        t = CUDAGraphTransform()
+        return thunder.jit(fn, transforms=[t]), lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
+
+    def fixed():
+        t = FixedCUDAGraphTransform(capture=True)
+        return thunder.jit(fn, transforms=[t]), lambda: str(t.graphs_captured)
+
+    def compiled():
+        torch._dynamo.reset()
+        before = _inductor_graphs() or 0
+        c = torch.compile(fn, mode="reduce-overhead")
+
+        def graphs():
+            n = _inductor_graphs()
+            return "?" if n is None else str(n - before)
+
+        return c, graphs
+
+    yield "eager PyTorch", eager
+    yield "thunder (no graphs)", thunder_plain
+    yield "thunder CUDAGraphTransform", thunder_stock
+    yield "thunder-nb FixedCUDAGraphTransform", fixed
+    yield 'torch.compile(mode="reduce-overhead")', compiled
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5)
+    return abs(float(a) - float(b)) <= 1e-4 * max(1.0, abs(float(b)))
+
+
+def measure(program: str, fn, make_inputs, calls: int, cfg: str, factory) -> Row:
+    row = Row(program, cfg)
+    inputs = [make_inputs(i) for i in range(calls)]
+    torch.cuda.synchronize()
+    try:
+        f, graphs = factory()
+        ref = fn(*inputs[0])
+        first = f(*inputs[0])
+        row.matches = "yes" if _same(first, ref) else "NO"
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for args in inputs:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = f(*args)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            del out
+        row.median_us = statistics.median(times) * 1e6
+        row.peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+        row.graphs = graphs()
+    except Exception as e:  # a failing configuration is a finding, not a crash
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        row.note = f"fails: {type(e).__name__}: {msg[:90]}"
+        traceback.print_exc(limit=2, file=sys.stderr)
+        torch.cuda.synchronize()
+    return row
+
+
+def benchmarks(device: str):
+    n = 4096
+
+    def vec(i):
+        return (torch.randn(n, device=device),)
+
+    def mm(i):
+        g = torch.Generator(device=device).manual_seed(1)
+        w = torch.randn(2048, 2048, device=device, generator=g) / 2048**0.5
+        return (torch.randn(2048, 2048, device=device), w)
+
+    yield "seed: x.sum().item()", programs.seed, vec
+    yield "island: 16 steps, item, 16 steps", programs.island, vec
+    yield "chain: 32 steps, no island", programs.chain, vec
+    yield "matmul chain: 12 x 2048^2", programs.matmul_chain, mm
+
+
+def _cases():
+    """Every (program, function, input maker, configuration name, factory), in table order."""
+    import thunder
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    for program, fn, make in benchmarks("cuda"):
+        for cfg, factory in configs(fn):
+            yield program, fn, make, cfg, factory
+        if fn is programs.island:
+
+            def handwritten():
+                t = CUDAGraphTransform()
+                jfn = thunder.jit(programs.island_device_scalar, transforms=[t])
+                return jfn, lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
+
+            yield (program, programs.island_device_scalar, make,
+                   "hand-written device scalar, thunder CUDAGraphTransform", handwritten)
+
+
+def run_one(index: int, calls: int) -> Row:
+    """Measure case ``index`` in this process."""
+    program, fn, make, cfg, factory = list(_cases())[index]
+    return measure(program, fn, make, calls if "matmul" not in program else min(calls, 50), cfg, factory)
+
+
+def run(calls: int) -> tuple[list[Row], str]:
+    """Measure every case, each in a fresh process (a failed capture can leave CUDA state unusable)."""
+    import json
+    import subprocess
+
+    rows = []
+    n = len(list(_cases()))
+    for i in range(n):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--one", str(i), "--calls", str(calls)],
+            capture_output=True, text=True, timeout=600,
+        )
+        sys.stderr.write(proc.stderr[-2000:])
+        last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+        try:
+            rows.append(Row(**json.loads(last[0])))
+        except (IndexError, ValueError, TypeError):
+            program, _, _, cfg, _ = list(_cases())[i]
+            rows.append(Row(program, cfg, note=f"fails: the process exited with {proc.returncode}"))
+        r = rows[-1]
+        print(f"  {r.program} / {r.config}: {r.median_us} us {r.note}", file=sys.stderr, flush=True)
+    return rows, table(rows, calls)
+
+
+def table(rows: list[Row], calls: int) -> str:
+    dev = torch.cuda.get_device_name()
+    lines = [
+        f"# CUDA-graph benchmark, {datetime.date.today().isoformat()}",
+        "",
+        f"Machine: {dev}, torch {torch.__version__}, Python {platform.python_version()}. "
+        f"{calls} calls per row (50 for the matmul chain), a fresh random input on every call; "
+        "median time per call with a device synchronise around each call; graphs captured after all calls; "
+        "peak memory allocated during the calls beyond the inputs. Command: `python bench/bench_cudagraphs.py`.",
+        "",
+        "| program | configuration | median µs/call | graphs | peak MiB | matches eager | note |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        us = f"{r.median_us:.1f}" if r.median_us is not None else "-"
+        mib = f"{r.peak_mib:.1f}" if r.peak_mib is not None else "-"
+        lines.append(f"| {r.program} | {r.config} | {us} | {r.graphs or '-'} | {mib} | {r.matches or '-'} | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one case, print JSON
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_cudagraphs: needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
+    if a.one is not None:
+        import dataclasses
+        import json
+
+        print(json.dumps(dataclasses.asdict(run_one(a.one, a.calls))))
+        return 0
+    rows, text = run(a.calls)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
