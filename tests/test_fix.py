@@ -119,9 +119,10 @@ def test_backward_with_saved_scalar_works():
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grads[0], ref_grads[0])
     report = thunder_nb.analyze(jfn)
-    # the only defect left: the saved Python number is a backward region input
-    assert report.rules == ("scalar-region-input",)
-    assert {(d.trace, d.value) for d in report.defects} == {("backward", "f57")}
+    # the saved Python number reaches the backward region through a 0-d device buffer
+    assert report.defects == ()
+    (bregion,) = report.backward.regions
+    assert bregion.scalar_handoffs == ("f57 -> 0-d float32 buffer",)
 
 
 def test_stock_transform_asserts_on_the_same_backward():

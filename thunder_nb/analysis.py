@@ -398,7 +398,8 @@ def _check_fn(fn: _Fn, ti: _TraceInput, *, region: bool, cuda: bool) -> list[Def
                     f"{fn.name} takes {p} but uses it for nothing but a del" if p in deleted
                     else f"{fn.name} takes {p} but never uses it",
                     "pass a region only the values it computes with")
-            if ti.types.get(p, _UNKNOWN).is_scalar:
+            handed = {h.split(" -> ", 1)[0] for h in ti.handoffs.get(fn.name, ())}
+            if ti.types.get(p, _UNKNOWN).is_scalar and p not in handed:
                 add("scalar-region-input", p, fn.first_line,
                     f"{fn.name} takes the Python number {p}: each new value captures a new graph",
                     "hand the number over as a 0-d device tensor")

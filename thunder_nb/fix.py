@@ -72,6 +72,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         super().__init__(share_mem_pool=share_mem_pool)
         self.capture = capture
         self.copy_out: dict[str, tuple[bool, ...]] = {}  # fn_name -> which outputs reach the caller
+        # fn_name -> ((arg position, torch dtype, torch device), ...): Python numbers fed through 0-d device buffers
+        self.scalar_slots: dict[str, tuple[tuple[int, torch.dtype, torch.device], ...]] = {}
+        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
         self.graph_records: dict[str, list[GraphRecord]] = {}
         self.eager_calls: dict[str, int] = {}
         self.replays: dict[str, int] = {}
@@ -81,12 +84,9 @@ class ThunderNBRunner(CUDAGraphRunner):
     def _should_capture(self, args: Sequence[Any]) -> bool:
         if self.capture is False:
             return False
-        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
         if self.capture is True:
-            if not torch.cuda.is_available():
-                raise RuntimeError("capture=True needs a CUDA device, and torch sees none")
             return True
-        if on_cuda:
+        if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             return True
         if not self._warned:
             self._warned = True
@@ -97,17 +97,49 @@ class ThunderNBRunner(CUDAGraphRunner):
             )
         return False
 
+    def _slot_args(self, fn_name: str, args: tuple[Any, ...], *, capture: bool) -> tuple[Any, ...]:
+        """Put each planned Python number into its 0-d device buffer (filled now, before the replay)."""
+        slots = self.scalar_slots.get(fn_name)
+        if not slots:
+            return args
+        args = list(args)
+        for pos, dtype, device in slots:
+            value = args[pos]
+            if not capture:
+                # NOTE: eager mode computes with a fresh 0-d tensor, so CPU runs check the same region code
+                args[pos] = torch.tensor(value, dtype=dtype, device=device)
+                continue
+            buf = self._buffers.get((fn_name, pos))
+            if buf is None:
+                buf = self._buffers[(fn_name, pos)] = torch.empty((), dtype=dtype, device=device)
+            buf.fill_(value)  # a kernel argument: no host sync, no copy from pageable memory
+            args[pos] = buf
+        return tuple(args)
+
+    def make_static_inputs_mask(self, fn_name: str, *args: Any) -> tuple[bool, ...]:
+        """thunder's mask, with the scalar buffers static (they are filled in place)."""
+        mask = super().make_static_inputs_mask(fn_name, *args)
+        slots = self.scalar_slots.get(fn_name)
+        if slots:
+            mask = list(mask)
+            for pos, _, _ in slots:
+                mask[pos] = True
+            mask = tuple(mask)
+        return mask
+
     def call_cuda_graph(self, fn_name: str, *args: Any) -> Any:
         """Run region ``fn_name``: replay (capturing on a cache miss), or call its function eagerly."""
         fn, _ = self.python_callables[fn_name]
         if not self._should_capture(args):
             self.eager_calls[fn_name] = self.eager_calls.get(fn_name, 0) + 1
-            return fn(*args)
+            return fn(*self._slot_args(fn_name, args, capture=False))
+        args = self._slot_args(fn_name, args, capture=True)
         key = self.make_cache_key(fn_name, *args)
-        if key not in self.cuda_graph_cache:
+        entry = self.cuda_graph_cache.get(key)
+        if entry is None:
             mask = self.make_static_inputs_mask(fn_name, *args)
             before = torch.cuda.memory_allocated()
-            self.cuda_graph_cache[key] = self.build_cuda_graph(fn, args, mask)
+            entry = self.cuda_graph_cache[key] = self.build_cuda_graph(fn, args, mask)
             pool = torch.cuda.memory_allocated() - before
             records = self.graph_records.setdefault(fn_name, [])
             records.append(
@@ -119,17 +151,17 @@ class ThunderNBRunner(CUDAGraphRunner):
                 )
             )
         self._last_key[fn_name] = key
-        graph, static_inputs, static_outputs = self.cuda_graph_cache[key]
-        for static_input, arg in utils.safe_zip(static_inputs, args):
-            if static_input is not arg and isinstance(static_input, torch.Tensor) and isinstance(arg, torch.Tensor):
+        graph, static_inputs, static_outputs = entry
+        for static_input, arg in zip(static_inputs, args):
+            if static_input is not arg and isinstance(arg, torch.Tensor):
                 static_input.copy_(arg)
         graph.replay()
         self.replays[fn_name] = self.replays.get(fn_name, 0) + 1
         mask = self.copy_out.get(fn_name)
-        if not mask or not any(mask):
+        if not mask:
             return static_outputs
         # NOTE: the next replay overwrites static outputs; what the caller keeps must be its own
-        return [o.clone() if c and isinstance(o, torch.Tensor) else o for o, c in zip(static_outputs, mask)]
+        return [o.clone() if c else o for o, c in zip(static_outputs, mask)]
 
     def region_stats(self, fn_name: str) -> dict[str, Any]:
         """Return ``{"graphs": (GraphRecord, ...), "captured": bool | None, "eager_calls": n, "replays": n}``."""
@@ -270,24 +302,65 @@ def handoff_scalars(bsyms: Sequence[BoundSymbol], can_fuse) -> tuple[list[BoundS
     return final, handed, refused
 
 
-_ELEMENTWISE = frozenset(
-    {"add", "sub", "mul", "div", "true_divide", "pow", "maximum", "minimum", "where", "clamp", "lerp", "addcmul",
-     "addcdiv", "eq", "ne", "lt", "le", "gt", "ge", "fmod", "remainder", "atan2", "copysign"}
-)
+# NOTE: ops for which PyTorch computes bit-identical results with a Python number or a 0-d tensor of
+# the same dtype in its place. Not div (a CPU-scalar divisor becomes a multiplication by its
+# reciprocal), not pow (scalar exponents take special paths), not ops with a number-only keyword (alpha).
+_ELEMENTWISE = frozenset({"add", "sub", "mul", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge"})
+
+
+def _in_kwargs(bsym: BoundSymbol, name: str) -> bool:
+    flat, _ = tree_flatten(bsym.kwargs)
+    return any(isinstance(p, Proxy) and p.name == name for p in flat)
 
 
 def _handoff_refusal(n: NumberProxy, src: TensorProxy, readers: Sequence[BoundSymbol]) -> str | None:
     for r in readers:
         base = r.sym.name.rsplit(".", 1)[-1]
-        if base not in _ELEMENTWISE:
-            return f"{r.sym.name} reads {n.name}: only elementwise ops take a 0-d tensor in its place exactly"
+        if base not in _ELEMENTWISE or _in_kwargs(r, n.name):
+            return f"{r.sym.name} reads {n.name}: only some elementwise ops take a 0-d tensor in its place exactly"
         for p in r.flat_proxy_args:
             if isinstance(p, TensorProxy) and p.name != src.name and p.dtype != src.dtype:
-                return (f"{r.sym.name} mixes {n.name} (from {src.dtype}) with a {p.dtype} tensor: "
-                        "a 0-d tensor would round differently from a Python number")
+                return (f"{r.sym.name} mixes {n.name} (from a {src.dtype} tensor) with a {p.dtype} tensor: "
+                        "its 0-d tensor would promote or round differently from a Python number")
         if not any(isinstance(p, TensorProxy) for p in r.flat_proxy_args):
             return f"{r.sym.name} computes with numbers only"
     return None
+
+
+def _buffer_plan(n: NumberProxy, readers: Sequence[BoundSymbol]) -> tuple[Any, Any] | str:
+    """Return (thunder dtype, device) of an exact 0-d buffer for number ``n``, or why there is none.
+
+    Exact means PyTorch computes the same values with the buffer as with the Python number: every
+    reader is elementwise, its tensors share one dtype D, and D takes the number without rounding
+    differently (f32/f64 for a float; any float or integer dtype for an int).
+    """
+    from thunder.core import dtypes
+
+    py = getattr(n, "python_type", None)
+    if py not in (float, int):
+        return f"{n.name} is a {getattr(py, '__name__', py)}: only float and int numbers are handed over"
+    if not readers:
+        return f"{n.name} is not read inside the region"
+    tensor_dtypes, devices = set(), set()
+    for r in readers:
+        base = r.sym.name.rsplit(".", 1)[-1]
+        if base not in _ELEMENTWISE or _in_kwargs(r, n.name):
+            return f"{r.sym.name} reads {n.name}: only some elementwise ops take a 0-d tensor in its place exactly"
+        ts = [a for a in r.flat_proxy_args if isinstance(a, TensorProxy)]
+        if not ts:
+            return f"{r.sym.name} computes with numbers only"
+        tensor_dtypes.update(t.dtype for t in ts)
+        devices.update(t.device for t in ts)
+    if len(tensor_dtypes) != 1 or len(devices) != 1:
+        return f"{n.name} meets tensors of several dtypes or devices"
+    (dt,) = tensor_dtypes
+    (dev,) = devices
+    if py is float and dt not in (dtypes.float32, dtypes.float64):
+        return (f"{n.name} meets {dt} tensors: a Python float computes in float32 there, "
+                "a 0-d buffer would round first (kept as a number)")
+    if py is int and dtypes.is_boolean_dtype(dt):
+        return f"{n.name} meets boolean tensors"
+    return (dt if py is float else dtypes.int64), dev
 
 
 def _replace_args(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
@@ -377,9 +450,10 @@ def _check_capture(capture: Any) -> bool | str:
 class _BaseTransform(CUDAGraphTransform):
     label = "base"
 
-    def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = False):
+    def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, share_mem_pool: bool = False):
         super().__init__(share_mem_pool=False)
         self.capture = _check_capture(capture)
+        self.copy_outputs = copy_outputs
         self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, share_mem_pool=share_mem_pool)
         self.scalar_handoffs: dict[str, list[str]] = {}  # region -> ["f20 -> t19"]
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
@@ -391,10 +465,21 @@ class _BaseTransform(CUDAGraphTransform):
         """CUDA graphs captured so far, all regions together."""
         return self.cuda_graph_runner.graphs_captured
 
+    def _plan_scalar_slots(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy]):
+        """Which Python-number inputs can be fed through a 0-d device buffer (no re-capture per value)."""
+        return [], []
+
     def _make_fusion(self, bsyms: list[BoundSymbol], inputs: list[Proxy], outputs: list[Proxy]) -> BoundSymbol:
         runner = self.cuda_graph_runner
         fusion_callable, fusion_name = runner.make_cuda_graph_callable_from_symbols(bsyms, inputs, outputs)
-        runner.copy_out[fusion_name] = tuple(isinstance(o, TensorProxy) and o.name in self._returned for o in outputs)
+        copy = tuple(isinstance(o, TensorProxy) and o.name in self._returned for o in outputs)
+        if self.copy_outputs and any(copy):
+            runner.copy_out[fusion_name] = copy
+        slots, notes = self._plan_scalar_slots(bsyms, inputs)
+        if slots:
+            runner.scalar_slots[fusion_name] = tuple(slots)
+        if notes:
+            self.scalar_handoffs.setdefault(fusion_name, []).extend(notes)
         sym = Symbol(fusion_name, meta=None, is_fusion=True, executor=self)
         return BoundSymbol(sym, inputs, {}, outputs, bsyms, _call_ctx={fusion_name: fusion_callable})
 
@@ -431,15 +516,46 @@ class FixedCUDAGraphTransform(_BaseTransform):
     Args:
         capture: ``"auto"`` (default: capture on CUDA, otherwise run regions eagerly with one
             `EagerFallbackWarning`), True (always capture; error without CUDA), False (always eager).
-        scalar_handoff: hand island scalars to regions as 0-d device tensors (default True).
+        scalar_handoff: hand island scalars to regions as 0-d device tensors (default True): the
+            0-d tensor an ``item()`` read, or else a 0-d device buffer filled before each replay.
+        copy_outputs: copy tensors returned to the caller out of the static output buffers
+            (default True). False saves a copy per output and call, but the next call then
+            overwrites what the previous one returned (as with thunder's transform).
         share_mem_pool: as thunder's transform.
     """
 
     label = "fixed"
 
-    def __init__(self, *, capture: bool | str = "auto", scalar_handoff: bool = True, share_mem_pool: bool = False):
-        super().__init__(capture=capture, share_mem_pool=share_mem_pool)
+    def __init__(
+        self,
+        *,
+        capture: bool | str = "auto",
+        scalar_handoff: bool = True,
+        copy_outputs: bool = True,
+        share_mem_pool: bool = False,
+    ):
+        super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool)
         self.scalar_handoff = scalar_handoff
+
+    def _plan_scalar_slots(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy]):
+        if not self.scalar_handoff:
+            return [], []
+        from thunder.core.devices import to_torch_device
+        from thunder.core.dtypes import to_torch_dtype
+
+        slots, notes = [], []
+        for pos, p in enumerate(inputs):
+            if not isinstance(p, NumberProxy):
+                continue
+            readers = [b for b in bsyms if b.sym.id != prims.PrimIDs.DEL and any(a.name == p.name for a in b.flat_proxy_args)]
+            plan = _buffer_plan(p, readers)
+            if isinstance(plan, str):
+                self.handoff_refusals[p.name] = plan
+                continue
+            dtype, device = plan
+            slots.append((pos, to_torch_dtype(dtype), to_torch_device(device)))
+            notes.append(f"{p.name} -> 0-d {to_torch_dtype(dtype)} buffer".replace("torch.", ""))
+        return slots, notes
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
         """Whether ``bsym`` may join a region: never a del, a host sync, a transfer or a CPU op of a CUDA trace."""

@@ -1,0 +1,170 @@
+"""Island scalars handed to regions without re-capture (0-d tensors / device buffers), run eagerly on CPU.
+
+Each program's result must equal eager PyTorch bit for bit; the GPU tests repeat the float case
+with real capture and count graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+
+import programs
+import thunder_nb
+from thunder_nb.fix import FixedCUDAGraphTransform
+
+
+def int_scalar(x):
+    y = (x * 10).int()
+    n = y.sum().item()  # an int64 sum meets int32 tensors: no exact 0-d tensor, a buffer instead
+    return (y * n).abs()
+
+
+def int_scalar_same_dtype(x):
+    n = (x > 0).sum().item()
+    return (x > 0).long() * n
+
+
+def bool_scalar(x):
+    b = (x.sum() > 0).item()
+    return torch.where(x > 0, x, x * b)
+
+
+def lowp(x):
+    y = x.sin()
+    s = y.sum().item()
+    return (y * s).cos()
+
+
+def several_regions(x):
+    y = x.cos()
+    s = y.sum().item()
+    z = (y * s).sin()
+    t = z.amax().item()  # returned: this island stays
+    w = (z * s).exp()
+    return w, t
+
+
+def returned_scalar(x):
+    y = x.sin()
+    s = y.sum().item()
+    return (y * s).cos(), s
+
+
+def mixed_precision(x):
+    s = x.float().sum().item()  # a float32 number meets bfloat16 tensors
+    return (x.cos() * s).sin()
+
+
+def run(fn, x, **kw):
+    t = FixedCUDAGraphTransform(capture=False, **kw)
+    jfn = thunder.jit(fn, transforms=[t])
+    out = jfn(x)
+    return out, thunder_nb.analyze(jfn), t
+
+
+def assert_same(a, b):
+    if isinstance(a, (tuple, list)):
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    else:
+        assert a == b
+
+
+def test_float_scalar_becomes_the_tensor_it_came_from():
+    x = programs.vec(64)
+    out, report, _ = run(programs.island, x)
+    assert_same(out, programs.island(x))
+    assert report.defects == ()
+    assert report.forward.user_islands == ()  # the item and its host sync are gone
+
+
+def test_int_scalar_goes_through_an_int64_buffer():
+    x = programs.vec(64)
+    out, report, t = run(int_scalar, x)
+    assert_same(out, int_scalar(x))
+    assert report.defects == ()
+    (handoff,) = [h for r in report.forward.regions for h in r.scalar_handoffs]
+    assert handoff.endswith("-> 0-d int64 buffer")
+    assert [i.detail for i in report.forward.user_islands] == ["item"]  # the number is still read
+
+
+def test_int_scalar_of_the_same_dtype_stays_on_the_device():
+    x = programs.vec(64)
+    out, report, _ = run(int_scalar_same_dtype, x)
+    assert_same(out, int_scalar_same_dtype(x))
+    assert report.defects == () and report.forward.user_islands == ()
+
+
+def test_bool_scalar_is_not_traceable_by_thunder_0_2_6():
+    """Documents why there is no bool hand-off test: thunder itself cannot trace the use of the number."""
+    with pytest.raises(TypeError, match="float\\(\\) argument"):
+        thunder.jit(bool_scalar)(programs.vec(64))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_scalar_from_the_same_dtype(dtype):
+    x = programs.vec(64, dtype=dtype)
+    out, report, _ = run(lowp, x)
+    assert_same(out, lowp(x))
+    assert report.defects == ()
+    assert report.forward.user_islands == ()
+
+
+def test_scalar_used_by_several_regions():
+    x = programs.vec(64)
+    out, report, _ = run(several_regions, x)
+    assert_same(out, several_regions(x))
+    assert report.defects == ()
+    r1, r2 = report.forward.regions
+    # s's 0-d tensor crosses from the first region into the second
+    s_tensor = next(n for n in r2.inputs if n in r1.outputs and report.forward.value(n).type.shape == ())
+    assert s_tensor
+    assert [i.detail for i in report.forward.user_islands] == ["item"]  # t's item: t is returned
+
+
+def test_scalar_also_returned_keeps_its_item():
+    x = programs.vec(64)
+    out, report, _ = run(returned_scalar, x)
+    assert_same(out, returned_scalar(x))
+    assert report.defects == ()
+    assert [i.detail for i in report.forward.user_islands] == ["item"]  # still needed for the return
+    # the region computes with the tensor, not the number
+    assert not any(report.forward.value(n).is_scalar for r in report.forward.regions for n in r.inputs)
+
+
+def test_scalar_that_reaches_the_backward_pass():
+    x, w = programs.vec(), programs.vec(seed_=1).requires_grad_()
+    jfn = thunder.jit(programs.saved_scalar, transforms=[FixedCUDAGraphTransform(capture=False)])
+    w1 = w.detach().clone().requires_grad_()
+    jfn(x, w1).backward()
+    # bit for bit what the same trace computes with the Python number (thunder's own backward)
+    plain = thunder.jit(programs.saved_scalar, transforms=[FixedCUDAGraphTransform(capture=False, scalar_handoff=False)])
+    w2 = w.detach().clone().requires_grad_()
+    plain(x, w2).backward()
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=0, atol=0)
+    # and equal to PyTorch's autograd within float tolerance (thunder decomposes tanh's gradient)
+    w3 = w.detach().clone().requires_grad_()
+    programs.saved_scalar(x, w3).backward()
+    torch.testing.assert_close(w1.grad, w3.grad)
+    bwd = thunder_nb.analyze(jfn).backward
+    assert [h for r in bwd.regions for h in r.scalar_handoffs] == ["f57 -> 0-d float32 buffer"]
+
+
+def test_inexact_case_falls_back_and_says_why():
+    x = programs.vec(64, dtype=torch.bfloat16)
+    out, report, t = run(mixed_precision, x)
+    assert_same(out, mixed_precision(x))
+    assert report.rules == ("scalar-region-input",)
+    (why,) = t.handoff_refusals.values()
+    assert "bfloat16" in why and "round" in why
+
+
+def test_handoff_can_be_turned_off():
+    x = programs.vec(64)
+    out, report, _ = run(programs.island, x, scalar_handoff=False)
+    assert_same(out, programs.island(x))
+    assert report.rules == ("scalar-region-input",)
