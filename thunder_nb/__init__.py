@@ -19,6 +19,9 @@ __all__ = [
     "check",
     "FixedCUDAGraphTransform",
     "LegacyCUDAGraphTransform",
+    "recover_from_failed_capture",
+    "compare",
+    "Comparison",
     "load_ipython_extension",
 ]
 
@@ -48,10 +51,14 @@ def check(x: Any) -> list[Defect]:
 
 def __getattr__(name: str) -> Any:
     # NOTE: the transforms import thunder (and torch); load them only when asked for
-    if name in ("FixedCUDAGraphTransform", "LegacyCUDAGraphTransform"):
+    if name in ("FixedCUDAGraphTransform", "LegacyCUDAGraphTransform", "recover_from_failed_capture"):
         from . import fix
 
         return getattr(fix, name)
+    if name in ("compare", "Comparison"):
+        from . import compare as _compare
+
+        return getattr(_compare, name)
     raise AttributeError(f"module 'thunder_nb' has no attribute {name!r}")
 
 

@@ -232,12 +232,21 @@ def _user_lines(lines: list[str]) -> dict[int, str]:
     for i, text in enumerate(lines, start=1):
         m = _USER_LINE.match(text)
         if m and not _TYPE_COMMENT.search(text):
-            current = f"{m.group('file')}:{m.group('line')}: {m.group('code').strip()}"
+            if not _is_library_file(m.group("file")):
+                current = f"{m.group('file')}:{m.group('line')}: {m.group('code').strip()}"
+            # NOTE: a line inside thunder or torch is an implementation detail: keep the user's line before it
         elif text.strip().startswith("def "):
             current = None
         if current is not None:
             result[i] = current
     return result
+
+
+_LIBRARY_DIRS = ("/thunder/", "/torch/", "/site-packages/", "/dist-packages/")
+
+
+def _is_library_file(path: str) -> bool:
+    return any(d in path for d in _LIBRARY_DIRS)
 
 
 def parse_functions(source: str) -> list[_Fn]:

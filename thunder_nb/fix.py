@@ -46,6 +46,7 @@ __all__ = [
     "LegacyCUDAGraphTransform",
     "ThunderNBRunner",
     "EagerFallbackWarning",
+    "recover_from_failed_capture",
     "region_del_pass",
     "strip_top_level_dels",
     "handoff_scalars",
@@ -53,6 +54,25 @@ __all__ = [
 
 class EagerFallbackWarning(UserWarning):
     """Regions ran eagerly (no CUDA graph was captured)."""
+
+
+def recover_from_failed_capture() -> None:
+    """Leave CUDA's random number generators usable after a capture that failed.
+
+    torch 2.11 ends a failed capture without its generator epilogue, so each default CUDA generator
+    stays in capture mode and the next random op outside a capture raises "Offset increment
+    outside graph capture encountered unexpectedly" (pytorch/pytorch#171263). A fresh copy of each
+    generator's state (same seed and offset, not capturing) puts that right. Call it after thunder's
+    own transform failed to capture; `FixedCUDAGraphTransform` and `LegacyCUDAGraphTransform` call it
+    themselves.
+    """
+    if not torch.cuda.is_available():
+        return
+    for generator in torch.cuda.default_generators:
+        try:
+            generator.graphsafe_set_state(generator.clone_state())
+        except RuntimeError:  # NOTE: a device still capturing, or one torch never initialised
+            pass
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -139,7 +159,11 @@ class ThunderNBRunner(CUDAGraphRunner):
         if entry is None:
             mask = self.make_static_inputs_mask(fn_name, *args)
             before = torch.cuda.memory_allocated()
-            entry = self.cuda_graph_cache[key] = self.build_cuda_graph(fn, args, mask)
+            try:
+                entry = self.cuda_graph_cache[key] = self.build_cuda_graph(fn, args, mask)
+            except BaseException:
+                recover_from_failed_capture()
+                raise
             pool = torch.cuda.memory_allocated() - before
             records = self.graph_records.setdefault(fn_name, [])
             records.append(
@@ -572,11 +596,15 @@ class FixedCUDAGraphTransform(_BaseTransform):
             return False
         return classify_bsym(bsym, cuda_trace=self._cuda) is None
 
+    def region_dels(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]):
+        """The region's del pass (`region_del_pass`); override to study memory without it."""
+        return region_del_pass(bsyms, inputs, outputs)
+
     def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
         """Make one region's fusion symbol, with the corrected region del pass."""
         inputs = [unvariableify(i) for i in region.inputs]
         outputs = [unvariableify(o) for o in region.outputs]
-        bsyms = region_del_pass(region.bound_symbols, inputs, outputs)
+        bsyms = self.region_dels(region.bound_symbols, inputs, outputs)
         fusion = self._make_fusion(bsyms, inputs, outputs)
         hand = [f"{n} -> {t}" for n, t in self._handed.items() if any(p.name == t for p in inputs)]
         if hand:

@@ -238,6 +238,11 @@ class TraceReport:
         raise KeyError(f"no value {name!r}")
 
     @property
+    def op_count(self) -> int:
+        """Statements of the trace, each region's own statements counted."""
+        return len(self.ops) + sum(len(r.ops) for r in self.regions)
+
+    @property
     def user_islands(self) -> tuple[Island, ...]:
         """Islands that a user's op caused (bookkeeping and collection clearing left out)."""
         return tuple(i for i in self.islands if i.reason not in ("bookkeeping", "collection"))

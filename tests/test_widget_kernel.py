@@ -1,0 +1,93 @@
+"""The toggle widget in a real kernel (nbclient): outputs, and the widget state a static export is built from."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from thunder_nb.widget import toggle
+
+VIEW = "application/vnd.jupyter.widget-view+json"
+STATE = "application/vnd.jupyter.widget-state+json"
+
+CELLS = [
+    "%load_ext thunder_nb",
+    textwrap.dedent(
+        """\
+        %%thunder_cudagraph --repeats 2 -o cmp g(x)
+        import torch
+        x = torch.randn(8)
+        def g(x):
+            y = x.sin().cos()
+            s = y.sum().item()
+            return (y * s).exp()
+        """
+    ),
+    "print(cmp.verdict())",
+]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """The notebook after a kernel ran it with widget state stored, as nbconvert --execute saves it."""
+    folder = tmp_path_factory.mktemp("nb")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    client = NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(folder)}}, store_widget_state=True
+    )
+    client.execute()
+    nbformat.validate(nb)
+    return nb
+
+
+def outputs(nb):
+    return [o for cell in nb.cells for o in cell.get("outputs", [])]
+
+
+def test_no_errors(executed):
+    errors = [o for o in outputs(executed) if o["output_type"] == "error"]
+    assert errors == []
+    verdict = "".join(o.get("text", "") for o in executed.cells[2].outputs)
+    assert verdict.startswith("original (stock): item inside CUDAGraph1")
+
+
+def test_outputs_in_order(executed):
+    magic = [o for o in executed.cells[1].outputs if o["output_type"] == "display_data"]
+    assert len(magic) == 3
+    verdict, view, run = magic
+    assert "fixed: 1 region, 0 islands, matches eager" in verdict["data"]["text/plain"]  # progress became the verdict
+    assert VIEW in view["data"]
+    assert "timings" in run["data"]["text/plain"] and "<table" in run["data"]["text/html"]
+
+
+def test_saved_widget_state_switches_without_a_kernel(executed):
+    state = executed.metadata["widgets"][STATE]["state"]
+    by_name: dict[str, list[str]] = {}
+    for model_id, model in state.items():
+        by_name.setdefault(model["model_name"], []).append(model_id)
+    (buttons_id,) = by_name["ToggleButtonsModel"]
+    (stack_id,) = by_name["StackModel"]
+    buttons, stack = state[buttons_id]["state"], state[stack_id]["state"]
+    assert buttons["_options_labels"] == ["original (stock)", "fixed"] and buttons["index"] == 0
+    assert stack["selected_index"] == 0 and len(stack["children"]) == 2
+    links = [state[i]["state"] for i in by_name["LinkModel"]]
+    assert {"source": [f"IPY_MODEL_{buttons_id}", "index"], "target": [f"IPY_MODEL_{stack_id}", "selected_index"]} in [
+        {"source": link["source"], "target": link["target"]} for link in links
+    ]
+    panes = [state[c.removeprefix("IPY_MODEL_")]["state"]["value"] for c in stack["children"]]
+    for pane in panes:
+        assert "lifetimes" in pane and "generated code" in pane
+        if shutil.which("dot"):
+            assert pane.count("<svg") >= 2
+    view = next(o for o in executed.cells[1].outputs if VIEW in o.get("data", {}))
+    box = state[view["data"][VIEW]["model_id"]]["state"]
+    assert box["children"] == [f"IPY_MODEL_{buttons_id}", f"IPY_MODEL_{stack_id}"]
+
+
+def test_toggle_needs_two_labels():
+    with pytest.raises(ValueError, match="two labels"):
+        toggle("<b>a</b>", "<b>b</b>", labels=("one",))

@@ -1,0 +1,263 @@
+"""``%%thunder_cudagraph``: run a cell, then compare the original and fixed CUDA-graph transform on a call.
+
+Argument parsing and orchestration only: the work is `thunder_nb.compare.compare`, the views are
+`thunder_nb.widget`. Load it with ``%load_ext thunder_nb``; ``%%thunder_cudagraph?`` lists the
+arguments.
+"""
+
+from __future__ import annotations
+
+import ast
+import traceback
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+__all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES"]
+
+#: ``--capture`` values and what `compare` gets for them.
+CAPTURE_CHOICES = {"auto": "auto", "on": True, "off": False}
+
+_EXAMPLE = "%%thunder_cudagraph f(x)"
+
+
+@magics_class
+class ThunderCUDAGraphMagics(Magics):
+    """The ``%%thunder_cudagraph`` cell magic."""
+
+    @magic_arguments()
+    @argument(
+        "call",
+        nargs="*",
+        help="the call to compile and run, e.g. f(x): its arguments are evaluated in the notebook's namespace "
+        "after the cell ran; the function is its callee (or -f NAME)",
+    )
+    @argument("-f", "--function", metavar="NAME", help="the function to compile (default: the call's callee)")
+    @argument(
+        "--original",
+        choices=["stock", "legacy"],
+        default="stock",
+        help="what to compare the fixed transform with: thunder's CUDAGraphTransform (stock) or the "
+        "July 2024 behaviour of issue #728 (legacy); default: stock",
+    )
+    @argument("--train", action="store_true", help="call .backward() on the scalar result and compare gradients too")
+    @argument("-o", "--output", metavar="NAME", help="store the Comparison in the namespace under NAME")
+    @argument(
+        "--views",
+        default=",".join(("diagram", "lifetimes", "source", "run")),
+        metavar="LIST",
+        help="comma-separated views to show, from diagram,lifetimes,source,run (default: all)",
+    )
+    @argument("--no-run", action="store_true", help="compile and trace only: run and time nothing")
+    @argument("--repeats", type=int, default=20, metavar="N", help="calls timed per version (median shown); default 20")
+    @argument(
+        "--capture",
+        choices=list(CAPTURE_CHOICES),
+        default="auto",
+        help="auto: capture CUDA graphs when the inputs are on a GPU, else run regions eagerly; "
+        "on: always capture (needs a GPU); off: never capture",
+    )
+    @cell_magic
+    def thunder_cudagraph(self, line: str, cell: str) -> None:
+        """Run the cell, then compile the call on the magic line with the original and the fixed CUDA-graph transform.
+
+        Shows a one-line verdict, a toggle between the original and the fixed side (region diagram,
+        value lifetimes, generated code with defect lines highlighted) and the run: the value, its
+        check against eager PyTorch, timings and CUDA graphs captured. The original failing is part
+        of the report. Example::
+
+            %%thunder_cudagraph --train -o cmp loss(x, w)
+            def loss(x, w):
+                return (x @ w).relu().sum()
+        """
+        from . import widget
+        from .compare import CompareError, compare
+
+        args, call_text = _parse_line(self.thunder_cudagraph, line)
+        try:
+            views = widget.parse_views(args.views)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if args.repeats < 1:
+            raise UsageError(f"--repeats must be at least 1, not {args.repeats}")
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(f"-o needs a Python name, not {args.output!r}")
+        call = _parse_call(call_text)
+
+        defined = self._run_cell(cell)
+        fn = self._resolve_function(args.function, call, defined)
+        call_args, call_kwargs = self._evaluate_arguments(call, call_text)
+
+        progress = _Progress()
+        try:
+            comparison = compare(
+                fn,
+                call_args,
+                call_kwargs,
+                original=args.original,
+                training=args.train,
+                repeats=args.repeats,
+                execute=not args.no_run,
+                capture=CAPTURE_CHOICES[args.capture],
+                progress=progress,
+            )
+        except CompareError as e:
+            progress.clear()
+            raise UsageError(str(e)) from None
+        except BaseException:
+            progress.clear()
+            raise
+        if args.output:
+            self.shell.user_ns[args.output] = comparison
+        side_views = [v for v in views if v in widget.SIDE_VIEWS]
+        if side_views:
+            progress("drawing the views…")
+            view = widget.comparison_toggle(comparison, side_views)
+        progress.done({"text/plain": comparison.verdict(), "text/html": comparison.verdict_html()})
+        if side_views:
+            display(view)
+        if "run" in views:
+            display({"text/plain": comparison.run_text(), "text/html": comparison.run_html()}, raw=True)
+
+    # --- steps --------------------------------------------------------------------------------------
+
+    def _run_cell(self, cell: str) -> list[str]:
+        """Run the cell in the user's namespace; return the names of the functions it defines, in order.
+
+        Statements before a failing one stay in effect, as in a normal cell.
+        """
+        shell = self.shell
+        source = shell.transform_cell(cell)
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        try:
+            tree = ast.parse(source, filename)
+            code = compile(tree, filename, "exec")
+        except SyntaxError as e:
+            raise UsageError(f"syntax error in the cell, line {e.lineno}: {e.msg}") from None
+        try:
+            exec(code, shell.user_global_ns, shell.user_ns)
+        except Exception as e:
+            line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == filename), None)
+            where = f" on line {line}" if line else ""
+            raise UsageError(f"the cell raised {_describe(e)}{where}") from None
+        return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+    def _resolve_function(self, name: str | None, call: ast.Call, defined: list[str]) -> Any:
+        ns = self.shell.user_ns
+        if name is not None:
+            if name not in ns:
+                hint = f" (the cell defines: {', '.join(defined)})" if defined else ""
+                raise UsageError(f"no function {name!r} in the namespace{hint}")
+            fn = ns[name]
+        elif isinstance(call.func, ast.Name) and call.func.id not in ns and call.func.id not in _builtins(ns):
+            callee = call.func.id
+            if not defined:
+                raise UsageError(
+                    f"no function defined: the cell defines no function and {callee!r} is not defined "
+                    f"(define it in the cell, or name one with -f NAME)"
+                )
+            raise UsageError(
+                f"the call names {callee!r}, which is not defined; the cell defines: {', '.join(defined)} "
+                f"(call one of them, or name it with -f NAME)"
+            )
+        else:
+            try:
+                fn = eval(compile(ast.Expression(call.func), "<thunder_cudagraph call>", "eval"), ns)
+            except Exception as e:
+                raise UsageError(f"the call {ast.unparse(call.func)}(...) failed: {_describe(e)}") from None
+        if not callable(fn):
+            raise UsageError(f"{name or ast.unparse(call.func)!r} is a {type(fn).__name__}, not a function")
+        return fn
+
+    def _evaluate_arguments(self, call: ast.Call, call_text: str) -> tuple[tuple, dict]:
+        """Evaluate the call's arguments (``*args`` and ``**kwargs`` included) in the user's namespace."""
+        collect = ast.Call(func=ast.Name("__thunder_nb_arguments__", ast.Load()), args=call.args, keywords=call.keywords)
+        expr = ast.fix_missing_locations(ast.Expression(collect))
+        scope = {"__thunder_nb_arguments__": lambda *a, **k: (a, k)}
+        try:
+            return eval(compile(expr, "<thunder_cudagraph call>", "eval"), self.shell.user_ns, scope)
+        except Exception as e:
+            raise UsageError(f"the call {call_text} failed: {_describe(e)}") from None
+
+
+def _builtins(ns: dict) -> set[str]:
+    import builtins
+
+    b = ns.get("__builtins__", builtins)
+    return set(b if isinstance(b, dict) else dir(b))
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _parse_line(magic: Any, line: str) -> tuple[Any, str]:
+    """Split the magic line into parsed options and the call's source text.
+
+    The call is the first stretch of the line, from a word boundary to the end, that is a Python
+    expression; what comes before it must be options. (Splitting the call into shell words would
+    break string arguments and read ``-1`` as an option.)
+    """
+    import re
+
+    for m in re.finditer(r"\S+", line):
+        tail = line[m.start():].strip()
+        if tail.startswith("-"):
+            continue
+        try:
+            ast.parse(tail, mode="eval")
+        except SyntaxError:
+            continue
+        args = parse_argstring(magic, line[: m.start()])
+        if args.call:
+            raise UsageError(f"unexpected words before the call: {' '.join(args.call)} (write it like {_EXAMPLE})")
+        return args, tail
+    args = parse_argstring(magic, line)
+    if args.call:
+        raise UsageError(f"the call is not a Python expression: {' '.join(args.call)} (write it like {_EXAMPLE})")
+    raise UsageError(f"missing call: write the call to compile on the magic line, e.g. {_EXAMPLE}")
+
+
+def _parse_call(text: str) -> ast.Call:
+    node = ast.parse(text, mode="eval").body
+    if not isinstance(node, ast.Call):
+        raise UsageError(
+            f"the magic line needs a call like f(x), not {text!r} (options go before the call: {_EXAMPLE})"
+        )
+    return node
+
+
+class _Progress:
+    """One output line that says what is going on, then becomes the verdict."""
+
+    def __init__(self) -> None:
+        self._handle = None
+
+    def __call__(self, message: str) -> None:
+        bundle = {"text/plain": f"thunder-nb: {message}", "text/html": f"<i>thunder-nb: {_html(message)}</i>"}
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+    def done(self, bundle: dict[str, str]) -> None:
+        """Replace the progress line with ``bundle`` (or show it, when there was no progress)."""
+        if self._handle is None:
+            display(bundle, raw=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+    def clear(self) -> None:
+        """Blank the progress line (the error message says what happened)."""
+        if self._handle is not None:
+            self._handle.update({"text/plain": ""}, raw=True)
+
+
+def _html(text: str) -> str:
+    import html
+
+    return html.escape(text)
