@@ -152,6 +152,8 @@ def _cases():
     import thunder
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
+    from thunder_nb.fix import FixedCUDAGraphTransform
+
     for program, fn, make in benchmarks("cuda"):
         for cfg, factory in configs(fn):
             yield program, fn, make, cfg, factory
@@ -162,8 +164,18 @@ def _cases():
                 jfn = thunder.jit(programs.island_device_scalar, transforms=[t])
                 return jfn, lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
 
+            def fixed_no_copy():
+                t = FixedCUDAGraphTransform(capture=True, copy_outputs=False)
+                return thunder.jit(programs.island, transforms=[t]), lambda: str(t.graphs_captured)
+
+            def fixed_no_handoff():
+                t = FixedCUDAGraphTransform(capture=True, scalar_handoff=False)
+                return thunder.jit(programs.island, transforms=[t]), lambda: str(t.graphs_captured)
+
             yield (program, programs.island_device_scalar, make,
                    "hand-written device scalar, thunder CUDAGraphTransform", handwritten)
+            yield program, programs.island, make, "thunder-nb Fixed, copy_outputs=False", fixed_no_copy
+            yield program, programs.island, make, "thunder-nb Fixed, scalar_handoff=False", fixed_no_handoff
 
 
 def run_one(index: int, calls: int) -> Row:

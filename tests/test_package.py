@@ -1,0 +1,36 @@
+"""The package itself: imports, layering, and the set-up scripts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_needs_neither_ipython_nor_a_gpu():
+    code = (
+        "import sys, thunder_nb\n"
+        "assert 'IPython' not in sys.modules, 'IPython imported'\n"
+        "assert 'thunder' not in sys.modules, 'thunder imported eagerly'\n"
+        "import torch; assert not torch.cuda.is_initialized()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_render_never_imports_thunder_and_analysis_never_imports_render():
+    render = (ROOT / "thunder_nb" / "render.py").read_text()
+    analysis = (ROOT / "thunder_nb" / "analysis.py").read_text()
+    assert "import thunder" not in render and "from thunder" not in render
+    assert "render" not in "".join(l for l in analysis.splitlines() if "import" in l)
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash dev.sh test" in readme and "bash dev.sh example" in readme
+    assert "bash dev.sh test" in ci
