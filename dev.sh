@@ -3,7 +3,9 @@
 #   bash dev.sh example   run the main job on the built-in example
 #   bash dev.sh test      run the tests (what CI runs)
 # Set-up: uv (from PyPI) -> .venv with the locked versions (uv.lock) -> Graphviz's dot (Debian's
-# graphviz, when root) -> for the tests, Debian's chromium for the browser tests (when root).
+# graphviz, when root) -> the widget JavaScript that exported HTML pages inline, so their widgets work
+# offline (npm pack into .cache/widget-js/; Debian's npm when root and npm is missing) -> for the tests,
+# Debian's chromium for the browser tests (when root).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -29,10 +31,37 @@ apt_install() {  # apt_install PROGRAM PACKAGE...: install Debian packages when 
     fi
 }
 
+# The exact versions inlined into exported pages: the html-manager for ipywidgets 8, and require.js.
+WIDGET_JS_PACKAGES=("@jupyter-widgets/html-manager@1.0.15" "requirejs@2.3.8")
+WIDGET_JS_DIR=.cache/widget-js
+
+widget_js() {  # require.js and embed-amd.js from the npm registry into $WIDGET_JS_DIR (once)
+    [ -f "$WIDGET_JS_DIR/require.js" ] && [ -f "$WIDGET_JS_DIR/embed-amd.js" ] && return 0
+    apt_install npm npm
+    if ! command -v npm >/dev/null 2>&1; then
+        say "npm is missing: exported HTML pages will load the widget JavaScript from a CDN (their widgets need network)"
+        return 0
+    fi
+    say "fetching ${WIDGET_JS_PACKAGES[*]} (npm)"
+    local tmp
+    tmp=$(mktemp -d)
+    if (cd "$tmp" && npm pack --silent "${WIDGET_JS_PACKAGES[@]}" >/dev/null &&
+        tar -xzf jupyter-widgets-html-manager-*.tgz package/dist/embed-amd.js &&
+        tar -xzf requirejs-*.tgz package/require.js); then
+        mkdir -p "$WIDGET_JS_DIR"
+        mv "$tmp/package/dist/embed-amd.js" "$tmp/package/require.js" "$WIDGET_JS_DIR/"
+        printf '%s\n' "${WIDGET_JS_PACKAGES[@]}" >"$WIDGET_JS_DIR/VERSIONS"
+    else
+        say "npm pack failed: exported HTML pages will load the widget JavaScript from a CDN (their widgets need network)"
+    fi
+    rm -rf "$tmp"
+}
+
 setup() {
     need_uv
     uv sync --frozen --extra test --extra browser --quiet
     apt_install dot graphviz
+    widget_js
 }
 
 case "${1:-}" in

@@ -1,0 +1,169 @@
+"""Every teaching notebook runs clean in a real kernel (eager mode without a GPU); `python -m thunder_nb example` end to end."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from thunder_nb import export
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+#: the notebooks that end in the %%thunder_cudagraph toggle
+WITH_TOGGLE = {"01_del_bug.ipynb", "04_training_step.ipynb"}
+
+VIEW = export.WIDGET_VIEW
+STATE = export.WIDGET_STATE
+
+
+def test_notebooks_are_there():
+    assert [p.name for p in NOTEBOOKS][:1] == [export.EXAMPLE] and len(NOTEBOOKS) >= 4
+    assert export.find_notebooks() == (REPO / "notebooks").resolve()
+    with pytest.raises(FileNotFoundError, match=r"no notebooks found \(looked in .*/nowhere\).*checkout of thunder-nb"):
+        export.find_notebooks(REPO / "nowhere")
+
+
+@pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.stem)
+def executed(request):
+    """(file name, the notebook run top to bottom by a fresh kernel with its widget state stored)."""
+    nb = export.execute_notebook(request.param, timeout=300)
+    nbformat.validate(nb)
+    return request.param.name, nb
+
+
+def _outputs(nb):
+    return [o for cell in nb.cells for o in cell.get("outputs", [])]
+
+
+def _widget_state(nb) -> dict:
+    return nb.metadata.get("widgets", {}).get(STATE, {}).get("state", {})
+
+
+@pytest.mark.slow
+def test_runs_without_errors(executed):
+    name, nb = executed
+    errors = export.error_outputs(nb)
+    assert not errors, f"{name}: " + "\n".join(f"{e}\n" + "\n".join(e.traceback) for e in errors)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code), f"{name}: a cell did not run"
+    stderr = "".join(o.get("text", "") for o in _outputs(nb) if o.get("name") == "stderr")
+    assert "Traceback" not in stderr, f"{name}: {stderr}"
+
+
+@pytest.mark.slow
+def test_draws_svg(executed, request):
+    """A diagram or a lifetime view is drawn: an SVG output, or SVG inside an HTML output or a widget pane."""
+    name, nb = executed
+    texts = []
+    for o in _outputs(nb):
+        data = o.get("data", {})
+        if "image/svg+xml" in data:
+            texts.append("<svg")
+        texts.append(str(data.get("text/html", "")))
+    texts += [str(m["state"].get("value", "")) for m in _widget_state(nb).values()]
+    assert any("<svg" in t for t in texts), f"{name}: no SVG anywhere in its outputs"
+
+
+@pytest.mark.slow
+def test_toggle_view_and_state(executed):
+    """01 and 04 end in the toggle: a widget view whose saved state has the buttons jslinked to the panes."""
+    name, nb = executed
+    views = [o["data"][VIEW]["model_id"] for o in _outputs(nb) if VIEW in o.get("data", {})]
+    if name not in WITH_TOGGLE:
+        assert views == []
+        return
+    state = _widget_state(nb)
+    assert len(views) == 1 and views[0] in state, f"{name}: no widget view with saved state"
+    box = state[views[0]]
+    assert box["model_name"] == "VBoxModel"
+    buttons_id, stack_id = (c.removeprefix("IPY_MODEL_") for c in box["state"]["children"])
+    assert state[buttons_id]["model_name"] == "ToggleButtonsModel"
+    assert state[buttons_id]["state"]["_options_labels"][1] == "fixed"
+    assert state[stack_id]["model_name"] == "StackModel" and len(state[stack_id]["state"]["children"]) == 2
+    links = [m["state"] for m in state.values() if m["model_name"] == "LinkModel"]
+    assert [[f"IPY_MODEL_{buttons_id}", "index"], [f"IPY_MODEL_{stack_id}", "selected_index"]] in [
+        [link["source"], link["target"]] for link in links
+    ]
+
+
+def test_error_outputs_stop_at_the_failing_cell(tmp_path):
+    src = tmp_path / "bad.ipynb"
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(c) for c in ["x = 1", "raise ValueError('boom')", "y = 2"]],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    nbformat.write(nb, src)
+    out = export.execute_notebook(src, timeout=60)
+    (err,) = export.error_outputs(out)
+    assert (err.cell, err.ename, err.evalue) == (1, "ValueError", "boom")
+    assert str(err) == "cell 1: ValueError: boom"
+    assert out.cells[2].execution_count is None  # like nbconvert --execute: nothing runs after the error
+    assert nbformat.read(src, as_version=4).cells[0].outputs == []  # the file is left alone
+
+
+def test_export_without_assets_warns_and_uses_cdns(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("hi")])
+    nb.metadata["widgets"] = {STATE: {"state": {}, "version_major": 2, "version_minor": 0}}
+    with pytest.warns(export.OfflineWidgetWarning, match="need network"):
+        page = export.export_html(nb, tmp_path / "p.html", assets_dir=tmp_path / "nothing-here")
+    html = page.read_text()
+    assert 'src="https://cdnjs.cloudflare.com/ajax/libs/require.js' in html and "unpkg.com/" in html
+
+
+def test_export_inlines_assets(tmp_path):
+    assets = tmp_path / "js"
+    assets.mkdir()
+    (assets / "require.js").write_text("var requirejs_stub = '</script><!-- x';")
+    (assets / "embed-amd.js").write_text("var embed_stub = 1;")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("hi")])
+    nb.metadata["widgets"] = {STATE: {"state": {}, "version_major": 2, "version_minor": 0}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", export.OfflineWidgetWarning)
+        html = export.export_html(nb, tmp_path / "sub" / "p.html", assets_dir=assets).read_text()
+    assert r"var requirejs_stub = '<\/script><\!-- x';" in html  # still the same JS, no longer ends the element
+    head, body = html.split("<body", 1)
+    assert "requirejs_stub" in head and "embed_stub" in body
+    assert "unpkg.com" not in html and "require.min.js" not in html
+    assert "libs/mathjax" not in html  # no LaTeX, no MathJax: the page asks the network for nothing
+    nb.cells.append(nbformat.v4.new_markdown_cell("the area is $\\pi r^2$"))
+    assert "libs/mathjax" in export.export_html(nb, tmp_path / "math.html", assets_dir=assets).read_text()
+
+
+@pytest.mark.slow
+def test_example_command(tmp_path):
+    """``python -m thunder_nb example --out DIR``: the executed notebook and a page that needs no network for its widget."""
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "thunder_nb", "example", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    notebook, page = out / export.EXAMPLE, out / export.EXAMPLE.replace(".ipynb", ".html")
+    assert f"executed notebook: {notebook.resolve()}\n" in run.stdout
+    assert f"HTML page:         {page.resolve()}  " in run.stdout
+    nb = nbformat.read(notebook, as_version=4)
+    assert export.error_outputs(nb) == [] and STATE in nb.metadata["widgets"]
+    html = page.read_text(encoding="utf-8")
+    state = re.search(rf'<script type="{re.escape(STATE)}">(.*?)</script>', html, re.S)
+    assert state and "ToggleButtonsModel" in state.group(1) and "LinkModel" in state.group(1)
+    assert f'<script type="{VIEW}">' in html
+
+    assets = export.widget_assets()
+    if assets is None:
+        assert "need network" in run.stderr
+        pytest.skip(
+            f"widget JavaScript not in {export.default_assets_dir()}: run `bash dev.sh test` (fetches it with npm); "
+            "the page was written with CDN links and the warning was shown"
+        )
+    for name, js in assets.items():
+        assert js[:500] in html and js[-500:] in html, f"{name} is not inlined"
+    assert "need network" not in run.stderr
+    for cdn in ("cdnjs.cloudflare.com/ajax/libs/require.js", "unpkg.com/", "html-manager@*/dist/embed-amd.js"):
+        assert cdn not in html
+    assert not re.search(r"<script[^>]*\bsrc=\"https?:[^\"]*(require|embed-amd)", html)

@@ -1,0 +1,124 @@
+"""``python -m thunder_nb``: run the teaching notebooks in a real kernel and export them (the work is `thunder_nb.export`).
+
+    python -m thunder_nb example [--out DIR]                 notebook 01: executed .ipynb + standalone .html
+    python -m thunder_nb notebooks [--out DIR | --in-place]  all notebooks; exit 1 if a cell raised
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m thunder_nb", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ex = sub.add_parser(
+        "example",
+        help="run notebooks/01_del_bug.ipynb; write it executed and as a standalone HTML page",
+        description="Run notebooks/01_del_bug.ipynb in a fresh kernel; write the executed notebook and an HTML page "
+        "whose original/fixed toggle works offline (no kernel, no network).",
+    )
+    ex.add_argument("--out", metavar="DIR", type=Path, default=Path("out"), help="output folder (default: out/)")
+    nbs = sub.add_parser(
+        "notebooks",
+        help="run every notebook in notebooks/; write them executed (and as HTML pages)",
+        description="Run every notebook in notebooks/ in a fresh kernel each. Exit status 1 if any cell raised.",
+    )
+    where = nbs.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR", type=Path, default=Path("out"), help="output folder (default: out/)")
+    where.add_argument(
+        "--in-place",
+        action="store_true",
+        help="write the executed notebooks (outputs and widget state) back into notebooks/ instead; "
+        "a notebook in which a cell raised is left as it was",
+    )
+    for sp in (ex, nbs):
+        sp.add_argument("--timeout", type=int, default=600, metavar="S", help="seconds one cell may run (default 600)")
+    return p
+
+
+def _run(path: Path, timeout: int):
+    from . import export
+
+    print(f"thunder-nb: running {path.name} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    nb = export.execute_notebook(path, timeout=timeout)
+    errors = export.error_outputs(nb)
+    status = "ok" if not errors else f"{len(errors)} error(s)"
+    print(f"thunder-nb: {path.name}: {status} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+    for e in errors:
+        print(f"thunder-nb: {path.name}: {e}", file=sys.stderr)
+    return nb, errors
+
+
+def _export(nb, dest: Path) -> Path:
+    from . import export
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", export.OfflineWidgetWarning)
+        page = export.export_html(nb, dest)
+    for w in caught:
+        print(f"thunder-nb: warning: {w.message}", file=sys.stderr)
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        import nbclient  # noqa: F401
+        import nbconvert  # noqa: F401
+        import nbformat
+    except ImportError as e:
+        print(f"thunder-nb: {e.name} is missing: install the test extra (pip install -e '.[test]')", file=sys.stderr)
+        return 2
+    from . import export
+
+    try:
+        folder = export.find_notebooks()
+    except FileNotFoundError as e:
+        print(f"thunder-nb: {e}", file=sys.stderr)
+        return 2
+
+    if args.command == "example":
+        path = folder / export.EXAMPLE
+        if not path.is_file():
+            print(f"thunder-nb: the example notebook {path} is missing", file=sys.stderr)
+            return 2
+        nb, errors = _run(path, args.timeout)
+        args.out.mkdir(parents=True, exist_ok=True)
+        executed = args.out / path.name
+        nbformat.write(nb, executed)
+        page = _export(nb, args.out / path.with_suffix(".html").name)
+        print(f"executed notebook: {executed.resolve()}")
+        print(f"HTML page:         {page.resolve()}  (open it in a browser; no kernel or network needed)")
+        return 1 if errors else 0
+
+    failed = []
+    for path in sorted(folder.glob("*.ipynb")):
+        nb, errors = _run(path, args.timeout)
+        if errors:
+            failed.append(path.name)
+        if args.in_place:
+            if not errors:
+                nbformat.write(nb, path)
+                print(f"updated: {path}")
+            continue
+        args.out.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, args.out / path.name)
+        page = _export(nb, args.out / path.with_suffix(".html").name)
+        print(f"{args.out / path.name}  {page}")
+    if failed:
+        print(f"thunder-nb: a cell raised in: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
