@@ -57,7 +57,7 @@ def test_runs_without_errors(executed):
 
 
 @pytest.mark.slow
-def test_draws_svg(executed, request):
+def test_draws_svg(executed):
     """A diagram or a lifetime view is drawn: an SVG output, or SVG inside an HTML output or a widget pane."""
     name, nb = executed
     texts = []
