@@ -325,6 +325,17 @@ class _TraceInput:
     graphs: dict[str, tuple[GraphRecord, ...]] = field(default_factory=dict)
     captured: dict[str, bool | None] = field(default_factory=dict)
     handoffs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    aliases: frozenset[str] = frozenset()  # results of in-place copies: the destination's memory, not new memory
+
+
+#: Ops whose result is (an alias of) an argument updated in place: no new memory.
+_IN_PLACE_NAMES = frozenset({"copy_", "update_aliases"})
+
+
+def _alias_names(fns: Iterable[_Fn]) -> frozenset[str]:
+    return frozenset(
+        n for fn in fns for op in fn.ops if op.callee.rsplit(".", 1)[-1] in _IN_PLACE_NAMES for n in op.outputs
+    )
 
 
 def _classify_stmt(op: Op, ti: _TraceInput, cuda: bool) -> tuple[str, str] | None:
@@ -421,10 +432,11 @@ def _check_fn(fn: _Fn, ti: _TraceInput, *, region: bool, cuda: bool) -> list[Def
             for n in op.outputs:
                 defined.setdefault(n, op.line)
         for n, line in defined.items():
-            if n in params or n in returned or n in top_dels:
-                continue
-            if ti.types.get(n, _UNKNOWN).kind not in ("tensor", "other"):
-                continue  # NOTE: numbers and collections hold no device memory
+            if n in params or n in returned or n in top_dels or n in ti.aliases or n == "_":
+                continue  # NOTE: `_` is thunder's placeholder for a None (e.g. a missing cotangent)
+            t = ti.types.get(n, _UNKNOWN)
+            if not (t.kind == "tensor" or (t.kind == "other" and not t.text)):
+                continue  # NOTE: numbers, collections and placeholders (`_`, typed None) hold no memory
             add("never-freed", n, line, f"{n} is never deleted at top level: it stays alive until the function returns",
                 "delete it right after its last consumer")
     return out
@@ -432,6 +444,7 @@ def _check_fn(fn: _Fn, ti: _TraceInput, *, region: bool, cuda: bool) -> list[Def
 
 def _check_trace(ti: _TraceInput) -> list[Defect]:
     cuda = _is_cuda(ti.types)
+    ti.aliases = _alias_names(([ti.top] if ti.top else []) + list(ti.regions.values()))
     out: list[Defect] = []
     if ti.top is not None:
         out += _check_fn(ti.top, ti, region=False, cuda=cuda)
@@ -728,6 +741,10 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
     notes = []
     if bwd and not any("CUDAGraph" in str(t.get_provenance()) for t in bwd) and _transform_label(jfn) != "none":
         notes.append("the backward trace was not fused (the transform failed on it)")
+    for t in cd.transforms or ():
+        notes.extend(dict.fromkeys(getattr(t, "notes", ())))
+        for number, why in getattr(t, "handoff_refusals", {}).items():
+            notes.append(f"{number} stays a Python number: {why}")
     return Report(
         function=fname,
         transform=_transform_label(jfn),

@@ -95,6 +95,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         # fn_name -> ((arg position, torch dtype, torch device), ...): Python numbers fed through 0-d device buffers
         self.scalar_slots: dict[str, tuple[tuple[int, torch.dtype, torch.device], ...]] = {}
         self._buffers: dict[tuple[str, int], torch.Tensor] = {}
+        # fn_name -> input positions the region updates in place (copied back to the caller's tensor)
+        self.write_back: dict[str, tuple[int, ...]] = {}
         self.graph_records: dict[str, list[GraphRecord]] = {}
         self.eager_calls: dict[str, int] = {}
         self.replays: dict[str, int] = {}
@@ -180,6 +182,10 @@ class ThunderNBRunner(CUDAGraphRunner):
             if static_input is not arg and isinstance(arg, torch.Tensor):
                 static_input.copy_(arg)
         graph.replay()
+        for pos in self.write_back.get(fn_name, ()):
+            # NOTE: the replay updated the static copy of this input; the caller's tensor must see it
+            if static_inputs[pos] is not args[pos]:
+                args[pos].copy_(static_inputs[pos])
         self.replays[fn_name] = self.replays.get(fn_name, 0) + 1
         mask = self.copy_out.get(fn_name)
         if not mask:
@@ -287,6 +293,8 @@ def handoff_scalars(bsyms: Sequence[BoundSymbol], can_fuse) -> tuple[list[BoundS
         for p in b.flat_proxy_args:
             readers.setdefault(p.name, []).append(b)
 
+    bsyms = list(bsyms)
+    position = {id(b): i for i, b in enumerate(bsyms)}
     handed: dict[str, str] = {}
     refused: dict[str, str] = {}
     swaps: dict[str, TensorProxy] = {}
@@ -299,6 +307,11 @@ def handoff_scalars(bsyms: Sequence[BoundSymbol], can_fuse) -> tuple[list[BoundS
             continue
         fusible_readers = [r for r in readers.get(n.name, ()) if can_fuse(r) and r.sym.id != prims.PrimIDs.RETURN]
         if not fusible_readers:
+            continue
+        start, end = position[id(b)], max(position[id(r)] for r in fusible_readers)
+        if any(x.sym.name == "copy_" for x in bsyms[start:end]):
+            refused[n.name] = (f"an in-place update between {n.name} = item({src.name}) and its readers may write "
+                               f"through an alias of {src.name}")
             continue
         why = _handoff_refusal(n, src, fusible_readers)
         if why:
@@ -408,6 +421,17 @@ def _replace_args(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
     )
 
 
+def _walk(bsyms: Sequence[BoundSymbol]):
+    """Bound symbols and, depth first, their subsymbols."""
+    for b in bsyms:
+        yield b
+        yield from _walk(b.subsymbols)
+
+
+def _has_in_place(bsyms: Sequence[BoundSymbol]) -> bool:
+    return any(b.sym.name == "copy_" for b in bsyms)
+
+
 def _returned_names(trace: TraceCtx) -> set[str]:
     """Names of the tensors that reach the caller (the user's outputs; every output of a backward)."""
     out = trace.output
@@ -473,6 +497,7 @@ def _check_capture(capture: Any) -> bool | str:
 
 class _BaseTransform(CUDAGraphTransform):
     label = "base"
+    safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
 
     def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, share_mem_pool: bool = False):
         super().__init__(share_mem_pool=False)
@@ -483,6 +508,7 @@ class _BaseTransform(CUDAGraphTransform):
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
         self._cuda = False
         self._returned: set[str] = set()
+        self.notes: list[str] = []  # decisions the report should mention
 
     @property
     def graphs_captured(self) -> int:
@@ -499,6 +525,10 @@ class _BaseTransform(CUDAGraphTransform):
         copy = tuple(isinstance(o, TensorProxy) and o.name in self._returned for o in outputs)
         if self.copy_outputs and any(copy):
             runner.copy_out[fusion_name] = copy
+        dests = {b.flat_proxy_args[1].name for b in _walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
+        written = tuple(i for i, p in enumerate(inputs) if p.name in dests)
+        if written:
+            runner.write_back[fusion_name] = written
         slots, notes = self._plan_scalar_slots(bsyms, inputs)
         if slots:
             runner.scalar_slots[fusion_name] = tuple(slots)
@@ -527,6 +557,11 @@ class _BaseTransform(CUDAGraphTransform):
         from thunder.core.compile_data import get_compile_option
 
         kind = fusion_type or get_compile_option("fusion_type", "Choose the type of fusion to use") or "consecutive"
+        if kind == "dataflow" and self.safe_dataflow and _has_in_place(trace.bound_symbols):
+            # NOTE: dataflow fusion follows producer -> consumer edges only; an in-place update is no
+            # such edge for the other readers of its destination, which it may then be moved past
+            self.notes.append("dataflow fusion replaced by consecutive: the trace updates tensors in place")
+            kind = "consecutive"
         if kind == "dataflow":
             return dataflow_fusion(trace, should_fuse)
         if kind == "consecutive":
@@ -654,6 +689,7 @@ class LegacyCUDAGraphTransform(_BaseTransform):
     """
 
     label = "legacy"
+    safe_dataflow = False  # July 2024 behaviour, reordering included
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
         """thunder's rule of the time, plus the torch executor's ``item`` kept out."""
