@@ -326,6 +326,7 @@ class _TraceInput:
     captured: dict[str, bool | None] = field(default_factory=dict)
     handoffs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     aliases: frozenset[str] = frozenset()  # results of in-place copies: the destination's memory, not new memory
+    write_back: dict[str, frozenset[str]] = field(default_factory=dict)  # region -> inputs the runner writes back
 
 
 #: Ops whose result is (an alias of) an argument updated in place: no new memory.
@@ -412,6 +413,15 @@ def _check_fn(fn: _Fn, ti: _TraceInput, *, region: bool, cuda: bool) -> list[Def
                         "keep device transfers and CPU ops out of regions")
 
     if region:
+        mask = ti.static_masks.get(fn.name, ())
+        static = {p for p, m in zip(fn.params, mask) if m}
+        kept = ti.write_back.get(fn.name, frozenset())
+        for op, p in _in_place_updates_of_params(fn):
+            if p not in static and p not in kept:
+                add("region-updates-input", p, op.line,
+                    f"{fn.name} updates its input {p} in place: under capture the update lands in the runner's "
+                    f"static copy and the caller's {p} keeps its old values",
+                    "write the static copy back after replay (FixedCUDAGraphTransform does), or keep the update out of the region")
         for i, p in enumerate(fn.params):
             if uses.get(p, 0) == 0:
                 add("dead-region-input", p, fn.first_line,
@@ -442,6 +452,26 @@ def _check_fn(fn: _Fn, ti: _TraceInput, *, region: bool, cuda: bool) -> list[Def
     return out
 
 
+def _in_place_updates_of_params(fn: _Fn) -> list[tuple[Op, str]]:
+    """``copy_`` statements whose destination is a parameter, directly or through ``update_aliases``."""
+    root: dict[str, str] = {}
+
+    def find(n: str) -> str:
+        while n in root:
+            n = root[n]
+        return n
+
+    found = []
+    for op in fn.ops:
+        base = op.callee.rsplit(".", 1)[-1]
+        if base == "update_aliases":
+            for out, src in zip(op.outputs, op.inputs):
+                root[out] = find(src)
+        elif base == "copy_" and len(op.inputs) > 1 and find(op.inputs[1]) in fn.params:
+            found.append((op, find(op.inputs[1])))
+    return found
+
+
 def _check_trace(ti: _TraceInput) -> list[Defect]:
     cuda = _is_cuda(ti.types)
     ti.aliases = _alias_names(([ti.top] if ti.top else []) + list(ti.regions.values()))
@@ -464,6 +494,8 @@ def _island_for(op: Op, position: int, ti: _TraceInput, cuda: bool) -> Island | 
     c = _classify_stmt(op, ti, cuda)
     if c is not None:
         return Island(f"island{position}", position, op, c[0], c[1])
+    if base in _IN_PLACE_NAMES:
+        return Island(f"island{position}", position, op, "in-place", base)
     return Island(f"island{position}", position, op, "single", base)
 
 
@@ -656,6 +688,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
     graphs: dict[str, tuple[GraphRecord, ...]] = {}
     captured: dict[str, bool | None] = {}
     handoffs: dict[str, tuple[str, ...]] = {}
+    write_back: dict[str, frozenset[str]] = {}
     types: dict[str, TypeInfo] = {}
     for a in trace.args:
         if isinstance(a, Proxy):
@@ -677,6 +710,10 @@ def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
             s = stats(b.sym.name)
             graphs[b.sym.name] = s.get("graphs", ())
             captured[b.sym.name] = s.get("captured")
+        wb = getattr(runner, "write_back", {}).get(b.sym.name, ())
+        if wb:
+            names = runner.trace_symbols[b.sym.name][1]
+            write_back[b.sym.name] = frozenset(names[i].name for i in wb)
         hand = getattr(b.sym.executor, "scalar_handoffs", {})
         if b.sym.name in hand:
             handoffs[b.sym.name] = tuple(hand[b.sym.name])
@@ -698,6 +735,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
         graphs,
         captured,
         handoffs,
+        write_back=write_back,
     )
     return _build(ti)
 

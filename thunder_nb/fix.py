@@ -97,6 +97,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         self._buffers: dict[tuple[str, int], torch.Tensor] = {}
         # fn_name -> input positions the region updates in place (copied back to the caller's tensor)
         self.write_back: dict[str, tuple[int, ...]] = {}
+        # fn_name -> ((output position, input position), ...): outputs that are an input itself (update_aliases)
+        self.passthrough: dict[str, tuple[tuple[int, int], ...]] = {}
         self.graph_records: dict[str, list[GraphRecord]] = {}
         self.eager_calls: dict[str, int] = {}
         self.replays: dict[str, int] = {}
@@ -187,6 +189,13 @@ class ThunderNBRunner(CUDAGraphRunner):
             if static_inputs[pos] is not args[pos]:
                 args[pos].copy_(static_inputs[pos])
         self.replays[fn_name] = self.replays.get(fn_name, 0) + 1
+        through = self.passthrough.get(fn_name)
+        if through:
+            # NOTE: an output that is an input (an alias thunder tracks with update_aliases) must be the
+            # caller's tensor, not the graph's static copy of it, or later in-place updates miss the caller
+            static_outputs = list(static_outputs)
+            for out_pos, in_pos in through:
+                static_outputs[out_pos] = args[in_pos]
         mask = self.copy_out.get(fn_name)
         if not mask:
             return static_outputs
@@ -421,11 +430,47 @@ def _replace_args(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
     )
 
 
+#: Symbols that update a tensor in place or name its aliases: islands under the fixed transform.
+_IN_PLACE_OPS = frozenset({"copy_", "update_aliases"})
+
+
 def _walk(bsyms: Sequence[BoundSymbol]):
     """Bound symbols and, depth first, their subsymbols."""
     for b in bsyms:
         yield b
         yield from _walk(b.subsymbols)
+
+
+def _in_place_plan(
+    bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """Which inputs a region writes in place, and which outputs are inputs under another name.
+
+    thunder names aliases with ``update_aliases``: ``(t10,) = update_aliases((x,))`` makes ``t10``
+    the same tensor as ``x``, and ``copy_(t11, t10)`` then updates ``x``.
+
+    Returns:
+        (positions of inputs written by a ``copy_``, ((output position, input position), ...))
+    """
+    root: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        while name in root:
+            name = root[name]
+        return name
+
+    for b in bsyms:
+        if b.sym.name == "update_aliases" and b.args:
+            srcs = [p for p in tree_flatten(b.args[0])[0] if isinstance(p, Proxy)]
+            for out, src in zip(b.flat_proxy_outs, srcs):
+                root[out.name] = find(src.name)
+    dests = {find(b.flat_proxy_args[1].name) for b in _walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
+    position = {p.name: i for i, p in enumerate(inputs)}
+    written = tuple(i for i, p in enumerate(inputs) if p.name in dests)
+    through = tuple(
+        (j, position[find(o.name)]) for j, o in enumerate(outputs) if o.name in root and find(o.name) in position
+    )
+    return written, through
 
 
 def _has_in_place(bsyms: Sequence[BoundSymbol]) -> bool:
@@ -525,10 +570,14 @@ class _BaseTransform(CUDAGraphTransform):
         copy = tuple(isinstance(o, TensorProxy) and o.name in self._returned for o in outputs)
         if self.copy_outputs and any(copy):
             runner.copy_out[fusion_name] = copy
-        dests = {b.flat_proxy_args[1].name for b in _walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
-        written = tuple(i for i, p in enumerate(inputs) if p.name in dests)
+        written, through = _in_place_plan(bsyms, inputs, outputs)
         if written:
             runner.write_back[fusion_name] = written
+        if through:
+            runner.passthrough[fusion_name] = through
+            if fusion_name in runner.copy_out:
+                keep = dict(through)
+                runner.copy_out[fusion_name] = tuple(c and i not in keep for i, c in enumerate(runner.copy_out[fusion_name]))
         slots, notes = self._plan_scalar_slots(bsyms, inputs)
         if slots:
             runner.scalar_slots[fusion_name] = tuple(slots)
@@ -628,6 +677,10 @@ class FixedCUDAGraphTransform(_BaseTransform):
             prims.PrimIDs.RETURN,
             prims.PrimIDs.ITEM,
         ):
+            return False
+        if bsym.sym.name in _IN_PLACE_OPS:
+            # NOTE: inside a graph an in-place update writes the runner's static copy of a tensor, and
+            # its result leaves the region as a static buffer; run it on the real tensors instead
             return False
         return classify_bsym(bsym, cuda_trace=self._cuda) is None
 

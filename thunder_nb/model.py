@@ -33,6 +33,7 @@ RULES: dict[str, str] = {
     "dead-region-input": "a region input used by nothing but a del (copied on every replay)",
     "host-sync-in-region": "a data-dependent or host-synchronising op inside a region (capture fails)",
     "cpu-op-in-region": "a device transfer or CPU op inside a region (runs once at capture, never on replay)",
+    "region-updates-input": "a region updates an input in place that the runner copies (the caller never sees it)",
     "scalar-region-input": "a Python number region input (each new value captures a new graph)",
     "never-freed": "a top-level intermediate that is never deleted",
     "double-del": "a name deleted twice",
@@ -40,7 +41,7 @@ RULES: dict[str, str] = {
 
 #: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.
 ERROR_RULES: frozenset[str] = frozenset(
-    {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region"}
+    {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region", "region-updates-input"}
 )
 
 #: Why a top-level symbol stays outside every region.
@@ -48,6 +49,7 @@ ISLAND_REASONS: dict[str, str] = {
     "host-sync": "data-dependent / host-synchronising",
     "device-transfer": "device transfer",
     "cpu-op": "op on CPU tensors in a CUDA trace",
+    "in-place": "in-place update (runs on the caller's tensors)",
     "bookkeeping": "trace bookkeeping (unpack, return)",
     "collection": "collection clearing",
     "single": "single-symbol group",

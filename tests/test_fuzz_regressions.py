@@ -1,0 +1,204 @@
+"""Minimal reproducers of the bugs the differential fuzzer (tests/test_fuzz.py, bench/fuzz.py) found.
+
+Each test is the smallest program that showed one bug, named after the behaviour it guards. A test
+of an open bug is strict-xfail and has an entry in `fuzzgen.KNOWN_BUGS` (the fuzzer counts further
+hits there instead of failing); when the bug is fixed, drop both. All run on CPU but the last one;
+"emulated capture" is `fuzzgen.emulated_capture`, thunder's capture path with CPU stand-ins for graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+from thunder.transforms.cudagraph import CUDAGraphTransform
+
+import fuzzgen
+import thunder_nb
+from thunder_nb.fix import FixedCUDAGraphTransform, LegacyCUDAGraphTransform
+
+
+def fixed(fn, **options):
+    """``fn`` compiled with the fixed transform, regions run eagerly."""
+    fusion_type = options.pop("fusion_type", "consecutive")
+    return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(capture=False, **options)], fusion_type=fusion_type)
+
+
+def test_every_known_bug_has_its_regression_test():
+    names = {b.regression_test for b in fuzzgen.KNOWN_BUGS}
+    assert names <= set(globals()), sorted(names - set(globals()))
+
+
+# --- the checker (fixed) -----------------------------------------------------------------------
+
+
+def number_output(x):
+    return x.sin(), x.sum().item()
+
+
+def test_never_freed_reports_the_placeholder_of_a_none_cotangent():
+    """A number output has no cotangent: the backward trace unpacks it as ``t6, _, = cotangents``.
+
+    Was: `never-freed` reported ``_`` (no value: its type comment is ``# None``), on plain
+    ``thunder.jit``'s backward trace too.
+    """
+    x = torch.randn(4, requires_grad=True)
+    jfn = fixed(number_output)
+    out, _ = jfn(x)
+    out.sum().backward()
+    assert thunder_nb.analyze(jfn).defects == ()
+
+
+def updates_its_input(x):
+    x.mul_(2.0)
+    return x.sin()
+
+
+def test_never_freed_reports_an_input_updated_in_place():
+    """``analyze`` checks thunder's last trace, "Unwrap the actual return value", which drops ``flat_args``.
+
+    Was: the fusion trace returns the updated input (``'flat_args': [t13]``); after the unwrap pass
+    nothing consumed ``t13`` and `never-freed` reported it, though it aliases the caller's tensor.
+    """
+    x = torch.randn(4)
+    expected = updates_its_input(x.clone())
+    jfn = fixed(updates_its_input)
+    torch.testing.assert_close(jfn(x), expected)
+    assert thunder_nb.analyze(jfn).defects == ()
+
+
+# --- the fixed transform: wrong results (fixed) ----------------------------------------------------
+
+
+def read_then_update(x):
+    s = x[0].item()
+    x.mul_(2.0)
+    return x + 1.0, s
+
+
+def test_dataflow_fusion_keeps_a_read_before_an_in_place_update():
+    """``s = x[0].item()`` must read ``x`` before ``x.mul_(2.0)`` updates it.
+
+    Was: with ``fusion_type="dataflow"`` the island ``Tensor.item(t60)`` (``t60`` the view
+    ``x[0]``) ran after the region holding ``copy_(t66, t64)`` into an alias of ``x``: dataflow
+    fusion follows producer -> consumer edges only, so s was 2.0 instead of 1.0.
+    """
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    expected = read_then_update(x.clone())
+    assert expected[1] == 1.0
+    jfn = fixed(read_then_update, fusion_type="dataflow", scalar_handoff=False)
+    out, s = jfn(x)
+    torch.testing.assert_close(out, expected[0])
+    assert s == expected[1]
+
+
+def handoff_then_update_input(x):
+    s = x[0].item()
+    x.mul_(2.0)
+    return x * s
+
+
+def handoff_then_update_intermediate(x):
+    y = x.sin()
+    s = y[0].item()
+    y.mul_(2.0)
+    return y + s
+
+
+@pytest.mark.parametrize("fn", [handoff_then_update_input, handoff_then_update_intermediate])
+def test_scalar_handoff_reads_the_number_before_an_in_place_update(fn):
+    """The number a region computes with is the one the program read, before the update.
+
+    Was: `handoff_scalars` made the region read ``t60`` (the 0-d view ``x[0]``) in place of
+    ``s = t60.item()``; ``x.mul_(2.0)`` in between writes through an alias of ``t60``, so the region
+    computed with 2.0, not 1.0.
+    """
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    expected = fn(x.clone())
+    torch.testing.assert_close(fixed(fn, scalar_handoff=False)(x.clone()), expected)
+    torch.testing.assert_close(fixed(fn)(x.clone()), expected)
+
+
+# --- capture: in-place updates ---------------------------------------------------------------------
+
+
+def updates_its_input_twice(x):
+    x.mul_(2.0)
+    s = x.sum().item()
+    x.add_(1.0)
+    return x.sin(), s
+
+
+def updates_through_a_view(x):
+    y = x.sin()
+    v = y.view(2, 4)
+    s = y.sum().item()
+    v.mul_(2.0)
+    return y, s
+
+
+
+
+@pytest.mark.parametrize(
+    "fn, cls",
+    [
+        (updates_its_input, FixedCUDAGraphTransform),
+        (updates_its_input, LegacyCUDAGraphTransform),  # NOTE: one region, so no #728 crash
+        (updates_its_input_twice, FixedCUDAGraphTransform),
+        (updates_through_a_view, FixedCUDAGraphTransform),
+    ],
+)
+def test_capture_keeps_in_place_updates(fn, cls):
+    """Under (emulated) capture the caller's tensors and every alias see in-place updates, as eagerly.
+
+    The runner copies each region input into a static buffer before the replay, so a region's
+    ``copy_(t11, t10)`` (``t10`` from ``update_aliases((x,))``) writes into the buffer.
+    ``updates_its_input``: was, `_make_fusion` looked for the destination ``t10`` among the
+    region's inputs by name, never found ``x``, and nothing was written back; resolved through
+    ``update_aliases`` now. ``updates_its_input_twice``: the second update, in the next region,
+    wrote back into the first region's static buffer, not into ``x``; ``updates_through_a_view``:
+    ``y`` was returned from before the update. Both were fixed by keeping ``copy_`` and
+    ``update_aliases`` out of the fixed transform's regions (they run on the real tensors); the
+    legacy transform still relies on the write-back.
+    """
+    x = torch.randn(8)
+    x_expected = x.clone()
+    expected = fn(x_expected)
+    with fuzzgen.emulated_capture():
+        jfn = thunder.jit(fn, transforms=[fuzzgen.make_transform(cls, "emulated")])
+        out = jfn(x)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, x_expected)
+
+
+def test_checker_reports_a_region_that_updates_an_input_in_place():
+    """Found on the GPU: thunder's stock transform loses the update too, and the checker said nothing.
+
+    A region that ``copy_``-s into (an alias of) one of its inputs, where the runner neither keeps
+    that input static nor writes it back, computes wrong values under capture: ``region-updates-input``,
+    an error rule that only capture shows (like ``host-sync-in-region``). The fixed transform,
+    which writes the input back, is not reported.
+    """
+    x = torch.randn(8)
+    stock = thunder.jit(updates_its_input, transforms=[CUDAGraphTransform()])
+    thunder.compile_data(stock)._get_computation_and_inputs(x)  # traces only: capture needs a GPU
+    fixed_fn = thunder.jit(updates_its_input, transforms=[FixedCUDAGraphTransform(capture=False)])
+    fixed_fn(x.clone())
+    assert thunder_nb.analyze(fixed_fn).defects == ()
+    errors = [d for d in thunder_nb.analyze(stock).defects if d.severity == "error"]
+    assert [(d.region, d.trace) for d in errors] == [("CUDAGraph1", "forward")], thunder_nb.analyze(stock).defects
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fn", [updates_its_input, updates_its_input_twice,
+           updates_through_a_view],
+)
+def test_capture_keeps_in_place_updates_on_gpu(fn):
+    """Found by ``bench/fuzz.py --device cuda --capture``: 15 of 100 programs, all updating an input in place."""
+    x = torch.randn(8, device="cuda")
+    x_expected = x.clone()
+    expected = fn(x_expected)
+    jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(capture=True)])
+    torch.testing.assert_close(jfn(x), expected)
+    torch.testing.assert_close(x, x_expected)
