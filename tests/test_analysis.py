@@ -254,3 +254,15 @@ def test_no_false_positive_on_a_clean_fixed_trace_source():
     assert thunder_nb.check(src) == []
     tr = analyze_source(src)
     assert [(i.reason, i.detail) for i in tr.islands] == [("host-sync", "item"), ("bookkeeping", "return")]
+
+
+def test_analyze_trace_gives_a_report_of_one_trace():
+    jfn = thunder.jit(programs.island, transforms=[CUDAGraphTransform()])
+    try:
+        jfn(programs.vec())
+    except Exception:
+        pass
+    report = thunder_nb.analyze_trace(thunder.last_traces(jfn)[-1])
+    assert isinstance(report, thunder_nb.Report) and report.transform == "stock"
+    assert report.forward.regions[0].name == "CUDAGraph1" and "host-sync-in-region" in report.rules
+    assert thunder_nb.check(report) == list(report.defects)

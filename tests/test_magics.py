@@ -210,7 +210,6 @@ def test_help_lists_the_arguments(ip):
         ("f(1 / 0)", SEED, "the call f(1 / 0) failed: ZeroDivisionError: division by zero"),
         ("f(x)", "def f(:\n    pass\n", "syntax error in the cell, line 1"),
         ("h(x)", "x = 1\n", "no function defined: the cell defines no function and 'h' is not defined"),
-        ("h(x)", "def k(x):\n    return x\n", "the call names 'h', which is not defined; the cell defines: k"),
         ("-f nothing f(x)", SEED, "no function 'nothing' in the namespace (the cell defines: f)"),
         ("--train f(x)", SEED, "training needs an input of f that requires grad"),
         ("bad(x)", "import torch\nx = torch.randn(3)\ndef bad(x):\n    return float(x.sum())\n",
@@ -222,6 +221,13 @@ def test_mistakes_raise_one_usage_error(ip, line, cell, message):
         ip.run_cell_magic("thunder_cudagraph", line, cell)
     assert message in str(info.value)
     assert all(not o.get("text/plain") for o in final_outputs(cap))  # no half report left behind
+
+
+def test_without_a_named_function_the_last_one_the_cell_defines_is_compiled(ip):
+    """The call's callee names no function: the last function of the cell runs with the call's arguments."""
+    with capture_output():
+        ip.run_cell_magic("thunder_cudagraph", "-o cmp run(x)", "import torch\nx = torch.randn(4)\ndef helper(x):\n    return x\ndef k(x):\n    return x.sin().cos().sum().item()\n")
+    assert ip.user_ns["cmp"].fixed.function == "k"
 
 
 def test_cell_error_keeps_what_ran_before(ip):

@@ -35,11 +35,15 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
     return _analyze(jfn, error=error)
 
 
-def analyze_trace(trace: Any) -> TraceReport:
-    """Build the `TraceReport` of one thunder trace."""
+def analyze_trace(trace: Any) -> Report:
+    """Build the `Report` of one thunder trace (its only trace is ``report.forward``, whatever its kind)."""
     from .analysis import analyze_trace as _analyze_trace
 
-    return _analyze_trace(trace)
+    tr = _analyze_trace(trace)
+    labels = {getattr(b.sym.executor, "label", None) for b in trace.bound_symbols if getattr(b.sym, "is_fusion", False)}
+    labels.discard(None)
+    transform = labels.pop() if len(labels) == 1 else ("stock" if tr.regions else "none")
+    return Report(function=tr.name, transform=transform, forward=tr)
 
 
 def check(x: Any) -> list[Defect]:

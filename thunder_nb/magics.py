@@ -35,7 +35,7 @@ class ThunderCUDAGraphMagics(Magics):
         help="the call to compile and run, e.g. f(x): its arguments are evaluated in the notebook's namespace "
         "after the cell ran; the function is its callee (or -f NAME)",
     )
-    @argument("-f", "--function", metavar="NAME", help="the function to compile (default: the call's callee)")
+    @argument("-f", "--function", metavar="NAME", help="the function to compile (default: the call's callee, or else the last function the cell defines)")
     @argument(
         "--original",
         choices=["stock", "legacy"],
@@ -159,10 +159,8 @@ class ThunderCUDAGraphMagics(Magics):
                     f"no function defined: the cell defines no function and {callee!r} is not defined "
                     f"(define it in the cell, or name one with -f NAME)"
                 )
-            raise UsageError(
-                f"the call names {callee!r}, which is not defined; the cell defines: {', '.join(defined)} "
-                f"(call one of them, or name it with -f NAME)"
-            )
+            # NOTE: the call names no function: compile the last one the cell defines, with the call's arguments
+            fn = ns[defined[-1]]
         else:
             try:
                 fn = eval(compile(ast.Expression(call.func), "<thunder_cudagraph call>", "eval"), ns)
