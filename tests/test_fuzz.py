@@ -8,9 +8,11 @@ PyTorch, plain ``thunder.jit`` and three CUDA-graph transforms, regions eagerly,
    ``thunder_nb.analyze(jfn).defects`` is empty, but for ``scalar-region-input`` on a number whose
    hand-off the transform refused and explained (``handoff_refusals``), a documented fallback;
 2. `LegacyCUDAGraphTransform`: it fails (raises, or computes wrong values) exactly when the
-   checker reports an error rule that can show without capture (`fuzzgen.observable_rules`);
+   checker reports an error rule that shows in the run's mode (`fuzzgen.observable_rules`,
+   `fuzzgen.explaining_rules`);
 3. thunder's stock ``CUDAGraphTransform``: its call fails at capture (no GPU), but on its traces
-   ``host-sync-in-region`` is reported exactly when a region's code calls ``.item()``.
+   ``host-sync-in-region`` is reported exactly when a region's code calls ``.item()``; with
+   emulated capture it runs, and fails exactly as the checker says (as legacy).
 
 A program that PyTorch or plain thunder rejects is discarded (``assume``); each test reports how
 many. Two runs: seed 0 (the same programs every time) with regions run eagerly, and a seed from
@@ -19,8 +21,9 @@ thunder's capture path with CPU stand-ins for graphs, so static input copies, re
 buffers and warm-up calls are real; then the stock transform runs too, and its values are
 judged). A failure prints the program's source; replay the date run with
 ``THUNDER_NB_FUZZ_SEED=<seed>`` (the seed is in the failure message). ``THUNDER_NB_FUZZ_EXAMPLES``
-sets the programs per run (default 150). Known bugs are counted, not failed: see
-tests/test_fuzz_regressions.py.
+sets the programs per run (default 150). A failing program is printed as generated, not shrunk
+(a program takes about a second, so shrinking takes many minutes; ``THUNDER_NB_FUZZ_SHRINK=1``
+shrinks). Known bugs are counted, not failed: see tests/test_fuzz_regressions.py.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import os
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, assume, event, given, note, seed, settings
+from hypothesis import HealthCheck, Phase, assume, event, given, note, seed, settings
 
 import fuzzgen
 from thunder_nb.model import ERROR_RULES, RULES
@@ -49,6 +52,7 @@ SETTINGS = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
+    phases=tuple(Phase) if os.environ.get("THUNDER_NB_FUZZ_SHRINK") else (Phase.explicit, Phase.reuse, Phase.generate),
 )
 
 

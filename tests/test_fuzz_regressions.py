@@ -189,6 +189,36 @@ def test_checker_reports_a_region_that_updates_an_input_in_place():
     assert [(d.region, d.trace) for d in errors] == [("CUDAGraph1", "forward")], thunder_nb.analyze(stock).defects
 
 
+def updates_a_slice_of_its_input(x):
+    v = x[2:]
+    v.add_(1.0)
+    return v.sin()
+
+
+def updates_a_view_of_its_input(x):
+    v = x.view(2, 4)
+    v.mul_(2.0)
+    return x.sin()
+
+
+@pytest.mark.parametrize("fn", [updates_a_slice_of_its_input, updates_a_view_of_its_input])
+def test_checker_reports_an_update_through_a_view_of_an_input(fn):
+    """Found by the date-seed fuzz run (emulated capture): the stock transform lost the update, unreported.
+
+    The region holds ``(t20, t21) = update_aliases((t18, t19))`` where ``t18`` aliases ``x`` and
+    ``t19 = Tensor.__getitem__(t18, slice(2, None))`` is a view of it, then ``copy_(t22, t21)``.
+    `_in_place_updates_of_params` mapped ``update_aliases`` outputs to inputs position by position
+    (``t21 -> t19``) and stopped there: ``t19`` is no parameter, so no defect. Fixed: thunder passes
+    whole alias groups to ``update_aliases``, and the checker now unites every argument and result
+    of one call, which reaches ``x``.
+    """
+    x = torch.randn(8)
+    stock = thunder.jit(fn, transforms=[CUDAGraphTransform()])
+    thunder.compile_data(stock)._get_computation_and_inputs(x)  # traces only: capture needs a GPU
+    rules = [(d.rule, d.value) for d in thunder_nb.analyze(stock).defects if d.severity == "error"]
+    assert rules == [("region-updates-input", "x")], rules
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "fn", [updates_its_input, updates_its_input_twice,

@@ -453,22 +453,33 @@ def _check_fn(fn: _Fn, ti: _TraceInput, *, region: bool, cuda: bool) -> list[Def
 
 
 def _in_place_updates_of_params(fn: _Fn) -> list[tuple[Op, str]]:
-    """``copy_`` statements whose destination is a parameter, directly or through ``update_aliases``."""
-    root: dict[str, str] = {}
+    """``copy_`` statements that write (through an alias or a view) into a parameter.
+
+    thunder passes a whole alias group to each ``update_aliases`` call (a tensor and its views), so
+    every argument and result of one call is the same memory, or part of it.
+    """
+    parent: dict[str, str] = {}
 
     def find(n: str) -> str:
-        while n in root:
-            n = root[n]
+        while parent.get(n, n) != n:
+            n = parent[n]
         return n
 
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    for op in fn.ops:
+        if op.callee.rsplit(".", 1)[-1] == "update_aliases":
+            names = list(op.inputs) + list(op.outputs)
+            for n in names[1:]:
+                union(names[0], n)
     found = []
     for op in fn.ops:
-        base = op.callee.rsplit(".", 1)[-1]
-        if base == "update_aliases":
-            for out, src in zip(op.outputs, op.inputs):
-                root[out] = find(src)
-        elif base == "copy_" and len(op.inputs) > 1 and find(op.inputs[1]) in fn.params:
-            found.append((op, find(op.inputs[1])))
+        if op.callee.rsplit(".", 1)[-1] == "copy_" and len(op.inputs) > 1:
+            group = find(op.inputs[1])
+            found += [(op, p) for p in fn.params if find(p) == group]
     return found
 
 

@@ -464,9 +464,25 @@ def _in_place_plan(
             srcs = [p for p in tree_flatten(b.args[0])[0] if isinstance(p, Proxy)]
             for out, src in zip(b.flat_proxy_outs, srcs):
                 root[out.name] = find(src.name)
-    dests = {find(b.flat_proxy_args[1].name) for b in _walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
+    # NOTE: one update_aliases call names a whole alias group (a tensor and its views): a copy_ into
+    # any member writes the memory of every input in the group
+    group: dict[str, str] = {}
+
+    def top(name: str) -> str:
+        while group.get(name, name) != name:
+            name = group[name]
+        return name
+
+    for b in bsyms:
+        if b.sym.name == "update_aliases":
+            names = [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
+            for n in names[1:]:
+                a, c = top(names[0]), top(n)
+                if a != c:
+                    group[a] = c
+    dests = {top(b.flat_proxy_args[1].name) for b in _walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
     position = {p.name: i for i, p in enumerate(inputs)}
-    written = tuple(i for i, p in enumerate(inputs) if p.name in dests)
+    written = tuple(i for i, p in enumerate(inputs) if top(p.name) in dests)
     through = tuple(
         (j, position[find(o.name)]) for j, o in enumerate(outputs) if o.name in root and find(o.name) in position
     )
