@@ -612,6 +612,19 @@ class _BaseTransform(CUDAGraphTransform):
             out.append(self.fuse(Region(producers, consumers, bsyms), 0))
         return out
 
+    def _fused_trace(self, trace: TraceCtx, work: TraceCtx, fusion_type: str | None) -> TraceCtx:
+        """A trace like ``trace`` whose bound symbols are ``work``'s, grouped and fused into regions."""
+        fused = from_trace(trace)
+        # NOTE: thunder's can_fuse bookkeeping expects this attribute on the trace in context
+        fused.clear_collection_names = set()
+        tok = set_tracectx(fused)
+        try:
+            fused.bound_symbols = self._fuse_groups(work, self._groups(work, fusion_type))
+        finally:
+            delattr(fused, "clear_collection_names")
+            reset_tracectx(tok)
+        return fused
+
     def _groups(self, trace: TraceCtx, fusion_type: str | None) -> list[list[BoundSymbol]]:
         def should_fuse(a: Node, b: Node) -> bool:
             def ok(n: Node) -> bool:
@@ -660,6 +673,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
     ):
         super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool)
         self.scalar_handoff = scalar_handoff
+        self._handed: dict[str, str] = {}  # number -> the 0-d tensor that replaced it (current trace)
 
     def _plan_scalar_slots(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy]):
         if not self.scalar_handoff:
@@ -732,14 +746,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
             work.bound_symbols, self._handed, refused = handoff_scalars(work.bound_symbols, self.can_fuse)
             self.handoff_refusals.update(refused)
 
-        fused = from_trace(trace)
-        fused.clear_collection_names = set()
-        tok = set_tracectx(fused)
-        try:
-            fused.bound_symbols = self._fuse_groups(work, self._groups(work, None))
-        finally:
-            delattr(fused, "clear_collection_names")
-            reset_tracectx(tok)
+        fused = self._fused_trace(trace, work, None)
         flat_out, _ = tree_flatten(utils.sequencify(trace.output))
         fused.bound_symbols = _del_last_used(fused.bound_symbols, flat_out, clear_mutable_collections=backward)
         ms = (time.perf_counter_ns() - start) // 1_000_000
@@ -780,14 +787,7 @@ class LegacyCUDAGraphTransform(_BaseTransform):
             _mark_backward_static(self, trace)
         self._cuda = _is_cuda_trace(trace)
         self._returned = set()
-        fused = from_trace(trace)
-        fused.clear_collection_names = set()
-        tok = set_tracectx(fused)
-        try:
-            fused.bound_symbols = self._fuse_groups(trace, self._groups(trace, "dataflow"))
-        finally:
-            delattr(fused, "clear_collection_names")
-            reset_tracectx(tok)
+        fused = self._fused_trace(trace, trace, "dataflow")
         ms = (time.perf_counter_ns() - start) // 1_000_000
         fused.set_provenance(TraceProvenance(f"thunder-nb legacy (July 2024) CUDAGraph fusion (took {ms} milliseconds)"))
         if not backward:
