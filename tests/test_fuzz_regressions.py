@@ -189,6 +189,38 @@ def test_checker_reports_a_region_that_updates_an_input_in_place():
     assert [(d.region, d.trace) for d in errors] == [("CUDAGraph1", "forward")], thunder_nb.analyze(stock).defects
 
 
+def updates_a_view_of_its_input_in_training(x, w):
+    v = x.unsqueeze(1)
+    v.add_(0.25)
+    return w.sin()
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a view made inside a region aliases the runner's static copy of its base; "
+                   "an in-place update through it misses the caller's tensor")
+def test_capture_keeps_in_place_updates_through_views_made_in_regions():
+    """Found by ``bench/fuzz.py --emulate-capture`` (programs 465 and 961 of 1000).
+
+    With a ``requires_grad`` input thunder's forward trace spells ``x.unsqueeze(1)`` as
+    ``unsqueeze`` + ``expand``: two fusible view ops between two ``update_aliases`` islands, so
+    ``[t51] = CUDAGraph1(t49)`` (``t49`` aliases ``x``). Under capture ``t51`` is a view of the
+    runner's static copy of ``t49``; ``copy_(t57, t56)`` outside, through that view, updates the copy
+    and ``x`` keeps its values. ``passthrough`` only maps outputs that *are* inputs. With dataflow
+    fusion any view op can join a region (program 961: ``t2 = x2.t()`` read after ``x2`` was updated
+    through ``x2.flatten()``). Keeping view ops whose results join an alias group out of regions,
+    like ``copy_`` and ``update_aliases``, is the suggested fix (excluding only the ops whose results
+    an ``update_aliases`` names was tried and is not enough). No checker rule reports it either.
+    """
+    x, w = torch.randn(4), torch.randn(4, requires_grad=True)
+    x_expected = x.clone()
+    expected = updates_a_view_of_its_input_in_training(x_expected, w)
+    with fuzzgen.emulated_capture():
+        jfn = thunder.jit(updates_a_view_of_its_input_in_training,
+                          transforms=[fuzzgen.make_transform(FixedCUDAGraphTransform, "emulated")])
+        out = jfn(x, w)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, x_expected)
+
+
 def updates_a_slice_of_its_input(x):
     v = x[2:]
     v.add_(1.0)
