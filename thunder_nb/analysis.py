@@ -330,12 +330,12 @@ class _TraceInput:
 
 
 #: Ops whose result is (an alias of) an argument updated in place: no new memory.
-_IN_PLACE_NAMES = frozenset({"copy_", "update_aliases"})
+IN_PLACE_NAMES = frozenset({"copy_", "update_aliases"})
 
 
 def _alias_names(fns: Iterable[_Fn]) -> frozenset[str]:
     return frozenset(
-        n for fn in fns for op in fn.ops if op.callee.rsplit(".", 1)[-1] in _IN_PLACE_NAMES for n in op.outputs
+        n for fn in fns for op in fn.ops if op.callee.rsplit(".", 1)[-1] in IN_PLACE_NAMES for n in op.outputs
     )
 
 
@@ -505,7 +505,7 @@ def _island_for(op: Op, position: int, ti: _TraceInput, cuda: bool) -> Island | 
     c = _classify_stmt(op, ti, cuda)
     if c is not None:
         return Island(f"island{position}", position, op, c[0], c[1])
-    if base in _IN_PLACE_NAMES:
+    if base in IN_PLACE_NAMES:
         return Island(f"island{position}", position, op, "in-place", base)
     return Island(f"island{position}", position, op, "single", base)
 

@@ -38,7 +38,7 @@ from thunder.executors.passes import _del_last_used
 from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform, to_arg_descriptor
 
-from .analysis import classify_bsym
+from .analysis import IN_PLACE_NAMES, classify_bsym
 from .model import GraphRecord
 
 __all__ = [
@@ -430,10 +430,6 @@ def _replace_args(bsym: BoundSymbol, swap: dict[str, Proxy]) -> BoundSymbol:
     )
 
 
-#: Symbols that update a tensor in place or name its aliases: islands under the fixed transform.
-_IN_PLACE_OPS = frozenset({"copy_", "update_aliases"})
-
-
 def _walk(bsyms: Sequence[BoundSymbol]):
     """Bound symbols and, depth first, their subsymbols."""
     for b in bsyms:
@@ -612,6 +608,22 @@ class _BaseTransform(CUDAGraphTransform):
             out.append(self.fuse(Region(producers, consumers, bsyms), 0))
         return out
 
+    def _begin(self, trace: TraceCtx) -> bool:
+        """Prepare for fusing ``trace``; return whether it is a backward trace."""
+        backward = trace.siginfo().name == "backward_fn"
+        if backward:
+            _mark_backward_static(self, trace)
+        self._cuda = _is_cuda_trace(trace)
+        return backward
+
+    def _finish(self, fused: TraceCtx, backward: bool, start_ns: int, what: str) -> TraceCtx:
+        """Record the pass in the provenance (and, after a forward trace, which saved tensors are static)."""
+        ms = (time.perf_counter_ns() - start_ns) // 1_000_000
+        fused.set_provenance(TraceProvenance(f"{what} (took {ms} milliseconds)"))
+        if not backward:
+            _record_forward_static(self, fused)
+        return fused
+
     def _fused_trace(self, trace: TraceCtx, work: TraceCtx, fusion_type: str | None) -> TraceCtx:
         """A trace like ``trace`` whose bound symbols are ``work``'s, grouped and fused into regions."""
         fused = from_trace(trace)
@@ -708,7 +720,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
             prims.PrimIDs.ITEM,
         ):
             return False
-        if bsym.sym.name in _IN_PLACE_OPS:
+        if bsym.sym.name in IN_PLACE_NAMES:
             # NOTE: inside a graph an in-place update writes the runner's static copy of a tensor, and
             # its result leaves the region as a static buffer; run it on the real tensors instead
             return False
@@ -732,10 +744,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
     def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         """Fuse regions into CUDA graphs and regenerate the dels of the top level."""
         start = time.perf_counter_ns()
-        backward = trace.siginfo().name == "backward_fn"
-        if backward:
-            _mark_backward_static(self, trace)
-        self._cuda = _is_cuda_trace(trace)
+        backward = self._begin(trace)
         self._returned = _returned_names(trace) if not backward else {
             p.name for p in tree_flatten(trace.output)[0] if isinstance(p, TensorProxy)
         }
@@ -749,11 +758,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
         fused = self._fused_trace(trace, work, None)
         flat_out, _ = tree_flatten(utils.sequencify(trace.output))
         fused.bound_symbols = _del_last_used(fused.bound_symbols, flat_out, clear_mutable_collections=backward)
-        ms = (time.perf_counter_ns() - start) // 1_000_000
-        fused.set_provenance(TraceProvenance(f"thunder-nb corrected CUDAGraph fusion (took {ms} milliseconds)"))
-        if not backward:
-            _record_forward_static(self, fused)
-        return fused
+        return self._finish(fused, backward, start, "thunder-nb corrected CUDAGraph fusion")
 
 
 class LegacyCUDAGraphTransform(_BaseTransform):
@@ -782,14 +787,7 @@ class LegacyCUDAGraphTransform(_BaseTransform):
     def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         """Fuse along dataflow over a trace that already has its dels (as in July 2024)."""
         start = time.perf_counter_ns()
-        backward = trace.siginfo().name == "backward_fn"
-        if backward:
-            _mark_backward_static(self, trace)
-        self._cuda = _is_cuda_trace(trace)
+        backward = self._begin(trace)
         self._returned = set()
         fused = self._fused_trace(trace, trace, "dataflow")
-        ms = (time.perf_counter_ns() - start) // 1_000_000
-        fused.set_provenance(TraceProvenance(f"thunder-nb legacy (July 2024) CUDAGraph fusion (took {ms} milliseconds)"))
-        if not backward:
-            _record_forward_static(self, fused)
-        return fused
+        return self._finish(fused, backward, start, "thunder-nb legacy (July 2024) CUDAGraph fusion")
