@@ -2,9 +2,11 @@
 
     python bench/bench_cudagraphs.py [--calls 200] [--out bench/results/DATE-h200.md]
 
-For each program: median microseconds per call (a fresh random input on every call, synchronised
-around each call), CUDA graphs captured after all calls, and the peak memory the calls allocated
-beyond their inputs. A configuration that fails is a row saying how it failed.
+For each program and configuration, in a process of its own: after a warm-up (0.5 s of calls on
+one input), median microseconds per call (a fresh random input on every call, synchronised around
+each call), CUDA graphs captured after all calls, and the peak memory the calls allocated beyond
+their inputs. A configuration that fails is a row saying how it failed. Then a second table: the
+island program's configurations that run, taking turns in one process, for a fair comparison.
 """
 
 from __future__ import annotations
@@ -99,6 +101,19 @@ def _same(a, b) -> bool:
     return abs(float(a) - float(b)) <= 1e-4 * max(1.0, abs(float(b)))
 
 
+def warm_up(f, args, seconds: float = 0.5, at_least: int = 20) -> None:
+    """Call ``f(*args)`` for ``seconds`` (and ``at_least`` times) so clocks and caches settle.
+
+    One input only: a configuration that captures a graph per new value captures nothing here.
+    """
+    end = time.perf_counter() + seconds
+    n = 0
+    while n < at_least or time.perf_counter() < end:
+        f(*args)
+        n += 1
+    torch.cuda.synchronize()
+
+
 def measure(program: str, fn, make_inputs, calls: int, cfg: str, factory) -> Row:
     row = Row(program, cfg)
     inputs = [make_inputs(i) for i in range(calls)]
@@ -108,7 +123,8 @@ def measure(program: str, fn, make_inputs, calls: int, cfg: str, factory) -> Row
         ref = fn(*inputs[0])
         first = f(*inputs[0])
         row.matches = "yes" if _same(first, ref) else "NO"
-        torch.cuda.synchronize()
+        del first
+        warm_up(f, inputs[0])
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         times = []
@@ -184,6 +200,82 @@ def run_one(index: int, calls: int) -> Row:
     return measure(program, fn, make, calls if "matmul" not in program else min(calls, 50), cfg, factory)
 
 
+INTERLEAVED_CALLS = 1000
+INTERLEAVED = (
+    "eager PyTorch",
+    "thunder-nb FixedCUDAGraphTransform",
+    "thunder-nb Fixed, copy_outputs=False",
+    "hand-written device scalar, thunder CUDAGraphTransform",
+    'torch.compile(mode="reduce-overhead")',
+)
+
+
+def run_interleaved(calls: int) -> list[dict]:
+    """Time the island program's configurations in this one process, taking turns call by call.
+
+    Separate processes differ by 10-20% on the same machine, and so do stretches of one process;
+    calling each configuration in turn on the same input (the order rotating from input to input)
+    exposes all of them to the same drift, which is the fair way to compare two of them.
+    """
+    cases = [c for c in _cases() if c[0].startswith("island") and c[3] in INTERLEAVED]
+    make = cases[0][2]
+    built = []
+    for _, fn, _, cfg, factory in cases:
+        f, graphs = factory()
+        x = make(0)
+        if not _same(f(*x), fn(*x)):
+            raise AssertionError(f"{cfg}: result differs from eager")
+        built.append((cfg, f, graphs))
+    for _, f, _ in built:
+        warm_up(f, make(0))
+    wall = {cfg: [] for cfg, _, _ in built}
+    cpu = {cfg: [] for cfg, _, _ in built}
+    for i in range(calls):
+        args = make(i)
+        k = i % len(built)
+        for cfg, f, _ in built[k:] + built[:k]:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = f(*args)
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            wall[cfg].append(t2 - t0)
+            cpu[cfg].append(t1 - t0)
+            del out
+    ref = next((cfg for cfg, _, _ in built if cfg.startswith("hand-written")), None)
+    results = []
+    for cfg, _, graphs in built:
+        q = statistics.quantiles(wall[cfg], n=4)
+        ratio = statistics.median(a / b for a, b in zip(wall[cfg], wall[ref])) if ref else None
+        results.append({
+            "config": cfg, "median_us": statistics.median(wall[cfg]) * 1e6, "iqr_us": [q[0] * 1e6, q[2] * 1e6],
+            "cpu_us": statistics.median(cpu[cfg]) * 1e6, "ratio": ratio, "graphs": graphs(),
+        })
+    return results
+
+
+def interleaved_table(results: list[dict], calls: int) -> str:
+    lines = [
+        "",
+        f"## Island program, one process, configurations taking turns on each of {calls} fresh inputs",
+        "",
+        "Median and quartiles of the time per call (synchronised), median time until the call returns "
+        "(before the synchronise: the host's share), and the median over inputs of this call's time "
+        "over the hand-written version's time on the same input.",
+        "",
+        "| configuration | median µs/call | quartiles µs | until return µs | vs hand-written | graphs |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for r in results:
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+        lo, hi = r["iqr_us"]
+        lines.append(
+            f"| {r['config']} | {r['median_us']:.1f} | {lo:.0f}-{hi:.0f} | {r['cpu_us']:.1f} | {ratio} | {r['graphs']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def run(calls: int) -> tuple[list[Row], str]:
     """Measure every case, each in a fresh process (a failed capture can leave CUDA state unusable)."""
     import json
@@ -205,7 +297,16 @@ def run(calls: int) -> tuple[list[Row], str]:
             rows.append(Row(program, cfg, note=f"fails: the process exited with {proc.returncode}"))
         r = rows[-1]
         print(f"  {r.program} / {r.config}: {r.median_us} us {r.note}", file=sys.stderr, flush=True)
-    return rows, table(rows, calls)
+    text = table(rows, calls)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--interleaved"], capture_output=True, text=True, timeout=600
+    )
+    sys.stderr.write(proc.stderr[-2000:])
+    try:
+        text += interleaved_table(json.loads(proc.stdout.strip().splitlines()[-1]), INTERLEAVED_CALLS)
+    except (IndexError, ValueError, KeyError):
+        text += f"\n## Island program, interleaved: failed (the process exited with {proc.returncode})\n"
+    return rows, text
 
 
 def table(rows: list[Row], calls: int) -> str:
@@ -214,7 +315,8 @@ def table(rows: list[Row], calls: int) -> str:
         f"# CUDA-graph benchmark, {datetime.date.today().isoformat()}",
         "",
         f"Machine: {dev}, torch {torch.__version__}, Python {platform.python_version()}. "
-        f"{calls} calls per row (50 for the matmul chain), a fresh random input on every call; "
+        f"Each row in its own process: a 0.5 s warm-up on one input, then {calls} calls (50 for the matmul chain) "
+        "with a fresh random input on every call; "
         "median time per call with a device synchronise around each call; graphs captured after all calls; "
         "peak memory allocated during the calls beyond the inputs. Command: `python bench/bench_cudagraphs.py`.",
         "",
@@ -233,6 +335,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one case, print JSON
+    ap.add_argument("--interleaved", action="store_true", help=argparse.SUPPRESS)  # internal: print JSON
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_cudagraphs: needs a CUDA GPU (torch sees none)", file=sys.stderr)
@@ -242,6 +345,11 @@ def main() -> int:
         import json
 
         print(json.dumps(dataclasses.asdict(run_one(a.one, a.calls))))
+        return 0
+    if a.interleaved:
+        import json
+
+        print(json.dumps(run_interleaved(INTERLEAVED_CALLS)))
         return 0
     rows, text = run(a.calls)
     print(text)
