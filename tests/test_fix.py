@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -9,6 +10,7 @@ import thunder
 import torch
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
+import fuzzgen
 import programs
 import thunder_nb
 from thunder_nb.fix import (
@@ -177,3 +179,28 @@ def test_legacy_and_fixed_take_the_same_capture_option():
     for cls in (FixedCUDAGraphTransform, LegacyCUDAGraphTransform):
         assert cls(capture=False).cuda_graph_runner.capture is False
         assert cls().cuda_graph_runner.capture == "auto"
+
+
+def returns_a_view_of_its_input(x):
+    a = x.sin() * 2.0
+    return a, x.view(2, 4)
+
+
+@pytest.mark.parametrize("capture", ["emulated", pytest.param(True, marks=pytest.mark.gpu)])
+def test_a_returned_view_of_an_input_is_a_view_of_the_callers_tensor(capture):
+    """As in eager PyTorch (and plain thunder): not a view of the runner's static copy, nor a copy."""
+    device = "cuda" if capture is True else "cpu"
+    x, x2 = torch.randn(8, device=device), torch.randn(8, device=device)
+    with fuzzgen.emulated_capture() if capture == "emulated" else contextlib.nullcontext():
+        t = fuzzgen.make_transform(FixedCUDAGraphTransform, capture)
+        jfn = thunder.jit(returns_a_view_of_its_input, transforms=[t])
+        a, v = jfn(x)
+        a2, v2 = jfn(x2)  # a replay
+    assert t.graphs_captured == 1
+    region = thunder_nb.analyze(jfn).traces[0].regions[0]
+    assert "view" in {op.callee.rsplit(".", 1)[-1] for op in region.ops}  # the view is made in the graph
+    for inp, out, view in ((x, a, v), (x2, a2, v2)):
+        assert view.data_ptr() == inp.data_ptr()
+        torch.testing.assert_close(out, inp.sin() * 2.0)
+    x.add_(1.0)
+    torch.testing.assert_close(v, x.view(2, 4))

@@ -195,30 +195,35 @@ def updates_a_view_of_its_input_in_training(x, w):
     return w.sin()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a view made inside a region aliases the runner's static copy of its base; "
-                   "an in-place update through it misses the caller's tensor")
 def test_capture_keeps_in_place_updates_through_views_made_in_regions():
     """Found by ``bench/fuzz.py --emulate-capture`` (programs 465 and 961 of 1000).
 
     With a ``requires_grad`` input thunder's forward trace spells ``x.unsqueeze(1)`` as
     ``unsqueeze`` + ``expand``: two fusible view ops between two ``update_aliases`` islands, so
-    ``[t51] = CUDAGraph1(t49)`` (``t49`` aliases ``x``). Under capture ``t51`` is a view of the
-    runner's static copy of ``t49``; ``copy_(t57, t56)`` outside, through that view, updates the copy
-    and ``x`` keeps its values. ``passthrough`` only maps outputs that *are* inputs. With dataflow
-    fusion any view op can join a region (program 961: ``t2 = x2.t()`` read after ``x2`` was updated
-    through ``x2.flatten()``). Keeping view ops whose results join an alias group out of regions,
-    like ``copy_`` and ``update_aliases``, is the suggested fix (excluding only the ops whose results
-    an ``update_aliases`` names was tried and is not enough). No checker rule reports it either.
+    ``[t38] = CUDAGraph1(t36)`` (``t36`` aliases ``x``). Under capture ``t38`` is a view of the
+    runner's static copy of ``t36``; thunder 0.2.6 saves it for the backward and applies the
+    ``add_`` there (plain ``thunder.jit`` updates ``x`` only once backward has run), and the update
+    through that view landed in the copy, so ``x`` kept its values. With dataflow fusion any view op
+    could join a region (program 961: ``t2 = x2.t()`` read after ``x2`` was updated through
+    ``x2.flatten()``). Fixed in the runner: after capture it finds the outputs that are views of an
+    input's static copy (`fix._view_plan`), and after each replay hands out the same view of the
+    caller's tensor. (Keeping such view ops out of regions also works, but splits regions.)
     """
     x, w = torch.randn(4), torch.randn(4, requires_grad=True)
     x_expected = x.clone()
-    expected = updates_a_view_of_its_input_in_training(x_expected, w)
+    updates_a_view_of_its_input_in_training(x_expected, w).sum().backward()
+    x_plain = x.clone()
+    thunder.jit(updates_a_view_of_its_input_in_training)(x_plain, w).sum().backward()
+    torch.testing.assert_close(x_plain, x_expected)  # thunder's own result, after backward
     with fuzzgen.emulated_capture():
-        jfn = thunder.jit(updates_a_view_of_its_input_in_training,
-                          transforms=[fuzzgen.make_transform(FixedCUDAGraphTransform, "emulated")])
-        out = jfn(x, w)
-    torch.testing.assert_close(out, expected)
+        t = fuzzgen.make_transform(FixedCUDAGraphTransform, "emulated")
+        jfn = thunder.jit(updates_a_view_of_its_input_in_training, transforms=[t])
+        jfn(x, w).sum().backward()
     torch.testing.assert_close(x, x_expected)
+    forward = thunder_nb.analyze(jfn).traces[0]
+    captured = {op.callee.rsplit(".", 1)[-1] for r in forward.regions for op in r.ops}
+    assert {"unsqueeze", "expand"} <= captured, captured  # the views are still made inside the graph
+    assert t.graphs_captured >= 1
 
 
 def updates_a_slice_of_its_input(x):

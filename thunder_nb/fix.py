@@ -103,6 +103,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         self.eager_calls: dict[str, int] = {}
         self.replays: dict[str, int] = {}
         self._last_key: dict[str, Any] = {}
+        # cache key -> ((output position, input position, size, stride, storage offset delta), ...):
+        # outputs of that graph that are views of the static copy of an input (`_view_plan`)
+        self._views: dict[Any, tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]] = {}
         self._warned = False
 
     def _should_capture(self, args: Sequence[Any]) -> bool:
@@ -178,6 +181,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                     pool_bytes=max(pool, 0),
                 )
             )
+            self._views[key] = _view_plan(fn_name, args, entry[1], entry[2])
         self._last_key[fn_name] = key
         graph, static_inputs, static_outputs = entry
         for static_input, arg in zip(static_inputs, args):
@@ -189,6 +193,15 @@ class ThunderNBRunner(CUDAGraphRunner):
             if static_inputs[pos] is not args[pos]:
                 args[pos].copy_(static_inputs[pos])
         self.replays[fn_name] = self.replays.get(fn_name, 0) + 1
+        views = self._views.get(key)
+        if views:
+            # NOTE: an output that is a view of a copied input is a view of the runner's static copy;
+            # the caller must get the same view of its own tensor, or later in-place updates through
+            # it (thunder may apply them in the backward) and reads after updates of the input miss
+            static_outputs = list(static_outputs)
+            for out_pos, in_pos, size, stride, delta in views:
+                a = args[in_pos]
+                static_outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
         through = self.passthrough.get(fn_name)
         if through:
             # NOTE: an output that is an input (an alias thunder tracks with update_aliases) must be the
@@ -199,6 +212,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         mask = self.copy_out.get(fn_name)
         if not mask:
             return static_outputs
+        if views:
+            rebased = {v[0] for v in views}
+            mask = tuple(c and j not in rebased for j, c in enumerate(mask))
         # NOTE: the next replay overwrites static outputs; what the caller keeps must be its own
         return [o.clone() if c else o for o, c in zip(static_outputs, mask)]
 
@@ -213,6 +229,35 @@ class ThunderNBRunner(CUDAGraphRunner):
     def graphs_captured(self) -> int:
         """How many CUDA graphs this runner captured, all regions together."""
         return len(self.cuda_graph_cache)
+
+
+def _view_plan(
+    fn_name: str, args: Sequence[Any], static_inputs: Sequence[Any], static_outputs: Sequence[Any]
+) -> tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]:
+    """Which outputs of a just-captured graph are views of the static copy of an input, and which views.
+
+    Each entry is ``(output position, input position, size, stride, storage offset delta)``: after a
+    replay, ``args[input].as_strided(size, stride, args[input].storage_offset() + delta)`` is the same
+    view of the caller's tensor (the cache key fixes the input's strides, and the copy keeps them).
+    """
+    plan = []
+    for j, o in enumerate(static_outputs):
+        if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        for i, (s, a) in enumerate(zip(static_inputs, args)):
+            if not isinstance(s, torch.Tensor) or s is a or s.untyped_storage().data_ptr() != ptr:
+                continue
+            if s.stride() != a.stride():
+                warnings.warn(
+                    f"thunder-nb: {fn_name} returns a view of its input {i}, whose static copy has other strides "
+                    f"({tuple(s.stride())} against {tuple(a.stride())}); that output is a view of the copy",
+                    stacklevel=4,
+                )
+                break
+            plan.append((j, i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - s.storage_offset()))
+            break
+    return tuple(plan)
 
 
 def _static_bytes(args: Sequence[Any], mask: Sequence[bool]) -> int:
