@@ -14,6 +14,7 @@ import fuzzgen
 import programs
 import thunder_nb
 from thunder_nb.fix import (
+    HeldOutputsWarning,
     EagerFallbackWarning,
     FixedCUDAGraphTransform,
     LegacyCUDAGraphTransform,
@@ -204,3 +205,45 @@ def test_a_returned_view_of_an_input_is_a_view_of_the_callers_tensor(capture):
         torch.testing.assert_close(out, inp.sin() * 2.0)
     x.add_(1.0)
     torch.testing.assert_close(v, x.view(2, 4))
+
+
+def loss_of(x, w):
+    h = torch.tanh(x @ w)
+    return (h * 2.0).pow(2).mean()
+
+
+@pytest.mark.parametrize("capture", ["emulated", pytest.param(True, marks=pytest.mark.gpu)])
+def test_two_forwards_before_one_backward(capture):
+    """Gradient accumulation by summing losses: the second forward must not overwrite what the first saved.
+
+    A replay writes the graph's static outputs in place without a version bump, so on a GPU the
+    first backward would read the second forward's activations and give wrong gradients silently.
+    The runner sees that the saved tensors of the last replay are still held and runs that call
+    without the graph (`HeldOutputsWarning`); in the usual order (each backward before the next
+    forward) it keeps replaying.
+    """
+    device = "cuda" if capture is True else "cpu"
+    g = torch.Generator().manual_seed(0)
+    x1, x2, w0 = (torch.randn(8, 8, generator=g).to(device) for _ in range(3))
+    w_ref = w0.clone().requires_grad_()
+    (loss_of(x1, w_ref) + loss_of(x2, w_ref)).backward()
+    w = w0.clone().requires_grad_()
+    with fuzzgen.emulated_capture() if capture == "emulated" else contextlib.nullcontext():
+        t = fuzzgen.make_transform(FixedCUDAGraphTransform, capture)
+        jfn = thunder.jit(loss_of, transforms=[t])
+        jfn(x1, w).backward()  # capture; the usual order
+        runner = t.cuda_graph_runner
+        assert runner.saved_out, "the forward region saves nothing for the backward: the test tests nothing"
+        w.grad = None
+        with pytest.warns(HeldOutputsWarning, match="saved for the backward"):
+            (jfn(x1, w) + jfn(x2, w)).backward()
+        torch.testing.assert_close(w.grad, w_ref.grad)
+        held = sum(runner.held_calls.values())
+        replays = sum(runner.replays.values())
+        assert held == 1
+        text = thunder_nb.analyze(jfn).to_text()
+        assert "without the graph: 1 call" in text, text
+        w.grad = None
+        jfn(x2, w).backward()  # the usual order again: replayed, not run without the graph
+        assert sum(runner.held_calls.values()) == held and sum(runner.replays.values()) > replays
+    assert t.graphs_captured == 2  # one forward and one backward graph: nothing captured again

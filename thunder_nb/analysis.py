@@ -327,6 +327,7 @@ class _TraceInput:
     handoffs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     aliases: frozenset[str] = frozenset()  # results of in-place copies: the destination's memory, not new memory
     write_back: dict[str, frozenset[str]] = field(default_factory=dict)  # region -> inputs the runner writes back
+    held_calls: dict[str, int] = field(default_factory=dict)  # region -> calls run without the graph (held outputs)
 
 
 #: Ops whose result is (an alias of) an argument updated in place: no new memory.
@@ -560,6 +561,7 @@ def _build(ti: _TraceInput) -> TraceReport:
                     user_lines=user,
                     captured=ti.captured.get(fn.name),
                     graphs=ti.graphs.get(fn.name, ()),
+                    held_calls=ti.held_calls.get(fn.name, 0),
                     scalar_handoffs=ti.handoffs.get(fn.name, ()),
                 )
             )
@@ -698,6 +700,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
     masks: dict[str, tuple[bool, ...]] = {}
     graphs: dict[str, tuple[GraphRecord, ...]] = {}
     captured: dict[str, bool | None] = {}
+    held: dict[str, int] = {}
     handoffs: dict[str, tuple[str, ...]] = {}
     write_back: dict[str, frozenset[str]] = {}
     types: dict[str, TypeInfo] = {}
@@ -721,6 +724,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
             s = stats(b.sym.name)
             graphs[b.sym.name] = s.get("graphs", ())
             captured[b.sym.name] = s.get("captured")
+            held[b.sym.name] = s.get("held_calls", 0)
         wb = getattr(runner, "write_back", {}).get(b.sym.name, ())
         if wb:
             names = runner.trace_symbols[b.sym.name][1]
@@ -747,6 +751,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
         captured,
         handoffs,
         write_back=write_back,
+        held_calls=held,
     )
     return _build(ti)
 

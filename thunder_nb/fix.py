@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,11 +47,16 @@ __all__ = [
     "LegacyCUDAGraphTransform",
     "ThunderNBRunner",
     "EagerFallbackWarning",
+    "HeldOutputsWarning",
     "recover_from_failed_capture",
     "region_del_pass",
     "strip_top_level_dels",
     "handoff_scalars",
 ]
+
+class HeldOutputsWarning(UserWarning):
+    """A region ran without its graph: tensors that its last replay saved for the backward were still held."""
+
 
 class EagerFallbackWarning(UserWarning):
     """Regions ran eagerly (no CUDA graph was captured)."""
@@ -106,7 +112,12 @@ class ThunderNBRunner(CUDAGraphRunner):
         # cache key -> ((output position, input position, size, stride, storage offset delta), ...):
         # outputs of that graph that are views of the static copy of an input (`_view_plan`)
         self._views: dict[Any, tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]] = {}
+        # fn_name -> output positions saved for the backward (thunder keeps them after the call)
+        self.saved_out: dict[str, tuple[int, ...]] = {}
+        self._held: dict[Any, list[weakref.ref]] = {}  # cache key -> the saved outputs of its last replay
+        self.held_calls: dict[str, int] = {}  # fn_name -> calls run without the graph (`call_cuda_graph`)
         self._warned = False
+        self._warned_held = False
 
     def _should_capture(self, args: Sequence[Any]) -> bool:
         if self.capture is False:
@@ -182,6 +193,20 @@ class ThunderNBRunner(CUDAGraphRunner):
                 )
             )
             self._views[key] = _view_plan(fn_name, args, entry[1], entry[2])
+        elif any(r() is not None for r in self._held.get(key, ())):
+            # NOTE: a tensor the last replay saved for the backward is still held (a forward whose
+            # backward has not run yet): a replay would overwrite it, and with it that backward's result
+            self.held_calls[fn_name] = self.held_calls.get(fn_name, 0) + 1
+            if not self._warned_held:
+                self._warned_held = True
+                warnings.warn(
+                    f"thunder-nb: {fn_name} runs without its CUDA graph on this call: tensors its last replay "
+                    "saved for the backward are still waiting for that backward, and a replay would overwrite "
+                    "them (run the backward of each forward before the next forward to keep the graph)",
+                    HeldOutputsWarning,
+                    stacklevel=4,
+                )
+            return fn(*self._slot_args(fn_name, args, capture=False))
         self._last_key[fn_name] = key
         graph, static_inputs, static_outputs = entry
         for static_input, arg in zip(static_inputs, args):
@@ -202,6 +227,18 @@ class ThunderNBRunner(CUDAGraphRunner):
             for out_pos, in_pos, size, stride, delta in views:
                 a = args[in_pos]
                 static_outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
+        saved = self.saved_out.get(fn_name)
+        if saved:
+            # NOTE: hand out aliases of the saved outputs and watch them: while one lives, thunder's
+            # autograd still holds the tensor for a backward that has not run
+            rebased = {v[0] for v in views or ()}
+            static_outputs = list(static_outputs)
+            held = []
+            for j in saved:
+                if j not in rebased:
+                    static_outputs[j] = static_outputs[j].detach()
+                    held.append(weakref.ref(static_outputs[j]))
+            self._held[key] = held
         through = self.passthrough.get(fn_name)
         if through:
             # NOTE: an output that is an input (an alias thunder tracks with update_aliases) must be the
@@ -219,11 +256,12 @@ class ThunderNBRunner(CUDAGraphRunner):
         return [o.clone() if c else o for o, c in zip(static_outputs, mask)]
 
     def region_stats(self, fn_name: str) -> dict[str, Any]:
-        """Return ``{"graphs": (GraphRecord, ...), "captured": bool | None, "eager_calls": n, "replays": n}``."""
+        """Return ``{"graphs": (GraphRecord, ...), "captured": bool | None, "eager_calls": n, "replays": n, "held_calls": n}``."""
         graphs = tuple(self.graph_records.get(fn_name, ()))
         eager = self.eager_calls.get(fn_name, 0)
         captured = True if graphs else (False if eager else None)
-        return {"graphs": graphs, "captured": captured, "eager_calls": eager, "replays": self.replays.get(fn_name, 0)}
+        return {"graphs": graphs, "captured": captured, "eager_calls": eager, "replays": self.replays.get(fn_name, 0),
+                "held_calls": self.held_calls.get(fn_name, 0)}
 
     @property
     def graphs_captured(self) -> int:
@@ -610,6 +648,7 @@ class _BaseTransform(CUDAGraphTransform):
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
         self._cuda = False
         self._returned: set[str] = set()
+        self._saved: set[str] = set()  # names a forward trace saves for its backward
         self.notes: list[str] = []  # decisions the report should mention
 
     @property
@@ -627,6 +666,12 @@ class _BaseTransform(CUDAGraphTransform):
         copy = tuple(isinstance(o, TensorProxy) and o.name in self._returned for o in outputs)
         if self.copy_outputs and any(copy):
             runner.copy_out[fusion_name] = copy
+        saved = tuple(
+            j for j, o in enumerate(outputs)
+            if isinstance(o, TensorProxy) and o.name in self._saved and not (self.copy_outputs and copy[j])
+        )
+        if saved:
+            runner.saved_out[fusion_name] = saved
         written, through = _in_place_plan(bsyms, inputs, outputs)
         if written:
             runner.write_back[fusion_name] = written
@@ -635,6 +680,8 @@ class _BaseTransform(CUDAGraphTransform):
             if fusion_name in runner.copy_out:
                 keep = dict(through)
                 runner.copy_out[fusion_name] = tuple(c and i not in keep for i, c in enumerate(runner.copy_out[fusion_name]))
+            if fusion_name in runner.saved_out:
+                runner.saved_out[fusion_name] = tuple(j for j in runner.saved_out[fusion_name] if j not in keep)
         slots, notes = self._plan_scalar_slots(bsyms, inputs)
         if slots:
             runner.scalar_slots[fusion_name] = tuple(slots)
@@ -793,6 +840,10 @@ class FixedCUDAGraphTransform(_BaseTransform):
         self._returned = _returned_names(trace) if not backward else {
             p.name for p in tree_flatten(trace.output)[0] if isinstance(p, TensorProxy)
         }
+        self._saved = (
+            {p.name for p in vjp_utils.get_saved_for_backward_tensors(trace) if isinstance(p, TensorProxy)}
+            if TraceTag.AUGMENTED_FORWARD in trace.tags else set()
+        )
         work = from_trace(trace)
         work.bound_symbols = strip_top_level_dels(trace.bound_symbols, collections=backward)
         self._handed = {}

@@ -136,6 +136,7 @@ class Region:
     captured: bool | None = None  # True: a graph was captured; False: ran eagerly; None: not run
     graphs: tuple[GraphRecord, ...] = ()
     scalar_handoffs: tuple[str, ...] = ()  # "f20 -> t19": numbers handed to the region as device tensors
+    held_calls: int = 0  # calls run without the graph: tensors its last replay saved for backward were held
 
     @property
     def compute_ops(self) -> tuple[Op, ...]:

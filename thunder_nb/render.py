@@ -1001,6 +1001,11 @@ def _trace_text(trace: TraceReport) -> list[str]:
                 for g in r.graphs
             )
             lines.append(f"      graphs: {graphs}")
+        if r.held_calls:
+            lines.append(
+                f"      without the graph: {_plural(r.held_calls, 'call')} (tensors its last replay saved for the "
+                "backward were still held: a forward ran before the previous backward)"
+            )
     user = trace.user_islands
     lines.append("  islands:" if trace.islands else "  islands: none")
     for i in user:
