@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from thunder.core import prims, utils
-from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy, unvariableify
+from thunder.core.proxies import NumberProxy, Proxy, TensorProxy, unvariableify
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, TraceTag, from_trace, reset_tracectx, set_tracectx
@@ -37,7 +37,7 @@ from thunder.core import vjp_utils
 from thunder.executors.data_dependent_partition import Node, consecutive_fusion, dataflow_fusion
 from thunder.executors.passes import _del_last_used
 from thunder.executors.utils import Region
-from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform, to_arg_descriptor
+from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
 
 from .analysis import IN_PLACE_NAMES, classify_bsym
 from .model import GraphRecord
@@ -591,38 +591,6 @@ def _is_cuda_trace(trace: TraceCtx) -> bool:
     return any(isinstance(a, TensorProxy) and a.device.devicetype.name == "CUDA" for a in trace.args)
 
 
-def _mark_backward_static(transform: CUDAGraphTransform, trace: TraceCtx) -> None:
-    """Tag backward's saved tensors that forward left in static buffers (thunder's logic, without fixed positions)."""
-    if transform.outputs_from_forward is None:
-        raise RuntimeError("the transform ran on a backward trace before its forward trace")
-    sfb = trace.args[0]
-    collections = next(
-        (b.output for b in trace.bound_symbols if b.sym.name == "unpack_sequence" and b.args and b.args[0] is sfb),
-        None,
-    )
-    tensors = ()
-    if collections:
-        c0 = collections[0]
-        tensors = next(
-            (b.output for b in trace.bound_symbols if b.sym.name == "unpack_sequence" and b.args and b.args[0] is c0),
-            (),
-        )
-    saved = [p for p in tensors if isinstance(p, TensorProxy)]
-    if len(saved) == len(transform.outputs_from_forward):
-        for is_static, p in zip(transform.outputs_from_forward, saved):
-            if is_static:
-                p.tags.add(ProxyTag.STATIC_MEMORY_LOCATION)
-    transform.outputs_from_forward = None
-
-
-def _record_forward_static(transform: CUDAGraphTransform, new_trace: TraceCtx) -> None:
-    if TraceTag.AUGMENTED_FORWARD not in new_trace.tags:
-        return
-    names = {o.name for b in new_trace.bound_symbols if b.sym.name.startswith("CUDAGraph") for o in b.flat_proxy_outs}
-    saved = vjp_utils.get_saved_for_backward_tensors(new_trace)
-    transform.outputs_from_forward = [o.name in names or ProxyTag.STATIC_MEMORY_LOCATION in o.tags for o in saved]
-
-
 # ---------------------------------------------------------------------------------------------------
 # The transforms
 
@@ -701,19 +669,22 @@ class _BaseTransform(CUDAGraphTransform):
         return out
 
     def _begin(self, trace: TraceCtx) -> bool:
-        """Prepare for fusing ``trace``; return whether it is a backward trace."""
+        """Prepare for fusing ``trace``; return whether it is a backward trace.
+
+        Unlike thunder's transform, saved tensors are not tagged as static inputs of the backward's
+        graphs (read where the forward graph left them): a backward region copies them into its own
+        static inputs. The forward may hand the backward tensors outside its graph's buffers (a call
+        run without the graph while saved tensors were held, an output re-made as a view of the
+        caller's tensor), and a graph that read the forward's buffers would then read stale values.
+        """
         backward = trace.siginfo().name == "backward_fn"
-        if backward:
-            _mark_backward_static(self, trace)
         self._cuda = _is_cuda_trace(trace)
         return backward
 
-    def _finish(self, fused: TraceCtx, backward: bool, start_ns: int, what: str) -> TraceCtx:
-        """Record the pass in the provenance (and, after a forward trace, which saved tensors are static)."""
+    def _finish(self, fused: TraceCtx, start_ns: int, what: str) -> TraceCtx:
+        """Record the pass in the provenance."""
         ms = (time.perf_counter_ns() - start_ns) // 1_000_000
         fused.set_provenance(TraceProvenance(f"{what} (took {ms} milliseconds)"))
-        if not backward:
-            _record_forward_static(self, fused)
         return fused
 
     def _fused_trace(self, trace: TraceCtx, work: TraceCtx, fusion_type: str | None) -> TraceCtx:
@@ -854,7 +825,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
         fused = self._fused_trace(trace, work, None)
         flat_out, _ = tree_flatten(utils.sequencify(trace.output))
         fused.bound_symbols = _del_last_used(fused.bound_symbols, flat_out, clear_mutable_collections=backward)
-        return self._finish(fused, backward, start, "thunder-nb corrected CUDAGraph fusion")
+        return self._finish(fused, start, "thunder-nb corrected CUDAGraph fusion")
 
 
 class LegacyCUDAGraphTransform(_BaseTransform):
@@ -883,7 +854,7 @@ class LegacyCUDAGraphTransform(_BaseTransform):
     def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
         """Fuse along dataflow over a trace that already has its dels (as in July 2024)."""
         start = time.perf_counter_ns()
-        backward = self._begin(trace)
+        self._begin(trace)
         self._returned = set()
         fused = self._fused_trace(trace, trace, "dataflow")
-        return self._finish(fused, backward, start, "thunder-nb legacy (July 2024) CUDAGraph fusion")
+        return self._finish(fused, start, "thunder-nb legacy (July 2024) CUDAGraph fusion")
