@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -453,11 +453,11 @@ def _check_fn(fn: _Fn, ti: _TraceInput, *, region: bool, cuda: bool) -> list[Def
     return out
 
 
-def _in_place_updates_of_params(fn: _Fn) -> list[tuple[Op, str]]:
-    """``copy_`` statements that write (through an alias or a view) into a parameter.
+def alias_root(groups: Iterable[Sequence[str]]) -> Callable[[str], str]:
+    """A function from a name to the root of its alias group, where each of ``groups`` is one group.
 
     thunder passes a whole alias group to each ``update_aliases`` call (a tensor and its views), so
-    every argument and result of one call is the same memory, or part of it.
+    every argument and result of one call is the same memory, or part of it: pass each call's names.
     """
     parent: dict[str, str] = {}
 
@@ -466,16 +466,19 @@ def _in_place_updates_of_params(fn: _Fn) -> list[tuple[Op, str]]:
             n = parent[n]
         return n
 
-    def union(a: str, b: str) -> None:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[ra] = rb
+    for names in groups:
+        for n in names[1:]:
+            a, b = find(names[0]), find(n)
+            if a != b:
+                parent[a] = b
+    return find
 
-    for op in fn.ops:
-        if op.callee.rsplit(".", 1)[-1] == "update_aliases":
-            names = list(op.inputs) + list(op.outputs)
-            for n in names[1:]:
-                union(names[0], n)
+
+def _in_place_updates_of_params(fn: _Fn) -> list[tuple[Op, str]]:
+    """``copy_`` statements that write (through an alias or a view) into a parameter."""
+    find = alias_root(
+        [*op.inputs, *op.outputs] for op in fn.ops if op.callee.rsplit(".", 1)[-1] == "update_aliases"
+    )
     found = []
     for op in fn.ops:
         if op.callee.rsplit(".", 1)[-1] == "copy_" and len(op.inputs) > 1:

@@ -39,7 +39,7 @@ from thunder.executors.passes import _del_last_used
 from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
 
-from .analysis import IN_PLACE_NAMES, classify_bsym
+from .analysis import IN_PLACE_NAMES, alias_root, classify_bsym
 from .model import GraphRecord
 
 __all__ = [
@@ -218,42 +218,34 @@ class ThunderNBRunner(CUDAGraphRunner):
             if static_inputs[pos] is not args[pos]:
                 args[pos].copy_(static_inputs[pos])
         self.replays[fn_name] = self.replays.get(fn_name, 0) + 1
-        views = self._views.get(key)
-        if views:
+        outputs = list(static_outputs)
+        views = self._views.get(key, ())
+        for out_pos, in_pos, size, stride, delta in views:
             # NOTE: an output that is a view of a copied input is a view of the runner's static copy;
             # the caller must get the same view of its own tensor, or later in-place updates through
             # it (thunder may apply them in the backward) and reads after updates of the input miss
-            static_outputs = list(static_outputs)
-            for out_pos, in_pos, size, stride, delta in views:
-                a = args[in_pos]
-                static_outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
+            a = args[in_pos]
+            outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
+        rebased = {v[0] for v in views}
         saved = self.saved_out.get(fn_name)
         if saved:
             # NOTE: hand out aliases of the saved outputs and watch them: while one lives, thunder's
             # autograd still holds the tensor for a backward that has not run
-            rebased = {v[0] for v in views or ()}
-            static_outputs = list(static_outputs)
             held = []
             for j in saved:
                 if j not in rebased:
-                    static_outputs[j] = static_outputs[j].detach()
-                    held.append(weakref.ref(static_outputs[j]))
+                    outputs[j] = outputs[j].detach()
+                    held.append(weakref.ref(outputs[j]))
             self._held[key] = held
-        through = self.passthrough.get(fn_name)
-        if through:
+        for out_pos, in_pos in self.passthrough.get(fn_name, ()):
             # NOTE: an output that is an input (an alias thunder tracks with update_aliases) must be the
             # caller's tensor, not the graph's static copy of it, or later in-place updates miss the caller
-            static_outputs = list(static_outputs)
-            for out_pos, in_pos in through:
-                static_outputs[out_pos] = args[in_pos]
+            outputs[out_pos] = args[in_pos]
         mask = self.copy_out.get(fn_name)
         if not mask:
-            return static_outputs
-        if views:
-            rebased = {v[0] for v in views}
-            mask = tuple(c and j not in rebased for j, c in enumerate(mask))
+            return outputs
         # NOTE: the next replay overwrites static outputs; what the caller keeps must be its own
-        return [o.clone() if c else o for o, c in zip(static_outputs, mask)]
+        return [o.clone() if c and j not in rebased else o for j, (o, c) in enumerate(zip(outputs, mask))]
 
     def region_stats(self, fn_name: str) -> dict[str, Any]:
         """Return ``{"graphs": (GraphRecord, ...), "captured": bool | None, "eager_calls": n, "replays": n, "held_calls": n}``."""
@@ -545,20 +537,11 @@ def _in_place_plan(
                 root[out.name] = find(src.name)
     # NOTE: one update_aliases call names a whole alias group (a tensor and its views): a copy_ into
     # any member writes the memory of every input in the group
-    group: dict[str, str] = {}
-
-    def top(name: str) -> str:
-        while group.get(name, name) != name:
-            name = group[name]
-        return name
-
-    for b in bsyms:
-        if b.sym.name == "update_aliases":
-            names = [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
-            for n in names[1:]:
-                a, c = top(names[0]), top(n)
-                if a != c:
-                    group[a] = c
+    top = alias_root(
+        [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
+        for b in bsyms
+        if b.sym.name == "update_aliases"
+    )
     dests = {top(b.flat_proxy_args[1].name) for b in _walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
     position = {p.name: i for i, p in enumerate(inputs)}
     written = tuple(i for i, p in enumerate(inputs) if top(p.name) in dests)
