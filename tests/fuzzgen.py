@@ -575,56 +575,7 @@ def explaining_rules(capture: bool | str) -> frozenset[str]:
     return ERROR_RULES if capture else observable_rules(False)
 
 
-class _EmulatedGraph:
-    """A CPU stand-in for a captured ``torch.cuda.CUDAGraph``: replay reruns the region on the static inputs.
-
-    Its outputs are the tensor objects of the recording call; each replay points them at the new
-    results (``set_``), as a graph's replay rewrites their memory: whoever holds an output sees the
-    new values, views among outputs and of static inputs stay views. Numbers a region returns keep
-    their recorded values, as in a real graph.
-    """
-
-    def __init__(self, fn: Callable[..., Any], static_inputs: Sequence[Any]):
-        self._fn, self._static_inputs = fn, static_inputs
-        self.static_outputs = fn(*static_inputs)
-
-    def replay(self) -> None:
-        import torch
-
-        for static, new in zip(self.static_outputs, self._fn(*self._static_inputs)):
-            if isinstance(static, torch.Tensor) and static is not new:
-                # NOTE: not copy_: an output may be an expanded view (stride 0) that no copy can write
-                static.set_(new.untyped_storage(), new.storage_offset(), new.size(), new.stride())
-
-
-def _emulated_build_cuda_graph(runner: Any, fn: Callable[..., Any], args: Sequence[Any], static_args_mask: Sequence[bool]):
-    """thunder's ``CUDAGraphRunner.build_cuda_graph`` on CPU: static input copies, three warm-up calls, a recording."""
-    static_inputs = tuple(a if static else runner.get_static_buffer(a) for a, static in zip(args, static_args_mask))
-    for _ in range(3):
-        fn(*static_inputs)
-    graph = _EmulatedGraph(fn, static_inputs)
-    return graph, static_inputs, graph.static_outputs
-
-
-@contextlib.contextmanager
-def emulated_capture():
-    """Run every CUDA-graph runner's capture path on the CPU (`_EmulatedGraph` in place of a graph).
-
-    What a captured run does to memory shows: inputs are copied into static buffers before each
-    replay, outputs live in buffers that the next replay overwrites, warm-up calls run for real.
-    What only a GPU shows does not: a host sync inside a region just runs (no capture error).
-    Transforms made by `make_transform` with ``capture="emulated"`` take this path.
-    """
-    import torch
-    from thunder.transforms.cudagraph import CUDAGraphRunner
-
-    saved = CUDAGraphRunner.build_cuda_graph, torch.cuda.memory_allocated
-    CUDAGraphRunner.build_cuda_graph = _emulated_build_cuda_graph
-    torch.cuda.memory_allocated = lambda *args, **kwargs: 0  # NOTE: ThunderNBRunner measures graph pools
-    try:
-        yield
-    finally:
-        CUDAGraphRunner.build_cuda_graph, torch.cuda.memory_allocated = saved
+from thunder_nb.testing import emulated_capture  # noqa: E402  (re-exported for the fuzzer and its tests)
 
 
 def make_transform(cls: type, capture: bool | str, **options: Any) -> Any:

@@ -13,6 +13,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 import fuzzgen
 import programs
 import thunder_nb
+from thunder_nb.model import ScalarHandoff
 from thunder_nb.fix import (
     HeldOutputsWarning,
     EagerFallbackWarning,
@@ -125,7 +126,7 @@ def test_backward_with_saved_scalar_works():
     # the saved Python number reaches the backward region through a 0-d device buffer
     assert report.defects == ()
     (bregion,) = report.backward.regions
-    assert bregion.scalar_handoffs == ("f57 -> 0-d float32 buffer",)
+    assert bregion.scalar_handoffs == (ScalarHandoff("f57", buffer="float32"),)
 
 
 def test_stock_transform_asserts_on_the_same_backward():
@@ -216,34 +217,45 @@ def loss_of(x, w):
 def test_two_forwards_before_one_backward(capture):
     """Gradient accumulation by summing losses: the second forward must not overwrite what the first saved.
 
-    A replay writes the graph's static outputs in place without a version bump, so on a GPU the
-    first backward would read the second forward's activations and give wrong gradients silently.
-    The runner sees that the saved tensors of the last replay are still held and runs that call
-    without the graph (`HeldOutputsWarning`); in the usual order (each backward before the next
-    forward) it keeps replaying.
+    A replay writes the graph's outputs in place without a version bump, so on a GPU the first
+    backward would read the second forward's activations and give wrong gradients silently. The
+    runner sees at the second call that the tensors the first saved still lie in its graph
+    instance's memory, and replays a second instance; a third forward with both held runs without
+    a graph (`HeldOutputsWarning`); in the usual order (each backward before the next forward) the
+    first instance keeps replaying.
     """
     device = "cuda" if capture is True else "cpu"
     g = torch.Generator().manual_seed(0)
-    x1, x2, w0 = (torch.randn(8, 8, generator=g).to(device) for _ in range(3))
+    x1, x2, x3, w0 = (torch.randn(8, 8, generator=g).to(device) for _ in range(4))
     w_ref = w0.clone().requires_grad_()
     (loss_of(x1, w_ref) + loss_of(x2, w_ref)).backward()
+    w_ref3 = w0.clone().requires_grad_()
+    (loss_of(x1, w_ref3) + loss_of(x2, w_ref3) + loss_of(x3, w_ref3)).backward()
     w = w0.clone().requires_grad_()
     with fuzzgen.emulated_capture() if capture == "emulated" else contextlib.nullcontext():
         t = fuzzgen.make_transform(FixedCUDAGraphTransform, capture)
         jfn = thunder.jit(loss_of, transforms=[t])
         jfn(x1, w).backward()  # capture; the usual order
-        runner = t.cuda_graph_runner
-        assert runner.saved_out, "the forward region saves nothing for the backward: the test tests nothing"
+        fwd = thunder_nb.analyze(jfn).forward
+        assert fwd.hand_out is not None and fwd.hand_out.saved, "nothing saved for the backward: the test tests nothing"
         w.grad = None
-        with pytest.warns(HeldOutputsWarning, match="saved for the backward"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", HeldOutputsWarning)
             (jfn(x1, w) + jfn(x2, w)).backward()
         torch.testing.assert_close(w.grad, w_ref.grad)
-        held = sum(runner.held_calls.values())
-        replays = sum(runner.replays.values())
-        assert held == 1
-        text = thunder_nb.analyze(jfn).to_text()
-        assert "without the graph: 1 call" in text, text
+        (region,) = thunder_nb.analyze(jfn).forward.regions
+        assert region.stats.instances == 2 and region.stats.held_calls == 0
         w.grad = None
-        jfn(x2, w).backward()  # the usual order again: replayed, not run without the graph
-        assert sum(runner.held_calls.values()) == held and sum(runner.replays.values()) > replays
-    assert t.graphs_captured == 2  # one forward and one backward graph: nothing captured again
+        with pytest.warns(HeldOutputsWarning, match="saved for the backward"):
+            (jfn(x1, w) + jfn(x2, w) + jfn(x3, w)).backward()
+        torch.testing.assert_close(w.grad, w_ref3.grad)
+        report = thunder_nb.analyze(jfn)
+        assert report.forward.regions[0].stats.held_calls == 1
+        assert "without the graph: 1 call" in report.to_text()
+        replays = report.forward.regions[0].stats.replays
+        w.grad = None
+        jfn(x2, w).backward()  # the usual order again: replayed
+        assert thunder_nb.analyze(jfn).forward.regions[0].stats.replays == replays + 1
+    # two forward instances; a backward graph for the saved tensors of each (read where they lie), and
+    # one that copies them in (those of the forward that ran without a graph lie in no graph's memory)
+    assert t.graphs_captured == 5

@@ -16,7 +16,10 @@ import graphviz
 import pytest
 
 from thunder_nb import analysis, render
-from thunder_nb.model import Defect, GraphRecord, Island, Op, Region, Report, Site, TraceReport, TypeInfo, Value
+from thunder_nb.model import (
+    Defect, GraphRecord, Island, Op, Region, RegionPlan, RegionStats, Report, ScalarHandoff, Site, SourceLine,
+    TraceReport, TypeInfo, Value,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("THUNDER_NB_REGEN_GOLDEN") == "1"
@@ -181,7 +184,7 @@ SCRIPT = "<script>alert(1)</script>"
 def nasty_trace() -> TraceReport:
     """A trace whose names, op text and user lines hold everything DOT and HTML treat specially."""
     tensor = TypeInfo("tensor", "f32", (2,), "cuda:0", "cuda:0 f32[2]")
-    user = f"evil<1>.py:3: y = {SCRIPT} & {NASTY}"
+    user = SourceLine("evil<1>.py", 3, f"y = {SCRIPT} & {NASTY}")
     op = Op("call", "torch.sin", ("t1",), (NASTY,), 5, f"t1 = torch.sin({NASTY})  # {SCRIPT}", user)
     ret = Op("return", "return", (), ("t1",), 6, "return [t1]")
     region = Region("CUDAGraph1", 0, (op, ret), (NASTY,), ("t1",), (False,),
@@ -266,7 +269,7 @@ def test_region_diagram_draws_regions_islands_values_and_defects(split_g):
         'subgraph cluster_CUDAGraph2 {',
         'CUDAGraph2_in_f20 [label="f20\\nPython number\\n⚠ region-deletes-outside-value, scalar-region-input"',
         'CUDAGraph2_in_f20 -> t21 [label="f20\\nfloat\\nPython number" color="#e8590c"',
-        "island3 [label=return",
+        'island3 [label="return\\n⚠ returned-graph-memory"',
         'x -> CUDAGraph1_in_x [label="x\\nf32[4,3]"',
         "_legend [label=",
         "scalar-region-input ×1: a Python number region input",
@@ -314,7 +317,7 @@ def test_region_diagram_merges_bookkeeping_islands_when_collapsed(stock_mlp):
 
 def test_region_diagram_marks_hand_offs():
     trace = analysis.analyze_source(TINY, kind="forward")
-    region = dataclasses.replace(trace.regions[1], scalar_handoffs=("f3 -> t1",))
+    region = dataclasses.replace(trace.regions[1], plan=RegionPlan("CUDAGraph2", (), (), scalar_handoffs=(ScalarHandoff("f3", "t1"),)))
     trace = dataclasses.replace(trace, regions=(trace.regions[0], region))
     for collapse in (False, True):
         source = render.region_diagram(trace, collapse=collapse).source
@@ -586,8 +589,7 @@ def test_report_text_of_a_real_trace(stock_f):
 def test_report_text_lists_both_traces_and_graphs(stock_mlp):
     region = dataclasses.replace(
         stock_mlp.forward.regions[0],
-        captured=True,
-        graphs=(GraphRecord(0, "first call", 1536), GraphRecord(1, "x: shape (2, 3) -> (4, 3)", 96, 2 << 20)),
+        stats=RegionStats(graphs=(GraphRecord(0, "first call", 1536), GraphRecord(1, "x: shape (2, 3) -> (4, 3)", 96, 2 << 20))),
     )
     rep = dataclasses.replace(stock_mlp, forward=dataclasses.replace(stock_mlp.forward, regions=(region,)))
     text = render.report_text(rep)

@@ -515,7 +515,7 @@ def _check_training_result(name: str, value: Any) -> None:
 
 
 def _outcome(ran: _Ran, eager: _Ran, training: bool, runner: Any) -> Outcome:
-    eager_regions = bool(sum(getattr(runner, "eager_calls", {}).values()))
+    eager_regions = any(runner.region_stats(name).eager_calls for name in runner.python_callables)
     if ran.error is not None:
         return Outcome(False, _format_error(ran.error), "run", eager_regions=eager_regions)
     import torch
@@ -584,7 +584,7 @@ def _original_transform(kind: str, capture: bool | str) -> Any:
     # NOTE: thunder's own fusion and del passes, with a runner whose call path is the stock one on
     # CUDA (capture, replay) that also records graphs and, without CUDA, runs regions eagerly, so
     # the stock regions can be checked on CPU instead of failing for want of a driver
-    transform.cuda_graph_runner = ThunderNBRunner(capture=capture)
+    transform.cuda_graph_runner = ThunderNBRunner(capture=capture, stock=True)
     return transform
 
 

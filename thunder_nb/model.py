@@ -1,9 +1,4 @@
-"""Frozen model objects that describe a thunder function compiled with CUDA graphs.
-
-Every other layer only reads these: `analysis` builds them, `render` draws them, `magics` shows
-them. They hold plain strings and numbers (never thunder objects), so they can be built by hand in
-a test, compared with ``==`` and pickled.
-"""
+"""Frozen records that describe a function compiled with CUDA graphs: plain values, never thunder objects."""
 
 from __future__ import annotations
 
@@ -13,7 +8,18 @@ __all__ = [
     "RULES",
     "ERROR_RULES",
     "ISLAND_REASONS",
+    "WRONG_RESULT_RULES",
+    "INPUT_ROLES",
+    "HAND_OUT_ACTIONS",
     "TypeInfo",
+    "SourceLine",
+    "ScalarHandoff",
+    "InputPlan",
+    "OutputPlan",
+    "RegionPlan",
+    "HandOutPlan",
+    "RegionStats",
+    "HandOutStats",
     "Site",
     "Op",
     "Region",
@@ -37,12 +43,37 @@ RULES: dict[str, str] = {
     "scalar-region-input": "a Python number region input (each new value captures a new graph)",
     "never-freed": "a top-level intermediate that is never deleted",
     "double-del": "a name deleted twice",
+    "returned-graph-memory": "a returned tensor lives in a graph's memory (the next replay overwrites it)",
+    "saved-graph-memory": "a tensor saved for the backward lives in a graph's memory (a second forward overwrites it)",
+    "static-input-rebound": "a static region input received another tensor (copied into the captured one's memory)",
+    "copy-out-breaks-aliasing": "returned tensors that share memory come back as separate copies",
 }
 
 #: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.
 ERROR_RULES: frozenset[str] = frozenset(
-    {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region", "region-updates-input"}
+    {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region", "region-updates-input",
+     "returned-graph-memory", "saved-graph-memory", "static-input-rebound", "copy-out-breaks-aliasing"}
 )
+#: Error rules whose defect gives a wrong result without any error raised (severity "wrong result").
+WRONG_RESULT_RULES: frozenset[str] = frozenset(
+    {"returned-graph-memory", "saved-graph-memory", "static-input-rebound", "copy-out-breaks-aliasing"}
+)
+
+#: How a region input reaches its graph (`InputPlan.role`).
+INPUT_ROLES: dict[str, str] = {
+    "static": "read where it lies (a parameter, or memory a graph owns); keyed by address: another tensor gets its own graph",
+    "copied": "copied into the graph's own buffer before each replay",
+    "scalar-slot": "a Python number written into a 0-d device buffer before each replay",
+    "number": "a Python number baked into the graph: each new value captures a new graph",
+}
+
+#: What the runner does with a tensor that leaves a trace (`HandOutPlan`).
+HAND_OUT_ACTIONS: dict[str, str] = {
+    "copy": "returned: copied out of graph memory when it lies there (views of one buffer stay views of one copy)",
+    "guard": "saved for the backward: left where the graph wrote it and guarded (while held, the next call "
+    "replays another graph instance)",
+    "as-is": "returned as the graph's own buffer (copy_outputs=False: the next call overwrites it)",
+}
 
 #: Why a top-level symbol stays outside every region.
 ISLAND_REASONS: dict[str, str] = {
@@ -50,6 +81,7 @@ ISLAND_REASONS: dict[str, str] = {
     "device-transfer": "device transfer",
     "cpu-op": "op on CPU tensors in a CUDA trace",
     "in-place": "in-place update (runs on the caller's tensors)",
+    "hand-out": "hand-out: what leaves the trace, checked by storage (copied out or guarded)",
     "bookkeeping": "trace bookkeeping (unpack, return)",
     "collection": "collection clearing",
     "single": "single-symbol group",
@@ -83,6 +115,116 @@ class TypeInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceLine:
+    """A line of the user's source that thunder noted before a generated statement."""
+
+    file: str
+    line: int
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.code}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarHandoff:
+    """A Python number an island makes and a region reads, handed to the region on the device."""
+
+    number: str  # "f20"
+    tensor: str | None = None  # "t19": the 0-d tensor the number came from, read by the region instead
+    buffer: str | None = None  # "float32": a 0-d device buffer of this dtype, filled before each replay
+
+    def __str__(self) -> str:
+        return f"{self.number} -> {self.tensor}" if self.tensor else f"{self.number} -> 0-d {self.buffer} buffer"
+
+
+@dataclass(frozen=True, slots=True)
+class InputPlan:
+    """How one region input reaches the graph."""
+
+    name: str
+    role: str  # a key of INPUT_ROLES
+    reason: str  # why, e.g. "parameter", "saved for the backward", "a new tensor each call"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """Where one region output goes."""
+
+    name: str
+    returned: bool = False  # reaches the caller (directly; views made later are found at the hand-out)
+    saved: bool = False  # saved for the backward
+    view_of: str | None = None  # an input this output is a view of: handed out as that view of the caller's tensor
+
+    @property
+    def fate(self) -> str:
+        """``"returned"``, ``"saved"``, ``"returned, saved"`` or ``"internal"``."""
+        parts = [w for w, on in (("returned", self.returned), ("saved", self.saved)) if on]
+        return ", ".join(parts) or "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionPlan:
+    """What the transform decided for one region, and what the runner must do at each replay."""
+
+    name: str
+    inputs: tuple[InputPlan, ...]
+    outputs: tuple[OutputPlan, ...]
+    write_back: tuple[str, ...] = ()  # inputs updated in place: copied back to the caller's tensor after replay
+    scalar_handoffs: tuple[ScalarHandoff, ...] = ()
+
+    def input(self, name: str) -> InputPlan:
+        """Return the plan of input ``name``."""
+        return next(i for i in self.inputs if i.name == name)
+
+
+@dataclass(frozen=True, slots=True)
+class HandOutPlan:
+    """The tensors that leave one trace, and which of them may lie in graph memory (checked by storage)."""
+
+    returned: tuple[str, ...]  # to the caller (or, for a backward, to autograd)
+    saved: tuple[str, ...]  # saved for the backward
+    graph_memory: tuple[str, ...]  # of those, region outputs and views of them: checked at each hand-out
+    copy_outputs: bool = True
+
+    def action(self, name: str) -> str | None:
+        """The `HAND_OUT_ACTIONS` key for ``name``, or None when it cannot lie in graph memory."""
+        if name not in self.graph_memory:
+            return None
+        if name in self.saved:
+            return "guard"
+        return "copy" if self.copy_outputs else "as-is"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStats:
+    """What the runner did with one region so far."""
+
+    graphs: tuple["GraphRecord", ...] = ()
+    replays: int = 0
+    eager_calls: int = 0  # calls run as plain Python (no CUDA device, or capture off)
+    held_calls: int = 0  # calls run without a graph: every instance's saved outputs were still held
+    instances: int = 0  # graph instances kept for outputs still held (2 when a second forward came first)
+    address_keys: int = 0  # distinct sets of static-input addresses (one per layer is normal)
+    demoted: tuple[str, ...] = ()  # static inputs turned into copied ones, each "name: why"
+    rebound: tuple[str, ...] = ()  # static inputs that received another tensor (thunder's runner copies into them)
+
+    @property
+    def captured(self) -> bool | None:
+        """True: a graph was captured; False: ran eagerly only; None: not run."""
+        return True if self.graphs else (False if self.eager_calls or self.held_calls else None)
+
+
+@dataclass(frozen=True, slots=True)
+class HandOutStats:
+    """What the runner did at the hand-outs of one trace so far."""
+
+    calls: int = 0
+    copied: int = 0  # tensors copied out of graph memory
+    guarded: int = 0  # saved tensors left in graph memory and guarded
+
+
+@dataclass(frozen=True, slots=True)
 class Site:
     """A place in a trace: a top-level statement, or a statement inside a region."""
 
@@ -108,7 +250,7 @@ class Op:
     inputs: tuple[str, ...]
     line: int  # 1-based line in the source it comes from
     text: str  # the statement as written
-    user_line: str | None = None  # "file.py:12: y = x.sin()" from thunder's comments, when present
+    user_line: SourceLine | None = None  # the user's line thunder noted before the statement
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +261,7 @@ class GraphRecord:
     cause: str  # "first call", or which input changed ("f20: value 1.5 -> 2.0", "x: shape ...")
     static_bytes: int  # bytes copied into static input buffers on every replay
     pool_bytes: int | None = None  # graph-pool bytes, when a GPU measured them
+    instance: int = 0  # 0, or the instance number of a further copy of the same graph
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +275,34 @@ class Region:
     outputs: tuple[str, ...]
     static_mask: tuple[bool, ...]
     source: str  # Python source of the region function
-    user_lines: tuple[str, ...]  # user source lines the region covers, "file.py:12: y = x.sin()"
-    captured: bool | None = None  # True: a graph was captured; False: ran eagerly; None: not run
-    graphs: tuple[GraphRecord, ...] = ()
-    scalar_handoffs: tuple[str, ...] = ()  # "f20 -> t19": numbers handed to the region as device tensors
-    held_calls: int = 0  # calls run without the graph: tensors its last replay saved for backward were held
+    user_lines: tuple[SourceLine, ...]  # user source lines the region covers
+    plan: RegionPlan | None = None  # the transform's plan (thunder-nb transforms only)
+    stats: RegionStats = RegionStats()
 
     @property
     def compute_ops(self) -> tuple[Op, ...]:
         """The region's calls, without dels and the return."""
         return tuple(o for o in self.ops if o.kind == "call")
+
+    @property
+    def captured(self) -> bool | None:
+        """True: a graph was captured; False: ran eagerly; None: not run."""
+        return self.stats.captured
+
+    @property
+    def graphs(self) -> tuple[GraphRecord, ...]:
+        """The graphs captured for this region."""
+        return self.stats.graphs
+
+    @property
+    def held_calls(self) -> int:
+        """Calls run without a graph because saved outputs of every instance were still held."""
+        return self.stats.held_calls
+
+    @property
+    def scalar_handoffs(self) -> tuple[ScalarHandoff, ...]:
+        """Numbers handed to the region on the device."""
+        return self.plan.scalar_handoffs if self.plan is not None else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +341,6 @@ class Value:
         """True when the value is a Python number."""
         return self.type.is_scalar
 
-    @property
-    def last_use(self) -> Site | None:
-        """The last use (by top-level position, then inner index), or None."""
-        if not self.uses:
-            return None
-        return max(self.uses, key=lambda s: (s.position, -1 if s.index is None else s.index))
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +357,15 @@ class Defect:
 
     @property
     def severity(self) -> str:
-        """``"error"`` when the defect crashes or computes wrong values, else ``"warning"``."""
+        """``"wrong result"`` (silent), ``"error"`` (crash or wrong values), or ``"warning"`` (time or memory)."""
+        if self.rule in WRONG_RESULT_RULES:
+            return "wrong result"
         return "error" if self.rule in ERROR_RULES else "warning"
+
+    @property
+    def is_error(self) -> bool:
+        """The defect crashes or computes wrong values (severity "error" or "wrong result")."""
+        return self.rule in ERROR_RULES
 
     def where(self) -> str:
         """Return ``CUDAGraph1:7`` or ``top:12``."""
@@ -225,6 +387,8 @@ class TraceReport:
     defects: tuple[Defect, ...]
     params: tuple[str, ...] = ()
     is_cuda: bool = False
+    hand_out: HandOutPlan | None = None  # what leaves the trace (thunder-nb transforms only)
+    hand_out_stats: HandOutStats = HandOutStats()
 
     def region(self, name: str) -> Region:
         """Return the region called ``name``."""
@@ -241,14 +405,9 @@ class TraceReport:
         raise KeyError(f"no value {name!r}")
 
     @property
-    def op_count(self) -> int:
-        """Statements of the trace, each region's own statements counted."""
-        return len(self.ops) + sum(len(r.ops) for r in self.regions)
-
-    @property
     def user_islands(self) -> tuple[Island, ...]:
         """Islands that a user's op caused (bookkeeping and collection clearing left out)."""
-        return tuple(i for i in self.islands if i.reason not in ("bookkeeping", "collection"))
+        return tuple(i for i in self.islands if i.reason not in ("bookkeeping", "collection", "hand-out"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import graphviz
 
-from .model import ISLAND_REASONS, RULES, Defect, Island, Op, Region, Report, Site, TraceReport, Value
+from .model import ISLAND_REASONS, RULES, Defect, Island, Op, Region, Report, Site, SourceLine, TraceReport, Value
 
 __all__ = [
     "COLLAPSE_THRESHOLD",
@@ -52,7 +52,6 @@ _REGION_COLORS = ("#d0ebff", "#d3f9d8", "#e5dbff", "#fff3bf", "#ffe3e3", "#c3fae
 _DEFECT_COLOR = "#e03131"
 _SCALAR_COLOR = "#e8590c"
 _HANDOFF_COLOR = "#1971c2"
-_USER_LINE = re.compile(r"^(?P<file>.*?):(?P<line>\d+): ?(?P<code>.*)$")
 _TIMING = re.compile(r"\s*\(took \d+ milliseconds\)")
 _DOT_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
@@ -121,12 +120,8 @@ def _values(trace: TraceReport) -> dict[str, Value]:
 
 
 def _handoffs(region: Region) -> list[tuple[str, str]]:
-    """Parse ``"f20 -> t19"`` hand-offs into (number, tensor) pairs."""
-    out = []
-    for h in region.scalar_handoffs:
-        src, _, dst = h.partition("->")
-        out.append((src.strip(), dst.strip()))
-    return out
+    """The (number, tensor) pairs of the region's hand-offs to a 0-d tensor of the trace."""
+    return [(h.number, h.tensor) for h in region.scalar_handoffs if h.tensor]
 
 
 def _op_count(trace: TraceReport) -> int:
@@ -136,7 +131,7 @@ def _op_count(trace: TraceReport) -> int:
     return top + sum(len(r.compute_ops) for r in trace.regions)
 
 
-def _defect_user_line(trace: TraceReport, d: Defect) -> str | None:
+def _defect_user_line(trace: TraceReport, d: Defect) -> SourceLine | None:
     ops = trace.region(d.region).ops if d.region is not None and _has_region(trace, d.region) else trace.ops
     return next((o.user_line for o in ops if o.line == d.line and o.user_line), None)
 
@@ -146,7 +141,7 @@ def _has_region(trace: TraceReport, name: str) -> bool:
 
 
 def _verdict(defects: Sequence[Defect]) -> str:
-    errors = sum(1 for d in defects if d.severity == "error")
+    errors = sum(1 for d in defects if d.is_error)
     warns = len(defects) - errors
     if errors:
         return f"fails or computes wrong values ({_plural(errors, 'error')}, {_plural(warns, 'warning')})"
@@ -343,7 +338,7 @@ class _DiagramBuilder:
         if r.graphs:
             lines.append(_plural(len(r.graphs), "graph"))
         if r.scalar_handoffs:
-            lines.append("hand-offs: " + ", ".join(r.scalar_handoffs))
+            lines.append("hand-offs: " + ", ".join(map(str, r.scalar_handoffs)))
         return lines
 
     def draw_collapsed(self, g: graphviz.Digraph, r: Region) -> None:
@@ -355,7 +350,7 @@ class _DiagramBuilder:
         with g.subgraph(name=_node_id("cluster", r.name)) as c:
             label = [f"{r.name} · {_plural(len(r.compute_ops), 'op')} · {_state(r)}"]
             if r.scalar_handoffs:
-                label.append("hand-offs: " + ", ".join(r.scalar_handoffs))
+                label.append("hand-offs: " + ", ".join(map(str, r.scalar_handoffs)))
             cattrs = {"fillcolor": _STATE_FILL.get(r.captured, "white"), "style": "filled,rounded",
                       "tooltip": _dot_text(f"{r.name}: {_state(r)}")}
             mark = self.region_marks.get(r.name)
@@ -452,7 +447,7 @@ class _DiagramBuilder:
         lines = ["legend"]
         if defects:
             counts = Counter(d.rule for d in defects)
-            errors = sum(1 for d in defects if d.severity == "error")
+            errors = sum(1 for d in defects if d.is_error)
             lines.append(f"defects: {_plural(errors, 'error')}, {_plural(len(defects) - errors, 'warning')} (red)")
             for rule in RULES:
                 if rule in counts:
@@ -820,15 +815,11 @@ class _SourceLine:
 
 def _source_lines(trace: TraceReport) -> list[_SourceLine]:
     """The user's lines in file order, each with the regions and islands its ops end up in."""
-    found: dict[str, _SourceLine] = {}
+    found: dict[SourceLine, _SourceLine] = {}
 
-    def entry(user_line: str) -> _SourceLine:
+    def entry(user_line: SourceLine) -> _SourceLine:
         if user_line not in found:
-            m = _USER_LINE.match(user_line)
-            if m:
-                found[user_line] = _SourceLine(m["file"], int(m["line"]), m["code"], [], [], [])
-            else:
-                found[user_line] = _SourceLine("", None, user_line, [], [], [])
+            found[user_line] = _SourceLine(user_line.file, user_line.line, user_line.code, [], [], [])
         return found[user_line]
 
     blocks: list[tuple[int, Region | Island]] = [(r.position, r) for r in trace.regions]
@@ -993,7 +984,7 @@ def _trace_text(trace: TraceReport) -> list[str]:
         lines.append(f"      inputs:  {_value_list(trace, r.inputs, r.static_mask)}")
         lines.append(f"      outputs: {_value_list(trace, r.outputs)}")
         if r.scalar_handoffs:
-            lines.append(f"      hand-offs: {', '.join(r.scalar_handoffs)}")
+            lines.append(f"      hand-offs: {', '.join(map(str, r.scalar_handoffs))}")
         if r.graphs:
             graphs = "; ".join(
                 f"#{g.index} {g.cause} (static {_bytes(g.static_bytes)}"
@@ -1071,7 +1062,7 @@ def _defects_html(trace: TraceReport) -> str:
     if not trace.defects:
         return "<p>no defects</p>"
     rows = "".join(
-        f'<tr class="tnb-{d.severity}"><td>{_esc(d.severity)}</td><td><code>{_esc(d.rule)}</code></td>'
+        f'<tr class="tnb-{d.severity.replace(" ", "-")}"><td>{_esc(d.severity)}</td><td><code>{_esc(d.rule)}</code></td>'
         f"<td>{_esc(d.where())}</td><td>{_esc(d.message)}<br><i>{_esc(d.hint)}</i></td></tr>"
         for d in trace.defects
     )

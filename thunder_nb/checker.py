@@ -1,0 +1,239 @@
+"""The static checker: the rules that find the #728/#727 family of defects and graph-memory hazards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .model import Defect, HandOutPlan, HandOutStats, Op, RegionPlan, RegionStats, TypeInfo
+from .ops import IN_PLACE_NAMES, VIEW_NAMES, alias_root, base_name, classify_op
+from .source import ParsedFunction
+
+__all__ = ["TraceFacts", "check_trace", "graph_derived", "is_cuda", "classify_statement", "UNKNOWN"]
+
+UNKNOWN = TypeInfo("other")
+
+
+@dataclass(slots=True)
+class TraceFacts:
+    """What the checker and the model builder know of one trace: its parsed source, types, plans and stats."""
+
+    kind: str
+    name: str
+    provenance: str
+    top: ParsedFunction | None
+    regions: dict[str, ParsedFunction]
+    types: dict[str, TypeInfo]
+    static_masks: dict[str, tuple[bool, ...]] = field(default_factory=dict)
+    sync_outputs: frozenset[str] = frozenset()
+    plans: dict[str, RegionPlan] = field(default_factory=dict)
+    stats: dict[str, RegionStats] = field(default_factory=dict)
+    hand_out: HandOutPlan | None = None  # None: the transform hands everything out as it is (thunder's)
+    returned: frozenset[str] = frozenset()  # tensors handed to the caller (from the live trace)
+    saved: frozenset[str] = frozenset()  # tensors saved for the backward (from the live trace)
+    aliases: frozenset[str] = frozenset()  # results of in-place copies: the destination's memory, not new memory
+    hand_out_stats: HandOutStats = HandOutStats()
+
+    def handed_over(self, region: str) -> frozenset[str]:
+        """Numbers handed to ``region`` on the device."""
+        plan = self.plans.get(region)
+        return frozenset(h.number for h in plan.scalar_handoffs) if plan else frozenset()
+
+    def written_back(self, region: str) -> frozenset[str]:
+        """Inputs of ``region`` the runner writes back to the caller's tensor after each replay."""
+        plan = self.plans.get(region)
+        return frozenset(plan.write_back) if plan else frozenset()
+
+
+def _alias_names(fns: Iterable[ParsedFunction]) -> frozenset[str]:
+    return frozenset(
+        n for fn in fns for op in fn.ops if op.callee.rsplit(".", 1)[-1] in IN_PLACE_NAMES for n in op.outputs
+    )
+
+
+def classify_statement(op: Op, ti: TraceFacts, cuda: bool) -> tuple[str, str] | None:
+    return classify_op(
+        op.callee,
+        [ti.types.get(n, UNKNOWN) for n in op.inputs],
+        [ti.types.get(n, UNKNOWN) for n in op.outputs],
+        sync_tag=any(o in ti.sync_outputs for o in op.outputs),
+        cuda_trace=cuda,
+    )
+
+
+def is_cuda(types: Mapping[str, TypeInfo]) -> bool:
+    return any(t.kind == "tensor" and (t.device or "").startswith("cuda") for t in types.values())
+
+
+def _check_fn(fn: ParsedFunction, ti: TraceFacts, *, region: bool, cuda: bool) -> list[Defect]:
+    """Apply every rule to one function (the top level, or one region)."""
+    out: list[Defect] = []
+    where = fn.name if region else None
+
+    def add(rule: str, value: str | None, line: int | None, message: str, hint: str) -> None:
+        out.append(Defect(rule, ti.kind, where, value, line, message, hint))
+
+    deleted: dict[str, int] = {}
+    reported_uad: set[str] = set()
+    returned: set[str] = set()
+    for op in fn.ops:
+        if op.kind == "return":
+            returned.update(op.inputs)
+    params = set(fn.params)
+    uses: dict[str, int] = {}
+
+    for op in fn.ops:
+        if op.kind == "del":
+            for n in op.inputs:
+                if n in deleted:
+                    add("double-del", n, op.line, f"{n} is deleted twice (first on line {deleted[n]})",
+                        "delete each name once, after its last use")
+                    continue
+                deleted[n] = op.line
+                if region and n in returned:
+                    add("region-deletes-output", n, op.line, f"{fn.name} deletes {n}, one of its own outputs",
+                        "protect region outputs from the region's del pass")
+                elif region and n in params:
+                    add("region-deletes-outside-value", n, op.line,
+                        f"{fn.name} deletes {n}, which was produced outside the region",
+                        "delete values produced outside a region at top level, after their last consumer")
+            continue
+        for n in op.inputs:
+            if n in deleted and n not in reported_uad:
+                reported_uad.add(n)
+                add("use-after-del", n, op.line, f"{n} is used after `del {n}` on line {deleted[n]}",
+                    "move the del after the last use (or drop it from the region)")
+            if op.kind != "return" or not region:
+                uses[n] = uses.get(n, 0) + 1
+            elif op.kind == "return":
+                uses[n] = uses.get(n, 0) + 1
+        for n in op.outputs:
+            deleted.pop(n, None)
+            reported_uad.discard(n)
+        if region and op.kind == "call":
+            c = classify_statement(op, ti, cuda)
+            if c is not None:
+                reason, detail = c
+                what = ", ".join(op.outputs) or op.callee
+                if reason == "host-sync":
+                    add("host-sync-in-region", what, op.line,
+                        f"{op.callee} ({detail}) reads a device value on the host inside {fn.name}",
+                        "keep data-dependent ops out of regions (an island)")
+                else:
+                    add("cpu-op-in-region", what, op.line,
+                        f"{op.callee} ({detail}) inside {fn.name} runs once at capture, never on replay",
+                        "keep device transfers and CPU ops out of regions")
+
+    if region:
+        mask = ti.static_masks.get(fn.name, ())
+        static = {p for p, m in zip(fn.params, mask) if m}
+        kept = ti.written_back(fn.name)
+        for op, p in _in_place_updates_of_params(fn):
+            if p not in static and p not in kept:
+                add("region-updates-input", p, op.line,
+                    f"{fn.name} updates its input {p} in place: under capture the update lands in the runner's "
+                    f"static copy and the caller's {p} keeps its old values",
+                    "write the static copy back after replay (FixedCUDAGraphTransform does), or keep the update out of the region")
+        for i, p in enumerate(fn.params):
+            if uses.get(p, 0) == 0:
+                add("dead-region-input", p, fn.first_line,
+                    f"{fn.name} takes {p} but uses it for nothing but a del" if p in deleted
+                    else f"{fn.name} takes {p} but never uses it",
+                    "pass a region only the values it computes with")
+            handed = ti.handed_over(fn.name)
+            if ti.types.get(p, UNKNOWN).is_scalar and p not in handed:
+                add("scalar-region-input", p, fn.first_line,
+                    f"{fn.name} takes the Python number {p}: each new value captures a new graph",
+                    "hand the number over as a 0-d device tensor")
+    else:
+        defined: dict[str, int] = {}
+        top_dels: set[str] = set()
+        for op in fn.ops:
+            if op.kind == "del":
+                top_dels.update(op.inputs)
+            for n in op.outputs:
+                defined.setdefault(n, op.line)
+        for n, line in defined.items():
+            if n in params or n in returned or n in top_dels or n in ti.aliases or n == "_":
+                continue  # NOTE: `_` is thunder's placeholder for a None (e.g. a missing cotangent)
+            t = ti.types.get(n, UNKNOWN)
+            if not (t.kind == "tensor" or (t.kind == "other" and not t.text)):
+                continue  # NOTE: numbers, collections and placeholders (`_`, typed None) hold no memory
+            add("never-freed", n, line, f"{n} is never deleted at top level: it stays alive until the function returns",
+                "delete it right after its last consumer")
+    return out
+
+
+def _in_place_updates_of_params(fn: ParsedFunction) -> list[tuple[Op, str]]:
+    """``copy_`` statements that write (through an alias or a view) into a parameter."""
+    find = alias_root(
+        [*op.inputs, *op.outputs] for op in fn.ops if op.callee.rsplit(".", 1)[-1] == "update_aliases"
+    )
+    found = []
+    for op in fn.ops:
+        if op.callee.rsplit(".", 1)[-1] == "copy_" and len(op.inputs) > 1:
+            group = find(op.inputs[1])
+            found += [(op, p) for p in fn.params if find(p) == group]
+    return found
+
+
+def graph_derived(fn: ParsedFunction) -> dict[str, str]:
+    """Top-level names that lie in a graph's memory: region outputs, and views of them made outside, with their region."""
+    owner: dict[str, str] = {}
+    for op in fn.ops:
+        if op.kind == "region":
+            owner.update({n: op.callee for n in op.outputs})
+        elif op.kind in ("call", "unpack") and (op.kind == "unpack" or base_name(op.callee) in VIEW_NAMES
+                                                 or base_name(op.callee) in IN_PLACE_NAMES):
+            src = next((owner[n] for n in op.inputs if n in owner), None)
+            if src is not None:
+                owner.update({n: src for n in op.outputs})
+    return owner
+
+
+def _check_graph_memory(ti: TraceFacts) -> list[Defect]:
+    """What leaves a forward trace in graph memory and is not handled at its hand-out; static inputs rebound."""
+    out: list[Defect] = []
+    top = ti.top
+    if top is not None and ti.kind == "forward":
+        owner = graph_derived(top)
+        ret = next((op for op in top.ops if op.kind == "return"), None)
+        line = ret.line if ret is not None else None
+        made_in = {n: op.callee for op in top.ops if op.kind == "region" for n in op.outputs}
+        copies = ti.hand_out is not None and ti.hand_out.copy_outputs
+        for n in sorted(ti.returned & owner.keys()):
+            if copies:
+                continue
+            what = f"the output buffer of {owner[n]}" if n in made_in else f"a view of {owner[n]}'s output memory"
+            out.append(Defect("returned-graph-memory", ti.kind, None, n, line,
+                              f"{n} is returned as {what}: the next call's replay overwrites it in place, "
+                              "so a result kept from an earlier call changes silently",
+                              "copy returned tensors out of graph memory (FixedCUDAGraphTransform does, "
+                              "unless copy_outputs=False)"))
+        if ti.hand_out is None:
+            for n in sorted(ti.saved & owner.keys()):
+                what = f"the output buffer of {owner[n]}" if n in made_in else f"a view of {owner[n]}'s output memory"
+                out.append(Defect("saved-graph-memory", ti.kind, None, n, line,
+                                  f"{n} is saved for the backward as {what}: a second forward before this "
+                                  "backward overwrites it, and the gradients come out wrong without an error",
+                                  "guard saved tensors in graph memory (FixedCUDAGraphTransform replays "
+                                  "another graph instance while they are held)"))
+    for region, stats in ti.stats.items():
+        fn = ti.regions.get(region)
+        for text in stats.rebound:
+            name = text.split(":", 1)[0]
+            out.append(Defect("static-input-rebound", ti.kind, region, name, fn.first_line if fn else None,
+                              f"{region}: {text}, so the tensor it was captured with is overwritten",
+                              "key static inputs by address (FixedCUDAGraphTransform gives each its own graph)"))
+    return out
+
+
+def check_trace(ti: TraceFacts) -> list[Defect]:
+    cuda = is_cuda(ti.types)
+    ti.aliases = _alias_names(([ti.top] if ti.top else []) + list(ti.regions.values()))
+    out: list[Defect] = []
+    if ti.top is not None:
+        out += _check_fn(ti.top, ti, region=False, cuda=cuda)
+    for fn in ti.regions.values():
+        out += _check_fn(fn, ti, region=True, cuda=cuda)
+    return out + _check_graph_memory(ti)

@@ -1,0 +1,190 @@
+"""Which thunder ops must never be captured, how types read, and which names alias: shared by the transform and the checker."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .model import TypeInfo
+
+__all__ = [
+    "HOST_SYNC_NAMES",
+    "TRANSFER_NAMES",
+    "METADATA_NAMES",
+    "BOOKKEEPING_NAMES",
+    "COLLECTION_NAMES",
+    "IN_PLACE_NAMES",
+    "VIEW_NAMES",
+    "parse_type",
+    "type_of_proxy",
+    "classify_op",
+    "classify_bsym",
+    "alias_root",
+    "base_name",
+]
+
+#: Ops whose result is read by the host: never capturable, whatever their tags say.
+HOST_SYNC_NAMES = frozenset(
+    {
+        "item",
+        "_local_scalar_dense",
+        "tolist",
+        "numpy",
+        "nonzero",
+        "masked_select",
+        "unique",
+        "bincount",
+        "equal",
+        "get_and_update_rng_state",
+    }
+)
+#: Ops that change device by name.
+TRANSFER_NAMES = frozenset({"cpu", "cuda", "device_put"})
+#: Ops that take a tensor and yield numbers from metadata only (no host sync).
+METADATA_NAMES = frozenset(
+    {"shape", "size", "numel", "dim", "ndim", "stride", "is_contiguous", "element_size", "storage_offset", "get_device"}
+)
+#: Trace bookkeeping that stays at top level.
+BOOKKEEPING_NAMES = frozenset(
+    {"unpack_trivial", "unpack_sequence", "unpack_key", "unpack_empty_dict", "unpack_attr", "return", "python_return"}
+)
+COLLECTION_NAMES = frozenset({"clear_mutable_collection"})
+
+_TENSOR_TYPE = re.compile(r"^(?P<device>\S+) (?P<dtype>[a-z]+\d*)\[(?P<shape>[^\]]*)\]$")
+_NUMBER_TYPES = {"float", "int", "bool", "complex"}
+
+
+def parse_type(text: str) -> TypeInfo:
+    """Parse a thunder type comment such as ``"cuda:0 f32[8, 16]"``, ``"float ?"`` or ``"Collection"``."""
+    text = text.strip()
+    m = _TENSOR_TYPE.match(text)
+    if m:
+        dims = tuple(int(d) for d in m.group("shape").replace(" ", "").split(",") if d.strip().lstrip("-").isdigit())
+        return TypeInfo("tensor", m.group("dtype"), dims, m.group("device"), text)
+    head = text.split(" ", 1)[0]
+    if head in _NUMBER_TYPES:
+        return TypeInfo("number", head, None, None, text)
+    if head == "Collection":
+        return TypeInfo("collection", None, None, None, text)
+    return TypeInfo("other", None, None, None, text)
+
+
+def type_of_proxy(p: Any) -> TypeInfo:
+    """Return the `TypeInfo` of a thunder proxy (or a constant)."""
+    from thunder.core.proxies import CollectionProxy, NumberProxy, TensorProxy
+
+    if isinstance(p, TensorProxy):
+        dtype = getattr(p.dtype, "shortname", lambda: str(p.dtype))()
+        dev = str(p.device.device_str()) if hasattr(p.device, "device_str") else str(p.device)
+        shape = tuple(int(s) if isinstance(s, int) else -1 for s in p.shape)
+        dims = ", ".join(str(s) for s in shape)
+        return TypeInfo("tensor", dtype, shape, dev, f"{dev} {dtype}[{dims}]")
+    if isinstance(p, NumberProxy):
+        py = getattr(p, "python_type", None)
+        name = py.__name__ if isinstance(py, type) else "number"
+        return TypeInfo("number", name, None, None, f"{name} ?")
+    if isinstance(p, CollectionProxy):
+        return TypeInfo("collection", None, None, None, "Collection")
+    if isinstance(p, (bool, int, float, complex)):
+        return TypeInfo("number", type(p).__name__, None, None, f"{type(p).__name__} {p}")
+    return TypeInfo("other", None, None, None, type(p).__name__)
+
+
+def classify_op(
+    name: str,
+    in_types: Sequence[TypeInfo],
+    out_types: Sequence[TypeInfo],
+    *,
+    sync_tag: bool = False,
+    cuda_trace: bool = False,
+) -> tuple[str, str] | None:
+    """Decide whether an op must stay outside CUDA graphs.
+
+    Args:
+        name: the op's name as thunder prints or names it (``"Tensor.item"``, ``"item"``, ``"torch.sin"``).
+        in_types: types of its arguments.
+        out_types: types of its results.
+        sync_tag: the op (or a subsymbol) carries thunder's DEVICE_SYNC_OP tag.
+        cuda_trace: the trace computes on a CUDA device (then CPU tensor ops cannot be replayed).
+
+    Returns:
+        ``(reason, detail)`` with reason one of ``"host-sync"``, ``"device-transfer"``, ``"cpu-op"``;
+        None when the op can be captured.
+    """
+    base = name.rsplit(".", 1)[-1]
+    if base in BOOKKEEPING_NAMES or base in COLLECTION_NAMES or base in ("del", "python_del"):
+        return None
+    tensors_in = [t for t in in_types if t.kind == "tensor"]
+    tensors_out = [t for t in out_types if t.kind == "tensor"]
+    if sync_tag or base in HOST_SYNC_NAMES:
+        return ("host-sync", base)
+    if tensors_in and any(t.kind == "number" for t in out_types) and base not in METADATA_NAMES:
+        return ("host-sync", base)
+    devs_in = sorted({t.device for t in tensors_in if t.device})
+    devs_out = sorted({t.device for t in tensors_out if t.device})
+    if devs_in and devs_out and devs_in != devs_out:
+        return ("device-transfer", f"{','.join(devs_in)} -> {','.join(devs_out)}")
+    if base in TRANSFER_NAMES and tensors_in:
+        return ("device-transfer", base)
+    if cuda_trace and any(t.device == "cpu" for t in tensors_in + tensors_out):
+        return ("cpu-op", base)
+    return None
+
+
+def classify_bsym(bsym: Any, *, cuda_trace: bool = False) -> tuple[str, str] | None:
+    """`classify_op` for a thunder bound symbol (what `thunder_nb.fix` calls)."""
+    from thunder.core.prims import OpTags
+    from thunder.core.symbol import has_tags
+
+    try:
+        tagged = has_tags(bsym, {OpTags.DEVICE_SYNC_OP})
+    except Exception:  # NOTE: a symbol without tag info is judged by name and types alone
+        tagged = False
+    return classify_op(
+        bsym.sym.name,
+        [type_of_proxy(a) for a in bsym.flat_proxy_args],
+        [type_of_proxy(o) for o in bsym.flat_proxy_outs],
+        sync_tag=tagged,
+        cuda_trace=cuda_trace,
+    )
+
+
+#: Ops whose result may be a view of (or the very same tensor as) an argument: no new memory.
+VIEW_NAMES = frozenset(
+    {
+        "reshape", "view", "view_as", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose", "permute",
+        "t", "movedim", "swapaxes", "expand", "expand_as", "broadcast_to", "broadcast_in_dim", "getitem",
+        "__getitem__", "select", "narrow", "slice", "slice_prim", "split", "chunk", "tensor_split", "unbind",
+        "diagonal", "as_strided", "real", "imag", "detach", "alias", "contiguous", "to", "type_as", "float",
+        "reshape_prim", "T", "mT", "mH", "H", "view_as_real",
+    }
+)
+#: Ops whose result is (an alias of) an argument updated in place: no new memory.
+IN_PLACE_NAMES = frozenset({"copy_", "update_aliases"})
+
+
+def base_name(callee: str) -> str:
+    """``"torch.Tensor.item"`` -> ``"item"``."""
+    return callee.rsplit(".", 1)[-1]
+
+
+def alias_root(groups: Iterable[Sequence[str]]) -> Callable[[str], str]:
+    """A function from a name to the root of its alias group, where each of ``groups`` is one group.
+
+    thunder passes a whole alias group to each ``update_aliases`` call (a tensor and its views), so
+    every argument and result of one call is the same memory, or part of it: pass each call's names.
+    """
+    parent: dict[str, str] = {}
+
+    def find(n: str) -> str:
+        while parent.get(n, n) != n:
+            n = parent[n]
+        return n
+
+    for names in groups:
+        for n in names[1:]:
+            a, b = find(names[0]), find(n)
+            if a != b:
+                parent[a] = b
+    return find

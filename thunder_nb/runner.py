@@ -1,0 +1,506 @@
+"""The CUDA-graph runner: capture and replay, with the memory each graph writes known by storage."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from thunder.transforms.cudagraph import CUDAGraphRunner
+
+from . import internals
+from .model import GraphRecord, HandOutStats, RegionPlan, RegionStats
+
+__all__ = [
+    "ThunderNBRunner",
+    "EagerFallbackWarning",
+    "HeldOutputsWarning",
+    "record_graph",
+    "RECORDERS",
+]
+
+
+class HeldOutputsWarning(UserWarning):
+    """A region ran without a graph: every instance's outputs saved for the backward were still held."""
+
+
+class EagerFallbackWarning(UserWarning):
+    """Regions ran eagerly (no CUDA graph was captured)."""
+
+
+def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs: Sequence[Any], warmups: int) -> tuple[Any, Any]:
+    """Warm ``fn`` up on a side stream, then record it into a CUDA graph; return (graph, static outputs).
+
+    cuBLAS's workspaces are dropped right before and after the recording, so the workspace the
+    graph's matmuls use is allocated inside the graph's own pool and lives as long as the graph
+    (`internals.clear_cublas_workspaces` says why).
+    """
+    torch.cuda.synchronize()
+    device = next((a.device.index for a in static_inputs if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    if runner.stream and device is not None:
+        stream, pool = runner.stream[device], runner.mem_pool[device]
+    else:
+        stream, pool = torch.cuda.Stream(), runner.mem_pool[device] if runner.mem_pool and device is not None else None
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn(*static_inputs)
+    stream.synchronize()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    internals.clear_cublas_workspaces()
+    try:
+        with torch.cuda.graph(graph, stream=stream, pool=pool):
+            static_outputs = fn(*static_inputs)
+    finally:
+        internals.clear_cublas_workspaces()
+    return graph, static_outputs
+
+
+#: How graphs are recorded: `record_graph` on a GPU; `thunder_nb.testing.emulated_capture` swaps in a CPU stand-in.
+RECORDERS: dict[str, Callable[..., tuple[Any, Any]]] = {"record": record_graph}
+
+_SCALAR_BUFFER = object()  # owner of the 0-d buffers numbers are written into before each replay
+
+
+@dataclass(slots=True, eq=False)
+class _Instance:
+    """One recorded copy of a region's graph, with the memory its replays write."""
+
+    graph: Any
+    static_inputs: tuple[Any, ...]
+    static_outputs: tuple[Any, ...]
+    views: tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]  # `_view_plan`
+    index: int
+    guards: list[weakref.ref] = field(default_factory=list)  # handed-out tensors in this instance's memory
+
+    def held(self) -> bool:
+        """Whether a tensor saved for a backward still lives in memory the next replay writes."""
+        return any(r() is not None for r in self.guards)
+
+
+@dataclass(slots=True)
+class _Counts:
+    graphs: list[GraphRecord] = field(default_factory=list)
+    replays: int = 0
+    eager_calls: int = 0
+    held_calls: int = 0
+    keys: set = field(default_factory=set)
+    addresses: dict[int, set[int]] = field(default_factory=dict)  # static input position -> addresses seen
+    demoted: dict[int, str] = field(default_factory=dict)  # input position -> why it is copied now
+    rebound: dict[int, str] = field(default_factory=dict)  # input position -> what happened (stock runner)
+    last_key: Any = None
+
+
+class ThunderNBRunner(CUDAGraphRunner):
+    """A `CUDAGraphRunner` that never hands out memory a later replay writes, and can run regions eagerly.
+
+    The memory model: each graph instance owns the storages its replays write (its outputs, its
+    copies of inputs). A static input is read where it lies and is keyed by address, so another
+    tensor gets its own graph; parameters and memory another graph owns are static, everything else
+    is copied. At each hand-out (`hand_out`) a returned tensor in owned memory is copied out (views
+    of one buffer stay views of one copy) and a tensor saved for the backward is guarded: while it
+    is held, the next call replays another instance (`max_instances`), and only past that runs the
+    region without a graph.
+
+    Args:
+        capture: ``"auto"`` (capture when the region's tensors are on a CUDA device), True, or False
+            (always run the region's Python function eagerly).
+        share_mem_pool: as thunder's runner.
+        stock: behave exactly like thunder's runner (static slots by position, outputs handed out as
+            they are), recording graphs and hazards; how thunder's own transform is shown.
+        max_instances: graph instances per cache key before a held call runs without a graph.
+        max_addresses: addresses one static input may take before it is copied instead.
+    """
+
+    def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = False, stock: bool = False,
+                 max_instances: int = 2, max_addresses: int = 32):
+        super().__init__(share_mem_pool=share_mem_pool)
+        self.capture = capture
+        self.stock = stock
+        self.max_instances = max_instances
+        self.max_addresses = max_addresses
+        self.plans: dict[str, RegionPlan] = {}
+        # fn_name -> ((arg position, torch dtype, torch device), ...): numbers fed through 0-d device buffers
+        self.scalar_slots: dict[str, tuple[tuple[int, torch.dtype, torch.device], ...]] = {}
+        self.write_back: dict[str, tuple[int, ...]] = {}  # fn_name -> input positions updated in place
+        # fn_name -> ((output position, input position), ...): outputs that are an input (update_aliases)
+        self.passthrough: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
+        self._owner: dict[int, Any] = {}  # storage address -> the `_Instance` whose replay writes it
+        self._counts: dict[str, _Counts] = {}
+        self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
+        self._warned = False
+        self._warned_held = False
+
+    # --- the call path ----------------------------------------------------------------------------
+
+    def _should_capture(self, args: Sequence[Any]) -> bool:
+        if self.capture is False:
+            return False
+        if self.capture is True:
+            return True
+        if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            return True
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "thunder-nb: no CUDA tensors in this region, so regions run eagerly and no CUDA graph is captured",
+                EagerFallbackWarning,
+                stacklevel=4,
+            )
+        return False
+
+    def _count(self, fn_name: str) -> _Counts:
+        counts = self._counts.get(fn_name)
+        if counts is None:
+            counts = self._counts[fn_name] = _Counts()
+        return counts
+
+    def call_cuda_graph(self, fn_name: str, *args: Any) -> Any:
+        """Run region ``fn_name``: replay a free instance (capturing on a miss), or call its function eagerly."""
+        fn, _ = self.python_callables[fn_name]
+        counts = self._count(fn_name)
+        if not self._should_capture(args):
+            counts.eager_calls += 1
+            return fn(*self._slot_args(fn_name, args, capture=False))
+        if self.stock:
+            return self._call_stock(fn_name, counts, args)
+        args = self._slot_args(fn_name, args, capture=True)
+        mask = self._static_mask(fn_name, counts, args)
+        key = (fn_name, mask, internals.arg_descriptor(args),
+               tuple(a.data_ptr() for a, m in zip(args, mask) if m and isinstance(a, torch.Tensor)))
+        instances = self.cuda_graph_cache.get(key)
+        if instances is None:
+            instances = self.cuda_graph_cache[key] = []
+            counts.keys.add(key[3])
+        inst = next((i for i in instances if not i.held()), None)
+        if inst is None:
+            if len(instances) >= self.max_instances:
+                counts.held_calls += 1
+                self._warn_held(fn_name)
+                return fn(*args)
+            cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]) if not instances else (
+                f"outputs of {_plural(len(instances), 'instance')} still held for a backward")
+            inst = self._record(fn_name, fn, args, mask, cause, len(instances))
+            instances.append(inst)
+        else:
+            counts.replays += 1
+        counts.last_key = key
+        return self._replay(fn_name, inst, args, mask)
+
+    def _replay(self, fn_name: str, inst: _Instance, args: tuple[Any, ...], mask: tuple[bool, ...]) -> list[Any]:
+        for static_input, arg, m in zip(inst.static_inputs, args, mask):
+            if not m and isinstance(arg, torch.Tensor):
+                static_input.copy_(arg)
+        inst.guards.clear()  # NOTE: chosen because none of them is alive
+        inst.graph.replay()
+        for pos in self.write_back.get(fn_name, ()):
+            # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
+            if not mask[pos]:
+                args[pos].copy_(inst.static_inputs[pos])
+        outputs = list(inst.static_outputs)
+        for out_pos, in_pos, size, stride, delta in inst.views:
+            # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
+            # must get the same view of its own tensor (in-place updates through it must reach the caller)
+            a = args[in_pos]
+            outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
+        for out_pos, in_pos in self.passthrough.get(fn_name, ()):
+            outputs[out_pos] = args[in_pos]
+        return outputs
+
+    def _static_mask(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> tuple[bool, ...]:
+        """Per call: which inputs the graph reads where they lie (keyed by address), which it copies."""
+        slots = {pos for pos, _, _ in self.scalar_slots.get(fn_name, ())}
+        mask = []
+        for i, a in enumerate(args):
+            if i in slots:
+                mask.append(True)
+                continue
+            if not isinstance(a, torch.Tensor) or i in counts.demoted:
+                mask.append(False)
+                continue
+            static = isinstance(a, torch.nn.Parameter) or a.untyped_storage().data_ptr() in self._owner
+            if static:
+                seen = counts.addresses.setdefault(i, set())
+                seen.add(a.data_ptr())
+                if len(seen) > self.max_addresses:
+                    name = _input_name(self.trace_symbols[fn_name][1], i)
+                    counts.demoted[i] = (f"{name}: took more than {self.max_addresses} addresses, "
+                                         "copied into the graph's buffer from now on")
+                    static = False
+            mask.append(static)
+        return tuple(mask)
+
+    def _record(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
+                cause: str, index: int) -> _Instance:
+        # NOTE: a static input is held as a fresh alias: it keeps the memory the graph reads alive, and
+        # not the caller's tensor object (a guarded hand-out is watched by its identity)
+        static_inputs = tuple(
+            a if not isinstance(a, torch.Tensor) else (a.detach() if m else self.get_static_buffer(a))
+            for a, m in zip(args, mask)
+        )
+        cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        before = torch.cuda.memory_allocated() if cuda else 0
+        try:
+            graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1)
+        except BaseException:
+            internals.recover_generators()
+            raise
+        pool = torch.cuda.memory_allocated() - before if cuda else None
+        inst = _Instance(graph, static_inputs, tuple(static_outputs),
+                         _view_plan(fn_name, args, mask, static_inputs, static_outputs), index)
+        inputs_memory = {_storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
+        for s, a, m in zip(static_inputs, args, mask):
+            if isinstance(s, torch.Tensor) and not m:
+                self._owner[_storage(s)] = inst
+        for o in static_outputs:
+            if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and _storage(o) not in inputs_memory:
+                self._owner[_storage(o)] = inst
+        counts = self._count(fn_name)
+        counts.graphs.append(GraphRecord(
+            index=len(counts.graphs),
+            cause=cause,
+            static_bytes=sum(a.nbytes for a, m in zip(args, mask) if isinstance(a, torch.Tensor) and not m),
+            pool_bytes=max(pool, 0) if pool is not None else None,
+            instance=index,
+        ))
+        return inst
+
+    def get_static_buffer(self, x: Any) -> Any:
+        """A copy of ``x`` with ``x``'s strides (so views of it can be re-made on the caller's tensor)."""
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.is_contiguous() or not _non_overlapping(x):
+            return torch.empty_like(x).copy_(x)
+        lo, hi = _span(x)
+        base = torch.empty(hi - lo, dtype=x.dtype, device=x.device)
+        buf = base.as_strided(x.size(), x.stride(), x.storage_offset() - lo)
+        return buf.copy_(x)
+
+    def _slot_args(self, fn_name: str, args: tuple[Any, ...], *, capture: bool) -> tuple[Any, ...]:
+        """Put each planned Python number into its 0-d device buffer (filled now, before the replay)."""
+        slots = self.scalar_slots.get(fn_name)
+        if not slots:
+            return args
+        args = list(args)
+        for pos, dtype, device in slots:
+            value = args[pos]
+            if not capture:
+                # NOTE: eager mode computes with a fresh 0-d tensor, so CPU runs check the same region code
+                args[pos] = torch.tensor(value, dtype=dtype, device=device)
+                continue
+            buf = self._buffers.get((fn_name, pos))
+            if buf is None:
+                buf = self._buffers[(fn_name, pos)] = torch.empty((), dtype=dtype, device=device)
+                self._owner[_storage(buf)] = _SCALAR_BUFFER
+            buf.fill_(value)  # a kernel argument: no host sync, no copy from pageable memory
+            args[pos] = buf
+        return tuple(args)
+
+    def _warn_held(self, fn_name: str) -> None:
+        if self._warned_held:
+            return
+        self._warned_held = True
+        warnings.warn(
+            f"thunder-nb: {fn_name} runs without its CUDA graph on this call: tensors saved for the backward by "
+            f"each of its {self.max_instances} graph instances are still waiting for that backward, and a replay "
+            "would overwrite them (run each forward's backward before the next forward to keep the graph)",
+            HeldOutputsWarning,
+            stacklevel=4,
+        )
+
+    # --- thunder's own behaviour, recorded --------------------------------------------------------
+
+    def _call_stock(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> Any:
+        """thunder's call path as it is (static slots by position), with its graphs and rebound slots recorded."""
+        key = self.make_cache_key(fn_name, *args)
+        entry = self.cuda_graph_cache.get(key)
+        if entry is not None:
+            names = self.trace_symbols[fn_name][1]
+            for i, (s, a, m) in enumerate(zip(entry[1], args, key[1])):
+                if m and isinstance(a, torch.Tensor) and s is not a and i not in counts.rebound:
+                    counts.rebound[i] = (f"{_input_name(names, i)}: static input received another tensor; thunder's "
+                                         "runner copies it into the captured tensor's memory")
+        else:
+            counts.graphs.append(GraphRecord(
+                index=len(counts.graphs),
+                cause=_recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]),
+                static_bytes=sum(a.nbytes for a, m in zip(args, key[1]) if isinstance(a, torch.Tensor) and not m),
+            ))
+        counts.last_key = key
+        try:
+            out = CUDAGraphRunner.call_cuda_graph(self, fn_name, *args)
+        except BaseException:
+            internals.recover_generators()
+            raise
+        if entry is not None:
+            counts.replays += 1
+        return out
+
+    # --- hand-out ---------------------------------------------------------------------------------
+
+    def hand_out(self, kind: str, actions: Sequence[str], *tensors: Any) -> list[Any]:
+        """Check each tensor leaving a trace by its storage: copy out (``"copy"``) or guard (``"guard"``).
+
+        A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
+        copied together so that they still share one copy. A tensor saved for the backward in such
+        memory is handed out as a fresh alias that its graph instance watches: while it lives, that
+        instance does not replay. Anything else goes out as it is.
+        """
+        out = list(tensors)
+        groups: dict[int, list[int]] = {}
+        counts = self._hand_out_counts.setdefault(kind, {"calls": 0, "copied": 0, "guarded": 0})
+        counts["calls"] += 1
+        for j, (action, t) in enumerate(zip(actions, tensors)):
+            if not isinstance(t, torch.Tensor) or action == "as-is":
+                continue
+            ptr = _storage(t)
+            owner = self._owner.get(ptr)
+            if owner is None:
+                continue
+            if action == "guard" and owner is not _SCALAR_BUFFER:
+                alias = t.detach()
+                owner.guards.append(weakref.ref(alias))
+                out[j] = alias
+                counts["guarded"] += 1
+            else:
+                groups.setdefault(ptr, []).append(j)
+        for js in groups.values():
+            for j, c in zip(js, _copy_together([tensors[j] for j in js])):
+                out[j] = c
+            counts["copied"] += len(js)
+        return out
+
+    # --- records ----------------------------------------------------------------------------------
+
+    def region_stats(self, fn_name: str) -> RegionStats:
+        """What this runner did with region ``fn_name`` so far."""
+        c = self._counts.get(fn_name) or _Counts()
+        instances = max((len(v) for k, v in self.cuda_graph_cache.items() if k[0] == fn_name and isinstance(v, list)),
+                        default=0)
+        return RegionStats(
+            graphs=tuple(c.graphs),
+            replays=c.replays,
+            eager_calls=c.eager_calls,
+            held_calls=c.held_calls,
+            instances=instances,
+            address_keys=len(c.keys),
+            demoted=tuple(c.demoted.values()),
+            rebound=tuple(c.rebound.values()),
+        )
+
+    def hand_out_stats(self, kind: str) -> HandOutStats:
+        """What the hand-outs of ``kind`` ("forward", "backward") did so far."""
+        return HandOutStats(**self._hand_out_counts.get(kind, {}))
+
+    @property
+    def graphs_captured(self) -> int:
+        """How many CUDA graphs this runner captured, all regions and instances together."""
+        return sum(len(v) if isinstance(v, list) else 1 for v in self.cuda_graph_cache.values())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory helpers
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The element range [lo, hi) of ``t``'s storage that ``t`` covers."""
+    lo = t.storage_offset()
+    hi = lo + 1 + sum((s - 1) * st for s, st in zip(t.size(), t.stride()) if s > 0)
+    return lo, hi
+
+
+def _non_overlapping(t: torch.Tensor) -> bool:
+    dims = sorted((st, s) for s, st in zip(t.size(), t.stride()) if s > 1)
+    reach = 1
+    for st, s in dims:
+        if st < reach:
+            return False
+        reach = st * s
+    return True
+
+
+def _copy_together(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of tensors that share one storage, sharing one new storage the same way."""
+    if len(ts) == 1 or any(t.numel() == 0 for t in ts):
+        return [t.clone() for t in ts]
+    spans = [(t.storage_offset() * t.element_size(), _span(t)[1] * t.element_size()) for t in ts]
+    lo = min(a for a, _ in spans) // 16 * 16
+    hi = max(b for _, b in spans)
+    raw = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
+    chunk = raw[lo:hi].clone()
+    out = []
+    for t in ts:
+        view = torch.empty(0, dtype=t.dtype, device=t.device)
+        out.append(view.set_(chunk.untyped_storage(), (t.storage_offset() * t.element_size() - lo) // t.element_size(),
+                             t.size(), t.stride()))
+    return out
+
+
+def _view_plan(
+    fn_name: str, args: Sequence[Any], mask: Sequence[bool], static_inputs: Sequence[Any], static_outputs: Sequence[Any]
+) -> tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]:
+    """Which outputs of a just-recorded graph are views of the runner's copy of an input, and which views.
+
+    Each entry is ``(output position, input position, size, stride, storage offset delta)``: after a
+    replay, ``args[input].as_strided(size, stride, args[input].storage_offset() + delta)`` is the same
+    view of the caller's tensor (the cache key fixes the input's strides, and the copy keeps them).
+    """
+    plan = []
+    for j, o in enumerate(static_outputs):
+        if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
+            continue
+        ptr = _storage(o)
+        for i, (s, a, m) in enumerate(zip(static_inputs, args, mask)):
+            if m or not isinstance(s, torch.Tensor) or _storage(s) != ptr:
+                continue
+            if s.stride() != a.stride():
+                warnings.warn(
+                    f"thunder-nb: {fn_name} returns a view of its input {i}, whose copy has other strides "
+                    f"({tuple(s.stride())} against {tuple(a.stride())}, an input with overlapping elements); "
+                    "that output is copied out of the graph's memory when it leaves the function",
+                    stacklevel=4,
+                )
+                break
+            plan.append((j, i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - s.storage_offset()))
+            break
+    return tuple(plan)
+
+
+def _input_name(inputs: Sequence[Any], i: int) -> str:
+    return getattr(inputs[i], "name", f"input {i}") if i < len(inputs) else f"input {i}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any]) -> str:
+    """Why a new cache key was made: the first input whose value, dtype, shape, strides or address changed."""
+    if old is None:
+        return "first call"
+    old_args, new_args = old[2], new[2]
+    for i in range(len(inputs)):
+        name = _input_name(inputs, i)
+        for attr, label in (("non_tensor_args", "value"), ("dtypes", "dtype"), ("sizes", "shape"), ("strides", "strides")):
+            a, b = getattr(old_args, attr), getattr(new_args, attr)
+            if a is not None and b is not None and i < len(a) and a[i] != b[i]:
+                if label == "value":
+                    return f"{name}: value {a[i]!r} -> {b[i]!r}"
+                if label == "dtype":
+                    return f"{name}: dtype {a[i]} -> {b[i]}"
+                return f"{name}: {label} {tuple(a[i])} -> {tuple(b[i])}"
+    if old[1] != new[1]:
+        return "static-input mask changed"
+    if len(old) > 3 and old[3] != new[3]:
+        return "a static input lies at another address (another tensor, e.g. another layer's weights)"
+    return "cache key changed"
