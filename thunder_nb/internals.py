@@ -19,6 +19,7 @@ __all__ = [
     "storage_use_count",
     "recover_generators",
     "compile_option",
+    "fusion_symbol",
 ]
 
 #: The versions whose private names this module was written against.
@@ -80,7 +81,9 @@ def saved_for_backward(trace: Any) -> tuple[Any, ...]:
     from thunder.core import vjp_utils
     from thunder.core.trace import TraceTag
 
-    if TraceTag.AUGMENTED_FORWARD not in trace.tags:
+    out = trace.output
+    # NOTE: a trace keeps its AUGMENTED_FORWARD tag after thunder drops the saved part (e.g. under no_grad)
+    if TraceTag.AUGMENTED_FORWARD not in trace.tags or not (isinstance(out, tuple) and len(out) == 2):
         return ()
     return tuple(vjp_utils.get_saved_for_backward_tensors(trace))
 

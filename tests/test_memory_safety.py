@@ -1,0 +1,329 @@
+"""No silent wrong result under capture: one test per class of hazard, with emulated capture (CPU) and real capture (GPU).
+
+Emulated capture (`thunder_nb.testing.emulated_capture`) replays by re-running the region and
+writing its results into the recorded outputs' memory in place, without a version bump, as a real
+replay does: a tensor that still points at graph memory sees the next call's values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import warnings
+
+import pytest
+import thunder
+import torch
+from thunder.transforms.cudagraph import CUDAGraphTransform
+
+import thunder_nb
+from thunder_nb.fix import FixedCUDAGraphTransform, HeldOutputsWarning
+from thunder_nb.runner import ThunderNBRunner
+from thunder_nb.testing import emulated_capture
+from thunder_nb.testing.models import model_case
+
+MODES = ["emulated", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def device_of(mode: str) -> str:
+    return "cuda" if mode == "gpu" else "cpu"
+
+
+@contextlib.contextmanager
+def capturing(mode: str):
+    """Real capture on the GPU; on the CPU, the emulated one."""
+    with emulated_capture() if mode == "emulated" else contextlib.nullcontext():
+        yield
+
+
+def fixed(mode: str, **options) -> FixedCUDAGraphTransform:
+    """A fixed transform that takes the capture path in ``mode``."""
+    t = FixedCUDAGraphTransform(capture=mode == "gpu", **options)
+    t.cuda_graph_runner.capture = True
+    return t
+
+
+def stock(mode: str) -> CUDAGraphTransform:
+    """thunder's own transform, its runner behaving as thunder's and recording what it does."""
+    t = CUDAGraphTransform()
+    t.cuda_graph_runner = ThunderNBRunner(capture=True, stock=True)
+    return t
+
+
+def randn(*shape, seed: int, device: str) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+# --- 1. a returned view of graph memory, made outside the region that owns it ----------------------
+
+
+def last_row_after_island(x, w):
+    logits = torch.tanh(x @ w)
+    top = logits.abs().max().item()  # an island: what follows is outside the region
+    return logits[-1], top
+
+
+def last_row_in_a_region_of_views(x, w):
+    logits = torch.tanh(x @ w)
+    top = logits.abs().max().item()
+    return logits[-1].unsqueeze(0).squeeze(0), top  # a later region made only of views
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn", [last_row_after_island, last_row_in_a_region_of_views])
+def test_a_returned_view_made_after_an_island_is_not_overwritten_by_the_next_call(mode, fn):
+    device = device_of(mode)
+    w = randn(16, 16, seed=0, device=device)
+    xs = [randn(8, 16, seed=i, device=device) for i in (1, 2, 3)]
+    with capturing(mode):
+        t = fixed(mode)
+        jfn = thunder.jit(fn, transforms=[t])
+        kept = [jfn(x, w) for x in xs]
+    assert t.graphs_captured >= 1
+    for (row, top), x in zip(kept, xs):
+        ref_row, ref_top = fn(x, w)
+        torch.testing.assert_close(row, ref_row)
+        assert top == pytest.approx(ref_top)
+    fwd = thunder_nb.analyze(jfn).forward
+    assert fwd.hand_out_stats.copied >= 3 and fwd.defects == ()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_thunders_transform_returns_a_view_the_next_call_overwrites_and_the_checker_says_so(mode):
+    """The hazard is real for thunder's transform (item kept out: a number-free variant), and predicted."""
+
+    def last_row(x, w):
+        logits = torch.tanh(x @ w)
+        return logits[-1]
+
+    device = device_of(mode)
+    w = randn(16, 16, seed=0, device=device)
+    x1, x2 = randn(8, 16, seed=1, device=device), randn(8, 16, seed=2, device=device)
+    with capturing(mode):
+        jfn = thunder.jit(last_row, transforms=[stock(mode)])
+        jfn(x1, w)
+        report = thunder_nb.analyze(jfn)
+        kept = jfn(x1, w)  # a replay
+        jfn(x2, w)
+    assert [(d.rule, d.severity) for d in report.defects if d.is_error] == [("returned-graph-memory", "wrong result")]
+    assert not torch.allclose(kept, last_row(x1, w))  # overwritten by the third call
+    torch.testing.assert_close(kept, last_row(x2, w))
+
+
+# --- 2. two forwards before one backward, the saved tensor a view made after an island ---------------
+
+
+def reshaped_after_island(x, w):
+    h = torch.tanh(x @ w)
+    s = h.abs().max().item()
+    r = h.reshape(-1)  # a view of graph memory, saved for the backward by the product below
+    return (r * r).sum() * s
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_forwards_before_one_backward_with_a_saved_view_made_after_an_island(mode):
+    device = device_of(mode)
+    w0 = randn(16, 16, seed=0, device=device)
+    x1, x2 = randn(8, 16, seed=1, device=device), randn(8, 16, seed=2, device=device)
+    w_ref = w0.clone().requires_grad_()
+    (reshaped_after_island(x1, w_ref) + reshaped_after_island(x2, w_ref)).backward()
+    w = w0.clone().requires_grad_()
+    with capturing(mode):
+        t = fixed(mode)
+        jfn = thunder.jit(reshaped_after_island, transforms=[t])
+        jfn(x1, w).backward()  # capture
+        w.grad = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", HeldOutputsWarning)
+            (jfn(x1, w) + jfn(x2, w)).backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    report = thunder_nb.analyze(jfn)
+    assert report.forward.hand_out_stats.guarded > 0 and report.defects == ()
+    assert max(r.stats.instances for r in report.forward.regions) == 2
+
+
+# --- 3. one jitted function over several parameter sets ---------------------------------------------
+
+
+def layer(x, w, b):
+    return torch.tanh(x @ w + b)
+
+
+def parameter_sets(n: int, device: str) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+    return [(torch.nn.Parameter(randn(16, 16, seed=10 + i, device=device) / 4),
+             torch.nn.Parameter(randn(16, seed=20 + i, device=device))) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_function_over_several_parameter_sets_keeps_each_layers_weights(mode):
+    device = device_of(mode)
+    params = parameter_sets(3, device)
+    before = [(w.detach().clone(), b.detach().clone()) for w, b in params]
+    x = randn(8, 16, seed=0, device=device)
+    with capturing(mode):
+        t = fixed(mode)
+        jfn = thunder.jit(layer, transforms=[t])
+        with torch.no_grad():  # NOTE: outputs kept with their autograd graphs would hold their graph instances
+            outs = [[jfn(x, w, b) for w, b in params] for _ in range(2)]
+    for out in outs:
+        for o, (w, b) in zip(out, before):
+            torch.testing.assert_close(o, layer(x, w, b))
+    for (w, b), (w0, b0) in zip(params, before):
+        assert torch.equal(w.detach(), w0) and torch.equal(b.detach(), b0)
+    (region,) = thunder_nb.analyze(jfn).forward.regions
+    assert region.stats.address_keys == 3 and len(region.graphs) == 3  # one graph per layer
+    assert {i.name: i.role for i in region.plan.inputs}.get("w") == "static"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_thunders_transform_over_several_parameter_sets_is_reported(mode):
+    """thunder's runner copies layer 1's weights into layer 0's: the report names it."""
+    device = device_of(mode)
+    params = parameter_sets(2, device)
+    w0_before = params[0][0].detach().clone()
+    x = randn(8, 16, seed=0, device=device)
+    with capturing(mode):
+        jfn = thunder.jit(layer, transforms=[stock(mode)])
+        for w, b in params:
+            jfn(x, w, b)
+    assert not torch.equal(params[0][0].detach(), w0_before)  # the corruption is real
+    rules = {(d.rule, d.severity) for d in thunder_nb.analyze(jfn).defects}
+    assert ("static-input-rebound", "wrong result") in rules
+
+
+class Block(torch.nn.Module):
+    def __init__(self, seed: int, device: str):
+        super().__init__()
+        self.w = torch.nn.Parameter(randn(16, 16, seed=seed, device=device) / 4)
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w)
+
+
+def block_apply(x, w):
+    return torch.tanh(x @ w)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_block_function_per_layer_trains_each_layer(mode):
+    """A functional block applied with each layer's parameters, forward and backward, as a model would."""
+    device = device_of(mode)
+    blocks = [Block(i, device) for i in range(3)]
+    ref_blocks = copy.deepcopy(blocks)
+    x = randn(8, 16, seed=0, device=device)
+    with capturing(mode):
+        jfn = thunder.jit(block_apply, transforms=[fixed(mode)])
+        for _ in range(2):
+            h = x
+            for blk in blocks:
+                h = jfn(h, blk.w)
+            h.sum().backward()
+    for _ in range(2):
+        h = x
+        for blk in ref_blocks:
+            h = block_apply(h, blk.w)
+        h.sum().backward()
+    for blk, ref in zip(blocks, ref_blocks):
+        torch.testing.assert_close(blk.w, ref.w)
+        torch.testing.assert_close(blk.w.grad, ref.w.grad)
+
+
+# --- 4. aliasing as in eager ------------------------------------------------------------------------
+
+
+def and_its_transpose(x):
+    y = x.sin() * 2.0
+    return y, y.t()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_returned_tensors_that_share_memory_in_eager_share_it_after_the_copy_out(mode):
+    device = device_of(mode)
+    with capturing(mode):
+        jfn = thunder.jit(and_its_transpose, transforms=[fixed(mode)])
+        jfn(randn(4, 6, seed=0, device=device))
+        y, yt = jfn(randn(4, 6, seed=1, device=device))  # a replay: copied out of graph memory
+        jfn(randn(4, 6, seed=2, device=device))
+    ref_y, ref_yt = and_its_transpose(randn(4, 6, seed=1, device=device))
+    torch.testing.assert_close(y, ref_y)
+    torch.testing.assert_close(yt, ref_yt)
+    assert y.untyped_storage().data_ptr() == yt.untyped_storage().data_ptr()
+    y.zero_()
+    assert torch.count_nonzero(yt) == 0  # one memory, as in eager
+
+
+def view_of_input(x):
+    return x.cos() * 2.0, x.t()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_view_of_a_strided_input_is_a_view_of_the_callers_tensor(mode):
+    device = device_of(mode)
+    with capturing(mode), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # NOTE: it used to warn and hand out a view of the runner's copy
+        jfn = thunder.jit(view_of_input, transforms=[fixed(mode)])
+        bases = [randn(4, 12, seed=i, device=device) for i in range(3)]
+        outs = [jfn(b[:, ::2]) for b in bases]
+    for base, (c, v) in zip(bases, outs):
+        x = base[:, ::2]
+        torch.testing.assert_close(c, x.cos() * 2.0)
+        assert v.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        torch.testing.assert_close(v, x.t())
+
+
+# --- 5. several jitted models alive in one process ---------------------------------------------------
+
+
+def train(case, jfn, steps: int, seed: int, log_loss: bool = False) -> list[float]:
+    losses = []
+    for i in range(steps):
+        idx, targets = case.make_batch(seed + i)
+        out = jfn(idx, targets)
+        loss = out[0] if log_loss else out
+        loss.backward()
+        losses.append(loss.detach())
+    return losses
+
+
+def reference(case, steps: int, seed: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    ref = model_case(case.name, model=copy.deepcopy(case.model), vocab=case.vocab, batch=case.batch, seq=case.seq)
+    losses = train(ref, ref.step, steps, seed)
+    return losses, {n: p.grad for n, p in ref.model.named_parameters()}
+
+
+@pytest.mark.parametrize("copy_outputs", [True, False])
+@pytest.mark.parametrize("mode", MODES)
+def test_several_jitted_models_alive_in_one_process(mode, copy_outputs):
+    """nanoGPT and llama2 jitted side by side, another compiler's graphs recorded in between, results kept.
+
+    On the GPU the middle model is torch.compile(mode="reduce-overhead"), whose CUDA-graph trees drop
+    cuBLAS's workspaces when they record: a graph that recorded a workspace outside its own pool then
+    replays into freed memory ("an illegal memory access", which kills the CUDA context). On the CPU
+    it is a second thunder-nb model, emulated.
+    """
+    device = device_of(mode)
+    small = dict(batch=2, seq=16, width=64) if mode == "emulated" else {}
+    a = model_case("llama2", device, **small)
+    b = model_case("nanoGPT", device, seed=1, **small)
+    kept = []
+    with capturing(mode):
+        ja = thunder.jit(a.step, transforms=[fixed(mode, copy_outputs=copy_outputs)])
+        kept += train(a, ja, 3, seed=0)
+        if mode == "gpu":
+            other = model_case("llama2", device, model=copy.deepcopy(a.model))
+            jb = torch.compile(other.step, mode="reduce-overhead")
+            train(other, jb, 3, seed=100)
+        jnano = thunder.jit(b.step, transforms=[fixed(mode, copy_outputs=copy_outputs)])
+        train(b, jnano, 3, seed=200)
+        gc.collect()
+        kept += train(a, ja, 3, seed=3)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    ref_losses, ref_grads = reference(a, 6, seed=0)
+    if copy_outputs:
+        torch.testing.assert_close(torch.stack(kept), torch.stack(ref_losses))
+    else:
+        torch.testing.assert_close(kept[-1], ref_losses[-1])  # kept ones may be overwritten, as documented
+    for n, p in a.model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[n], msg=n)
