@@ -94,6 +94,7 @@ class _BaseTransform(CUDAGraphTransform):
     def _make_fusion(self, bsyms: list[BoundSymbol], inputs: list[Proxy], outputs: list[Proxy]) -> BoundSymbol:
         runner = self.cuda_graph_runner
         fusion_callable, fusion_name = runner.make_cuda_graph_callable_from_symbols(bsyms, inputs, outputs)
+        runner.cuda_regions[fusion_name] = self._cuda
         written, through = in_place_plan(bsyms, inputs, outputs)
         if written:
             runner.write_back[fusion_name] = written

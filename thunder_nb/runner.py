@@ -76,6 +76,8 @@ class _Instance:
     static_outputs: tuple[Any, ...]
     views: tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]  # `_view_plan`
     index: int
+    copied: tuple[int, ...] = ()  # input positions copied into the runner's buffers before each replay
+    write_back: tuple[int, ...] = ()  # copied inputs the region updates in place: copied back after each replay
     guards: list[weakref.ref] = field(default_factory=list)  # handed-out tensors in this instance's memory
 
     def held(self) -> bool:
@@ -131,6 +133,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         # fn_name -> ((output position, input position), ...): outputs that are an input (update_aliases)
         self.passthrough: dict[str, tuple[tuple[int, int], ...]] = {}
         self._buffers: dict[tuple[str, int], torch.Tensor] = {}
+        self.cuda_regions: dict[str, bool] = {}  # fn_name -> the region computes on a CUDA device (set by the transform)
+        self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
         self._owner: dict[int, Any] = {}  # storage address -> the `_Instance` whose replay writes it
         self._counts: dict[str, _Counts] = {}
         self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
@@ -139,21 +143,27 @@ class ThunderNBRunner(CUDAGraphRunner):
 
     # --- the call path ----------------------------------------------------------------------------
 
-    def _should_capture(self, args: Sequence[Any]) -> bool:
-        if self.capture is False:
-            return False
-        if self.capture is True:
-            return True
-        if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-            return True
-        if not self._warned:
-            self._warned = True
-            warnings.warn(
-                "thunder-nb: no CUDA tensors in this region, so regions run eagerly and no CUDA graph is captured",
-                EagerFallbackWarning,
-                stacklevel=4,
-            )
-        return False
+    def _should_capture(self, fn_name: str, args: Sequence[Any]) -> bool:
+        """Capture or run eagerly: decided once per region (``"auto"``: by the device the trace computes on)."""
+        decided = self._capture_of.get(fn_name)
+        if decided is not None:
+            return decided
+        if self.capture is False or self.capture is True:
+            decided = self.capture
+        else:
+            cuda = self.cuda_regions.get(fn_name)
+            if cuda is None:  # NOTE: a runner not told by its transform judges by the arguments
+                cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+            decided = cuda
+            if not cuda and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    "thunder-nb: no CUDA tensors in this region, so regions run eagerly and no CUDA graph is captured",
+                    EagerFallbackWarning,
+                    stacklevel=5,
+                )
+        self._capture_of[fn_name] = decided
+        return decided
 
     def _count(self, fn_name: str) -> _Counts:
         counts = self._counts.get(fn_name)
@@ -163,23 +173,25 @@ class ThunderNBRunner(CUDAGraphRunner):
 
     def call_cuda_graph(self, fn_name: str, *args: Any) -> Any:
         """Run region ``fn_name``: replay a free instance (capturing on a miss), or call its function eagerly."""
-        fn, _ = self.python_callables[fn_name]
         counts = self._count(fn_name)
-        if not self._should_capture(args):
+        if not self._should_capture(fn_name, args):
             counts.eager_calls += 1
-            return fn(*self._slot_args(fn_name, args, capture=False))
+            return self.python_callables[fn_name][0](*self._slot_args(fn_name, args, capture=False))
         if self.stock:
             return self._call_stock(fn_name, counts, args)
-        args = self._slot_args(fn_name, args, capture=True)
-        mask = self._static_mask(fn_name, counts, args)
-        key = (fn_name, mask, internals.arg_descriptor(args),
-               tuple(a.data_ptr() for a, m in zip(args, mask) if m and isinstance(a, torch.Tensor)))
+        if fn_name in self.scalar_slots:
+            args = self._slot_args(fn_name, args, capture=True)
+        mask, addresses = self._static_mask(counts, args)
+        key = (fn_name, mask, internals.arg_descriptor(args), addresses)
         instances = self.cuda_graph_cache.get(key)
         if instances is None:
-            instances = self.cuda_graph_cache[key] = []
-            counts.keys.add(key[3])
-        inst = next((i for i in instances if not i.held()), None)
-        if inst is None:
+            mask, key = self._new_key(fn_name, counts, args, mask, key)
+            instances = self.cuda_graph_cache.setdefault(key, [])
+        for inst in instances:
+            if not inst.guards or not inst.held():
+                break
+        else:
+            fn = self.python_callables[fn_name][0]
             if len(instances) >= self.max_instances:
                 counts.held_calls += 1
                 self._warn_held(fn_name)
@@ -188,21 +200,20 @@ class ThunderNBRunner(CUDAGraphRunner):
                 f"outputs of {_plural(len(instances), 'instance')} still held for a backward")
             inst = self._record(fn_name, fn, args, mask, cause, len(instances))
             instances.append(inst)
-        else:
-            counts.replays += 1
         counts.last_key = key
-        return self._replay(fn_name, inst, args, mask)
+        return self._replay(fn_name, inst, args)
 
-    def _replay(self, fn_name: str, inst: _Instance, args: tuple[Any, ...], mask: tuple[bool, ...]) -> list[Any]:
-        for static_input, arg, m in zip(inst.static_inputs, args, mask):
-            if not m and isinstance(arg, torch.Tensor):
-                static_input.copy_(arg)
+    def _replay(self, fn_name: str, inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
+        for pos in inst.copied:
+            inst.static_inputs[pos].copy_(args[pos])
         inst.guards.clear()  # NOTE: chosen because none of them is alive
         inst.graph.replay()
-        for pos in self.write_back.get(fn_name, ()):
+        self._counts[fn_name].replays += 1
+        for pos in inst.write_back:
             # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
-            if not mask[pos]:
-                args[pos].copy_(inst.static_inputs[pos])
+            args[pos].copy_(inst.static_inputs[pos])
+        if not inst.views and fn_name not in self.passthrough:
+            return list(inst.static_outputs)
         outputs = list(inst.static_outputs)
         for out_pos, in_pos, size, stride, delta in inst.views:
             # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
@@ -213,28 +224,51 @@ class ThunderNBRunner(CUDAGraphRunner):
             outputs[out_pos] = args[in_pos]
         return outputs
 
-    def _static_mask(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> tuple[bool, ...]:
-        """Per call: which inputs the graph reads where they lie (keyed by address), which it copies."""
-        slots = {pos for pos, _, _ in self.scalar_slots.get(fn_name, ())}
-        mask = []
+    def _static_mask(self, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+        """Per call: which inputs the graph reads where they lie, and their addresses (part of the cache key).
+
+        Static: a parameter, a 0-d number buffer, or memory a graph of this runner owns. Anything else
+        is copied into the graph's own buffer. An input past `max_addresses` is copied too.
+        """
+        owner, demoted = self._owner, counts.demoted
+        mask, addresses = [], []
         for i, a in enumerate(args):
-            if i in slots:
-                mask.append(True)
-                continue
-            if not isinstance(a, torch.Tensor) or i in counts.demoted:
+            if type(a) is torch.Tensor:
+                static = a.untyped_storage().data_ptr() in owner
+            elif isinstance(a, torch.Tensor):
+                static = isinstance(a, torch.nn.Parameter) or a.untyped_storage().data_ptr() in owner
+            else:
                 mask.append(False)
                 continue
-            static = isinstance(a, torch.nn.Parameter) or a.untyped_storage().data_ptr() in self._owner
-            if static:
-                seen = counts.addresses.setdefault(i, set())
-                seen.add(a.data_ptr())
-                if len(seen) > self.max_addresses:
-                    name = _input_name(self.trace_symbols[fn_name][1], i)
-                    counts.demoted[i] = (f"{name}: took more than {self.max_addresses} addresses, "
-                                         "copied into the graph's buffer from now on")
-                    static = False
+            if static and demoted and i in demoted:
+                static = False
             mask.append(static)
-        return tuple(mask)
+            if static:
+                addresses.append(a.data_ptr())
+        return tuple(mask), tuple(addresses)
+
+    def _new_key(self, fn_name: str, counts: _Counts, args: tuple[Any, ...], mask: tuple[bool, ...],
+                 key: tuple) -> tuple[tuple[bool, ...], tuple]:
+        """Count the addresses of a new key's static inputs; copy those that took too many, from now on."""
+        demote = []
+        for i, (a, m) in enumerate(zip(args, mask)):
+            if not m or i in self._slot_positions(fn_name):
+                continue
+            seen = counts.addresses.setdefault(i, set())
+            seen.add(a.data_ptr())
+            if len(seen) > self.max_addresses:
+                name = _input_name(self.trace_symbols[fn_name][1], i)
+                counts.demoted[i] = (f"{name}: took more than {self.max_addresses} addresses, "
+                                     "copied into the graph's buffer from now on")
+                demote.append(i)
+        if demote:
+            mask, addresses = self._static_mask(counts, args)
+            key = (fn_name, mask, key[2], addresses)
+        counts.keys.add(key[3])
+        return mask, key
+
+    def _slot_positions(self, fn_name: str) -> frozenset[int]:
+        return frozenset(pos for pos, _, _ in self.scalar_slots.get(fn_name, ()))
 
     def _record(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
                 cause: str, index: int) -> _Instance:
@@ -252,8 +286,10 @@ class ThunderNBRunner(CUDAGraphRunner):
             internals.recover_generators()
             raise
         pool = torch.cuda.memory_allocated() - before if cuda else None
+        copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
         inst = _Instance(graph, static_inputs, tuple(static_outputs),
-                         _view_plan(fn_name, args, mask, static_inputs, static_outputs), index)
+                         _view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
+                         tuple(i for i in self.write_back.get(fn_name, ()) if i in copied))
         inputs_memory = {_storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
         for s, a, m in zip(static_inputs, args, mask):
             if isinstance(s, torch.Tensor) and not m:
