@@ -63,6 +63,42 @@ def configs(fn):
 
     from thunder_nb.fix import FixedCUDAGraphTransform
 
+    if isinstance(fn, TrainingStep):
+        # NOTE: the compiled part is the forward and loss; backward runs through autograd as in a training loop
+        inner = fn.case.step
+
+        def wrap(make):
+            def factory():
+                f, graphs = make(inner)
+                return TrainingStep(fn.case, f), graphs
+            return factory
+
+        def plain(step):
+            return step, lambda: "-"
+
+        def jit_plain(step):
+            return thunder.jit(step), lambda: "-"
+
+        def stock(step):
+            t = CUDAGraphTransform()
+            return thunder.jit(step, transforms=[t]), lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
+
+        def fixed_t(step):
+            t = FixedCUDAGraphTransform(capture=True)
+            return thunder.jit(step, transforms=[t]), lambda: str(t.graphs_captured)
+
+        def compiled_t(step):
+            torch._dynamo.reset()
+            before = _inductor_graphs() or 0
+            return torch.compile(step, mode="reduce-overhead"), lambda: str((_inductor_graphs() or 0) - before)
+
+        yield "eager PyTorch", wrap(plain)
+        yield "thunder (no graphs)", wrap(jit_plain)
+        yield "thunder CUDAGraphTransform", wrap(stock)
+        yield "thunder-nb FixedCUDAGraphTransform", wrap(fixed_t)
+        yield 'torch.compile(mode="reduce-overhead")', wrap(compiled_t)
+        return
+
     def eager():
         return fn, lambda: "-"
 
@@ -96,6 +132,8 @@ def configs(fn):
 
 
 def _same(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, torch.Tensor):
         return torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5)
     return abs(float(a) - float(b)) <= 1e-4 * max(1.0, abs(float(b)))
@@ -146,6 +184,33 @@ def measure(program: str, fn, make_inputs, calls: int, cfg: str, factory) -> Row
     return row
 
 
+class TrainingStep:
+    """``f(idx, targets)`` of a model's training step as one call: forward, loss, backward, grads reset."""
+
+    def __init__(self, case, f=None):
+        self.case, self.f = case, f or case.step
+        self.__name__ = case.step.__name__
+
+    def __call__(self, idx, targets):
+        out = self.f(idx, targets)
+        loss = out[0] if isinstance(out, tuple) else out
+        loss.backward()
+        for p in self.case.model.parameters():
+            p.grad = None  # NOTE: as optimizer.zero_grad() does by default
+        return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out) if isinstance(out, tuple) else loss.detach()
+
+
+def training_programs(device: str):
+    """nanoGPT and llama2 (thunder's bundled test models: 2 layers, width 128, batch 8x64), plain and logging loss.item()."""
+    from thunder_nb.testing.models import model_case
+
+    for name in ("nanoGPT", "llama2"):
+        for log in (False, True):
+            label = f"{name} training step" + (", loss.item() logged" if log else "")
+            case = model_case(name, device, log_loss=log)
+            yield label, TrainingStep(case), case.make_batch
+
+
 def benchmarks(device: str):
     n = 4096
 
@@ -162,6 +227,19 @@ def benchmarks(device: str):
     yield "chain: 32 steps, no island", programs.chain, vec
     yield "matmul chain: 12 x 2048^2", programs.matmul_chain, mm
 
+    def mat(i):
+        g = torch.Generator(device=device).manual_seed(1)
+        return (torch.randn(256, 256, device=device), torch.randn(256, 256, device=device, generator=g) / 16)
+
+    yield "norm chain: x / (x.norm().item() + 1)", programs.norm_chain, vec
+    yield "full_like(x, x.sum().item())", programs.fill_from_item, vec
+    yield "h / (h.mean().item() + 1e-3) between matmuls", programs.normalise_between_matmuls, mat
+    yield from training_programs(device)
+
+
+PROGRAM_FILTER: str | None = None  # --programs: a regular expression the program name must match
+NO_INTERLEAVED = False
+
 
 def _cases():
     """Every (program, function, input maker, configuration name, factory), in table order."""
@@ -171,6 +249,8 @@ def _cases():
     from thunder_nb.fix import FixedCUDAGraphTransform
 
     for program, fn, make in benchmarks("cuda"):
+        if PROGRAM_FILTER and not re.search(PROGRAM_FILTER, program):
+            continue
         for cfg, factory in configs(fn):
             yield program, fn, make, cfg, factory
         if fn is programs.island:
@@ -197,7 +277,8 @@ def _cases():
 def run_one(index: int, calls: int) -> Row:
     """Measure case ``index`` in this process."""
     program, fn, make, cfg, factory = list(_cases())[index]
-    return measure(program, fn, make, calls if "matmul" not in program else min(calls, 50), cfg, factory)
+    few = "matmul" in program or "training" in program
+    return measure(program, fn, make, calls if not few else min(calls, 50), cfg, factory)
 
 
 INTERLEAVED_CALLS = 1000
@@ -285,7 +366,8 @@ def run(calls: int) -> tuple[list[Row], str]:
     n = len(list(_cases()))
     for i in range(n):
         proc = subprocess.run(
-            [sys.executable, __file__, "--one", str(i), "--calls", str(calls)],
+            [sys.executable, __file__, "--one", str(i), "--calls", str(calls)]
+            + (["--programs", PROGRAM_FILTER] if PROGRAM_FILTER else []),
             capture_output=True, text=True, timeout=600,
         )
         sys.stderr.write(proc.stderr[-2000:])
@@ -298,6 +380,8 @@ def run(calls: int) -> tuple[list[Row], str]:
         r = rows[-1]
         print(f"  {r.program} / {r.config}: {r.median_us} us {r.note}", file=sys.stderr, flush=True)
     text = table(rows, calls)
+    if NO_INTERLEAVED:
+        return rows, text
     proc = subprocess.run(
         [sys.executable, __file__, "--interleaved"], capture_output=True, text=True, timeout=600
     )
@@ -334,9 +418,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    ap.add_argument("--programs", metavar="REGEX", help="only the programs whose name matches")
+    ap.add_argument("--no-interleaved", action="store_true", help="skip the island program's paired table")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one case, print JSON
     ap.add_argument("--interleaved", action="store_true", help=argparse.SUPPRESS)  # internal: print JSON
     a = ap.parse_args()
+    global PROGRAM_FILTER, NO_INTERLEAVED
+    PROGRAM_FILTER, NO_INTERLEAVED = a.programs, a.no_interleaved
     if not torch.cuda.is_available():
         print("bench_cudagraphs: needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2

@@ -42,3 +42,27 @@ def matmul_chain(x, w):
     for _ in range(12):
         x = torch.tanh(x @ w)
     return x
+
+
+def norm_chain(x):
+    """A 12-step tanh chain whose two numbers from islands feed Python arithmetic (#13)."""
+    for _ in range(6):
+        x = torch.tanh(x * 1.0001 + 0.0001)
+    s = x.norm().item()
+    m = x.abs().max().item()
+    x = x / (s + 1)
+    for _ in range(6):
+        x = torch.tanh(x * 1.0001 + m)
+    return x
+
+
+def fill_from_item(x):
+    """torch.full_like from an island's number (#13)."""
+    return torch.full_like(x, x.sum().item()) * x
+
+
+def normalise_between_matmuls(x, w):
+    """h / (h.mean().item() + 1e-3) between two matmuls (#13)."""
+    h = torch.tanh(x @ w)
+    h = h / (h.mean().item() + 1e-3)
+    return torch.tanh(h @ w)
