@@ -123,10 +123,11 @@ def test_backward_with_saved_scalar_works():
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grads[0], ref_grads[0])
     report = thunder_nb.analyze(jfn)
-    # the saved Python number reaches the backward region through a 0-d device buffer
+    # the saved Python number reaches the backward region as a 0-d tensor filled outside the graph
     assert report.defects == ()
     (bregion,) = report.backward.regions
-    assert bregion.scalar_handoffs == (ScalarHandoff("f57", buffer="float32"),)
+    (handoff,) = bregion.scalar_handoffs
+    assert (handoff.number, handoff.made, handoff.tensor) == ("f57", "fill", None)
 
 
 def test_stock_transform_asserts_on_the_same_backward():

@@ -1,4 +1,4 @@
-"""Island scalars handed to regions without re-capture (0-d tensors / device buffers), run eagerly on CPU.
+"""Python numbers handed to regions as 0-d device tensors without re-capture, run eagerly on CPU.
 
 Each program's result must equal eager PyTorch bit for bit; the GPU tests repeat the float case
 with real capture and count graphs.
@@ -17,7 +17,7 @@ from thunder_nb.fix import FixedCUDAGraphTransform
 
 def int_scalar(x):
     y = (x * 10).int()
-    n = y.sum().item()  # an int64 sum meets int32 tensors: no exact 0-d tensor, a buffer instead
+    n = y.sum().item()  # an int64 sum meets int32 tensors
     return (y * n).abs()
 
 
@@ -82,14 +82,14 @@ def test_float_scalar_becomes_the_tensor_it_came_from():
     assert report.forward.user_islands == ()  # the item and its host sync are gone
 
 
-def test_int_scalar_goes_through_an_int64_buffer():
+def test_int_scalar_of_another_dtype_is_its_int64_tensor():
     x = programs.vec(64)
     out, report, t = run(int_scalar, x)
     assert_same(out, int_scalar(x))
     assert report.defects == ()
     (handoff,) = [h for r in report.forward.regions for h in r.scalar_handoffs]
-    assert handoff.buffer == "int64" and str(handoff).endswith("-> 0-d int64 buffer")
-    assert [i.detail for i in report.forward.user_islands] == ["item"]  # the number is still read
+    assert handoff.tensor is not None and report.forward.value(handoff.tensor).type.dtype == "i64"
+    assert report.forward.user_islands == ()  # the item, and its host sync, are gone
 
 
 def test_int_scalar_of_the_same_dtype_stays_on_the_device():
@@ -151,16 +151,31 @@ def test_scalar_that_reaches_the_backward_pass():
     programs.saved_scalar(x, w3).backward()
     torch.testing.assert_close(w1.grad, w3.grad)
     bwd = thunder_nb.analyze(jfn).backward
-    assert [str(h) for r in bwd.regions for h in r.scalar_handoffs] == ["f57 -> 0-d float32 buffer"]
+    assert [str(h) for r in bwd.regions for h in r.scalar_handoffs] == ["f57 -> 0-d tensor (filled outside the graphs)"]
 
 
-def test_inexact_case_falls_back_and_says_why():
+def test_a_float32_number_meeting_bfloat16_tensors_is_handed_over():
     x = programs.vec(64, dtype=torch.bfloat16)
     out, report, t = run(mixed_precision, x)
     assert_same(out, mixed_precision(x))
-    assert report.rules == ("scalar-region-input",)
+    assert report.defects == () and t.handoff_refusals == {}
+    assert report.forward.user_islands == ()
+
+
+def clamp_by_item(x):
+    y = x.sin()
+    m = y.abs().mean().item()
+    return (y.clamp(max=m) * 2.0).cos()  # clamp's bound has no exact device form here
+
+
+def test_a_reader_without_an_exact_form_stays_out_of_the_graph_and_says_why():
+    x = programs.vec(64)
+    out, report, t = run(clamp_by_item, x)
+    assert_same(out, clamp_by_item(x))
+    assert report.defects == ()  # no region reads the number: no graph per value
     (why,) = t.handoff_refusals.values()
-    assert "bfloat16" in why and "round" in why
+    assert "clamp" in why
+    assert [i.detail for i in report.forward.user_islands] == ["item", "clamp"]
 
 
 def test_handoff_can_be_turned_off():

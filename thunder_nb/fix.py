@@ -22,7 +22,7 @@ from .model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .ops import IN_PLACE_NAMES, classify_bsym
 from .passes import has_in_place, in_place_plan, is_cuda_trace, region_del_pass, returned_names, strip_top_level_dels
 from .runner import EagerFallbackWarning, HeldOutputsWarning, ThunderNBRunner
-from .scalars import buffer_plan, handoff_scalars
+from .scalars import handoff_numbers
 
 __all__ = [
     "FixedCUDAGraphTransform",
@@ -33,7 +33,6 @@ __all__ = [
     "recover_from_failed_capture",
     "region_del_pass",
     "strip_top_level_dels",
-    "handoff_scalars",
     "HAND_OUT_NAME",
 ]
 
@@ -76,7 +75,8 @@ class _BaseTransform(CUDAGraphTransform):
         self._returned: set[str] = set()
         self._saved: set[str] = set()  # names a forward trace saves for its backward
         self._origin: dict[str, str] = {}  # tensor name -> where it comes from, for input plans
-        self._handed: dict[str, str] = {}  # number -> the 0-d tensor that replaced it (current trace)
+        self._handoffs: list[ScalarHandoff] = []  # numbers handed over on the device (current trace)
+        self._keep_out: set[str] = set()  # outputs of symbols the hand-off keeps out of regions (current trace)
 
     @property
     def graphs_captured(self) -> int:
@@ -87,10 +87,6 @@ class _BaseTransform(CUDAGraphTransform):
         """The plan of region ``name``."""
         return self.cuda_graph_runner.plans[name]
 
-    def _plan_scalar_slots(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy]):
-        """Which Python-number inputs can be fed through a 0-d device buffer (no re-capture per value)."""
-        return [], []
-
     def _make_fusion(self, bsyms: list[BoundSymbol], inputs: list[Proxy], outputs: list[Proxy]) -> BoundSymbol:
         runner = self.cuda_graph_runner
         fusion_callable, fusion_name = runner.make_cuda_graph_callable_from_symbols(bsyms, inputs, outputs)
@@ -100,26 +96,21 @@ class _BaseTransform(CUDAGraphTransform):
             runner.write_back[fusion_name] = written
         if through:
             runner.passthrough[fusion_name] = through
-        slots, buffers = self._plan_scalar_slots(bsyms, inputs)
-        if slots:
-            runner.scalar_slots[fusion_name] = tuple(slots)
-        handoffs = tuple(ScalarHandoff(n, tensor=t) for n, t in self._handed.items() if any(p.name == t for p in inputs))
+        seen = {p.name for p in inputs} | {p.name for b in bsyms for p in b.flat_proxy_outs}
         runner.plans[fusion_name] = RegionPlan(
             name=fusion_name,
-            inputs=tuple(self._input_plan(p, {pos for pos, _, _ in slots}, i) for i, p in enumerate(inputs)),
+            inputs=tuple(self._input_plan(p) for p in inputs),
             outputs=tuple(OutputPlan(o.name, o.name in self._returned, o.name in self._saved) for o in outputs),
             write_back=tuple(inputs[i].name for i in written),
-            scalar_handoffs=handoffs + tuple(buffers),
+            scalar_handoffs=tuple(h for h in self._handoffs if h.device_tensor in seen),
         )
         for o in outputs:
             self._origin[o.name] = f"output of {fusion_name}"
         sym = Symbol(fusion_name, meta=None, is_fusion=True, executor=self)
         return BoundSymbol(sym, inputs, {}, outputs, bsyms, _call_ctx={fusion_name: fusion_callable})
 
-    def _input_plan(self, p: Proxy, slots: set[int], position: int) -> InputPlan:
+    def _input_plan(self, p: Proxy) -> InputPlan:
         if isinstance(p, NumberProxy):
-            if position in slots:
-                return InputPlan(p.name, "scalar-slot", "a number the region reads, filled in before each replay")
             why = self.handoff_refusals.get(p.name, "a number the region reads")
             return InputPlan(p.name, "number", why)
         if not isinstance(p, TensorProxy):
@@ -160,7 +151,7 @@ class _BaseTransform(CUDAGraphTransform):
             if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE and backward:
                 for p in b.flat_proxy_outs:
                     self._origin.setdefault(p.name, "saved")
-        self._handed = {}
+        self._handoffs, self._keep_out = [], set()
         return backward
 
     def _finish(self, fused: TraceCtx, start_ns: int, what: str) -> TraceCtx:
@@ -279,8 +270,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
     Args:
         capture: ``"auto"`` (default: capture on CUDA, otherwise run regions eagerly with one
             `EagerFallbackWarning`), True (always capture; error without CUDA), False (always eager).
-        scalar_handoff: hand island scalars to regions as 0-d device tensors (default True): the
-            0-d tensor an ``item()`` read, or else a 0-d device buffer filled before each replay.
+        scalar_handoff: hand the Python numbers regions read to them as 0-d device tensors, computed
+            bit for bit as PyTorch would (default True; see `thunder_nb.scalars`).
         copy_outputs: copy returned tensors that lie in graph memory out of it (default True).
             False returns them as they are: the next call then overwrites them, as with thunder's transform.
         share_mem_pool: as thunder's transform.
@@ -304,26 +295,6 @@ class FixedCUDAGraphTransform(_BaseTransform):
                          max_instances=max_instances, max_addresses=max_addresses)
         self.scalar_handoff = scalar_handoff
 
-    def _plan_scalar_slots(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy]):
-        if not self.scalar_handoff:
-            return [], []
-        from thunder.core.devices import to_torch_device
-        from thunder.core.dtypes import to_torch_dtype
-
-        slots, handoffs = [], []
-        for pos, p in enumerate(inputs):
-            if not isinstance(p, NumberProxy):
-                continue
-            readers = [b for b in bsyms if b.sym.id != prims.PrimIDs.DEL and any(a.name == p.name for a in b.flat_proxy_args)]
-            plan = buffer_plan(p, readers)
-            if isinstance(plan, str):
-                self.handoff_refusals[p.name] = plan
-                continue
-            dtype, device = plan
-            slots.append((pos, to_torch_dtype(dtype), to_torch_device(device)))
-            handoffs.append(ScalarHandoff(p.name, buffer=str(to_torch_dtype(dtype)).replace("torch.", "")))
-        return slots, handoffs
-
     def can_fuse(self, bsym: BoundSymbol) -> bool:
         """Whether ``bsym`` may join a region: never a del, a host sync, a transfer or a CPU op of a CUDA trace."""
         if bsym.sym.id == prims.PrimIDs.DEL or bsym.sym.id == "clear_mutable_collection":
@@ -337,6 +308,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
             prims.PrimIDs.ITEM,
         ):
             return False
+        if self._keep_out and any(p.name in self._keep_out for p in bsym.flat_proxy_outs):
+            return False  # NOTE: the scalar hand-off keeps a number's fill, or a reader it cannot hand over, outside
         if bsym.sym.name in IN_PLACE_NAMES:
             # NOTE: inside a graph an in-place update writes the runner's static copy of a tensor, and
             # its result leaves the region as a static buffer; run it on the real tensors instead
@@ -361,8 +334,9 @@ class FixedCUDAGraphTransform(_BaseTransform):
         work = from_trace(trace)
         work.bound_symbols = strip_top_level_dels(trace.bound_symbols, collections=backward)
         if self.scalar_handoff:
-            work.bound_symbols, self._handed, refused = handoff_scalars(work.bound_symbols, self.can_fuse)
-            self.handoff_refusals.update(refused)
+            handed = handoff_numbers(work, work.bound_symbols, self.can_fuse, cuda=self._cuda)
+            work.bound_symbols, self._handoffs, self._keep_out = handed.bsyms, handed.handoffs, handed.keep_out
+            self.handoff_refusals.update(handed.refused)
 
         fused = self._fused_trace(trace, work, None)
         self._insert_hand_out(fused, backward)

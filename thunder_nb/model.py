@@ -128,14 +128,19 @@ class SourceLine:
 
 @dataclass(frozen=True, slots=True)
 class ScalarHandoff:
-    """A Python number an island makes and a region reads, handed to the region on the device."""
+    """A Python number a region reads, handed to it as a 0-d device tensor (so new values capture nothing)."""
 
     number: str  # "f20"
-    tensor: str | None = None  # "t19": the 0-d tensor the number came from, read by the region instead
-    buffer: str | None = None  # "float32": a 0-d device buffer of this dtype, filled before each replay
+    tensor: str | None = None  # "t19": the 0-d tensor the number came from (item), read in its place
+    made: str | None = None  # otherwise: "arithmetic" (Python arithmetic run on the device) or "fill" (written outside)
+    device_tensor: str | None = None  # the 0-d tensor that stands in for the number
+    kept: bool = False  # the Python number is still computed for another reader (its host sync stays)
 
     def __str__(self) -> str:
-        return f"{self.number} -> {self.tensor}" if self.tensor else f"{self.number} -> 0-d {self.buffer} buffer"
+        if self.tensor:
+            return f"{self.number} -> {self.tensor}"
+        how = "arithmetic on the device" if self.made == "arithmetic" else "filled outside the graphs"
+        return f"{self.number} -> 0-d tensor ({how})"
 
 
 @dataclass(frozen=True, slots=True)

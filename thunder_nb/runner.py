@@ -64,7 +64,6 @@ def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs:
 #: How graphs are recorded: `record_graph` on a GPU; `thunder_nb.testing.emulated_capture` swaps in a CPU stand-in.
 RECORDERS: dict[str, Callable[..., tuple[Any, Any]]] = {"record": record_graph}
 
-_SCALAR_BUFFER = object()  # owner of the 0-d buffers numbers are written into before each replay
 
 
 @dataclass(slots=True, eq=False)
@@ -127,12 +126,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         self.max_instances = max_instances
         self.max_addresses = max_addresses
         self.plans: dict[str, RegionPlan] = {}
-        # fn_name -> ((arg position, torch dtype, torch device), ...): numbers fed through 0-d device buffers
-        self.scalar_slots: dict[str, tuple[tuple[int, torch.dtype, torch.device], ...]] = {}
         self.write_back: dict[str, tuple[int, ...]] = {}  # fn_name -> input positions updated in place
         # fn_name -> ((output position, input position), ...): outputs that are an input (update_aliases)
         self.passthrough: dict[str, tuple[tuple[int, int], ...]] = {}
-        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
         self.cuda_regions: dict[str, bool] = {}  # fn_name -> the region computes on a CUDA device (set by the transform)
         self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
         self._owner: dict[int, Any] = {}  # storage address -> the `_Instance` whose replay writes it
@@ -176,11 +172,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         counts = self._count(fn_name)
         if not self._should_capture(fn_name, args):
             counts.eager_calls += 1
-            return self.python_callables[fn_name][0](*self._slot_args(fn_name, args, capture=False))
+            return self.python_callables[fn_name][0](*args)
         if self.stock:
             return self._call_stock(fn_name, counts, args)
-        if fn_name in self.scalar_slots:
-            args = self._slot_args(fn_name, args, capture=True)
         mask, addresses = self._static_mask(counts, args)
         key = (fn_name, mask, internals.arg_descriptor(args), addresses)
         instances = self.cuda_graph_cache.get(key)
@@ -227,7 +221,7 @@ class ThunderNBRunner(CUDAGraphRunner):
     def _static_mask(self, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple[int, ...]]:
         """Per call: which inputs the graph reads where they lie, and their addresses (part of the cache key).
 
-        Static: a parameter, a 0-d number buffer, or memory a graph of this runner owns. Anything else
+        Static: a parameter, or memory a graph of this runner owns. Anything else
         is copied into the graph's own buffer. An input past `max_addresses` is copied too.
         """
         owner, demoted = self._owner, counts.demoted
@@ -252,7 +246,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         """Count the addresses of a new key's static inputs; copy those that took too many, from now on."""
         demote = []
         for i, (a, m) in enumerate(zip(args, mask)):
-            if not m or i in self._slot_positions(fn_name):
+            if not m:
                 continue
             seen = counts.addresses.setdefault(i, set())
             seen.add(a.data_ptr())
@@ -266,9 +260,6 @@ class ThunderNBRunner(CUDAGraphRunner):
             key = (fn_name, mask, key[2], addresses)
         counts.keys.add(key[3])
         return mask, key
-
-    def _slot_positions(self, fn_name: str) -> frozenset[int]:
-        return frozenset(pos for pos, _, _ in self.scalar_slots.get(fn_name, ()))
 
     def _record(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
                 cause: str, index: int) -> _Instance:
@@ -317,26 +308,6 @@ class ThunderNBRunner(CUDAGraphRunner):
         base = torch.empty(hi - lo, dtype=x.dtype, device=x.device)
         buf = base.as_strided(x.size(), x.stride(), x.storage_offset() - lo)
         return buf.copy_(x)
-
-    def _slot_args(self, fn_name: str, args: tuple[Any, ...], *, capture: bool) -> tuple[Any, ...]:
-        """Put each planned Python number into its 0-d device buffer (filled now, before the replay)."""
-        slots = self.scalar_slots.get(fn_name)
-        if not slots:
-            return args
-        args = list(args)
-        for pos, dtype, device in slots:
-            value = args[pos]
-            if not capture:
-                # NOTE: eager mode computes with a fresh 0-d tensor, so CPU runs check the same region code
-                args[pos] = torch.tensor(value, dtype=dtype, device=device)
-                continue
-            buf = self._buffers.get((fn_name, pos))
-            if buf is None:
-                buf = self._buffers[(fn_name, pos)] = torch.empty((), dtype=dtype, device=device)
-                self._owner[_storage(buf)] = _SCALAR_BUFFER
-            buf.fill_(value)  # a kernel argument: no host sync, no copy from pageable memory
-            args[pos] = buf
-        return tuple(args)
 
     def _warn_held(self, fn_name: str) -> None:
         if self._warned_held:
@@ -399,7 +370,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             owner = self._owner.get(ptr)
             if owner is None:
                 continue
-            if action == "guard" and owner is not _SCALAR_BUFFER:
+            if action == "guard":
                 alias = t.detach()
                 owner.guards.append(weakref.ref(alias))
                 out[j] = alias

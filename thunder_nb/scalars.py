@@ -1,145 +1,326 @@
-"""The scalar hand-off: island numbers handed to regions on the device, exactly, so new values capture nothing."""
+"""The scalar hand-off: Python numbers that regions read become 0-d device tensors, computed exactly as PyTorch would.
+
+A region that reads a Python number bakes it into its graph, and each new value captures a new
+graph. Here every number a region reads is made on the device instead: a number from ``.item()``
+is the 0-d tensor it came from (and the host sync goes when nothing else needs the number), Python
+arithmetic on such numbers runs on 0-d float64/int64 tensors (IEEE double, as Python computes), and
+any other number is written into a 0-d tensor outside the regions. Each reader is rewritten into a
+form that gives the very bits PyTorch gives with the Python number (see `_reader_form`). A reader
+with no such form refuses: a number from an island then stays outside the graph with its reader
+(an island), any other number stays baked in.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from thunder.core import prims
+from thunder.core import dtypes, prims
+from thunder.core.devices import to_torch_device
 from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
-from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx, tracectx
+from thunder.executors import torchex as tx
 
-from .passes import replace_args
+from .model import ScalarHandoff
 
-__all__ = ["handoff_scalars", "buffer_plan"]
+__all__ = ["Handoff", "handoff_numbers", "ARITHMETIC", "READERS"]
+
+#: Python arithmetic on numbers that runs on 0-d device tensors (IEEE double or int64, as Python).
+ARITHMETIC = frozenset({"add", "sub", "mul", "true_divide", "neg", "abs"})
+#: Tensor ops that can read a 0-d device tensor in place of a Python number, in an exact form.
+READERS = frozenset({"add", "sub", "mul", "true_divide", "div", "full_like", "full"})
 
 
-def handoff_scalars(bsyms: Sequence[BoundSymbol], can_fuse) -> tuple[list[BoundSymbol], dict[str, str], dict[str, str]]:
-    """Plan the hand-over of island scalars to regions as the 0-d tensors they came from.
+@dataclass
+class Handoff:
+    """The result of `handoff_numbers`."""
 
-    For every ``n = item(t)`` (``t`` a 0-d tensor) whose number ``n`` is read by capturable ops,
-    those ops read ``t`` instead when that computes the same values: every reader is an elementwise
-    op whose tensor operands all have ``t``'s dtype (so PyTorch's type promotion and the kernel's
-    compute type are the same as with the Python number). The ``item`` itself stays when its number
-    is still needed (returned, read by an island); otherwise it is dropped, and with it the host sync.
+    bsyms: list[BoundSymbol]
+    handoffs: list[ScalarHandoff] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # number -> why it stays a Python number
+    keep_out: set[str] = field(default_factory=set)  # outputs of symbols that must stay outside regions
 
-    Returns:
-        (new bound symbols, {number: tensor} handed over, {number: why not} kept as numbers)
+
+def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Callable[[BoundSymbol], bool],
+                    *, cuda: bool) -> Handoff:
+    """Rewrite the capturable readers of Python numbers in ``bsyms`` to read 0-d device tensors.
+
+    Args:
+        trace: the trace the symbols belong to (new proxies are named in it).
+        bsyms: its bound symbols, top-level dels stripped.
+        can_fuse: whether a symbol may join a region.
+        cuda: the trace computes on a CUDA device (the exact forms differ between CPU and CUDA kernels).
     """
-    producers: dict[str, BoundSymbol] = {}
-    for b in bsyms:
-        for p in b.flat_proxy_outs:
-            producers.setdefault(p.name, b)
-    readers: dict[str, list[BoundSymbol]] = {}
-    for b in bsyms:
-        if b.sym.id in (prims.PrimIDs.DEL,):
-            continue
-        for p in b.flat_proxy_args:
-            readers.setdefault(p.name, []).append(b)
-
     bsyms = list(bsyms)
-    position = {id(b): i for i, b in enumerate(bsyms)}
-    handed: dict[str, str] = {}
-    refused: dict[str, str] = {}
-    swaps: dict[str, TensorProxy] = {}
+    sources = _data_dependent_numbers(bsyms)
+    result = Handoff(bsyms)
+    planned: dict[int, list[NumberProxy]] = {}
+    for i, r in enumerate(bsyms):
+        if r.sym.id == prims.PrimIDs.DEL or _numbers_only(r) or not can_fuse(r):
+            continue
+        numbers = _distinct(p for p in r.flat_proxy_args if isinstance(p, NumberProxy))
+        if not numbers:
+            continue
+        why = _refusal(r, numbers) or _updated_between(bsyms, sources, numbers, i)
+        if why is None:
+            planned[i] = numbers
+            continue
+        for n in numbers:
+            result.refused[n.name] = why
+        if any(n.name in sources for n in numbers):
+            # NOTE: a number from an island changes every call: keep its reader out of the graph
+            result.keep_out.update(p.name for p in r.flat_proxy_outs)
+    if not planned:
+        return result
+
+    # NOTE: a number filled outside the graphs is filled right where it is made (not at its reader),
+    # so the fill does not cut a region in two
+    fills: dict[int, list[tuple[NumberProxy, Any]]] = {}
+    for i, numbers in planned.items():
+        for n in numbers:
+            if n.name not in sources and all(n.name != f.name for fs in fills.values() for f, _ in fs):
+                at = next((j for j, b in enumerate(bsyms) if n.name in {p.name for p in b.flat_proxy_outs}), -1)
+                fills.setdefault(at, []).append((n, _device_of(bsyms[i])))
+    out: list[BoundSymbol] = []
+    made: dict[str, TensorProxy] = {}
+    with tracectx(trace):
+        for n, device in fills.get(-1, ()):
+            made[n.name] = _device_number(n, sources, made, out, result, device)
+        for i, b in enumerate(bsyms):
+            if i not in planned:
+                out.append(b)
+            else:
+                for n in planned[i]:
+                    if n.name not in made:
+                        made[n.name] = _device_number(n, sources, made, out, result, _device_of(b))
+                out.extend(_reader_form(b, made, cuda))
+            for n, device in fills.get(i, ()):
+                made[n.name] = _device_number(n, sources, made, out, result, device)
+    # NOTE: an item or Python arithmetic nobody reads any more goes, and with it its host sync
+    result.bsyms = _drop_unread_numbers(out)
+    still = {p.name for b in result.bsyms for p in b.flat_proxy_outs}
+    for b in result.bsyms:
+        if _numbers_only(b) and any(p.name in sources for p in b.flat_proxy_args):
+            result.keep_out.update(p.name for p in b.flat_proxy_outs)
+    for name, d in made.items():
+        src = sources.get(name)
+        tensor = src[1].name if src is not None and src[0] == "item" else None
+        how = None if tensor else ("arithmetic" if src is not None else "fill")
+        result.handoffs.append(ScalarHandoff(name, tensor=tensor, made=how, device_tensor=d.name, kept=name in still))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which numbers, which readers
+
+
+def _distinct(ps) -> list[Any]:
+    seen: dict[str, Any] = {}
+    for p in ps:
+        seen.setdefault(p.name, p)
+    return list(seen.values())
+
+
+def _numbers_only(b: BoundSymbol) -> bool:
+    """Python arithmetic: numbers in, a number out."""
+    outs = b.flat_proxy_outs
+    return bool(outs) and all(isinstance(p, NumberProxy) for p in outs) and all(
+        isinstance(p, NumberProxy) for p in b.flat_proxy_args)
+
+
+def _data_dependent_numbers(bsyms: Sequence[BoundSymbol]) -> dict[str, tuple[str, Any]]:
+    """Numbers read from a 0-d tensor by ``.item()``, and Python arithmetic on them: name -> how to make it."""
+    sources: dict[str, tuple[str, Any]] = {}
     for b in bsyms:
-        if b.sym.name != "item" or len(b.flat_proxy_outs) != 1:
+        outs = b.flat_proxy_outs
+        if len(outs) != 1 or not isinstance(outs[0], NumberProxy) or _python_type(outs[0]) not in (float, int):
             continue
-        n = b.flat_proxy_outs[0]
-        src = b.flat_proxy_args[0] if b.flat_proxy_args else None
-        if not isinstance(n, NumberProxy) or not isinstance(src, TensorProxy) or len(src.shape) != 0:
-            continue
-        fusible_readers = [r for r in readers.get(n.name, ()) if can_fuse(r) and r.sym.id != prims.PrimIDs.RETURN]
-        if not fusible_readers:
-            continue
-        start, end = position[id(b)], max(position[id(r)] for r in fusible_readers)
-        if any(x.sym.name == "copy_" for x in bsyms[start:end]):
-            refused[n.name] = (f"an in-place update between {n.name} = item({src.name}) and its readers may write "
-                               f"through an alias of {src.name}")
-            continue
-        why = _handoff_refusal(n, src, fusible_readers)
-        if why:
-            refused[n.name] = why
-            continue
-        swaps[n.name] = src
-        handed[n.name] = src.name
-
-    if not swaps:
-        return list(bsyms), handed, refused
-    swap_map = swaps
-    new: list[BoundSymbol] = []
-    for b in bsyms:
-        if can_fuse(b) and any(p.name in swap_map for p in b.flat_proxy_args) and b.sym.id != prims.PrimIDs.RETURN:
-            b = replace_args(b, swap_map)
-        new.append(b)
-    # drop an item whose number nobody reads any more
-    still_read = {p.name for b in new if b.sym.id != prims.PrimIDs.DEL for p in b.flat_proxy_args}
-    final = []
-    for b in new:
-        if b.sym.name == "item" and b.flat_proxy_outs and b.flat_proxy_outs[0].name in swaps:
-            if b.flat_proxy_outs[0].name not in still_read:
-                continue
-        final.append(b)
-    return final, handed, refused
+        args = b.flat_proxy_args
+        if b.sym.name == "item" and len(args) == 1 and isinstance(args[0], TensorProxy) and not args[0].shape \
+                and not dtypes.is_boolean_dtype(args[0].dtype):
+            sources[outs[0].name] = ("item", args[0])
+        elif _numbers_only(b) and b.sym.name in ARITHMETIC and any(p.name in sources for p in args):
+            sources[outs[0].name] = ("arithmetic", b)
+    return sources
 
 
-# NOTE: ops for which PyTorch computes bit-identical results with a Python number or a 0-d tensor of
-# the same dtype in its place. Not div (a CPU-scalar divisor becomes a multiplication by its
-# reciprocal), not pow (scalar exponents take special paths), not ops with a number-only keyword (alpha).
-_ELEMENTWISE = frozenset({"add", "sub", "mul", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge"})
+def _python_type(n: NumberProxy) -> type | None:
+    py = getattr(n, "python_type", None)
+    return py if isinstance(py, type) else None
 
 
-def _in_kwargs(bsym: BoundSymbol, name: str) -> bool:
-    flat, _ = tree_flatten(bsym.kwargs)
-    return any(isinstance(p, Proxy) and p.name == name for p in flat)
-
-
-def _handoff_refusal(n: NumberProxy, src: TensorProxy, readers: Sequence[BoundSymbol]) -> str | None:
-    for r in readers:
-        base = r.sym.name.rsplit(".", 1)[-1]
-        if base not in _ELEMENTWISE or _in_kwargs(r, n.name):
-            return f"{r.sym.name} reads {n.name}: only some elementwise ops take a 0-d tensor in its place exactly"
-        for p in r.flat_proxy_args:
-            if isinstance(p, TensorProxy) and p.name != src.name and p.dtype != src.dtype:
-                return (f"{r.sym.name} mixes {n.name} (from a {src.dtype} tensor) with a {p.dtype} tensor: "
-                        "its 0-d tensor would promote or round differently from a Python number")
-        if not any(isinstance(p, TensorProxy) for p in r.flat_proxy_args):
-            return f"{r.sym.name} computes with numbers only"
+def _refusal(r: BoundSymbol, numbers: Sequence[NumberProxy]) -> str | None:
+    name = r.sym.name
+    for n in numbers:
+        if _python_type(n) not in (float, int):
+            return f"{n.name} is {_a(getattr(_python_type(n), '__name__', 'number'))}: only float and int numbers are handed over"
+    if name not in READERS:
+        return f"{r.sym.name} reads {numbers[0].name}: it has no exact form with a device tensor"
+    tensors = [p for p in r.flat_proxy_args if isinstance(p, TensorProxy)]
+    if name == "full":
+        if list(r.args[1:2]) != [numbers[0]] or len(numbers) != 1:
+            return f"full reads {numbers[0].name} as more than its fill value"
+        return None
+    if name == "full_like":
+        if len(r.args) < 2 or not isinstance(r.args[1], NumberProxy) or len(numbers) != 1 or len(tensors) != 1:
+            return f"full_like reads {numbers[0].name} as more than its fill value"
+        return None
+    if len(tensors) != 1 or len(r.args) != 2 or len(numbers) != 1:
+        return f"{name} reads {numbers[0].name} with other operands than one tensor"
+    if any(isinstance(v, Proxy) for v in r.kwargs.values()):
+        return f"{name} reads a number as a keyword"
+    alpha = r.kwargs.get("alpha", 1)
+    if name in ("add", "sub") and alpha not in (1, None):
+        return f"{name} with alpha={alpha!r}"
+    if name == "div" and r.kwargs.get("rounding_mode") is not None:
+        return f"div with rounding_mode={r.kwargs['rounding_mode']!r}"
+    if dtypes.is_boolean_dtype(tensors[0].dtype) or dtypes.is_complex_dtype(tensors[0].dtype):
+        return f"{name} of a {tensors[0].dtype} tensor"
     return None
 
 
-def buffer_plan(n: NumberProxy, readers: Sequence[BoundSymbol]) -> tuple[Any, Any] | str:
-    """Return (thunder dtype, device) of an exact 0-d buffer for number ``n``, or why there is none.
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
 
-    Exact means PyTorch computes the same values with the buffer as with the Python number: every
-    reader is elementwise, its tensors share one dtype D, and D takes the number without rounding
-    differently (f32/f64 for a float; any float or integer dtype for an int).
+
+def _updated_between(bsyms: Sequence[BoundSymbol], sources: dict, numbers: Sequence[NumberProxy], at: int) -> str | None:
+    """An in-place update between an ``item`` and its reader may write through an alias of the 0-d tensor."""
+    for n in numbers:
+        src = sources.get(n.name)
+        if src is None or src[0] != "item":
+            continue
+        start = next(i for i, b in enumerate(bsyms) if n.name in {p.name for p in b.flat_proxy_outs})
+        if any(b.sym.name == "copy_" for b in bsyms[start:at]):
+            return (f"an in-place update between {n.name} = item({src[1].name}) and its reader may write "
+                    f"through an alias of {src[1].name}")
+    return None
+
+
+def _device_of(b: BoundSymbol) -> Any:
+    for p in list(b.flat_proxy_outs) + list(b.flat_proxy_args):
+        if isinstance(p, TensorProxy):
+            return p.device
+    raise AssertionError(f"{b.sym.name}: no tensor to take a device from")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building the device forms (under the trace's context: new proxies get fresh names)
+
+
+def _emit(out: list[BoundSymbol], trace_fn: Callable[[], Any]) -> Any:
+    """Call a torch-executor op under the trace context and append the bound symbol it records."""
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    trace.push_scope([])
+    try:
+        value = trace_fn()
+    finally:
+        scope = trace.pop_scope()
+    out.extend(scope)
+    return value
+
+
+def _to(out: list[BoundSymbol], t: TensorProxy, dtype: Any) -> TensorProxy:
+    if t.dtype == dtype:
+        return t
+    return _emit(out, lambda: tx.to(t, dtypes.to_torch_dtype(dtype), copy=True))
+
+
+def _exact_dtype(n: NumberProxy) -> Any:
+    return dtypes.float64 if _python_type(n) is float else dtypes.int64
+
+
+def _device_number(n: NumberProxy, sources: dict, made: dict, out: list[BoundSymbol], result: Handoff,
+                   device: Any) -> TensorProxy:
+    """A 0-d device tensor that holds exactly the value of number ``n``."""
+    src = sources.get(n.name)
+    if src is not None and src[0] == "item":
+        return src[1]  # NOTE: item() of a 0-d tensor is exactly its value
+    if src is not None:
+        b = src[1]
+        exact = _exact_dtype(b.flat_proxy_outs[0])
+        operands = []
+        for a in b.args:
+            if isinstance(a, NumberProxy):
+                if a.name not in made:
+                    made[a.name] = _device_number(a, sources, made, out, result, device)
+                operands.append(_to(out, made[a.name], exact))
+            else:
+                operands.append(_emit(out, lambda a=a: tx.full((), a, device=to_torch_device(device),
+                                                               dtype=dtypes.to_torch_dtype(exact))))
+        op = getattr(tx, b.sym.name)
+        return _emit(out, lambda: op(*operands))
+    # NOTE: any other number (an argument, a saved number in a backward) is written on the host side of
+    # the graphs, one fill per call, like a kernel argument: no sync
+    exact = _exact_dtype(n)
+    d = _emit(out, lambda: tx.full((), n, device=to_torch_device(device), dtype=dtypes.to_torch_dtype(exact)))
+    result.keep_out.add(d.name)
+    return d
+
+
+def _reader_form(r: BoundSymbol, made: dict[str, TensorProxy], cuda: bool) -> list[BoundSymbol]:
+    """``r`` rewritten to read device tensors, bit for bit what PyTorch computes with the Python numbers.
+
+    PyTorch computes ``tensor op number`` in the op's math type (float32 for bf16/fp16/fp32, float64
+    for fp64), with the number converted to it, then rounds once to the result dtype. A 0-d CPU
+    tensor takes the same path as a number in CPU kernels, so on the CPU the tensor simply stands
+    in. A 0-d CUDA tensor does not: it is cast to the other operand's dtype first. So on CUDA,
+    low-precision operands are widened to float32 and the result rounded once; and a number divisor
+    becomes a multiplication by its reciprocal in the math type, as PyTorch's CUDA division does for
+    a number.
     """
-    from thunder.core import dtypes
+    out: list[BoundSymbol] = []
+    o = r.flat_proxy_outs[0]
+    name = r.sym.name
+    (n,) = [p for p in r.flat_proxy_args if isinstance(p, NumberProxy)] or [None]
+    d = made[n.name]
+    if name in ("full", "full_like"):
+        value = _to(out, d, o.dtype)
+        wide = _emit(out, lambda: tx.expand(value, tuple(o.shape)))
+        out.append(tx.clone.bind(wide, output=o))
+        return out
+    x = next(p for p in r.flat_proxy_args if isinstance(p, TensorProxy))
+    number_first = isinstance(r.args[0], NumberProxy)
+    math = dtypes.float64 if o.dtype == dtypes.float64 else dtypes.float32
+    if not cuda:
+        # NOTE: an integer tensor with a float number computes in the default dtype, not float64
+        dn = _to(out, d, math) if dtypes.is_float_dtype(o.dtype) and not dtypes.is_float_dtype(x.dtype) else d
+        args = (dn, x) if number_first else (x, dn)
+        out.append(r.sym.bind(*args, **r.kwargs, output=o))
+        return out
+    if name in ("add", "sub", "mul") and o.dtype in (dtypes.float32, dtypes.float64) and x.dtype == o.dtype:
+        args = (d, x) if number_first else (x, d)
+        out.append(r.sym.bind(*args, **r.kwargs, output=o))
+        return out
+    if not dtypes.is_float_dtype(o.dtype):  # integer tensor, integer number
+        args = (d, x) if number_first else (x, d)
+        out.append(r.sym.bind(*args, **r.kwargs, output=o))
+        return out
+    xm, dm = _to(out, x, math), _to(out, d, math)
+    if name in ("true_divide", "div") and not number_first:
+        inv = _emit(out, lambda: tx.reciprocal(dm))
+        op, args, kwargs = tx.mul, (xm, inv), {}
+    else:
+        op = tx.true_divide if name == "div" else getattr(tx, name)
+        args, kwargs = ((dm, xm) if number_first else (xm, dm)), ({} if name in ("div", "true_divide") else r.kwargs)
+    if o.dtype == math:
+        out.append(op.bind(*args, **kwargs, output=o))
+    else:
+        y = _emit(out, lambda: op(*args, **kwargs))
+        out.append(tx.to.bind(y, dtypes.to_torch_dtype(o.dtype), copy=True, output=o))
+    return out
 
-    py = getattr(n, "python_type", None)
-    if py not in (float, int):
-        return f"{n.name} is a {getattr(py, '__name__', py)}: only float and int numbers are handed over"
-    if not readers:
-        return f"{n.name} is not read inside the region"
-    tensor_dtypes, devices = set(), set()
-    for r in readers:
-        base = r.sym.name.rsplit(".", 1)[-1]
-        if base not in _ELEMENTWISE or _in_kwargs(r, n.name):
-            return f"{r.sym.name} reads {n.name}: only some elementwise ops take a 0-d tensor in its place exactly"
-        ts = [a for a in r.flat_proxy_args if isinstance(a, TensorProxy)]
-        if not ts:
-            return f"{r.sym.name} computes with numbers only"
-        tensor_dtypes.update(t.dtype for t in ts)
-        devices.update(t.device for t in ts)
-    if len(tensor_dtypes) != 1 or len(devices) != 1:
-        return f"{n.name} meets tensors of several dtypes or devices"
-    (dt,) = tensor_dtypes
-    (dev,) = devices
-    if py is float and dt not in (dtypes.float32, dtypes.float64):
-        return (f"{n.name} meets {dt} tensors: a Python float computes in float32 there, "
-                "a 0-d buffer would round first (kept as a number)")
-    if py is int and dtypes.is_boolean_dtype(dt):
-        return f"{n.name} meets boolean tensors"
-    return (dt if py is float else dtypes.int64), dev
+
+def _drop_unread_numbers(bsyms: list[BoundSymbol]) -> list[BoundSymbol]:
+    """Drop ``item`` and Python arithmetic whose numbers nobody reads (repeatedly: chains go whole)."""
+    while True:
+        read = {p.name for b in bsyms if b.sym.id != prims.PrimIDs.DEL for p in b.flat_proxy_args}
+        keep = [b for b in bsyms if not ((b.sym.name == "item" or _numbers_only(b)) and b.flat_proxy_outs
+                                         and all(isinstance(p, NumberProxy) and p.name not in read
+                                                 for p in b.flat_proxy_outs))]
+        if len(keep) == len(bsyms):
+            return keep
+        bsyms = keep
