@@ -13,7 +13,6 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 import fuzzgen
 import programs
 import thunder_nb
-from thunder_nb.model import ScalarHandoff
 from thunder_nb.fix import (
     HeldOutputsWarning,
     EagerFallbackWarning,

@@ -183,3 +183,22 @@ def test_handoff_can_be_turned_off():
     out, report, _ = run(programs.island, x, scalar_handoff=False)
     assert_same(out, programs.island(x))
     assert report.rules == ("scalar-region-input",)
+
+
+def test_a_number_left_in_the_graph_takes_a_bounded_number_of_graphs():
+    """With the hand-off off, each new value of the island's number is a new graph; past max_values, none."""
+    from thunder_nb.runner import RecaptureWarning
+    from thunder_nb.testing import emulated_capture
+
+    xs = [programs.vec(64, seed_=i) for i in range(6)]
+    with emulated_capture():
+        t = FixedCUDAGraphTransform(capture=False, scalar_handoff=False, max_values=3)
+        t.cuda_graph_runner.capture = True
+        jfn = thunder.jit(programs.island, transforms=[t])
+        with pytest.warns(RecaptureWarning, match="took more than 3 values"):
+            outs = [jfn(x) for x in xs]
+    for x, out in zip(xs, outs):
+        assert_same(out, programs.island(x))
+    region = thunder_nb.analyze(jfn).forward.regions[1]
+    assert len(region.graphs) == 3 and region.stats.eager_calls == 3
+    assert "took more than 3 values" in region.stats.eager_reason

@@ -21,7 +21,7 @@ from . import internals
 from .model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .ops import IN_PLACE_NAMES, classify_bsym
 from .passes import has_in_place, in_place_plan, is_cuda_trace, region_del_pass, returned_names, strip_top_level_dels
-from .runner import EagerFallbackWarning, HeldOutputsWarning, ThunderNBRunner
+from .runner import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning, ThunderNBRunner
 from .scalars import handoff_numbers
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "ThunderNBRunner",
     "EagerFallbackWarning",
     "HeldOutputsWarning",
+    "RecaptureWarning",
     "recover_from_failed_capture",
     "region_del_pass",
     "strip_top_level_dels",
@@ -61,13 +62,14 @@ class _BaseTransform(CUDAGraphTransform):
     safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
 
     def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, share_mem_pool: bool = False,
-                 max_instances: int = 2, max_addresses: int = 32):
+                 max_instances: int = 2, max_addresses: int = 32, max_values: int = 8):
         super().__init__(share_mem_pool=False)
         internals.check_versions()
         self.capture = _check_capture(capture)
         self.copy_outputs = copy_outputs
         self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, share_mem_pool=share_mem_pool,
-                                                 max_instances=max_instances, max_addresses=max_addresses)
+                                                 max_instances=max_instances, max_addresses=max_addresses,
+                                                 max_values=max_values)
         self.hand_outs: dict[str, HandOutPlan] = {}  # "forward" / "backward" -> the plan of the latest such trace
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
         self.notes: list[str] = []  # decisions the report should mention
@@ -277,6 +279,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
         share_mem_pool: as thunder's transform.
         max_instances: graph instances a region may have for tensors still held for a backward (default 2).
         max_addresses: addresses one static input may take (one per layer is normal) before it is copied.
+        max_values: values of a Python number a region still bakes in (no exact hand-off, not from an
+            island) before the region runs without a graph (default 8; `RecaptureWarning`).
     """
 
     label = "fixed"
@@ -290,9 +294,10 @@ class FixedCUDAGraphTransform(_BaseTransform):
         share_mem_pool: bool = False,
         max_instances: int = 2,
         max_addresses: int = 32,
+        max_values: int = 8,
     ):
         super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool,
-                         max_instances=max_instances, max_addresses=max_addresses)
+                         max_instances=max_instances, max_addresses=max_addresses, max_values=max_values)
         self.scalar_handoff = scalar_handoff
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:

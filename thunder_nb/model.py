@@ -213,6 +213,7 @@ class RegionStats:
     address_keys: int = 0  # distinct sets of static-input addresses (one per layer is normal)
     demoted: tuple[str, ...] = ()  # static inputs turned into copied ones, each "name: why"
     rebound: tuple[str, ...] = ()  # static inputs that received another tensor (thunder's runner copies into them)
+    eager_reason: str | None = None  # why the region runs without a graph on every call now
 
     @property
     def captured(self) -> bool | None:

@@ -18,6 +18,7 @@ __all__ = [
     "ThunderNBRunner",
     "EagerFallbackWarning",
     "HeldOutputsWarning",
+    "RecaptureWarning",
     "record_graph",
     "RECORDERS",
 ]
@@ -29,6 +30,10 @@ class HeldOutputsWarning(UserWarning):
 
 class EagerFallbackWarning(UserWarning):
     """Regions ran eagerly (no CUDA graph was captured)."""
+
+
+class RecaptureWarning(UserWarning):
+    """A region read too many values of a Python number to capture a graph for each: it runs without a graph."""
 
 
 def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs: Sequence[Any], warmups: int) -> tuple[Any, Any]:
@@ -94,6 +99,8 @@ class _Counts:
     addresses: dict[int, set[int]] = field(default_factory=dict)  # static input position -> addresses seen
     demoted: dict[int, str] = field(default_factory=dict)  # input position -> why it is copied now
     rebound: dict[int, str] = field(default_factory=dict)  # input position -> what happened (stock runner)
+    values: set = field(default_factory=set)  # the Python-number values keys were made for
+    eager_reason: str | None = None  # why the region now runs without a graph on every call
     last_key: Any = None
 
 
@@ -116,15 +123,17 @@ class ThunderNBRunner(CUDAGraphRunner):
             they are), recording graphs and hazards; how thunder's own transform is shown.
         max_instances: graph instances per cache key before a held call runs without a graph.
         max_addresses: addresses one static input may take before it is copied instead.
+        max_values: values of the region's Python numbers (each its own graph) before it runs without a graph.
     """
 
     def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = False, stock: bool = False,
-                 max_instances: int = 2, max_addresses: int = 32):
+                 max_instances: int = 2, max_addresses: int = 32, max_values: int = 8):
         super().__init__(share_mem_pool=share_mem_pool)
         self.capture = capture
         self.stock = stock
         self.max_instances = max_instances
         self.max_addresses = max_addresses
+        self.max_values = max_values
         self.plans: dict[str, RegionPlan] = {}
         self.write_back: dict[str, tuple[int, ...]] = {}  # fn_name -> input positions updated in place
         # fn_name -> ((output position, input position), ...): outputs that are an input (update_aliases)
@@ -170,7 +179,7 @@ class ThunderNBRunner(CUDAGraphRunner):
     def call_cuda_graph(self, fn_name: str, *args: Any) -> Any:
         """Run region ``fn_name``: replay a free instance (capturing on a miss), or call its function eagerly."""
         counts = self._count(fn_name)
-        if not self._should_capture(fn_name, args):
+        if counts.eager_reason is not None or not self._should_capture(fn_name, args):
             counts.eager_calls += 1
             return self.python_callables[fn_name][0](*args)
         if self.stock:
@@ -179,6 +188,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         key = (fn_name, mask, internals.arg_descriptor(args), addresses)
         instances = self.cuda_graph_cache.get(key)
         if instances is None:
+            if self._too_many_values(fn_name, counts, key):
+                counts.eager_calls += 1
+                return self.python_callables[fn_name][0](*args)
             mask, key = self._new_key(fn_name, counts, args, mask, key)
             instances = self.cuda_graph_cache.setdefault(key, [])
         for inst in instances:
@@ -240,6 +252,20 @@ class ThunderNBRunner(CUDAGraphRunner):
             if static:
                 addresses.append(a.data_ptr())
         return tuple(mask), tuple(addresses)
+
+    def _too_many_values(self, fn_name: str, counts: _Counts, key: tuple) -> bool:
+        """Past `max_values` values of the region's Python numbers, run it without a graph from now on."""
+        values = tuple(v for v in (key[2].non_tensor_args or ()) if isinstance(v, (int, float, complex)))
+        if not values:
+            return False
+        counts.values.add(values)
+        if len(counts.values) <= self.max_values:
+            return False
+        names = [n for n, v in zip(self.trace_symbols[fn_name][1], key[2].non_tensor_args) if isinstance(v, (int, float, complex))]
+        counts.eager_reason = (f"{', '.join(getattr(n, 'name', '?') for n in names)} took more than {self.max_values} values "
+                               "(each would capture a new graph): the region runs without a graph from now on")
+        warnings.warn(f"thunder-nb: {fn_name}: {counts.eager_reason}", RecaptureWarning, stacklevel=4)
+        return True
 
     def _new_key(self, fn_name: str, counts: _Counts, args: tuple[Any, ...], mask: tuple[bool, ...],
                  key: tuple) -> tuple[tuple[bool, ...], tuple]:
@@ -399,6 +425,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             address_keys=len(c.keys),
             demoted=tuple(c.demoted.values()),
             rebound=tuple(c.rebound.values()),
+            eager_reason=c.eager_reason,
         )
 
     def hand_out_stats(self, kind: str) -> HandOutStats:
