@@ -77,6 +77,7 @@ class _BaseTransform(CUDAGraphTransform):
         self._returned: set[str] = set()
         self._saved: set[str] = set()  # names a forward trace saves for its backward
         self._origin: dict[str, str] = {}  # tensor name -> where it comes from, for input plans
+        self._module_buffers: set[str] = set()  # computation names of module buffers (from the prologue)
         self._handoffs: list[ScalarHandoff] = []  # numbers handed over on the device (current trace)
         self._keep_out: set[str] = set()  # outputs of symbols the hand-off keeps out of regions (current trace)
 
@@ -84,6 +85,12 @@ class _BaseTransform(CUDAGraphTransform):
     def graphs_captured(self) -> int:
         """CUDA graphs captured so far, all regions and instances together."""
         return self.cuda_graph_runner.graphs_captured
+
+    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
+        """Note which computation inputs are module buffers (``unpack_buffer`` in the prologue): they are read in place."""
+        self._module_buffers |= {p.name for b in prologue_trace.bound_symbols if b.sym.name == "unpack_buffer"
+                                 for p in b.flat_proxy_outs}
+        return prologue_trace, computation_trace, epilogue_trace
 
     def region_plan(self, name: str) -> RegionPlan:
         """The plan of region ``name``."""
@@ -93,6 +100,9 @@ class _BaseTransform(CUDAGraphTransform):
         runner = self.cuda_graph_runner
         fusion_callable, fusion_name = runner.make_cuda_graph_callable_from_symbols(bsyms, inputs, outputs)
         runner.cuda_regions[fusion_name] = self._cuda
+        stable = frozenset(i for i, p in enumerate(inputs) if p.name in self._module_buffers)
+        if stable:
+            runner.stable_inputs[fusion_name] = stable
         written, through = in_place_plan(bsyms, inputs, outputs)
         if written:
             runner.write_back[fusion_name] = written
@@ -119,6 +129,8 @@ class _BaseTransform(CUDAGraphTransform):
             return InputPlan(p.name, "number", type(p).__name__)
         if ProxyTag.STATIC_MEMORY_LOCATION in p.tags:
             return InputPlan(p.name, "static", "parameter")
+        if p.name in self._module_buffers:
+            return InputPlan(p.name, "static", "module buffer")
         origin = self._origin.get(p.name)
         if origin and origin.startswith("output of"):
             return InputPlan(p.name, "static", f"{origin}: read where that graph left it")
@@ -147,7 +159,7 @@ class _BaseTransform(CUDAGraphTransform):
         self._saved = {p.name for p in internals.saved_for_backward(trace) if isinstance(p, TensorProxy)}
         self._origin = {}
         for a in trace.args:
-            if isinstance(a, TensorProxy):
+            if isinstance(a, TensorProxy) and a.name not in self._module_buffers:
                 self._origin[a.name] = "an input of the function"
         for b in trace.bound_symbols:
             if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE and backward:

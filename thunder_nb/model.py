@@ -214,6 +214,7 @@ class RegionStats:
     demoted: tuple[str, ...] = ()  # static inputs turned into copied ones, each "name: why"
     rebound: tuple[str, ...] = ()  # static inputs that received another tensor (thunder's runner copies into them)
     eager_reason: str | None = None  # why the region runs without a graph on every call now
+    copied: tuple[str, ...] = ()  # inputs copied into the graph's buffers at the last replay
 
     @property
     def captured(self) -> bool | None:

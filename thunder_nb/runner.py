@@ -45,10 +45,12 @@ def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs:
     """
     torch.cuda.synchronize()
     device = next((a.device.index for a in static_inputs if isinstance(a, torch.Tensor) and a.is_cuda), None)
-    if runner.stream and device is not None:
+    if device is None:  # NOTE: a region without tensor inputs (factory ops only) records on the current device
+        device = torch.cuda.current_device()
+    if runner.stream:
         stream, pool = runner.stream[device], runner.mem_pool[device]
     else:
-        stream, pool = torch.cuda.Stream(), runner.mem_pool[device] if runner.mem_pool and device is not None else None
+        stream, pool = torch.cuda.Stream(), None
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmups):
@@ -102,6 +104,7 @@ class _Counts:
     values: set = field(default_factory=set)  # the Python-number values keys were made for
     eager_reason: str | None = None  # why the region now runs without a graph on every call
     last_key: Any = None
+    last: Any = None  # the instance replayed last
 
 
 class ThunderNBRunner(CUDAGraphRunner):
@@ -141,6 +144,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         self.cuda_regions: dict[str, bool] = {}  # fn_name -> the region computes on a CUDA device (set by the transform)
         self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
         self._owner: dict[int, Any] = {}  # storage address -> the `_Instance` whose replay writes it
+        self._stable: set[int] = set()  # storage addresses of parameters and module buffers seen (views read in place)
+        self.stable_inputs: dict[str, frozenset[int]] = {}  # fn_name -> input positions of module buffers
         self._counts: dict[str, _Counts] = {}
         self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
         self._warned = False
@@ -184,7 +189,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             return self.python_callables[fn_name][0](*args)
         if self.stock:
             return self._call_stock(fn_name, counts, args)
-        mask, addresses = self._static_mask(counts, args)
+        mask, addresses = self._static_mask(fn_name, counts, args)
         key = (fn_name, mask, internals.arg_descriptor(args), addresses)
         instances = self.cuda_graph_cache.get(key)
         if instances is None:
@@ -206,7 +211,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                 f"outputs of {_plural(len(instances), 'instance')} still held for a backward")
             inst = self._record(fn_name, fn, args, mask, cause, len(instances))
             instances.append(inst)
-        counts.last_key = key
+        counts.last_key, counts.last = key, inst
         return self._replay(fn_name, inst, args)
 
     def _replay(self, fn_name: str, inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
@@ -230,19 +235,30 @@ class ThunderNBRunner(CUDAGraphRunner):
             outputs[out_pos] = args[in_pos]
         return outputs
 
-    def _static_mask(self, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    def _static_mask(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple[int, ...]]:
         """Per call: which inputs the graph reads where they lie, and their addresses (part of the cache key).
 
-        Static: a parameter, or memory a graph of this runner owns. Anything else
+        Static: a parameter, a module buffer or a view of one, or memory a graph of this runner owns. Anything else
         is copied into the graph's own buffer. An input past `max_addresses` is copied too.
         """
-        owner, demoted = self._owner, counts.demoted
+        owner, stable, demoted = self._owner, self._stable, counts.demoted
+        buffers = self.stable_inputs.get(fn_name, ())
         mask, addresses = [], []
         for i, a in enumerate(args):
             if type(a) is torch.Tensor:
-                static = a.untyped_storage().data_ptr() in owner
+                ptr = a.untyped_storage().data_ptr()
+                if i in buffers:
+                    stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
+                    static = True
+                else:
+                    static = ptr in owner or ptr in stable
             elif isinstance(a, torch.Tensor):
-                static = isinstance(a, torch.nn.Parameter) or a.untyped_storage().data_ptr() in owner
+                ptr = a.untyped_storage().data_ptr()
+                if isinstance(a, torch.nn.Parameter):
+                    stable.add(ptr)  # NOTE: views of it (a transposed weight saved for the backward) are static too
+                    static = True
+                else:
+                    static = ptr in owner or ptr in stable
             else:
                 mask.append(False)
                 continue
@@ -282,7 +298,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                                      "copied into the graph's buffer from now on")
                 demote.append(i)
         if demote:
-            mask, addresses = self._static_mask(counts, args)
+            mask, addresses = self._static_mask(fn_name, counts, args)
             key = (fn_name, mask, key[2], addresses)
         counts.keys.add(key[3])
         return mask, key
@@ -426,6 +442,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             demoted=tuple(c.demoted.values()),
             rebound=tuple(c.rebound.values()),
             eager_reason=c.eager_reason,
+            copied=tuple(_input_name(self.trace_symbols[fn_name][1], i) for i in c.last.copied) if c.last else (),
         )
 
     def hand_out_stats(self, kind: str) -> HandOutStats:
