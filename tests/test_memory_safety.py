@@ -276,8 +276,11 @@ def test_a_view_of_a_strided_input_is_a_view_of_the_callers_tensor(mode):
 
 
 def train(case, jfn, steps: int, seed: int, *, compiled: bool = False) -> list[torch.Tensor]:
+    """Training steps as a loop writes them: gradients reset before each step (zero_grad's default)."""
     losses = []
     for i in range(steps):
+        for p in case.model.parameters():
+            p.grad = None
         if compiled:
             torch.compiler.cudagraph_mark_step_begin()  # NOTE: torch.compile's graphs need it in a training loop
         loss = jfn(*case.make_batch(seed + i))
@@ -287,6 +290,7 @@ def train(case, jfn, steps: int, seed: int, *, compiled: bool = False) -> list[t
 
 
 def reference(case, steps: int, seed: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Eager losses of ``steps`` steps from ``seed``, and the gradients of the last step."""
     ref = model_case(case.name, model=copy.deepcopy(case.model), vocab=case.vocab, batch=case.batch, seq=case.seq)
     losses = train(ref, ref.step, steps, seed)
     return losses, {n: p.grad for n, p in ref.model.named_parameters()}

@@ -159,13 +159,10 @@ def _refusal(r: BoundSymbol, numbers: Sequence[NumberProxy]) -> str | None:
     if name not in READERS:
         return f"{r.sym.name} reads {numbers[0].name}: it has no exact form with a device tensor"
     tensors = [p for p in r.flat_proxy_args if isinstance(p, TensorProxy)]
-    if name == "full":
-        if list(r.args[1:2]) != [numbers[0]] or len(numbers) != 1:
-            return f"full reads {numbers[0].name} as more than its fill value"
-        return None
-    if name == "full_like":
-        if len(r.args) < 2 or not isinstance(r.args[1], NumberProxy) or len(numbers) != 1 or len(tensors) != 1:
-            return f"full_like reads {numbers[0].name} as more than its fill value"
+    if name in ("full", "full_like"):
+        fill = r.args[1] if len(r.args) > 1 else r.kwargs.get("fill_value")
+        if len(numbers) != 1 or fill is not numbers[0] or len(tensors) != (name == "full_like"):
+            return f"{name} reads {numbers[0].name} as more than its fill value"
         return None
     if len(tensors) != 1 or len(r.args) != 2 or len(numbers) != 1:
         return f"{name} reads {numbers[0].name} with other operands than one tensor"
@@ -292,12 +289,19 @@ def _reader_form(r: BoundSymbol, made: dict[str, TensorProxy], cuda: bool) -> li
         out.append(r.sym.bind(*args, **r.kwargs, output=o))
         return out
     if name in ("add", "sub", "mul") and o.dtype in (dtypes.float32, dtypes.float64) and x.dtype == o.dtype:
-        args = (d, x) if number_first else (x, d)
+        # NOTE: the number is rounded to the tensor's dtype first, as a number is; a wider 0-d tensor would
+        # be read as it is (measured on the H200: off by one ulp with a float64 0-d tensor)
+        dx = _to(out, d, o.dtype) if dtypes.is_float_dtype(d.dtype) else d
+        args = (dx, x) if number_first else (x, dx)
         out.append(r.sym.bind(*args, **r.kwargs, output=o))
         return out
     if not dtypes.is_float_dtype(o.dtype):  # integer tensor, integer number
         args = (d, x) if number_first else (x, d)
         out.append(r.sym.bind(*args, **r.kwargs, output=o))
+        return out
+    if name in ("true_divide", "div") and number_first and dtypes.is_float_dtype(x.dtype):
+        # NOTE: a number dividend goes through the division of the tensor's own dtype: rounded to it first
+        out.append(tx.true_divide.bind(_to(out, d, x.dtype), x, output=o))
         return out
     xm, dm = _to(out, x, math), _to(out, d, math)
     if name in ("true_divide", "div") and not number_first:
