@@ -14,7 +14,7 @@ from IPython.utils.capture import capture_output
 from ipywidgets.widgets.widget_link import Link
 
 from thunder_nb import render
-from thunder_nb.compare import Comparison
+from thunder_nb.comparison import Comparison
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` there)")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
@@ -208,12 +208,16 @@ def test_help_lists_the_arguments(ip):
         ("f(x) --train", SEED, "options go before the call"),
         ("f(nope)", SEED, "the call f(nope) failed: NameError: name 'nope' is not defined"),
         ("f(1 / 0)", SEED, "the call f(1 / 0) failed: ZeroDivisionError: division by zero"),
-        ("f(x)", "def f(:\n    pass\n", "syntax error in the cell, line 1"),
+        ("f(x)", "def f(:\n    pass\n", "syntax error in the cell, line 2"),  # the magic's line is line 1
         ("h(x)", "x = 1\n", "no function defined: the cell defines no function and 'h' is not defined"),
         ("-f nothing f(x)", SEED, "no function 'nothing' in the namespace (the cell defines: f)"),
-        ("--train f(x)", SEED, "training needs an input of f that requires grad"),
+        ("--train f(x)", SEED, "training needs a tensor that requires grad: an input of f, or a parameter of a module"),
+        ("--lr 0.1 f(x)", SEED, "--lr needs --train"),
+        ("--train --lr -1 f(x)", SEED, "--lr must be a positive number, not -1.0"),
+        ("-f x f(x)", SEED, "'x' is a Tensor, not a function"),
+        ("-f n f(x)", "n = 3\n", "'n' is an int, not a function"),
         ("bad(x)", "import torch\nx = torch.randn(3)\ndef bad(x):\n    return float(x.sum())\n",
-         "thunder cannot trace bad: NotImplementedError: casting a TensorProxy to a Python float"),
+         "thunder cannot trace float() of a tensor in bad (line 5 of the cell: `return float(x.sum())`)"),
     ],
 )
 def test_mistakes_raise_one_usage_error(ip, line, cell, message):
@@ -232,7 +236,7 @@ def test_without_a_named_function_the_last_one_the_cell_defines_is_compiled(ip):
 
 def test_cell_error_keeps_what_ran_before(ip):
     ip.user_ns.pop("before", None)
-    with pytest.raises(UsageError, match=r"the cell raised ZeroDivisionError: division by zero on line 3"):
+    with pytest.raises(UsageError, match=r"the cell raised ZeroDivisionError: division by zero \(line 4 of the cell: `1 / 0`\)"):
         ip.run_cell_magic("thunder_cudagraph", "f(x)", "before = 41\nbefore += 1\n1 / 0\nafter = 1\n")
     assert ip.user_ns["before"] == 42 and "after" not in ip.user_ns
 

@@ -1,4 +1,4 @@
-"""`compare`: the original and the fixed transform on one call, checked against eager PyTorch."""
+"""`thunder_nb.compare`: the original and the fixed transform on one call, checked against eager PyTorch."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pytest
 import torch
 
 import programs
-from thunder_nb.compare import (
+from thunder_nb.comparison import (
     EAGER_DEVICE,
     CaptureUnavailableError,
     CompareError,
     Comparison,
     TraceError,
-    _compare_values,
     compare,
 )
+from thunder_nb.values import compare_values
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` there)")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
@@ -36,7 +36,7 @@ def test_seed_against_stock_on_cpu(seed_stock):
     c = seed_stock
     assert c.verdict() == (
         "original (stock): item inside CUDAGraph1 (capture would fail), matches eager; "
-        "fixed: 0 regions, 2 islands, matches eager; eager mode (no GPU): no CUDA graph captured"
+        "fixed: 0 regions, 2 islands, matches eager; eager mode (no GPU): no CUDA graph captured, no speed compared"
     )
     assert c.device == EAGER_DEVICE and not c.on_cuda
     assert c.graphs == {"original": 0, "fixed": 0}
@@ -181,17 +181,17 @@ def test_bad_options(option, message):
 
 def test_compare_values_nested():
     t = torch.arange(4.0)
-    ok, err, why = _compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
+    ok, err, why = compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
     assert ok and why is None and err == pytest.approx(1e-7, abs=1e-7)
-    ok, err, why = _compare_values((t + 1, 3), (t, 3))
+    ok, err, why = compare_values((t + 1, 3), (t, 3))
     assert not ok and err == 1.0 and why.startswith("[0]: Tensor-likes are not close")
-    assert _compare_values(3, 4) == (False, 1, "result: 3 against eager's 4")
-    assert _compare_values([t], (t,))[0] is False
-    ok, _, why = _compare_values(t, t.double())
+    assert compare_values(3, 4) == (False, 1, "result: 3 against eager's 4")
+    assert compare_values([t], (t,))[0] is False
+    ok, _, why = compare_values(t, t.double())
     assert not ok and "torch.float32" in why and "torch.float64" in why
-    assert _compare_values(float("nan"), float("nan"))[0]
-    assert _compare_values(1.0, 1.0 + 1e-9)[0] and not _compare_values(1.0, 1.1)[0]
-    ok, err, _ = _compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
+    assert compare_values(float("nan"), float("nan"))[0]
+    assert compare_values(1.0, 1.0 + 1e-9)[0] and not compare_values(1.0, 1.1)[0]
+    ok, err, _ = compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
     assert ok and err == 0.0
 
 
