@@ -126,6 +126,7 @@ class Comparison:
     threads: int = 0  # torch's CPU threads while timing
     lr: float | None = None  # the SGD learning rate of each training step (None: no step taken)
     steps: int = 0  # training steps each run took (the checked call, warm-up and timed calls)
+    trainable: tuple[str, ...] = ()  # the tensors whose gradients are compared, e.g. "model.0.weight", "w1"
 
     @property
     def on_cuda(self) -> bool:
@@ -198,6 +199,10 @@ class Comparison:
                      + (f"; original {orig.value}" if orig.ran else "")))
         for label, out in (("fixed", fixed), (f"original ({self.original_kind})", orig)):
             rows.append((f"check {label}", _check_text(out, self)))
+        if self.training:
+            shown = ", ".join(self.trainable[:6]) + (", …" if len(self.trainable) > 6 else "")
+            how = f"; an SGD step (lr {self.lr:g}) after each of {self.steps} calls" if self.lr is not None else ""
+            rows.append(("gradients of", f"{shown} ({_plural(len(self.trainable), 'tensor')}){how}"))
         rows.append(("timings", self._timings_text()))
         graphs = f"fixed {self.graphs.get('fixed', 0)}, original {self.graphs.get('original', 0)}"
         if not self.on_cuda:
@@ -496,7 +501,8 @@ def compare(
         )
     plan = runs.Plan(name, training, lr, int(repeats), cuda)
     common = dict(function=name, original_kind=original, device="cuda" if cuda else EAGER_DEVICE,
-                  gpu=torch.cuda.is_available(), capture=capture, training=training)
+                  gpu=torch.cuda.is_available(), capture=capture, training=training,
+                  trainable=tuple(eager.bound.trainable) if training else ())
     with warnings.catch_warnings():
         # NOTE: eager mode is stated in the Comparison (device, verdict); thunder's deprecation noise is not the user's
         warnings.filterwarnings("ignore", category=EagerFallbackWarning)
