@@ -137,14 +137,14 @@ case "${1:-}" in
     example)
         setup
         shift
-        say "running the example: .venv/bin/python -m thunder_nb example $*"
+        say "running the example: .venv/bin/python -m thunder_nb example${*:+ $*}"
         exec .venv/bin/python -m thunder_nb example "$@"
         ;;
     test)
         setup
         apt_install "browser" chromium chromium fonts-liberation2
         shift
-        say "running the tests: .venv/bin/python -m pytest $*"
+        say "running the tests: .venv/bin/python -m pytest${*:+ $*}"
         exec .venv/bin/python -m pytest "$@"
         ;;
     *)

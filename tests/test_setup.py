@@ -57,10 +57,20 @@ NOISE = (
 )
 
 
+#: What this process's environment has that a new user's shell would not: the project's Python and pytest.
+_NOT_A_NEW_USERS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "UV_PROJECT_ENVIRONMENT")
+
+
 def _env() -> dict[str, str]:
-    """A new user's shell: Debian's python3 first on PATH, no uv, no virtualenv, nothing of this checkout."""
-    keep = ("HOME", "USER", "LOGNAME", "LANG", "TMPDIR")
-    env = {k: os.environ[k] for k in keep if k in os.environ}
+    """A new user's shell: Debian's python3 first on PATH, no uv, no virtualenv, nothing of this checkout.
+
+    The machine's own settings stay (``HOME`` and its caches, proxies and TLS certificates such as
+    ``SSL_CERT_FILE``): a user's shell has them too.
+    """
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in _NOT_A_NEW_USERS and not k.startswith(("PYTEST_", "THUNDER_NB_"))
+    }  # fmt: skip
     env["PATH"] = PATH
     return env
 
