@@ -248,9 +248,6 @@ class _Copier:
         new.__dict__.update(f.__dict__)
         self.functions[id(f)] = new
         self.keep.append(f)
-        for n in sorted(_code_names(f.__code__)):
-            if n in f.__globals__:
-                new_globals[n] = self.state(f.__globals__[n], n)
         for var, old, cell in zip(f.__code__.co_freevars, f.__closure__ or (), cells):
             if id(old) not in self._filled:  # NOTE: a cell shared by two closures is filled once
                 self._filled.add(id(old))
@@ -258,6 +255,9 @@ class _Copier:
                     cell.cell_contents = self.state(old.cell_contents, var)
                 except ValueError:  # an empty cell (a variable not assigned yet) stays empty
                     pass
+        for n in sorted(_code_names(f.__code__)):
+            if n in f.__globals__:
+                new_globals[n] = self.state(f.__globals__[n], n)
         if f.__defaults__:
             new.__defaults__ = tuple(self.state(d, f"{f.__name__} default") for d in f.__defaults__)
         if f.__kwdefaults__:
