@@ -105,7 +105,10 @@ def test_a_cell_that_raises_exits_1_with_the_page_written(tmp_path):
 try:  # NOTE: the browser helpers of test_browser.py, which skip with their reason when Chromium is missing
     from test_browser import _check_toggle, _missing, browser, screenshots  # noqa: F401
 except ImportError as e:  # pragma: no cover
-    _missing = lambda: f"test_browser.py helpers unavailable: {e}"  # noqa: E731
+    _WHY = f"test_browser.py helpers unavailable: {e}"
+
+    def _missing() -> str:
+        return _WHY
 
 
 @pytest.mark.browser

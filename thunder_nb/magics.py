@@ -29,6 +29,8 @@ _EXAMPLE = "%%thunder_cudagraph f(x)"
 class ThunderCUDAGraphMagics(Magics):
     """The ``%%thunder_cudagraph`` cell magic."""
 
+    _cell_name: str | None = None  # the file name the shell compiled the magic's cell under
+
     @magic_arguments()
     @argument(
         "call",
@@ -66,7 +68,13 @@ class ThunderCUDAGraphMagics(Magics):
         help="comma-separated views to show, from diagram,lifetimes,source,run (default: all)",
     )
     @argument("--no-run", action="store_true", help="compile and trace only: run and time nothing")
-    @argument("--repeats", type=int, default=20, metavar="N", help="calls timed per version (median shown); default 20")
+    @argument(
+        "--repeats",
+        type=int,
+        default=20,
+        metavar="N",
+        help="calls timed per version, after 2 warm-up calls (median and 10th-90th percentile shown); default 20",
+    )
     @argument(
         "--capture",
         choices=list(CAPTURE_CHOICES),
@@ -81,11 +89,11 @@ class ThunderCUDAGraphMagics(Magics):
         Shows a one-line verdict, a toggle between the original and the fixed side (region diagram,
         value lifetimes, generated code with defect lines highlighted) and the run: the value, its
         check against eager PyTorch, timings and CUDA graphs captured. The original failing is part
-        of the report. Example::
+        of the report. Example, with ``model`` an ``nn.Module`` defined anywhere in the notebook::
 
-            %%thunder_cudagraph --train -o cmp loss(x, w)
-            def loss(x, w):
-                return (x @ w).relu().sum()
+            %%thunder_cudagraph --train --lr 0.01 -o cmp step(xb)
+            def step(x):
+                return model(x).pow(2).mean()
         """
         from . import widget
         from .comparison import CompareError, compare
@@ -173,7 +181,7 @@ class ThunderCUDAGraphMagics(Magics):
 
     def _where(self, where: diagnose.Where) -> str:
         """A line of user code in words: ``line 4 of the cell: `...``` for this cell (counting the magic's line)."""
-        if where.filename == getattr(self, "_cell_name", None):
+        if where.filename == self._cell_name:
             return f"line {where.line + 1} of the cell" + (f": `{where.text}`" if where.text else "")
         return diagnose.where_text(where)
 
