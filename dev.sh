@@ -1,34 +1,95 @@
 #!/usr/bin/env bash
-# thunder-nb's two commands. Each one sets up what it needs first (idempotent):
+# thunder-nb's two commands. Each one sets up what it needs first (idempotent), one progress line a step:
 #   bash dev.sh example   run the main job on the built-in example
 #   bash dev.sh test      run the tests (what CI runs)
-# Set-up: uv (from PyPI) -> .venv with the locked versions (uv.lock) -> Graphviz's dot (Debian's
-# graphviz, when root) -> the widget JavaScript that exported HTML pages inline, so their widgets work
-# offline (npm pack into .cache/widget-js/; Debian's npm when root and npm is missing) -> for the tests,
-# Debian's chromium for the browser tests (when root).
+# Set-up: uv (on PATH, or else from PyPI into the private virtualenv .cache/uv-venv/: never into the
+# system Python, which Debian's python3 refuses (PEP 668, "externally-managed-environment"); Debian's
+# python3-venv first, when root and it is missing) -> .venv with the locked versions (uv.lock) ->
+# Graphviz's dot (Debian's graphviz, when root) -> the widget JavaScript that exported HTML pages
+# inline, so their widgets work offline (npm pack into .cache/widget-js/; Debian's npm when root and
+# npm is missing) -> for the tests, Debian's chromium for the browser tests (when root).
+# What apt-get, dpkg, pip and npm print is shown only when they fail.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 say() { printf 'dev.sh: %s\n' "$*" >&2; }
 
-need_uv() {
-    if ! command -v uv >/dev/null 2>&1; then
-        say "installing uv (PyPI)"
-        python3 -m pip install -q --disable-pip-version-check uv >&2 || python3 -m pip install -q --user uv >&2
-        export PATH="$HOME/.local/bin:$PATH"
+quietly() {  # quietly COMMAND...: run it, and show what it printed only if it fails
+    local log rc=0
+    log=$(mktemp)
+    "$@" >"$log" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then
+        cat "$log" >&2
+        say "this failed (exit status $rc): $*"
+    fi
+    rm -f "$log"
+    return "$rc"
+}
+
+can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+
+apt_get_install() {  # apt_get_install PACKAGE...: Debian packages, quietly (root only)
+    if [ -z "${_APT_UPDATED:-}" ]; then
+        quietly apt-get update
+        _APT_UPDATED=1
+    fi
+    quietly env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+}
+
+apt_install() {  # apt_install STEP PROGRAM PACKAGE...: Debian packages when PROGRAM is missing
+    local step=$1 prog=$2
+    shift 2
+    if command -v "$prog" >/dev/null 2>&1; then
+        say "$step: $(command -v "$prog")"
+    elif can_apt; then
+        say "$step: installing Debian's $* (apt-get)"
+        apt_get_install "$@"
+    else
+        say "$step: $prog is missing; install it with: sudo apt-get install $* (tests that need it are skipped)"
     fi
 }
 
-apt_install() {  # apt_install PROGRAM PACKAGE...: install Debian packages when PROGRAM is missing
-    local prog=$1; shift
-    command -v "$prog" >/dev/null 2>&1 && return 0
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        say "installing $* (Debian)"
-        if [ -z "${_APT_UPDATED:-}" ]; then apt-get update -qq >&2; _APT_UPDATED=1; fi
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+UV_VENV=.cache/uv-venv
+
+need_python() {
+    command -v python3 >/dev/null 2>&1 && return 0
+    if can_apt; then
+        say "python: installing Debian's python3 and python3-venv (apt-get)"
+        apt_get_install python3 python3-venv
     else
-        say "$prog is missing; install it with: sudo apt-get install $* (tests that need it are skipped)"
+        say "python3 is missing: install Python >= 3.10 (sudo apt-get install python3 python3-venv), then run this again"
+        exit 1
     fi
+}
+
+need_uv() {  # sets UV
+    if command -v uv >/dev/null 2>&1; then
+        UV=uv
+        say "uv: $(command -v uv)"
+        return 0
+    fi
+    UV=$UV_VENV/bin/uv
+    if [ -x "$UV" ]; then
+        say "uv: $UV (private)"
+        return 0
+    fi
+    need_python
+    say "uv: installing it from PyPI into $UV_VENV (a private virtualenv; the system Python is left alone)"
+    rm -rf "$UV_VENV"
+    if ! python3 -m venv "$UV_VENV" >/dev/null 2>&1; then
+        rm -rf "$UV_VENV"
+        # NOTE: Debian's python3 has no venv module (ensurepip) until python3-venv is installed
+        if can_apt; then
+            say "uv: installing Debian's python3-venv first (apt-get)"
+            apt_get_install python3-venv
+            quietly python3 -m venv "$UV_VENV"
+        else
+            say "python3 -m venv fails: install Debian's python3-venv (sudo apt-get install python3-venv)" \
+                "or uv itself (https://docs.astral.sh/uv/), then run this again"
+            exit 1
+        fi
+    fi
+    quietly "$UV_VENV/bin/python" -m pip install --disable-pip-version-check uv
 }
 
 # The exact versions inlined into exported pages: the html-manager for ipywidgets 8, and require.js.
@@ -36,31 +97,39 @@ WIDGET_JS_PACKAGES=("@jupyter-widgets/html-manager@1.0.15" "requirejs@2.3.8")
 WIDGET_JS_DIR=.cache/widget-js
 
 widget_js() {  # require.js and embed-amd.js from the npm registry into $WIDGET_JS_DIR (once)
-    [ -f "$WIDGET_JS_DIR/require.js" ] && [ -f "$WIDGET_JS_DIR/embed-amd.js" ] && return 0
-    apt_install npm npm
-    if ! command -v npm >/dev/null 2>&1; then
-        say "npm is missing: exported HTML pages will load the widget JavaScript from a CDN (their widgets need network)"
+    if [ -f "$WIDGET_JS_DIR/require.js" ] && [ -f "$WIDGET_JS_DIR/embed-amd.js" ]; then
+        say "widget JavaScript: $WIDGET_JS_DIR"
         return 0
     fi
-    say "fetching ${WIDGET_JS_PACKAGES[*]} (npm)"
+    command -v npm >/dev/null 2>&1 || apt_install "widget JavaScript" npm npm
+    if ! command -v npm >/dev/null 2>&1; then
+        say "widget JavaScript: npm is missing: exported HTML pages will load it from a CDN (their widgets need network)"
+        return 0
+    fi
+    say "widget JavaScript: fetching ${WIDGET_JS_PACKAGES[*]} (npm)"
     local tmp
     tmp=$(mktemp -d)
-    if (cd "$tmp" && npm pack --silent "${WIDGET_JS_PACKAGES[@]}" >/dev/null &&
+    if (cd "$tmp" && quietly npm pack "${WIDGET_JS_PACKAGES[@]}" &&
         tar -xzf jupyter-widgets-html-manager-*.tgz package/dist/embed-amd.js &&
         tar -xzf requirejs-*.tgz package/require.js); then
         mkdir -p "$WIDGET_JS_DIR"
         mv "$tmp/package/dist/embed-amd.js" "$tmp/package/require.js" "$WIDGET_JS_DIR/"
         printf '%s\n' "${WIDGET_JS_PACKAGES[@]}" >"$WIDGET_JS_DIR/VERSIONS"
     else
-        say "npm pack failed: exported HTML pages will load the widget JavaScript from a CDN (their widgets need network)"
+        say "widget JavaScript: npm pack failed: exported HTML pages will load it from a CDN (their widgets need network)"
     fi
     rm -rf "$tmp"
 }
 
 setup() {
     need_uv
-    uv sync --frozen --extra test --extra browser --quiet
-    apt_install dot graphviz
+    if [ -x .venv/bin/python ]; then
+        say ".venv: the locked versions of uv.lock (uv sync)"
+    else
+        say ".venv: creating it with the locked versions of uv.lock (uv sync; the first time downloads torch, minutes)"
+    fi
+    "$UV" sync --frozen --extra test --extra browser --quiet
+    apt_install "Graphviz" dot graphviz
     widget_js
 }
 
@@ -68,12 +137,14 @@ case "${1:-}" in
     example)
         setup
         shift
+        say "running the example: .venv/bin/python -m thunder_nb example${*:+ $*}"
         exec .venv/bin/python -m thunder_nb example "$@"
         ;;
     test)
         setup
-        apt_install chromium chromium fonts-liberation2
+        apt_install "browser" chromium chromium fonts-liberation2
         shift
+        say "running the tests: .venv/bin/python -m pytest${*:+ $*}"
         exec .venv/bin/python -m pytest "$@"
         ;;
     *)

@@ -72,11 +72,16 @@ def main() -> int:
     ap.add_argument("--transform", choices=["fixed", "stock"])
     ap.add_argument("--copy-outputs", type=int, default=1)
     ap.add_argument("--no-workspace-fix", action="store_true")
+    ap.add_argument("--only", metavar="REGEX", help="only the variants whose name matches")
     a = ap.parse_args()
     if a.transform:
         one(a.transform, bool(a.copy_outputs), not a.no_workspace_fix)
         return 0
+    import re
+
     for name, args in VARIANTS.items():
+        if a.only and not re.search(a.only, name):
+            continue
         proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=400)
         lines = (proc.stdout + proc.stderr).strip().splitlines()
         last = next((ln for ln in reversed(lines) if "survived" in ln or "Error" in ln or "error" in ln), "")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import textwrap
 import warnings
 
@@ -14,7 +17,7 @@ from IPython.utils.capture import capture_output
 from ipywidgets.widgets.widget_link import Link
 
 from thunder_nb import render
-from thunder_nb.compare import Comparison
+from thunder_nb.comparison import Comparison
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` there)")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
@@ -185,12 +188,157 @@ def test_function_named_with_f_and_call_with_strings(ip):
 
 def test_help_lists_the_arguments(ip):
     doc = ip.find_cell_magic("thunder_cudagraph").__doc__
-    for option in ("-f NAME, --function NAME", "--original {stock,legacy}", "--train", "-o NAME, --output NAME",
+    for option in ("-f NAME, --function NAME", "--original {stock,legacy}", "--train", "--lr LR", "-o NAME, --output NAME",
                    "--views LIST", "--no-run", "--repeats N", "--capture {auto,on,off}"):
         assert option in doc
     with capture_output() as cap:
         ip.run_cell("%%thunder_cudagraph?\n")
     assert "--capture {auto,on,off}" in cap.stdout + "".join(str(o.data) for o in cap.outputs)
+
+
+# --- training a module, as it is usually written ---------------------------------------------------
+
+MODULE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    xb = torch.randn(4, 8)
+    """
+)
+PARAMS = "model.0.weight, model.0.bias, model.2.weight, model.2.bias (4 tensors)"
+
+
+def snapshot(module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def test_train_a_module_that_an_earlier_cell_defined(ip):
+    """``step`` reaches ``model`` as a global: every parameter's gradient is compared; the user's model is untouched."""
+    ip.run_cell(MODULE)
+    before = snapshot(ip.user_ns["model"])
+    outs, _ = run_magic(ip, "--train --repeats 2 -o trained step(xb)", "def step(x):\n    return model(x).pow(2).mean()\n")
+    verdict, run = outs[0]["text/plain"], outs[-1]["text/plain"]
+    assert "fixed: 2 regions, 0 islands, matches eager, grads match" in verdict
+    assert verdict.startswith("original (stock): ") and "grads match" in verdict.split("; ")[0]
+    assert re.search(r"^gradients of +" + re.escape(PARAMS) + "$", run, re.M), run
+    assert ip.user_ns["trained"].trainable == ("model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias")
+    model = ip.user_ns["model"]
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_train_through_a_closure_and_a_helper_with_sgd_steps(ip):
+    """A closure over the module and a helper that uses a global weight; ``--lr`` steps each run's own copy."""
+    ip.run_cell(MODULE + "scale = torch.ones(1, requires_grad=True)\n")
+    before = snapshot(ip.user_ns["model"])
+    cell = textwrap.dedent(
+        """
+        def loss_of(out):
+            return (out * scale).pow(2).mean()
+
+        def make_step(net):
+            def step(x):
+                return loss_of(net(x))
+            return step
+
+        step = make_step(model)
+        """
+    )
+    outs, _ = run_magic(ip, "--train --lr 0.05 --repeats 3 -o stepped step(xb)", cell)
+    c = ip.user_ns["stepped"]
+    assert c.trainable == ("net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias", "scale")
+    assert c.steps == 1 + 2 + 3 and c.lr == 0.05
+    for key in ("fixed", "original"):
+        out = c.results[key]
+        assert out.ok and out.grads_match and out.params_match, (key, out)
+    assert "grads match, params match after 6 SGD steps" in outs[0]["text/plain"]
+    assert "an SGD step (lr 0.05) after each of 6 calls" in outs[-1]["text/plain"]
+    assert all(torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
+    assert ip.user_ns["scale"].grad is None
+
+
+# --- the cell runs as any cell does -----------------------------------------------------------------
+
+
+def test_the_shell_runs_the_cell(ip):
+    """Run events fire for the cell, its last expression is displayed, and the namespace keeps its names."""
+    seen = []
+    ip.events.register("post_run_cell", seen.append)
+    try:
+        outs, cap = run_magic(ip, "--views run --repeats 2 f(x)", SEED + "shown = 6 * 7\nshown\n")
+    finally:
+        ip.events.unregister("post_run_cell", seen.append)
+    assert [r.info.raw_cell for r in seen] == [SEED + "shown = 6 * 7\nshown\n"] and seen[0].success
+    assert "42" in cap.stdout  # the displayhook showed the last expression, as in any cell
+    assert ip.user_ns["shown"] == 42
+
+
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        (
+            "import torch\nx = torch.randn(8)\ndef f(x):\n    y = x + 1\n    raise ValueError('boom')\n",
+            "f raised ValueError: boom (line 6 of the cell: `raise ValueError('boom')`): the function's own code fails",
+        ),
+        (
+            "import torch\nx = torch.randn(8)\ndef f(x):\n    y = x.sin()\n    return torch.nonzero(y)\n",
+            "thunder cannot trace nonzero in f (line 6 of the cell: `return torch.nonzero(y)`): its result's shape "
+            "depends on the values in the tensor, and thunder 0.2.6 has no support for data-dependent shapes. "
+            "Keep it outside the function you compile",
+        ),
+        (
+            "import torch\nx = torch.randn(8)\ndef f(x):\n    return x[x > 0].sum()\n",
+            "thunder cannot trace indexing with a boolean mask (x[mask]) in f (line 5 of the cell: `return x[x > 0].sum()`)",
+        ),
+        (
+            "import torch\nx = torch.randn(8)\ndef f(x):\n    return x.tolist()\n",
+            "thunder cannot trace .tolist() in f (line 5 of the cell: `return x.tolist()`): it turns a tensor into Python data",
+        ),
+        (
+            "import torch\nx = torch.randn(8)\ndef f(x):\n    return x.numpy()\n",
+            "thunder cannot trace .numpy() in f (line 5 of the cell: `return x.numpy()`)",
+        ),
+    ],
+    ids=["user-error", "nonzero", "mask", "tolist", "numpy"],
+)
+def test_failures_name_the_line_and_say_what_to_do(ip, cell, message):
+    with capture_output(), pytest.raises(UsageError) as info:
+        ip.run_cell_magic("thunder_cudagraph", "f(x)", cell)
+    text = str(info.value)
+    assert message in text
+    assert "Exception" not in text and "registration" not in text and "FakeTensor" not in text  # no thunder internals
+
+
+def test_an_error_in_a_function_of_an_earlier_cell_names_that_cell(ip):
+    ip.run_cell("import torch\ndef helper(x):\n    raise KeyError('w')\n")
+    with capture_output(), pytest.raises(UsageError) as info:
+        ip.run_cell_magic("thunder_cudagraph", "f(torch.ones(2))", "def f(x):\n    return helper(x)\n")
+    assert "f raised KeyError: 'w' (cell In[" in str(info.value) and "line 3: `raise KeyError('w')`)" in str(info.value)
+
+
+def test_thunders_first_import_is_a_progress_line(tmp_path):
+    """In a fresh process the first magic says it is importing thunder before the silent seconds that takes."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from IPython.testing.globalipapp import get_ipython
+        from IPython.utils.capture import capture_output
+        ip = get_ipython()
+        ip.run_line_magic("load_ext", "thunder_nb")
+        assert "thunder" not in sys.modules
+        with capture_output() as cap:
+            ip.run_cell_magic("thunder_cudagraph", "--no-run f(torch.ones(3))", "import torch\\ndef f(x):\\n    return x.sin()\\n")
+        for o in cap.outputs:
+            print(repr(o.data.get("text/plain", "")))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    shown = out.stdout.splitlines()
+    assert shown[0] == repr("thunder-nb: importing torch and thunder (the first time takes a few seconds)…")
+    assert "tracing f with the fixed transform" in shown[1]
 
 
 # --- mistakes: one clear message each -------------------------------------------------------------
@@ -208,12 +356,16 @@ def test_help_lists_the_arguments(ip):
         ("f(x) --train", SEED, "options go before the call"),
         ("f(nope)", SEED, "the call f(nope) failed: NameError: name 'nope' is not defined"),
         ("f(1 / 0)", SEED, "the call f(1 / 0) failed: ZeroDivisionError: division by zero"),
-        ("f(x)", "def f(:\n    pass\n", "syntax error in the cell, line 1"),
+        ("f(x)", "def f(:\n    pass\n", "syntax error in the cell, line 2"),  # the magic's line is line 1
         ("h(x)", "x = 1\n", "no function defined: the cell defines no function and 'h' is not defined"),
         ("-f nothing f(x)", SEED, "no function 'nothing' in the namespace (the cell defines: f)"),
-        ("--train f(x)", SEED, "training needs an input of f that requires grad"),
+        ("--train f(x)", SEED, "training needs a tensor that requires grad: an input of f, or a parameter of a module"),
+        ("--lr 0.1 f(x)", SEED, "--lr needs --train"),
+        ("--train --lr -1 f(x)", SEED, "--lr must be a positive number, not -1.0"),
+        ("-f x f(x)", SEED, "'x' is a Tensor, not a function"),
+        ("-f n f(x)", "n = 3\n", "'n' is an int, not a function"),
         ("bad(x)", "import torch\nx = torch.randn(3)\ndef bad(x):\n    return float(x.sum())\n",
-         "thunder cannot trace bad: NotImplementedError: casting a TensorProxy to a Python float"),
+         "thunder cannot trace float() of a tensor in bad (line 5 of the cell: `return float(x.sum())`)"),
     ],
 )
 def test_mistakes_raise_one_usage_error(ip, line, cell, message):
@@ -232,7 +384,7 @@ def test_without_a_named_function_the_last_one_the_cell_defines_is_compiled(ip):
 
 def test_cell_error_keeps_what_ran_before(ip):
     ip.user_ns.pop("before", None)
-    with pytest.raises(UsageError, match=r"the cell raised ZeroDivisionError: division by zero on line 3"):
+    with pytest.raises(UsageError, match=r"the cell raised ZeroDivisionError: division by zero \(line 4 of the cell: `1 / 0`\)"):
         ip.run_cell_magic("thunder_cudagraph", "f(x)", "before = 41\nbefore += 1\n1 / 0\nafter = 1\n")
     assert ip.user_ns["before"] == 42 and "after" not in ip.user_ns
 

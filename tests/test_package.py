@@ -34,3 +34,10 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash dev.sh test" in readme and "bash dev.sh example" in readme
     assert "bash dev.sh test" in ci
+
+
+def test_dev_sh_never_installs_into_the_system_python():
+    """Debian's python3 refuses ``pip install`` (PEP 668): dev.sh installs uv into its own virtualenv only."""
+    dev = (ROOT / "dev.sh").read_text()
+    assert "python3 -m pip" not in dev and "--break-system-packages" not in dev
+    assert 'python3 -m venv "$UV_VENV"' in dev and '"$UV_VENV/bin/python" -m pip install' in dev

@@ -60,9 +60,9 @@ def __getattr__(name: str) -> Any:
 
         return getattr(fix, name)
     if name in ("compare", "Comparison"):
-        from . import compare as _compare
+        from . import comparison
 
-        return getattr(_compare, name)
+        return getattr(comparison, name)
     raise AttributeError(f"module 'thunder_nb' has no attribute {name!r}")
 
 

@@ -1,7 +1,9 @@
-"""``python -m thunder_nb``: run the teaching notebooks in a real kernel and export them (the work is `thunder_nb.export`).
+"""``python -m thunder_nb``: run notebooks in a real kernel and export them as standalone pages (the work is `thunder_nb.export`).
 
     python -m thunder_nb example [--out DIR]                 notebook 01: executed .ipynb + standalone .html
     python -m thunder_nb notebooks [--out DIR | --in-place]  all notebooks; exit 1 if a cell raised
+    python -m thunder_nb export NOTEBOOK.ipynb [--out DIR] [--no-execute]
+                                                             your notebook as a standalone .html; exit 1 if a cell raised
 """
 
 from __future__ import annotations
@@ -38,7 +40,22 @@ def _parser() -> argparse.ArgumentParser:
         help="write the executed notebooks (outputs and widget state) back into notebooks/ instead; "
         "a notebook in which a cell raised is left as it was",
     )
-    for sp in (ex, nbs):
+    exp = sub.add_parser(
+        "export",
+        help="run a notebook of yours; write it as a standalone HTML page whose widgets work offline",
+        description="Run NOTEBOOK in a fresh kernel (in its own folder) and write NOTEBOOK.html next to it, or in "
+        "--out DIR: one page that needs no kernel and no network, with the %%thunder_cudagraph toggles working. "
+        "The notebook file itself is not changed. Exit status 1 if a cell raised (the page is written all the same).",
+    )
+    exp.add_argument("notebook", metavar="NOTEBOOK.ipynb", type=Path, help="the notebook to export")
+    exp.add_argument("--out", metavar="DIR", type=Path, help="output folder (default: the notebook's folder)")
+    exp.add_argument(
+        "--no-execute",
+        action="store_true",
+        help="export the outputs saved in the notebook instead of running it (its widgets show only if it was "
+        "saved with its widget state)",
+    )
+    for sp in (ex, nbs, exp):
         sp.add_argument("--timeout", type=int, default=600, metavar="S", help="seconds one cell may run (default 600)")
     return p
 
@@ -80,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import export
 
+    if args.command == "export":
+        return _export_one(args)
     try:
         folder = export.find_notebooks()
     except FileNotFoundError as e:
@@ -118,6 +137,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"thunder-nb: a cell raised in: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _export_one(args: argparse.Namespace) -> int:
+    """``export NOTEBOOK.ipynb``: run it (unless --no-execute) and write its standalone page."""
+    import nbformat
+
+    from . import export
+
+    path: Path = args.notebook
+    if not path.is_file():
+        print(f"thunder-nb: no such notebook: {path}", file=sys.stderr)
+        return 2
+    try:
+        stored = nbformat.read(path, as_version=4)
+    except Exception as e:  # NOTE: nbformat raises several kinds for a file that is not a notebook
+        print(f"thunder-nb: {path} is not a Jupyter notebook ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+    if args.no_execute:
+        nb, errors = stored, export.error_outputs(stored)
+        missing = export.widget_views_without_state(nb)
+        if missing:
+            print(
+                f"thunder-nb: warning: {path.name} has {missing} widget output(s) with no saved widget state, so the "
+                "page cannot draw them: export it without --no-execute, or save it in Jupyter with "
+                "Settings > Save Widget State Automatically turned on",
+                file=sys.stderr,
+            )
+    else:
+        nb, errors = _run(path, args.timeout)
+    dest = (args.out if args.out is not None else path.parent) / path.with_suffix(".html").name
+    page = _export(nb, dest)
+    print(f"HTML page: {page.resolve()}  (open it in a browser; no kernel or network needed)")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Run the teaching notebooks in a real kernel and export them as standalone HTML pages whose widgets work offline.
+"""Run notebooks in a real kernel and export them as standalone HTML pages whose widgets work offline.
 
 nbconvert's HTML page loads require.js and the widget renderer (``@jupyter-widgets/html-manager``'s
 ``embed-amd.js``) from CDNs; offline, the original/fixed toggle silently disappears. `export_html`
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = [
     "widget_assets",
     "execute_notebook",
     "error_outputs",
+    "widget_views_without_state",
     "export_html",
 ]
 
@@ -140,20 +142,31 @@ def execute_notebook(
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
+    from traitlets.config import Config
+
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        resources={"metadata": {"path": str(Path(cwd) if cwd is not None else path.parent)}},
-        store_widget_state=True,
-        # NOTE: no per-cell timestamps: executed notebooks are committed, and timestamps only make diffs
-        record_timing=False,
-    )
-    try:
-        client.execute()
-    except CellExecutionError:
-        pass  # NOTE: the error is in the failing cell's outputs; error_outputs reports it
+    with tempfile.TemporaryDirectory(prefix="thunder-nb-kernel-") as sockets:
+        config = Config()
+        if os.name == "posix":
+            # NOTE: the kernel talks to us through Unix sockets in a private folder instead of TCP ports:
+            # nothing listens on the network, and ipykernel has no "running over TCP without encryption"
+            # warning to print. The path is absolute: the kernel runs in the notebook's folder, not ours.
+            config.KernelManager.transport = "ipc"
+            config.KernelManager.ip = os.path.join(sockets, "kernel")
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            resources={"metadata": {"path": str(Path(cwd) if cwd is not None else path.parent)}},
+            store_widget_state=True,
+            # NOTE: no per-cell timestamps: executed notebooks are committed, and timestamps only make diffs
+            record_timing=False,
+            config=config,
+        )
+        try:
+            client.execute()
+        except CellExecutionError:
+            pass  # NOTE: the error is in the failing cell's outputs; error_outputs reports it
     return nb
 
 
@@ -165,6 +178,18 @@ def error_outputs(nb: nbformat.NotebookNode) -> list[CellError]:
         for o in cell.get("outputs", ())
         if o.get("output_type") == "error"
     ]
+
+
+def widget_views_without_state(nb: nbformat.NotebookNode) -> int:
+    """How many widget outputs the notebook has with no saved widget state to draw them from (0: none missing)."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    views = [
+        o["data"][WIDGET_VIEW].get("model_id")
+        for cell in nb.cells
+        for o in cell.get("outputs", ())
+        if WIDGET_VIEW in o.get("data", {})
+    ]
+    return sum(1 for model_id in views if model_id not in state)
 
 
 _MATH = re.compile(r"\$\$|\$[^$\n]+\$|\\\(|\\\[|\\begin\{")

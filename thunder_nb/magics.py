@@ -1,6 +1,6 @@
 """``%%thunder_cudagraph``: run a cell, then compare the original and fixed CUDA-graph transform on a call.
 
-Argument parsing and orchestration only: the work is `thunder_nb.compare.compare`, the views are
+Argument parsing and orchestration only: the work is `thunder_nb.compare`, the views are
 `thunder_nb.widget`. Load it with ``%load_ext thunder_nb``; ``%%thunder_cudagraph?`` lists the
 arguments.
 """
@@ -8,13 +8,14 @@ arguments.
 from __future__ import annotations
 
 import ast
-import traceback
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
+
+from . import diagnose
 
 __all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES"]
 
@@ -27,6 +28,8 @@ _EXAMPLE = "%%thunder_cudagraph f(x)"
 @magics_class
 class ThunderCUDAGraphMagics(Magics):
     """The ``%%thunder_cudagraph`` cell magic."""
+
+    _cell_name: str | None = None  # the file name the shell compiled the magic's cell under
 
     @magic_arguments()
     @argument(
@@ -43,7 +46,20 @@ class ThunderCUDAGraphMagics(Magics):
         help="what to compare the fixed transform with: thunder's CUDAGraphTransform (stock) or the "
         "July 2024 behaviour of issue #728 (legacy); default: stock",
     )
-    @argument("--train", action="store_true", help="call .backward() on the scalar result and compare gradients too")
+    @argument(
+        "--train",
+        action="store_true",
+        help="call .backward() on the scalar result and compare the gradients of every tensor that requires grad "
+        "that the function reaches (arguments, and the parameters of modules it reaches through arguments, closures "
+        "or the globals it names) with eager's",
+    )
+    @argument(
+        "--lr",
+        type=float,
+        metavar="LR",
+        help="with --train: follow every call by an SGD step (p -= LR * p.grad) on each run's own copy of the "
+        "parameters, and check the parameters against eager's after the last step",
+    )
     @argument("-o", "--output", metavar="NAME", help="store the Comparison in the namespace under NAME")
     @argument(
         "--views",
@@ -52,7 +68,13 @@ class ThunderCUDAGraphMagics(Magics):
         help="comma-separated views to show, from diagram,lifetimes,source,run (default: all)",
     )
     @argument("--no-run", action="store_true", help="compile and trace only: run and time nothing")
-    @argument("--repeats", type=int, default=20, metavar="N", help="calls timed per version (median shown); default 20")
+    @argument(
+        "--repeats",
+        type=int,
+        default=20,
+        metavar="N",
+        help="calls timed per version, after 2 warm-up calls (median and 10th-90th percentile shown); default 20",
+    )
     @argument(
         "--capture",
         choices=list(CAPTURE_CHOICES),
@@ -67,14 +89,14 @@ class ThunderCUDAGraphMagics(Magics):
         Shows a one-line verdict, a toggle between the original and the fixed side (region diagram,
         value lifetimes, generated code with defect lines highlighted) and the run: the value, its
         check against eager PyTorch, timings and CUDA graphs captured. The original failing is part
-        of the report. Example::
+        of the report. Example, with ``model`` an ``nn.Module`` defined anywhere in the notebook::
 
-            %%thunder_cudagraph --train -o cmp loss(x, w)
-            def loss(x, w):
-                return (x @ w).relu().sum()
+            %%thunder_cudagraph --train --lr 0.01 -o cmp step(xb)
+            def step(x):
+                return model(x).pow(2).mean()
         """
         from . import widget
-        from .compare import CompareError, compare
+        from .comparison import CompareError, compare
 
         args, call_text = _parse_line(self.thunder_cudagraph, line)
         try:
@@ -83,6 +105,10 @@ class ThunderCUDAGraphMagics(Magics):
             raise UsageError(str(e)) from None
         if args.repeats < 1:
             raise UsageError(f"--repeats must be at least 1, not {args.repeats}")
+        if args.lr is not None and not args.train:
+            raise UsageError("--lr needs --train (an SGD step needs gradients)")
+        if args.lr is not None and not args.lr > 0:
+            raise UsageError(f"--lr must be a positive number, not {args.lr}")
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"-o needs a Python name, not {args.output!r}")
         call = _parse_call(call_text)
@@ -99,6 +125,7 @@ class ThunderCUDAGraphMagics(Magics):
                 call_kwargs,
                 original=args.original,
                 training=args.train,
+                lr=args.lr,
                 repeats=args.repeats,
                 execute=not args.no_run,
                 capture=CAPTURE_CHOICES[args.capture],
@@ -106,7 +133,7 @@ class ThunderCUDAGraphMagics(Magics):
             )
         except CompareError as e:
             progress.clear()
-            raise UsageError(str(e)) from None
+            raise UsageError(e.render(self._where)) from None
         except BaseException:
             progress.clear()
             raise
@@ -125,25 +152,38 @@ class ThunderCUDAGraphMagics(Magics):
     # --- steps --------------------------------------------------------------------------------------
 
     def _run_cell(self, cell: str) -> list[str]:
-        """Run the cell in the user's namespace; return the names of the functions it defines, in order.
+        """Run the cell as the shell runs any cell; return the names of the functions it defines, in order.
 
+        The shell's own machinery runs it (input transforms, run events, the display of a last
+        expression); an exception it raises becomes one `UsageError` instead of a traceback.
         Statements before a failing one stay in effect, as in a normal cell.
         """
         shell = self.shell
         source = shell.transform_cell(cell)
-        filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
         try:
-            tree = ast.parse(source, filename)
-            code = compile(tree, filename, "exec")
+            tree = ast.parse(source)
         except SyntaxError as e:
-            raise UsageError(f"syntax error in the cell, line {e.lineno}: {e.msg}") from None
+            raise UsageError(f"syntax error in the cell, line {(e.lineno or 0) + 1}: {e.msg}") from None
+        # NOTE: the name the shell compiles the cell under, to say "line N of the cell" in messages
+        self._cell_name = shell.compile.get_code_name(cell, source, shell.execution_count)
+        saved = shell.custom_exceptions, shell.CustomTB
+        shell.set_custom_exc((Exception,), _keep_for_message)
         try:
-            exec(code, shell.user_global_ns, shell.user_ns)
-        except Exception as e:
-            line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == filename), None)
-            where = f" on line {line}" if line else ""
-            raise UsageError(f"the cell raised {_describe(e)}{where}") from None
+            result = shell.run_cell(cell, store_history=False)
+        finally:
+            shell.custom_exceptions, shell.CustomTB = saved
+        error = result.error_before_exec or result.error_in_exec
+        if error is not None:
+            where = diagnose.user_frame(error.__traceback__)
+            at = f" ({self._where(where)})" if where is not None else ""
+            raise UsageError(f"the cell raised {diagnose.error_line(error)}{at}") from None
         return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+    def _where(self, where: diagnose.Where) -> str:
+        """A line of user code in words: ``line 4 of the cell: `...``` for this cell (counting the magic's line)."""
+        if where.filename == self._cell_name:
+            return f"line {where.line + 1} of the cell" + (f": `{where.text}`" if where.text else "")
+        return diagnose.where_text(where)
 
     def _resolve_function(self, name: str | None, call: ast.Call, defined: list[str]) -> Any:
         ns = self.shell.user_ns
@@ -165,9 +205,10 @@ class ThunderCUDAGraphMagics(Magics):
             try:
                 fn = eval(compile(ast.Expression(call.func), "<thunder_cudagraph call>", "eval"), ns)
             except Exception as e:
-                raise UsageError(f"the call {ast.unparse(call.func)}(...) failed: {_describe(e)}") from None
+                raise UsageError(f"the call {ast.unparse(call.func)}(...) failed: {diagnose.error_line(e)}") from None
         if not callable(fn):
-            raise UsageError(f"{name or ast.unparse(call.func)!r} is a {type(fn).__name__}, not a function")
+            kind = type(fn).__name__
+            raise UsageError(f"{name or ast.unparse(call.func)!r} is {_article(kind)} {kind}, not a function")
         return fn
 
     def _evaluate_arguments(self, call: ast.Call, call_text: str) -> tuple[tuple, dict]:
@@ -178,7 +219,7 @@ class ThunderCUDAGraphMagics(Magics):
         try:
             return eval(compile(expr, "<thunder_cudagraph call>", "eval"), self.shell.user_ns, scope)
         except Exception as e:
-            raise UsageError(f"the call {call_text} failed: {_describe(e)}") from None
+            raise UsageError(f"the call {call_text} failed: {diagnose.error_line(e)}") from None
 
 
 def _builtins(ns: dict) -> set[str]:
@@ -188,9 +229,13 @@ def _builtins(ns: dict) -> set[str]:
     return set(b if isinstance(b, dict) else dir(b))
 
 
-def _describe(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def _keep_for_message(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
+    """The shell's custom exception handler while the magic runs the cell: show nothing (`_run_cell` says it once)."""
+    return []
 
 
 def _parse_line(magic: Any, line: str) -> tuple[Any, str]:

@@ -16,7 +16,7 @@ from .model import Report, TraceReport
 if TYPE_CHECKING:  # NOTE: ipywidgets is imported only when a widget is built
     import ipywidgets
 
-    from .compare import Comparison
+    from .comparison import Comparison
 
 __all__ = ["VIEWS", "SIDE_VIEWS", "parse_views", "side_html", "toggle", "comparison_toggle"]
 

@@ -1,22 +1,24 @@
-"""`compare`: the original and the fixed transform on one call, checked against eager PyTorch."""
+"""`thunder_nb.compare`: the original and the fixed transform on one call, checked against eager PyTorch."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 import programs
-from thunder_nb.compare import (
+from thunder_nb.comparison import (
     EAGER_DEVICE,
     CaptureUnavailableError,
     CompareError,
     Comparison,
+    EagerError,
     TraceError,
-    _compare_values,
     compare,
 )
+from thunder_nb.values import compare_values
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` there)")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
@@ -36,7 +38,7 @@ def test_seed_against_stock_on_cpu(seed_stock):
     c = seed_stock
     assert c.verdict() == (
         "original (stock): item inside CUDAGraph1 (capture would fail), matches eager; "
-        "fixed: 0 regions, 2 islands, matches eager; eager mode (no GPU): no CUDA graph captured"
+        "fixed: 0 regions, 2 islands, matches eager; eager mode (no GPU): no CUDA graph captured, no speed compared"
     )
     assert c.device == EAGER_DEVICE and not c.on_cuda
     assert c.graphs == {"original": 0, "fixed": 0}
@@ -145,9 +147,81 @@ def _float_of_sum(x):
     return float(x.sum())
 
 
+def _raises_its_own(x):
+    y = x * 2
+    raise RuntimeError(f"bad shape {tuple(y.shape)}")
+
+
 def test_untraceable_function_raises_trace_error():
-    with pytest.raises(TraceError, match=r"thunder cannot trace _float_of_sum: NotImplementedError: casting"):
+    with pytest.raises(TraceError) as info:
         compare(_float_of_sum, (programs.vec(),), **FAST)
+    assert str(info.value).startswith("thunder cannot trace float() of a tensor in _float_of_sum (")
+    assert "test_comparison.py:" in str(info.value) and "`return float(x.sum())`): " in str(info.value)
+    assert "for one number, .item() works" in str(info.value)
+    assert info.value.where.function == "_float_of_sum"
+
+
+def test_the_functions_own_error_is_an_eager_error_with_its_line():
+    with pytest.raises(EagerError) as info:
+        compare(_raises_its_own, (programs.vec(),), **FAST)
+    where = info.value.where
+    assert (Path(where.filename).name, where.text) == ("test_comparison.py", 'raise RuntimeError(f"bad shape {tuple(y.shape)}")')
+    assert str(info.value).startswith("_raises_its_own raised RuntimeError: bad shape (8,) (")
+    assert str(info.value).endswith("): the function's own code fails, in eager PyTorch too")
+
+
+def test_warnings_are_named_in_the_verdict():
+    c = compare(programs.mlp, programs.mlp_inputs(), training=True, **FAST)
+    phrase = c.verdict().split("; ")[0]
+    rules = [d.rule for d in c.original.defects]
+    assert rules and all(d.severity == "warning" for d in c.original.defects)
+    top = sorted(set(rules), key=lambda r: -rules.count(r))[:2]
+    assert phrase.startswith(f"original (stock): {len(rules)} warnings ({rules.count(top[0])} {top[0]}, ")
+    assert all(rule in phrase for rule in top)
+
+
+@no_gpu
+def test_cpu_timings_are_careful_and_say_they_are_no_graph_timings(seed_stock):
+    c = seed_stock
+    assert c.warmup == 2 and c.threads == torch.get_num_threads() and c.steps == 1 + 2 + 2
+    for key, median in c.timings.items():
+        low, high = c.spread[key]
+        assert low <= median <= high
+    text = dict(c.run_rows())["timings"]
+    assert text.startswith("eager ") and "fixed " in text and "original (stock) " in text
+    assert text.endswith(
+        f": median (10th-90th percentile) of 2 calls after 2 warm-up calls, {c.threads} CPU threads; "
+        "regions ran as plain Python, so these are no CUDA-graph timings"
+    )
+    assert c.verdict().endswith("eager mode (no GPU): no CUDA graph captured, no speed compared")
+
+
+@no_gpu
+def test_thunders_own_transform_without_a_gpu_is_said_plainly():
+    """thunder's CUDAGraphTransform with its own runner, called on a machine without a GPU: a plain sentence."""
+    import thunder
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from thunder_nb import comparison, diagnose
+
+    jfn = thunder.jit(programs.island, transforms=[CUDAGraphTransform()])
+    with pytest.raises(Exception) as info:
+        jfn(programs.vec())
+    assert diagnose.needs_gpu(info.value), info.value  # torch: "Found no NVIDIA driver on your system"
+    out = comparison.Outcome(False, diagnose.error_line(info.value), "run")
+    assert comparison._failure_phrase(out) == "needs a GPU to run (only its trace is shown)"
+    assert diagnose.NO_GPU.startswith("needs a GPU to run: thunder's transform captures CUDA graphs")
+
+
+def test_sgd_steps_check_the_parameters_after_the_last_step():
+    c = compare(programs.mlp, programs.mlp_inputs(), training=True, lr=0.1, repeats=3)
+    assert c.lr == 0.1 and c.steps == 1 + 2 + 3 and c.trainable == ("w1", "w2")
+    for key in ("fixed", "original"):
+        out = c.results[key]
+        assert out.params_match and out.params_max_abs_error is not None and out.ok, (key, out)
+    assert "grads match, params match after 6 SGD steps" in c.verdict()
+    with pytest.raises(ValueError, match="lr needs training=True"):
+        compare(programs.mlp, programs.mlp_inputs(), lr=0.1)
 
 
 @no_gpu
@@ -157,7 +231,7 @@ def test_capture_on_without_gpu():
 
 
 def test_training_needs_grad_inputs_and_a_scalar():
-    with pytest.raises(CompareError, match="requires grad"):
+    with pytest.raises(CompareError, match="training needs a tensor that requires grad: an input of island, or a"):
         compare(programs.island, (programs.vec(),), training=True)
     with pytest.raises(CompareError, match=r"scalar tensor .* returned a tensor of shape \(8,\)"):
         compare(programs.island, (programs.vec().requires_grad_(),), training=True)
@@ -181,32 +255,52 @@ def test_bad_options(option, message):
 
 def test_compare_values_nested():
     t = torch.arange(4.0)
-    ok, err, why = _compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
+    ok, err, why = compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
     assert ok and why is None and err == pytest.approx(1e-7, abs=1e-7)
-    ok, err, why = _compare_values((t + 1, 3), (t, 3))
+    ok, err, why = compare_values((t + 1, 3), (t, 3))
     assert not ok and err == 1.0 and why.startswith("[0]: Tensor-likes are not close")
-    assert _compare_values(3, 4) == (False, 1, "result: 3 against eager's 4")
-    assert _compare_values([t], (t,))[0] is False
-    ok, _, why = _compare_values(t, t.double())
+    assert compare_values(3, 4) == (False, 1, "result: 3 against eager's 4")
+    assert compare_values([t], (t,))[0] is False
+    ok, _, why = compare_values(t, t.double())
     assert not ok and "torch.float32" in why and "torch.float64" in why
-    assert _compare_values(float("nan"), float("nan"))[0]
-    assert _compare_values(1.0, 1.0 + 1e-9)[0] and not _compare_values(1.0, 1.1)[0]
-    ok, err, _ = _compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
+    assert compare_values(float("nan"), float("nan"))[0]
+    assert compare_values(1.0, 1.0 + 1e-9)[0] and not compare_values(1.0, 1.1)[0]
+    ok, err, _ = compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
     assert ok and err == 0.0
 
 
 # --- GPU: real capture ----------------------------------------------------------------------------
 
 
+_MODEL = None
+
+
+def _module_step(x):
+    return _MODEL(x).pow(2).mean()
+
+
+@pytest.fixture
+def _cuda_model():
+    global _MODEL
+    torch.manual_seed(0)
+    _MODEL = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
+    yield
+    _MODEL = None
+
+
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.usefixtures("_cuda_model")
 def test_gpu_capture_verdicts():
     x = programs.vec(device="cuda")
     seed = compare(programs.seed, (x,), capture=True, repeats=5)
     torch.randn(4, device="cuda")  # the original's failed capture leaves CUDA's RNG usable
     island = compare(programs.island, (x,), capture=True, repeats=20)
     mlp = compare(programs.mlp, programs.mlp_inputs("cuda"), training=True, capture=True, repeats=20)
-    for c in (seed, island, mlp):
+    stepped = compare(programs.mlp, programs.mlp_inputs("cuda"), training=True, lr=0.1, capture=True, repeats=20)
+    module_step = compare(_module_step, (torch.randn(16, 32, device="cuda"),), training=True, lr=0.01, capture=True,
+                          repeats=20)
+    for c in (seed, island, mlp, stepped, module_step):
         print(f"GPU verdict {c.function}: {c.verdict()}")
         print(c.run_text())
     assert seed.on_cuda and seed.device == "cuda"
@@ -215,3 +309,6 @@ def test_gpu_capture_verdicts():
     assert island.results["fixed"].ok and island.graphs["fixed"] >= 1
     assert ("faster than eager" in island.verdict()) or ("slower than eager" in island.verdict())
     assert mlp.results["fixed"].ok and mlp.results["fixed"].grads_match and mlp.graphs["fixed"] >= 1
+    for c in (stepped, module_step):  # steady state: the parameters after 23 SGD steps match eager's
+        assert c.results["fixed"].ok and c.results["fixed"].params_match and c.graphs["fixed"] >= 1, c.run_text()
+    assert module_step.trainable == ("_MODEL.0.weight", "_MODEL.0.bias", "_MODEL.2.weight", "_MODEL.2.bias")

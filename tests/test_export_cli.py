@@ -1,0 +1,142 @@
+"""``python -m thunder_nb export NOTEBOOK.ipynb``: one's own notebook as a standalone page, run as a user runs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from thunder_nb import export
+
+STATE, VIEW = export.WIDGET_STATE, export.WIDGET_VIEW
+KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+CELLS = [
+    "%load_ext thunder_nb",
+    "import torch\nx = torch.randn(8)",
+    "%%thunder_cudagraph --original legacy --repeats 2 f(x)\ndef f(x):\n    return x.sum().item()",
+]
+
+
+def write_notebook(path: Path, cells: list[str] = CELLS) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells], metadata=dict(KERNELSPEC))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def export_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "thunder_nb", "export", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+def saved_state(html: str) -> str:
+    m = re.search(rf'<script type="{re.escape(STATE)}">(.*?)</script>', html, re.S)
+    return m.group(1) if m else ""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """(notebook, page, the finished command): ``export mine.ipynb`` run from another folder."""
+    root = tmp_path_factory.mktemp("export")
+    notebook = write_notebook(root / "work" / "mine.ipynb")
+    before = notebook.read_bytes()
+    run = export_cli(str(notebook), cwd=root)
+    assert notebook.read_bytes() == before  # the notebook itself is left alone
+    return notebook, notebook.with_suffix(".html"), run
+
+
+@pytest.mark.slow
+def test_export_runs_the_notebook_and_writes_the_page_next_to_it(exported):
+    notebook, page, run = exported
+    assert run.returncode == 0, run.stderr
+    assert f"HTML page: {page.resolve()}  " in run.stdout
+    assert "thunder-nb: running mine.ipynb ..." in run.stderr and "mine.ipynb: ok" in run.stderr
+    assert "without encryption" not in run.stderr  # the kernel talks over a Unix socket, not TCP
+    html = page.read_text(encoding="utf-8")
+    assert "original (legacy): crashes (UnboundLocalError)" in html  # the magic's verdict, executed here
+    assert "ToggleButtonsModel" in saved_state(html) and f'<script type="{VIEW}">' in html
+    if export.widget_assets() is None:
+        pytest.skip(f"widget JavaScript not in {export.default_assets_dir()}: run `bash dev.sh test` (npm)")
+    assert 'data-thunder-nb="embed-amd.js"' in html and "unpkg.com/" not in html
+
+
+@pytest.mark.slow
+def test_no_execute_uses_the_saved_outputs_and_out_picks_the_folder(tmp_path):
+    executed = export.execute_notebook(write_notebook(tmp_path / "src.ipynb"), timeout=600)
+    saved = tmp_path / "saved.ipynb"
+    nbformat.write(executed, saved)
+    run = export_cli("saved.ipynb", "--no-execute", "--out", "pages", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "running" not in run.stderr and "warning" not in run.stderr  # nothing ran; the state was there
+    html = (tmp_path / "pages" / "saved.html").read_text(encoding="utf-8")
+    assert "ToggleButtonsModel" in saved_state(html)
+
+    del executed.metadata["widgets"]  # saved without widget state, as Jupyter does unless told otherwise
+    nbformat.write(executed, tmp_path / "stateless.ipynb")
+    run = export_cli("stateless.ipynb", "--no-execute", cwd=tmp_path)
+    assert run.returncode == 0 and (tmp_path / "stateless.html").is_file()
+    assert "has 1 widget output(s) with no saved widget state" in run.stderr
+
+
+def test_mistakes_get_one_line_and_status_2(tmp_path):
+    run = export_cli("nothing.ipynb", cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.strip() == "thunder-nb: no such notebook: nothing.ipynb"
+    (tmp_path / "notes.ipynb").write_text("not json")
+    run = export_cli("notes.ipynb", cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.startswith("thunder-nb: notes.ipynb is not a Jupyter notebook (")
+    assert "Traceback" not in run.stderr
+
+
+def test_a_cell_that_raises_exits_1_with_the_page_written(tmp_path):
+    write_notebook(tmp_path / "bad.ipynb", ["x = 1", "raise ValueError('boom')"])
+    run = export_cli("bad.ipynb", cwd=tmp_path)
+    assert run.returncode == 1
+    assert "thunder-nb: bad.ipynb: cell 1: ValueError: boom" in run.stderr
+    assert "ValueError" in (tmp_path / "bad.html").read_text(encoding="utf-8")
+
+
+# --- in a real browser, offline ---------------------------------------------------------------------
+
+try:  # NOTE: the browser helpers of test_browser.py, which skip with their reason when Chromium is missing
+    from test_browser import _check_toggle, _missing, browser, screenshots  # noqa: F401
+except ImportError as e:  # pragma: no cover
+    _WHY = f"test_browser.py helpers unavailable: {e}"
+
+    def _missing() -> str:
+        return _WHY
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_exported_page_switches_offline(exported, browser, screenshots):  # noqa: F811
+    """The page of one's own notebook, from file:// with every other request refused: the toggle renders and switches."""
+    _, page_path, run = exported
+    assert run.returncode == 0, run.stderr
+    if 'data-thunder-nb="embed-amd.js"' not in page_path.read_text(encoding="utf-8"):
+        pytest.skip("the widget JavaScript is not inlined (.cache/widget-js/ missing: run `bash dev.sh test`, needs npm)")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    blocked: list[str] = []
+
+    def only_files(route):
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_files)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(page_path.as_uri())
+        _check_toggle(page, "export-offline", screenshots, whole_page=False)
+        assert errors == [] and blocked == []
+    finally:
+        context.close()

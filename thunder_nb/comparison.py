@@ -1,0 +1,549 @@
+"""Compile a function with the original and the fixed CUDA-graph transform, run both, check them against eager PyTorch.
+
+`compare` is the Python API behind ``%%thunder_cudagraph``: it jits the function twice (thunder's
+stock `CUDAGraphTransform`, or the July 2024 `LegacyCUDAGraphTransform`, against
+`FixedCUDAGraphTransform`), builds both `Report`s, runs eager PyTorch, compares values (and
+gradients with ``training=True``, parameters after SGD steps with ``lr``), times the three and
+counts captured CUDA graphs. Each run works on its own copy of what the function reaches
+(`thunder_nb.reach`). The original failing is a finding kept in the `Comparison`, never an exception.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import diagnose
+from .diagnose import Where, error_line
+from .model import Defect, Report
+from .values import short
+
+__all__ = [
+    "compare",
+    "Comparison",
+    "Outcome",
+    "CompareError",
+    "TraceError",
+    "CaptureUnavailableError",
+    "EagerError",
+    "ORIGINALS",
+    "CAPTURE_MODES",
+    "EAGER_DEVICE",
+]
+
+#: The transforms a fixed run can be compared against.
+ORIGINALS = ("stock", "legacy")
+#: Accepted values of ``capture``.
+CAPTURE_MODES = ("auto", True, False)
+#: `Comparison.device` when no input is on a CUDA device.
+EAGER_DEVICE = "cpu (eager mode: no CUDA graphs)"
+
+
+class CompareError(Exception):
+    """`compare` cannot do what was asked (the user must act: fix the function, inputs or options).
+
+    ``where`` is the line of the user's code it is about, if any; `render` words it.
+    """
+
+    def __init__(self, message: str, where: Where | None = None):
+        self.template, self.where = message, where
+        super().__init__(self.render())
+
+    def render(self, where_text: Callable[[Where], str] = diagnose.where_text) -> str:
+        """The message, with ``{where}`` filled in by ``where_text``."""
+        if self.where is None:
+            return self.template
+        return self.template.replace("{where}", where_text(self.where))
+
+
+class TraceError(CompareError):
+    """thunder cannot trace the function (so neither transform has anything to work on)."""
+
+
+class CaptureUnavailableError(CompareError):
+    """``capture=True`` was asked for, but there is no CUDA device (or the inputs are not on it)."""
+
+
+class EagerError(CompareError):
+    """The function fails in eager PyTorch: the user's own code raised, so there is nothing to check against."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# The result objects
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one compiled version (original or fixed) did against eager PyTorch."""
+
+    ran: bool  # the call (and the backward, when training) returned
+    error: str | None = None  # "UnboundLocalError: ...", when tracing or the call failed
+    stage: str | None = None  # where it failed: "trace" or "run"
+    value: str = ""  # a one-line repr of the result
+    matches: bool | None = None  # the result equals eager's (None: not run)
+    max_abs_error: float | None = None
+    mismatch: str | None = None  # the first difference, when it does not match
+    grads_match: bool | None = None  # None unless training
+    grads_max_abs_error: float | None = None
+    eager_regions: bool = False  # regions ran as plain Python (no graph captured for them)
+    params_match: bool | None = None  # after every SGD step (None unless lr, or when a step failed)
+    params_max_abs_error: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Ran, and its value (and gradients and parameters, when checked) match eager."""
+        return self.ran and bool(self.matches) and self.grads_match is not False and self.params_match is not False
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The original and the fixed transform on one function and its inputs, checked against eager."""
+
+    function: str
+    original_kind: str  # "stock" | "legacy"
+    original: Report
+    fixed: Report
+    results: Mapping[str, Outcome]  # "original", "fixed"
+    timings: Mapping[str, float]  # median microseconds per call: "eager", "fixed", "original" (those that ran)
+    graphs: Mapping[str, int]  # CUDA graphs captured: "original", "fixed"
+    device: str  # "cuda" or `EAGER_DEVICE`
+    gpu: bool = False  # torch saw a CUDA device
+    capture: bool | str = "auto"
+    training: bool = False
+    executed: bool = True
+    eager_value: str = ""
+    repeats: int = 0
+    notes: tuple[str, ...] = ()  # what else went wrong, e.g. a later call failing while timing
+    #: the jitted functions, "original" and "fixed" (to call again, or to inspect with thunder)
+    functions: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    spread: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # 10th and 90th percentile, µs
+    warmup: int = 0  # untimed calls before the timed ones
+    threads: int = 0  # torch's CPU threads while timing
+    lr: float | None = None  # the SGD learning rate of each training step (None: no step taken)
+    steps: int = 0  # training steps each run took (the checked call, warm-up and timed calls)
+    trainable: tuple[str, ...] = ()  # the tensors whose gradients are compared, e.g. "model.0.weight", "w1"
+
+    @property
+    def on_cuda(self) -> bool:
+        """True when the inputs are on a CUDA device."""
+        return self.device == "cuda"
+
+    def verdict(self) -> str:
+        """Return the one-line verdict, e.g. ``original (stock): capture fails, item inside CUDAGraph1; fixed: ...``."""
+        return "; ".join(p for p in (self._original_phrase(), self._fixed_phrase(), self._mode_phrase()) if p)
+
+    def _original_phrase(self) -> str:
+        out = self.results["original"]
+        parts: list[str] = []
+        if out.error:
+            parts.append(_failure_phrase(out))
+        errors = _by_priority(d for d in self.original.defects if d.is_error)
+        if errors:
+            phrase = _defect_phrase(self.original, errors[0])
+            if len(errors) > 1:
+                phrase += f" (+{len(errors) - 1} more)"
+            if errors[0].rule == "host-sync-in-region" and not out.error and self.graphs.get("original", 0) == 0:
+                phrase += " (capture would fail)"
+            parts.append(phrase)
+        elif self.original.defects:
+            parts.append(_warnings_phrase(self.original.defects))
+        if not out.error:
+            parts.append(_run_phrase(out, self) if self.executed else "not run")
+        return f"original ({self.original_kind}): " + ", ".join(parts)
+
+    def _fixed_phrase(self) -> str:
+        rep, out = self.fixed, self.results["fixed"]
+        regions = sum(len(t.regions) for t in rep.traces)
+        islands = sum(len(t.user_islands) for t in rep.traces)
+        parts = [_plural(regions, "region"), _plural(islands, "island")]
+        errors = _by_priority(d for d in rep.defects if d.is_error)
+        if errors:
+            parts.append(_plural(len(errors), "defect") + ": " + _defect_phrase(rep, errors[0]))
+        if out.error:
+            parts.append(_failure_phrase(out))
+        elif not self.executed:
+            parts.append("not run")
+        else:
+            parts.append(_run_phrase(out, self))
+            eager_us, fixed_us = self.timings.get("eager"), self.timings.get("fixed")
+            # NOTE: a speed-up is only claimed for captured graphs; eager-mode timings say nothing about them
+            if self.graphs.get("fixed", 0) > 0 and eager_us and fixed_us:
+                ratio = eager_us / fixed_us
+                parts.append(f"{ratio:.1f}x faster than eager" if ratio >= 1 else f"{1 / ratio:.1f}x slower than eager")
+        return "fixed: " + ", ".join(parts)
+
+    def _mode_phrase(self) -> str:
+        if not self.executed:
+            return ""
+        if not self.on_cuda:
+            why = "inputs on the CPU" if self.gpu else "no GPU"
+            return f"eager mode ({why}): no CUDA graph captured, no speed compared"
+        if self.capture is False:
+            return "eager mode (capture off): no CUDA graph captured"
+        return ""
+
+    # --- views ------------------------------------------------------------------------------------
+
+    def run_rows(self) -> list[tuple[str, str]]:
+        """The run section as (label, text) rows: value, check against eager, timings, graphs captured."""
+        if not self.executed:
+            return [("run", "not run (--no-run): traces only")]
+        fixed, orig = self.results["fixed"], self.results["original"]
+        rows = [("device", self.device)]
+        rows.append(("value", f"eager {self.eager_value}; fixed {fixed.value or '-'}"
+                     + (f"; original {orig.value}" if orig.ran else "")))
+        for label, out in (("fixed", fixed), (f"original ({self.original_kind})", orig)):
+            rows.append((f"check {label}", _check_text(out, self)))
+        if self.training:
+            shown = ", ".join(self.trainable[:6]) + (", …" if len(self.trainable) > 6 else "")
+            how = f"; an SGD step (lr {self.lr:g}) after each of {self.steps} calls" if self.lr is not None else ""
+            rows.append(("gradients of", f"{shown} ({_plural(len(self.trainable), 'tensor')}){how}"))
+        rows.append(("timings", self._timings_text()))
+        graphs = f"fixed {self.graphs.get('fixed', 0)}, original {self.graphs.get('original', 0)}"
+        if not self.on_cuda:
+            graphs += " (eager mode: inputs on the CPU)" if self.gpu else " (eager mode: no GPU)"
+        elif self.capture is False:
+            graphs += " (capture off)"
+        rows.append(("graphs captured", graphs))
+        rows += [("note", n) for n in self.notes]
+        return rows
+
+    def _timings_text(self) -> str:
+        order = [("eager", "eager"), ("fixed", "fixed"), ("original", f"original ({self.original_kind})")]
+        times = []
+        for key, name in order:
+            if key in self.timings:
+                low, high = self.spread.get(key, (self.timings[key], self.timings[key]))
+                times.append(f"{name} {_us(self.timings[key])} ({_us(low, unit=False)}-{_us(high)})")
+        if not times:
+            return "-"
+        how = f"median (10th-90th percentile) of {self.repeats} calls after {self.warmup} warm-up calls"
+        if not self.on_cuda:
+            # NOTE: on the CPU the regions run as plain Python: these numbers say nothing about CUDA graphs
+            how += f", {self.threads} CPU threads; regions ran as plain Python, so these are no CUDA-graph timings"
+        elif self.capture is False:
+            how += "; capture off, so these are no CUDA-graph timings"
+        return ", ".join(times) + f": {how}"
+
+    def run_text(self) -> str:
+        """Return the run section as text."""
+        rows = self.run_rows()
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def run_html(self) -> str:
+        """Return the run section as an HTML table."""
+        body = "".join(
+            f"<tr><th style=\"text-align:left;padding-right:1em\">{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+            for k, v in self.run_rows()
+        )
+        return f'<table class="tnb-run">{body}</table>'
+
+    def verdict_html(self) -> str:
+        """Return the verdict as one HTML line."""
+        bad = not self.results["fixed"].ok if self.executed else bool(self.fixed.defects)
+        color = "#e03131" if bad else "#2b8a3e"
+        return f'<div class="tnb-verdict" style="font-weight:600;color:{color}">{html.escape(self.verdict())}</div>'
+
+    def to_text(self) -> str:
+        """Return the whole comparison as text: verdict, both reports, the run section."""
+        from . import render
+
+        return "\n\n".join(
+            [
+                self.verdict(),
+                f"== original ({self.original_kind}) ==\n{render.report_text(self.original)}",
+                f"== fixed ==\n{render.report_text(self.fixed)}",
+                f"== run ==\n{self.run_text()}",
+            ]
+        )
+
+    def to_html(self) -> str:
+        """Return the whole comparison as static HTML: verdict, both reports side by side, the run section."""
+        from . import render
+
+        return self.verdict_html() + render.side_by_side_html(self.original, self.fixed) + self.run_html()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        makers = {"text/plain": self.to_text, "text/html": self.to_html}
+        wanted = [m for m in makers if (not include or m in include) and (not exclude or m not in exclude)]
+        return {m: makers[m]() for m in wanted}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Phrases
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _us(x: float, unit: bool = True) -> str:
+    text = f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+    return f"{text} us" if unit else text
+
+
+def _warnings_phrase(defects: Iterable[Defect]) -> str:
+    """``13 warnings (9 never-freed, 4 dead-region-input)``: the count, then the most frequent rules."""
+    counts = Counter(d.rule for d in defects)
+    top = [f"{n} {rule}" for rule, n in counts.most_common(2)]
+    if len(counts) > 2:
+        top.append(f"{sum(counts.values()) - sum(n for _, n in counts.most_common(2))} more")
+    return f"{_plural(sum(counts.values()), 'warning')} ({', '.join(top)})"
+
+
+def _failure_phrase(out: Outcome) -> str:
+    err = out.error or ""
+    kind = err.split(":", 1)[0]
+    if diagnose.needs_gpu(err):
+        return "needs a GPU to run (only its trace is shown)"
+    if out.stage == "run" and "captur" in err.lower():
+        return "capture fails"
+    if out.stage == "trace":
+        return f"compile fails ({kind})"
+    return f"crashes ({kind})"
+
+
+def _run_phrase(out: Outcome, c: Comparison) -> str:
+    if not out.ran:
+        return "not run"
+    if out.matches:
+        text = "matches eager"
+    else:
+        err = f" (max abs error {out.max_abs_error:.3g})" if out.max_abs_error is not None else ""
+        text = f"DIFFERS from eager{err}"
+    if c.training:
+        text += ", grads match" if out.grads_match else ", grads DIFFER"
+    if out.params_match is not None:
+        text += f", {'params match' if out.params_match else 'params DIFFER'} after {c.steps} SGD steps"
+    return text
+
+
+def _check_text(out: Outcome, c: Comparison) -> str:
+    if out.error:
+        if diagnose.needs_gpu(out.error):
+            return f"not run: {diagnose.NO_GPU}"
+        return f"fails at {out.stage}: {out.error}"
+    if not out.ran:
+        return "not run"
+    text = _run_phrase(out, c)
+    if out.max_abs_error is not None:
+        text += f" (max abs error {out.max_abs_error:.3g}"
+        if c.training and out.grads_max_abs_error is not None:
+            text += f", grads {out.grads_max_abs_error:.3g}"
+        if out.params_max_abs_error is not None:
+            text += f", params {out.params_max_abs_error:.3g}"
+        text += ")"
+    if out.mismatch:
+        text += f": {out.mismatch}"
+    return text
+
+
+#: Which error a verdict names first: the one that breaks the run soonest, then the rest.
+_PRIORITY = ("host-sync-in-region", "cpu-op-in-region", "use-after-del", "region-deletes-output",
+             "static-input-rebound", "saved-graph-memory", "returned-graph-memory")
+
+
+def _by_priority(defects: Iterable[Defect]) -> list[Defect]:
+    ranked = list(defects)
+    return sorted(ranked, key=lambda d: _PRIORITY.index(d.rule) if d.rule in _PRIORITY else len(_PRIORITY))
+
+
+def _op_of(report: Report, d: Defect):
+    for t in report.traces:
+        if t.kind != d.trace or d.region is None:
+            continue
+        try:
+            region = t.region(d.region)
+        except KeyError:
+            return None
+        return next((o for o in region.ops if o.line == d.line), None)
+    return None
+
+
+def _defect_phrase(report: Report, d: Defect) -> str:
+    """A few words for a defect: ``item inside CUDAGraph1``, ``t9 used after del in CUDAGraph1``."""
+    where = d.region or "the top level"
+    if d.rule in ("host-sync-in-region", "cpu-op-in-region"):
+        op = _op_of(report, d)
+        what = op.callee.rsplit(".", 1)[-1] if op is not None else (d.value or "an op")
+        return f"{what} inside {where}"
+    if d.rule == "use-after-del":
+        return f"{d.value} used after del in {where}"
+    if d.rule == "region-deletes-output":
+        return f"{where} deletes its own output {d.value}"
+    if d.rule == "region-deletes-outside-value":
+        return f"{where} deletes {d.value} from outside it"
+    if d.rule == "scalar-region-input":
+        return f"number {d.value} into {where} (a graph per value)"
+    if d.rule == "returned-graph-memory":
+        return f"wrong result: {d.value} returned in graph memory (the next call overwrites it)"
+    if d.rule == "saved-graph-memory":
+        return f"wrong result: {d.value} saved for the backward in graph memory (a second forward overwrites it)"
+    if d.rule == "static-input-rebound":
+        return f"wrong result: {where} copies another tensor into its static input {d.value}"
+    return f"{d.rule} ({d.value or where})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# compare
+
+
+def _check_options(original: str, capture: Any, repeats: int, training: bool, lr: float | None) -> None:
+    if original not in ORIGINALS:
+        raise ValueError(f"unknown original: {original!r} (must be one of {list(ORIGINALS)})")
+    if not (capture is True or capture is False or capture == "auto"):
+        raise ValueError(f"unknown capture: {capture!r} (must be one of {list(CAPTURE_MODES)})")
+    if int(repeats) < 1:
+        raise ValueError(f"repeats must be at least 1, not {repeats!r}")
+    if lr is not None and not training:
+        raise ValueError("lr needs training=True (an SGD step needs gradients)")
+    if lr is not None and not lr > 0:
+        raise ValueError(f"lr must be a positive number, not {lr!r}")
+
+
+def _check_capture(capture: Any, cuda: bool) -> None:
+    import torch
+
+    if capture is not True:
+        return
+    if not torch.cuda.is_available():
+        raise CaptureUnavailableError(
+            "capturing CUDA graphs (capture on) needs a CUDA GPU, and torch sees none: "
+            "use capture auto (regions then run eagerly) or off"
+        )
+    if not cuda:
+        raise CaptureUnavailableError(
+            "capturing CUDA graphs (capture on) needs the inputs on a CUDA device; they are all on the CPU"
+        )
+
+
+def _import_thunder(say: Callable[[str], None]) -> None:
+    """Import thunder (4-5 s the first time, silent otherwise): say so first."""
+    if "thunder" not in sys.modules:
+        say("importing torch and thunder (the first time takes a few seconds)…")
+    with warnings.catch_warnings():
+        # NOTE: thunder warns at import about an optional executor nobody asked for
+        warnings.filterwarnings("ignore", message="transformer_engine module not found")
+        import thunder  # noqa: F401
+
+        from . import analysis, fix  # noqa: F401
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def compare(
+    fn: Callable[..., Any],
+    args: tuple | list = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    original: str = "stock",
+    training: bool = False,
+    lr: float | None = None,
+    repeats: int = 20,
+    execute: bool = True,
+    capture: bool | str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Compile ``fn`` with the original and the fixed CUDA-graph transform, run both and check them against eager.
+
+    Each run (eager, fixed, original) gets its own copy of the modules and trainable tensors ``fn``
+    reaches, through its arguments, closure cells and the globals it names (`thunder_nb.reach.bind`),
+    and fresh clones of the other input tensors on every call: runs never see each other's results,
+    gradients or updates, and the caller's objects are never touched. With ``original="stock"``,
+    thunder's fusion and del passes are used as they are; its runner is replaced by one that captures
+    the same way on CUDA, records each graph and, without CUDA inputs (or with ``capture=False``),
+    runs regions eagerly.
+
+    Args:
+        fn: a function (or ``torch.nn.Module``) that thunder can trace.
+        args, kwargs: its inputs.
+        original: ``"stock"`` (thunder's `CUDAGraphTransform`) or ``"legacy"`` (`LegacyCUDAGraphTransform`).
+        training: call ``.backward()`` on the scalar result and compare the gradients of every tensor
+            that requires grad that ``fn`` reaches (arguments, module parameters, closures, globals).
+        lr: with ``training``, follow every call by an SGD step (``p -= lr * p.grad``) on each run's
+            own parameters, and compare the parameters with eager's after the last step: training
+            in its steady state, not just one step.
+        repeats: calls timed per version (median and spread reported), after a few untimed ones.
+        execute: False builds and analyses the traces only (nothing runs, nothing is timed).
+        capture: ``"auto"`` (capture on CUDA, eager regions otherwise), True (capture; needs CUDA
+            inputs), False (regions run eagerly).
+        progress: called with a short status line ("tracing…", "running…") as work proceeds.
+
+    Returns:
+        A `Comparison`; the original failing (tracing or running) is recorded in it, not raised.
+
+    Raises:
+        TraceError: thunder cannot trace ``fn`` with these inputs (the message names the op and line).
+        EagerError: ``fn`` itself raises, in eager PyTorch (the message names the line).
+        CaptureUnavailableError: ``capture=True`` without a CUDA device or without CUDA inputs.
+        CompareError: ``training=True`` without a tensor that requires grad, or without a scalar result.
+        ValueError: an option has a value outside the documented ones.
+    """
+    _check_options(original, capture, repeats, training, lr)
+    say = progress or (lambda message: None)
+    _import_thunder(say)
+    import torch
+
+    from . import runs
+    from .analysis import analyze
+    from .fix import EagerFallbackWarning
+
+    args, kwargs, name = tuple(args), dict(kwargs or {}), _name(fn)
+    eager = runs.Run.eager(fn, args, kwargs)
+    cuda = runs.on_cuda(eager.bound)
+    _check_capture(capture, cuda)
+    if training and not eager.bound.trainable:
+        raise CompareError(
+            f"training needs a tensor that requires grad: an input of {name}, or a parameter of a module it "
+            "reaches (as an argument, a closure variable or a global it names); none does "
+            "(e.g. w.requires_grad_())"
+        )
+    plan = runs.Plan(name, training, lr, int(repeats), cuda)
+    common = dict(function=name, original_kind=original, device="cuda" if cuda else EAGER_DEVICE,
+                  gpu=torch.cuda.is_available(), capture=capture, training=training,
+                  trainable=tuple(eager.bound.trainable) if training else ())
+    with warnings.catch_warnings():
+        # NOTE: eager mode is stated in the Comparison (device, verdict); thunder's deprecation noise is not the user's
+        warnings.filterwarnings("ignore", category=EagerFallbackWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.is_autocast_cpu_enabled")
+
+        orig, fixed = runs.compile_both(fn, args, kwargs, original, capture, plan, say)
+        functions = {"original": orig.jfn, "fixed": fixed.jfn}
+        orig_failed = Outcome(False, error_line(orig.trace_error), "trace") if orig.trace_error else None
+        if not execute:
+            return Comparison(
+                original=analyze(orig.jfn, error=orig.trace_error), fixed=analyze(fixed.jfn),
+                results={"original": orig_failed or Outcome(False), "fixed": Outcome(False)},
+                timings={}, graphs={"original": 0, "fixed": 0}, executed=False, functions=functions, **common,
+            )
+
+        say(f"running {name} in eager PyTorch…")
+        reference = runs.reference(eager, plan)
+        timings, notes = runs.Timings(), []
+        timings.add("eager", runs.time_calls(eager, plan))
+        eager_params = runs.params(eager) if lr is not None else None
+        results: dict[str, Outcome] = {}
+        # NOTE: the original runs last: a capture that fails must not disturb the fixed run's device state
+        for key, run in (("fixed", fixed), ("original", orig)):
+            if run.trace_error is not None:
+                results[key] = orig_failed
+            else:
+                results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say)
+
+        say(f"analysing {name}…")
+        return Comparison(
+            original=analyze(orig.jfn, error=orig.error), fixed=analyze(fixed.jfn, error=fixed.error),
+            results=results, timings=timings.medians, spread=timings.spread,
+            graphs={"original": orig.runner.graphs_captured, "fixed": fixed.runner.graphs_captured},
+            executed=True, eager_value=short(runs.detached(reference.value)), repeats=int(repeats),
+            notes=tuple(notes), functions=functions, warmup=runs.WARMUP, threads=torch.get_num_threads(),
+            lr=lr, steps=eager.steps, **common,
+        )

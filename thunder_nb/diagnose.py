@@ -1,0 +1,127 @@
+"""Say why a function failed in words the user can act on: where their own code raised, or which op thunder cannot trace.
+
+Thunder 0.2.6 reports an op it cannot trace in its internals' terms ("automatic registration ...
+DynamicOutputShapeException(...)"); `untraceable` names the op, says why in one sentence and what
+to do. `user_frame` finds the line of the user's code (a notebook cell or a file) in a traceback,
+and `where_text` names it the way IPython does (``cell In[5], line 3``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from types import TracebackType
+
+from .reach import is_user_file
+
+__all__ = ["Where", "error_line", "user_frame", "where_text", "untraceable", "needs_gpu", "NO_GPU"]
+
+#: What a side says when thunder's own runner needs a GPU this machine does not have.
+NO_GPU = "needs a GPU to run: thunder's transform captures CUDA graphs, and torch sees no GPU here; only its trace is shown"
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """A line of the user's code: a notebook cell or a file."""
+
+    filename: str
+    line: int
+    text: str  # the source line, stripped ("" when unknown)
+    function: str
+
+    def __str__(self) -> str:
+        return where_text(self)
+
+
+def error_line(e: BaseException) -> str:
+    """``ValueError: boom``: the exception's type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def user_frame(tb: TracebackType | None) -> Where | None:
+    """The deepest frame of the user's own code in a traceback (thunder keeps the user's frames in its own)."""
+    frames = [f for f in traceback.extract_tb(tb) if is_user_file(f.filename)]
+    if not frames:
+        return None
+    f = frames[-1]
+    return Where(f.filename, f.lineno or 0, (f.line or "").strip(), f.name)
+
+
+def _cell_number(filename: str) -> int | None:
+    """The execution count of the IPython cell compiled as ``filename`` (None: not a cell of this shell)."""
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    return names.get(filename)
+
+
+def where_text(where: Where) -> str:
+    """``cell In[5], line 3: `return x.tolist()``` or ``loss.py:12: `...```."""
+    n = _cell_number(where.filename)
+    if n is not None:
+        place = f"cell In[{n}], line {where.line}"
+    else:
+        path = where.filename
+        if not path.startswith("<") and os.path.abspath(path).startswith(os.getcwd() + os.sep):
+            path = os.path.relpath(path)
+        place = f"{path}:{where.line}"
+    return place + (f": `{where.text}`" if where.text else "")
+
+
+# --- ops thunder 0.2.6 cannot trace -----------------------------------------------------------------
+
+_DATA_SHAPE = (
+    "its result's shape depends on the values in the tensor, and thunder 0.2.6 has no support for "
+    "data-dependent shapes"
+)
+_TO_PYTHON = "it turns a tensor into Python data, which thunder 0.2.6 cannot trace (only .item() of one number)"
+_KEEP_OUT = "Keep it outside the function you compile: compile the part before it and run the rest in eager PyTorch"
+
+# (pattern on the first line of thunder's message, the op's name (may use the match's groups), why)
+_UNTRACEABLE: tuple[tuple[str, str, str], ...] = (
+    (r"registration for (\w+), .*DynamicOutputShapeException", "{0}", _DATA_SHAPE),
+    (r"registration for (\w+), .*DataDependentOutputException",
+     "{0}", "its result is a Python value computed from the tensor's data, which thunder 0.2.6 cannot trace"),
+    (r"registration for (tolist|numpy),", ".{0}()", _TO_PYTHON),
+    (r"boolean advanced indexing", "indexing with a boolean mask (x[mask])", _DATA_SHAPE),
+    (r"casting a TensorProxy to a Python (\w+)", "{0}() of a tensor",
+     "thunder 0.2.6 traces the computation, not the values (an `if` on a tensor does this too); "
+     "for one number, .item() works"),
+    (r"Trying to call function ([\w.]+), but it is not yet supported", "{0}", "thunder 0.2.6 has no support for it"),
+)
+
+
+def untraceable(e: BaseException) -> tuple[str, str] | None:
+    """Name the op thunder cannot trace and say why: ``("nonzero", "its result's shape depends ...")``; None if unknown."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    for pattern, op, why in _UNTRACEABLE:
+        m = re.search(pattern, first)
+        if m:
+            return op.format(*m.groups()).replace("boolean()", "bool()"), why
+    return None
+
+
+def trace_failure(name: str, e: BaseException, where: Where | None) -> tuple[str, str]:
+    """The message for thunder failing to trace ``name``, as (text with a ``{where}`` slot, advice)."""
+    at = " ({where})" if where is not None else ""
+    known = untraceable(e)
+    if known is not None:
+        op, why = known
+        return f"thunder cannot trace {op} in {name}{at}: {why}", _KEEP_OUT
+    # NOTE: an unknown failure: its own first line, without thunder's internal exception reprs
+    text = re.sub(r",? please use manual registration: .*", "", error_line(e))
+    return f"thunder cannot trace {name}{at}: {text}", ""
+
+
+def needs_gpu(e: BaseException | str | None) -> bool:
+    """Whether an error only says that there is no GPU (torch's "Found no NVIDIA driver", CUDA not compiled in)."""
+    text = str(e or "")
+    return any(s in text for s in ("Found no NVIDIA driver", "Torch not compiled with CUDA", "no CUDA GPUs are available"))
+

@@ -1,0 +1,312 @@
+"""The steps of `thunder_nb.compare`: jit both transforms, then run eager PyTorch and each version on its own copies.
+
+Every run (`Run`) holds its own copy of what the function reaches (`thunder_nb.reach.Bound`). A
+run makes one checked call, then `WARMUP` untimed and ``repeats`` timed calls; with training, each
+call is a training step (backward; with ``lr`` an SGD step follows, untimed), so after the same
+number of steps the parameters of each version can be checked against eager's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import diagnose
+from .comparison import CompareError, EagerError, Outcome, TraceError
+from .diagnose import error_line
+from .reach import Bound, bind
+from .values import compare_values, short
+
+__all__ = ["WARMUP", "Plan", "Ran", "Run", "Timings", "compile_both", "reference", "check_and_time", "params", "on_cuda", "detached"]
+
+#: Calls made, untimed, before the timed ones.
+WARMUP = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What every run does: the function's name for messages, training, SGD learning rate, timed calls, device."""
+
+    name: str
+    training: bool
+    lr: float | None
+    repeats: int
+    cuda: bool
+
+
+@dataclass(slots=True)
+class Ran:
+    """The checked call of a run: its value and gradients, or the error it raised."""
+
+    value: Any = None
+    grads: dict[str, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class Run:
+    """One run: eager or a compiled version, with its own copy of what the function reaches."""
+
+    label: str  # "eager", "fixed", "stock" or "legacy"
+    bound: Bound
+    transform: Any = None
+    jfn: Any = None  # what is called: the jitted function (eager: the function itself)
+    trace_error: BaseException | None = None
+    ran: Ran | None = None
+    steps: int = 0  # calls made (with training: training steps)
+
+    @classmethod
+    def eager(cls, fn: Any, args: tuple, kwargs: dict) -> Run:
+        bound = bind(fn, args, kwargs)
+        return cls("eager", bound, jfn=bound.fn)
+
+    @property
+    def runner(self) -> Any:
+        return self.transform.cuda_graph_runner
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.trace_error or (self.ran.error if self.ran is not None else None)
+
+    def call(self, training: bool) -> Any:
+        """One call (and its backward, when training) on fresh inputs."""
+        args, kwargs = self.bound.inputs()
+        out = self.jfn(*args, **kwargs)
+        if training:
+            out.backward()
+        self.steps += 1
+        return out
+
+    def after_step(self, lr: float | None) -> None:
+        """End a training step: an SGD step with ``lr``; without, drop the gradients (``zero_grad``)."""
+        if lr is not None:
+            self.bound.sgd_step(lr)
+        else:
+            self.bound.zero_grad()
+
+
+# --- compiling --------------------------------------------------------------------------------------
+
+
+def _original_transform(kind: str, capture: bool | str) -> Any:
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    from .fix import LegacyCUDAGraphTransform, ThunderNBRunner
+
+    if kind == "legacy":
+        return LegacyCUDAGraphTransform(capture=capture)
+    transform = CUDAGraphTransform()
+    # NOTE: thunder's own fusion and del passes, with a runner whose call path is the stock one on
+    # CUDA (capture, replay) that also records graphs and, without CUDA, runs regions eagerly, so
+    # the stock regions can be checked on CPU instead of failing for want of a driver
+    transform.cuda_graph_runner = ThunderNBRunner(capture=capture, stock=True)
+    return transform
+
+
+def _trace(run: Run) -> None:
+    """Build the traces of the run's jitted function for its inputs without running the computation."""
+    import thunder
+
+    args, kwargs = run.bound.inputs()
+    thunder.compile_data(run.jfn)._get_computation_and_inputs(*args, **kwargs)
+
+
+def _traced(jfn: Any) -> bool:
+    import thunder
+
+    cs = thunder.compile_stats(jfn)
+    return cs is not None and bool(cs.last_traces)
+
+
+def eager_error(name: str, e: BaseException) -> EagerError:
+    """The function's own code raised: say so, and where."""
+    where = diagnose.user_frame(e.__traceback__)
+    at = " ({where})" if where is not None else ""
+    return EagerError(f"{name} raised {error_line(e)}{at}: the function's own code fails, in eager PyTorch too", where)
+
+
+def _untraceable(name: str, fn: Any, args: tuple, kwargs: dict, error: BaseException) -> CompareError:
+    """Why tracing failed: the user's code raises (in eager PyTorch too), or thunder cannot trace an op."""
+    try:
+        Run.eager(fn, args, kwargs).call(training=False)
+    except Exception as e:
+        return eager_error(name, e)
+    where = diagnose.user_frame(error.__traceback__)
+    message, advice = diagnose.trace_failure(name, error, where)
+    return TraceError(message + (f". {advice}" if advice else ""), where)
+
+
+def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any, plan: Plan,
+                 say: Callable[[str], None]) -> tuple[Run, Run]:
+    """Jit ``fn`` with the original and the fixed transform, each on its own copies, and build their traces.
+
+    Returns:
+        (original, fixed); the original failing to trace is kept in its ``trace_error``.
+
+    Raises:
+        EagerError: the function's own code raises (tried in eager PyTorch when tracing fails).
+        TraceError: thunder cannot trace it.
+    """
+    import thunder
+
+    from .fix import FixedCUDAGraphTransform
+
+    fixed = Run("fixed", bind(fn, args, kwargs), FixedCUDAGraphTransform(capture=capture))
+    orig = Run(original, bind(fn, args, kwargs), _original_transform(original, capture))
+    for run in (fixed, orig):
+        run.jfn = thunder.jit(run.bound.fn, transforms=[run.transform])
+
+    say(f"tracing {plan.name} with the fixed transform…")
+    try:
+        _trace(fixed)
+    except Exception as e:
+        raise _untraceable(plan.name, fn, args, kwargs, e) from e
+    say(f"tracing {plan.name} with the {original} transform…")
+    try:
+        _trace(orig)
+    except Exception as e:
+        if not _traced(orig.jfn):
+            raise TraceError(f"thunder cannot trace {plan.name} with the {original} transform: {error_line(e)}") from e
+        orig.trace_error = e
+    return orig, fixed
+
+
+# --- running ----------------------------------------------------------------------------------------
+
+
+def reference(eager: Run, plan: Plan) -> Ran:
+    """Run eager PyTorch once (and its backward, when training): the values both versions are checked against.
+
+    Raises:
+        EagerError: the function raises.
+        CompareError: training, and the result is not a scalar tensor that requires grad.
+    """
+    import torch
+
+    try:
+        value = eager.call(training=False)
+    except Exception as e:
+        raise eager_error(plan.name, e) from e
+    if plan.training:
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1 and value.requires_grad):
+            got = f"a {type(value).__name__}" if not isinstance(value, torch.Tensor) else (
+                f"a tensor of shape {tuple(value.shape)}" + ("" if value.requires_grad else " that does not require grad")
+            )
+            raise CompareError(
+                f"training needs {plan.name} to return a scalar tensor that requires grad; it returned {got}"
+            )
+        value.backward()
+    ran = Ran(value=value, grads=eager.bound.grads() if plan.training else {})
+    if plan.training:
+        eager.after_step(plan.lr)
+    return ran
+
+
+def _check(run: Run, plan: Plan) -> Ran:
+    """The checked call of a compiled version; its failing is a finding, kept in the result."""
+    try:
+        value = run.call(plan.training)
+    except Exception as e:  # NOTE: a failing compiled function is a finding, reported in its Outcome
+        return Ran(error=e)
+    ran = Ran(value=value, grads=run.bound.grads() if plan.training else {})
+    if plan.training:
+        run.after_step(plan.lr)
+    return ran
+
+
+def _outcome(run: Run, eager: Ran, training: bool) -> Outcome:
+    ran = run.ran
+    eager_regions = any(run.runner.region_stats(name).eager_calls for name in run.runner.python_callables)
+    if ran.error is not None:
+        return Outcome(False, error_line(ran.error), "run", eager_regions=eager_regions)
+    value = detached(ran.value)
+    matches, err, why = compare_values(value, detached(eager.value))
+    g_ok, g_err = None, None
+    if training:
+        g_ok, g_err, g_why = compare_values(ran.grads, eager.grads)
+        why = why or (f"gradient {g_why}" if g_why else None)
+    return Outcome(True, None, None, short(value), matches, err, why, g_ok, g_err, eager_regions)
+
+
+def time_calls(run: Run, plan: Plan) -> list[float]:
+    """Microseconds of ``plan.repeats`` calls (and backwards), after `WARMUP` untimed ones; each a training step."""
+    import torch
+
+    samples = []
+    for i in range(WARMUP + plan.repeats):
+        if plan.cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        run.call(plan.training)
+        if plan.cuda:
+            torch.cuda.synchronize()
+        elapsed = (time.perf_counter_ns() - start) / 1000
+        if plan.training:
+            run.after_step(plan.lr)
+        if i >= WARMUP:
+            samples.append(elapsed)
+    return samples
+
+
+@dataclass(slots=True)
+class Timings:
+    """Median and 10th/90th percentile of each run's timed calls, in microseconds."""
+
+    medians: dict[str, float] = field(default_factory=dict)
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def add(self, key: str, samples: list[float]) -> None:
+        self.medians[key] = float(statistics.median(samples))
+        if len(samples) < 2:
+            self.spread[key] = (samples[0], samples[0])
+        else:
+            deciles = statistics.quantiles(samples, n=10, method="inclusive")
+            self.spread[key] = (deciles[0], deciles[-1])
+
+
+def params(run: Run) -> dict[str, Any]:
+    """A snapshot of the run's trainable tensors, by name."""
+    return {name: t.detach().clone() for name, t in run.bound.trainable.items()}
+
+
+def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Timings, notes: list[str],
+                   plan: Plan, say: Callable[[str], None]) -> Outcome:
+    """Check one compiled version against eager, time it, and (with ``lr``) compare its parameters after as many steps."""
+    from .fix import recover_from_failed_capture
+
+    say(f"running {plan.name} with the {run.label} transform…")
+    run.ran = _check(run, plan)
+    if run.ran.error is not None and plan.cuda:
+        recover_from_failed_capture()
+    outcome = _outcome(run, eager, plan.training)
+    if not outcome.ran:
+        return outcome
+    say(f"timing {plan.name} with the {run.label} transform ({plan.repeats} calls)…")
+    try:
+        timings.add("fixed" if run.label == "fixed" else "original", time_calls(run, plan))
+    except Exception as e:  # NOTE: a later call failing is a finding too, not a crash of compare
+        if plan.cuda:
+            recover_from_failed_capture()
+        notes.append(f"{run.label}: a later call failed while timing: {error_line(e)}")
+        return outcome
+    if eager_params is None:
+        return outcome
+    ok, err, why = compare_values(params(run), eager_params)
+    if why:
+        notes.append(f"{run.label}: after {run.steps} SGD steps, parameter {why}")
+    return Outcome(outcome.ran, outcome.error, outcome.stage, outcome.value, outcome.matches, outcome.max_abs_error,
+                   outcome.mismatch, outcome.grads_match, outcome.grads_max_abs_error, outcome.eager_regions, ok, err)
+
+
+def on_cuda(bound: Bound) -> bool:
+    """Whether any tensor the function gets or reaches is on a CUDA device."""
+    return any(t.is_cuda for t in bound.tensors())
+
+
+def detached(value: Any) -> Any:
+    import torch
+
+    return value.detach() if isinstance(value, torch.Tensor) else value
