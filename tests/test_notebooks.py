@@ -1,4 +1,8 @@
-"""Every teaching notebook runs clean in a real kernel (eager mode without a GPU); `python -m thunder_nb example` end to end."""
+"""Every teaching notebook runs clean in a real kernel (eager mode without a GPU); `python -m thunder_nb example` end to end.
+
+The text-against-output checks of `test_notebook_text.py` (on the committed outputs) run here on the
+fresh execution too, so that a notebook's text holds on CPU as well as for the stored GPU run.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +15,20 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import nbcheck
 from thunder_nb import export
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-#: the notebooks that end in the %%thunder_cudagraph toggle
-WITH_TOGGLE = {"01_del_bug.ipynb", "04_training_step.ipynb"}
+#: the notebooks with a %%thunder_cudagraph toggle
+WITH_TOGGLE = {"01_del_bug.ipynb", "04_training_step.ipynb", "05_nanogpt_training.ipynb"}
 
 VIEW = export.WIDGET_VIEW
 STATE = export.WIDGET_STATE
 
 
 def test_notebooks_are_there():
-    assert [p.name for p in NOTEBOOKS][:1] == [export.EXAMPLE] and len(NOTEBOOKS) >= 4
+    assert [p.name for p in NOTEBOOKS][:1] == [export.EXAMPLE] and len(NOTEBOOKS) >= 5
     assert export.find_notebooks() == (REPO / "notebooks").resolve()
     with pytest.raises(FileNotFoundError, match=r"no notebooks found \(looked in .*/nowhere\).*checkout of thunder-nb"):
         export.find_notebooks(REPO / "nowhere")
@@ -72,7 +77,7 @@ def test_draws_svg(executed):
 
 @pytest.mark.slow
 def test_toggle_view_and_state(executed):
-    """01 and 04 end in the toggle: a widget view whose saved state has the buttons jslinked to the panes."""
+    """01, 04 and 05 show the toggle: a widget view whose saved state has the buttons jslinked to the panes."""
     name, nb = executed
     views = [o["data"][VIEW]["model_id"] for o in _outputs(nb) if VIEW in o.get("data", {})]
     if name not in WITH_TOGGLE:
@@ -90,6 +95,49 @@ def test_toggle_view_and_state(executed):
     assert [[f"IPY_MODEL_{buttons_id}", "index"], [f"IPY_MODEL_{stack_id}", "selected_index"]] in [
         [link["source"], link["target"]] for link in links
     ]
+
+
+@pytest.mark.slow
+def test_text_names_appear_in_fresh_outputs(executed):
+    """The trace names and checker rules the text mentions show up on CPU too (thunder's numbering is not the H200's)."""
+    name, nb = executed
+    missing = nbcheck.names_missing_from_outputs(nb)
+    assert not missing, f"{name}: the text names {missing}, which no output of a CPU run shows"
+
+
+@pytest.mark.slow
+def test_cpu_run_says_what_it_does(executed):
+    """Without a GPU the outputs say so: the device line, and every failing stock capture is explained."""
+    name, nb = executed
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine: the CPU wording is not used")
+    assert nbcheck.device_lines(nb) == ["CPU only: regions run eagerly, no graph is captured"]
+    text = nbcheck.output_text(nb)
+    no_driver = text.count("Found no NVIDIA driver")
+    explained = text.count("no GPU here: thunder's transform needs one to capture")
+    assert no_driver <= explained, f"{name}: {no_driver} 'no NVIDIA driver' errors, {explained} explained"
+
+
+@pytest.mark.slow
+def test_static_fallback(executed):
+    """Each magic output carries a static HTML copy of both sides next to the widget view."""
+    name, nb = executed
+    for i, bundle in nbcheck.widget_bundles(nb):
+        problems = nbcheck.fallback_problems(bundle, nbcheck.toggle_labels(nb, bundle))
+        assert not problems, f"{name}, cell {i}: " + "; ".join(problems)
+
+
+@pytest.mark.slow
+def test_nanogpt_step_equals_eager(executed):
+    """05's claim: the fixed transform's training step gives eager PyTorch's logged loss and gradients, capture and replay."""
+    name, nb = executed
+    if name != "05_nanogpt_training.ipynb":
+        pytest.skip("the nanoGPT notebook only")
+    text = nbcheck.output_text(nb)
+    assert text.count(": equal to eager") == 2 and "DIFFERS" not in text
+    assert "FixedCUDAGraphTransform against eager PyTorch" in text
 
 
 def test_error_outputs_stop_at_the_failing_cell(tmp_path):

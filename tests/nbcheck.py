@@ -1,0 +1,151 @@
+"""What a teaching notebook's text claims and what its outputs show: shared by the notebook tests."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+from thunder_nb.model import RULES
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+MAGIC = "%%thunder_cudagraph"
+
+# NOTE: thunder names a trace's values t12 (tensor), f14 (float), i3 (int), b5 (bool) and its regions
+# CUDAGraph1; the numbers change with thunder's numbering, so the text may only name what the
+# outputs show
+TRACE_NAME = re.compile(r"\b(?:[tfib]\d+|CUDAGraph\d+|island\d+)\b")
+RULE_NAME = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, RULES), key=len, reverse=True)) + r")(?![\w-])")
+# a file of the repository the text refers the reader to
+FILE_NAME = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w.-]+\.(?:md|ipynb|py|txt|json))\b")
+DEVICE_LINE = re.compile(r"^device: (.+)$", re.M)
+
+
+def markdown(nb) -> str:
+    """All markdown cells' text."""
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def widget_state(nb) -> dict:
+    return nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+
+
+def outputs(nb) -> list:
+    return [o for cell in nb.cells for o in cell.get("outputs", [])]
+
+
+def output_text(nb) -> str:
+    """Everything a reader can see in the outputs: streams, errors, every text-like MIME type, the widgets' panes."""
+    parts = []
+    for o in outputs(nb):
+        parts.append(o.get("text", ""))
+        parts += [o.get("ename", ""), o.get("evalue", "")]
+        for mime, data in o.get("data", {}).items():
+            if mime.startswith("text/") or mime == "image/svg+xml":
+                parts.append(data if isinstance(data, str) else "".join(data))
+    for model in widget_state(nb).values():
+        value = model.get("state", {}).get("value")
+        if isinstance(value, str):
+            parts.append(value)
+    return "\n".join(parts)
+
+
+def names_missing_from_outputs(nb) -> list[str]:
+    """Trace names and checker rules the markdown mentions that no output of the notebook shows."""
+    text, shown = markdown(nb), output_text(nb)
+    named = sorted(set(TRACE_NAME.findall(text)) | set(RULE_NAME.findall(text)))
+    return [n for n in named if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", shown)]
+
+
+def files_missing(nb, notebook: Path, repo: Path) -> list[str]:
+    """Files the markdown names that are neither next to the notebook nor in the repository."""
+    return [
+        f for f in sorted(set(FILE_NAME.findall(markdown(nb))))
+        if not (notebook.parent / f).exists() and not (repo / f).exists()
+    ]
+
+
+def device_lines(nb) -> list[str]:
+    """What the notebook's ``device:`` lines say (each notebook prints one in its first code cell)."""
+    return DEVICE_LINE.findall("".join(o.get("text", "") for o in outputs(nb) if o.get("name") == "stdout"))
+
+
+def widget_bundles(nb) -> list[tuple[int, dict]]:
+    """(cell index, output data) of every output that shows a widget."""
+    return [
+        (i, o["data"]) for i, cell in enumerate(nb.cells) for o in cell.get("outputs", [])
+        if WIDGET_VIEW in o.get("data", {})
+    ]
+
+
+def toggle_labels(nb, bundle: dict) -> list[str]:
+    """The toggle buttons' labels of the widget this output shows (from the saved widget state)."""
+    state = widget_state(nb)
+    box = state.get(bundle[WIDGET_VIEW]["model_id"], {}).get("state", {})
+    for child in box.get("children", []):
+        model = state.get(child.removeprefix("IPY_MODEL_"), {})
+        if model.get("model_name") == "ToggleButtonsModel":
+            return list(model["state"]["_options_labels"])
+    return []
+
+
+class _Fallback(HTMLParser):
+    """Where a static HTML rendering puts its SVGs: outside every ``<details>``, or inside a closed one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[bool] = []  # open flag of each enclosing <details>
+        self.svg_shown = 0
+        self.svg_folded = 0
+        self.folded_text: list[str] = []
+        self.shown_text: list[str] = []
+        self.closed_details = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "details":
+            is_open = any(name == "open" for name, _ in attrs)
+            self.closed_details += not is_open
+            self.stack.append(is_open)
+        elif tag == "svg":
+            if all(self.stack):
+                self.svg_shown += 1
+            else:
+                self.svg_folded += 1
+
+    def handle_endtag(self, tag):
+        if tag == "details" and self.stack:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        (self.shown_text if all(self.stack) else self.folded_text).append(data)
+
+
+def fallback_problems(bundle: dict, labels: list[str]) -> list[str]:
+    """What is wrong with the static fallback of a widget's output bundle (empty: nothing).
+
+    The fallback is the ``text/html`` next to the widget view: both sides rendered, the fixed one
+    shown with its diagrams inline, the original folded in a closed ``<details>`` with its own.
+    """
+    html = bundle.get("text/html")
+    if not html:
+        return [f"the output bundle has only {sorted(bundle)}: without a live kernel the widget shows nothing "
+                "(no text/html static fallback)"]
+    html = html if isinstance(html, str) else "".join(html)
+    p = _Fallback()
+    p.feed(html)
+    p.close()
+    problems = []
+    if not p.svg_shown:
+        problems.append("no diagram (<svg>) shown outside a closed <details>: the fixed side is not open")
+    if not p.closed_details:
+        problems.append("no closed <details>: the original side is not folded")
+    elif not p.svg_folded:
+        problems.append("the closed <details> holds no diagram (<svg>): the original side's diagrams are missing")
+    if labels:
+        original, fixed = labels[0], labels[-1]
+        if original not in "".join(p.folded_text):
+            problems.append(f"{original!r} is not inside the closed <details>")
+        if fixed not in "".join(p.shown_text):
+            problems.append(f"{fixed!r} is not in the shown part")
+    return problems

@@ -1,0 +1,168 @@
+"""Every notebook's exported page, as committed, in a real browser offline: diagrams with JavaScript off, the toggle with it on.
+
+The pages are exported from the stored outputs (`thunder_nb.export.export_html`, as ``python -m
+thunder_nb notebooks`` does after a run), opened from ``file://`` with every other request refused,
+in Debian's Chromium driven by Playwright (never ``playwright install``). Screenshots of each page go
+to ``out/test-artifacts/`` (their paths are printed at the end).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import nbcheck
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _missing
+from thunder_nb import export
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
+
+
+@pytest.fixture(scope="module")
+def shots(request):
+    paths: list[Path] = []
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield paths
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # NOTE: past pytest's output capture, so -q shows them too
+        print("".join(f"\nscreenshot: {p}" for p in paths))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, tuple[Path, nbformat.NotebookNode, bool]]:
+    """name -> (the page exported from the committed notebook, the notebook, whether the widget JS is inlined)."""
+    out = tmp_path_factory.mktemp("pages")
+    inlined = export.widget_assets() is not None
+    pages = {}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", export.OfflineWidgetWarning)  # NOTE: the JS-on test skips then, saying why
+            page = export.export_html(nb, out / path.with_suffix(".html").name)
+        pages[path.name] = (page, nb, inlined)
+    return pages
+
+
+def _open(browser, page_path: Path, *, javascript: bool):
+    """(context, page, requests refused, page errors): the page from file://, everything else refused."""
+    context = browser.new_context(java_script_enabled=javascript, viewport={"width": 1400, "height": 1000})
+    blocked: list[str] = []
+
+    def only_files(route):
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_files)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page_path.as_uri())
+    return context, page, blocked, errors
+
+
+def _cells_with_pictures(nb) -> list[tuple[int, nbformat.NotebookNode, bool]]:
+    """(index, cell, is a magic cell) of every code cell whose outputs hold a diagram: an SVG output or the magic's toggle."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        magic = cell.source.startswith(nbcheck.MAGIC)
+        if magic or any("image/svg+xml" in o.get("data", {}) for o in cell.get("outputs", ())):
+            found.append((i, cell, magic))
+    return found
+
+
+#: a diagram as the page shows it: inline SVG (HTML outputs, widget panes) or an SVG output, which nbconvert writes as <img>
+PICTURE = 'svg, img[src^="data:image/svg+xml"]'
+
+
+def _cell(page, cell):
+    return page.locator(f'[id="cell-id={cell.id}"]')
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_diagrams_show_without_javascript(name, exported, browser, shots):
+    """JavaScript off: every diagram output is visible; each magic output shows the fixed side with its diagrams, the original folded."""
+    from playwright.sync_api import expect
+
+    page_path, nb, _ = exported[name]
+    cells = _cells_with_pictures(nb)
+    assert cells, f"{name}: no diagram in the stored outputs"
+    context, page, blocked, _ = _open(browser, page_path, javascript=False)
+    try:
+        for i, cell, magic in cells:
+            out = _cell(page, cell).locator(".jp-Cell-outputWrapper")
+            where = f"{name}, cell {i}" + (" (%%thunder_cudagraph)" if magic else "")
+            assert out.locator(f"{PICTURE} >> visible=true").count() > 0, f"{where}: no diagram visible with JavaScript off"
+            if magic:
+                folded = out.locator("details:not([open])")
+                assert folded.count() > 0, f"{where}: the original side is not folded in a closed <details>"
+                expect(folded.first.locator("svg").first).to_be_hidden()
+                folded.first.locator("summary").first.click()  # NOTE: <details> opens without JavaScript
+                expect(folded.first.locator("svg").first).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / f"page-nojs-{Path(name).stem}.png"), full_page=False)
+        shots.append(ARTIFACTS / f"page-nojs-{Path(name).stem}.png")
+        assert blocked == [], f"{name}: the page asked the network for {blocked}"
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_toggle_works_with_javascript_offline(name, exported, browser, shots):
+    """JavaScript on, offline: every diagram output is visible and each toggle switches from the original to the fixed pane."""
+    from playwright.sync_api import expect
+
+    page_path, nb, inlined = exported[name]
+    bundles = nbcheck.widget_bundles(nb)
+    if bundles and not inlined:
+        pytest.skip("the widget JavaScript is not inlined (.cache/widget-js/ missing: run `bash dev.sh test`, needs npm)")
+    context, page, blocked, errors = _open(browser, page_path, javascript=True)
+    try:
+        for i, cell, magic in _cells_with_pictures(nb):
+            out = _cell(page, cell).locator(".jp-Cell-outputWrapper")
+            if not magic:
+                expect(out.locator(PICTURE).first).to_be_visible()
+                continue
+            labels = next(nbcheck.toggle_labels(nb, b) for j, b in bundles if j == i)
+            box = out.locator(".widget-vbox").filter(has=page.locator(".widget-toggle-buttons")).first
+            expect(box).to_be_visible(timeout=30_000)
+            # NOTE: a pane is known by its title, "f: original (legacy)"; the Stack may attach only the pane it shows
+            original, fixed = (
+                box.locator(".tnb-pane").filter(has=page.locator(".tnb-h", has_text=re.compile(rf": {re.escape(label)}$")))
+                for label in (labels[0], labels[-1])
+            )
+            expect(original).to_be_visible()
+            expect(original.locator("svg").first).to_be_visible()
+            expect(fixed).to_be_hidden()
+            box.get_by_role("button", name=labels[-1], exact=True).click()
+            expect(fixed).to_be_visible()
+            expect(fixed.locator("svg").first).to_be_visible()
+            expect(original).to_be_hidden()
+            expect(box.locator(".widget-toggle-button.mod-active")).to_have_text(labels[-1])
+            box.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"page-js-{Path(name).stem}-cell{i}.png"))
+            shots.append(ARTIFACTS / f"page-js-{Path(name).stem}-cell{i}.png")
+        assert errors == [], f"{name}: page errors {errors}"
+        assert blocked == [], f"{name}: the page asked the network for {blocked}"
+    finally:
+        context.close()

@@ -1,0 +1,130 @@
+"""The committed notebooks: their text agrees with their stored outputs, and those outputs stand without a kernel.
+
+These read the notebooks as committed (no kernel runs); `test_notebooks.py` runs the same checks on
+a fresh CPU execution. The stored outputs come from one GPU run (``python -m thunder_nb notebooks
+--in-place`` on the H200), so these tests are the ones that hold the text to what that run showed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import nbcheck
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.stem)
+def stored(request):
+    """(path, the notebook as committed)."""
+    return request.param, nbformat.read(request.param, as_version=4)
+
+
+def test_trace_names_in_the_text_are_in_the_outputs(stored):
+    """Every trace name (t8, f14, CUDAGraph1) and checker rule the markdown mentions appears in the stored outputs."""
+    path, nb = stored
+    missing = nbcheck.names_missing_from_outputs(nb)
+    assert not missing, f"{path.name}: the text names {missing}, which no stored output shows"
+
+
+def test_text_points_only_inside_the_repository(stored):
+    path, nb = stored
+    missing = nbcheck.files_missing(nb, path, REPO)
+    assert not missing, f"{path.name}: the text refers the reader to {missing}, which the repository does not have"
+    assert "bench/results" not in nbcheck.markdown(nb), f"{path.name}: show the numbers, don't send the reader to bench/results/"
+
+
+def test_every_magic_output_has_a_static_fallback(stored):
+    """The widget's output bundle also holds text/html: both sides, the fixed one open, the original folded, diagrams inline."""
+    path, nb = stored
+    magic_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith(nbcheck.MAGIC)]
+    bundles = nbcheck.widget_bundles(nb)
+    assert sorted({i for i, _ in bundles}) == magic_cells, f"{path.name}: each magic cell shows one toggle"
+    for i, bundle in bundles:
+        problems = nbcheck.fallback_problems(bundle, nbcheck.toggle_labels(nb, bundle))
+        assert not problems, f"{path.name}, cell {i}: " + "; ".join(problems)
+
+
+def test_stored_outputs_come_from_the_gpu_the_text_names(stored):
+    """Every code cell ran, none raised, on a GPU; the markdown names that GPU (the text says where the numbers come from)."""
+    path, nb = stored
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code), f"{path.name}: not every cell has a stored output (run it)"
+    errors = [o for o in nbcheck.outputs(nb) if o.get("output_type") == "error"]
+    assert not errors, f"{path.name}: a stored output is an error: {errors[0].get('ename')}"
+    devices = nbcheck.device_lines(nb)
+    assert len(devices) == 1, f"{path.name}: expected one `device:` line in the outputs, found {devices}"
+    assert not devices[0].startswith("CPU"), (
+        f"{path.name}: the stored outputs come from a CPU run ({devices[0]!r}); "
+        "run `python -m thunder_nb notebooks --in-place` on the GPU machine"
+    )
+    gpu = re.sub(r"^NVIDIA\s+", "", devices[0]).split()[0]  # "NVIDIA H200" -> "H200"
+    assert gpu in nbcheck.markdown(nb), f"{path.name}: the outputs come from {devices[0]!r}, which the text does not name"
+
+
+def test_all_stored_outputs_come_from_one_gpu():
+    devices = {p.name: nbcheck.device_lines(nbformat.read(p, as_version=4)) for p in NOTEBOOKS}
+    assert len({tuple(d) for d in devices.values()}) == 1, f"the notebooks' outputs come from different devices: {devices}"
+
+
+# --- the checks themselves, on small made-up notebooks ---------------------------------------------
+
+
+def _notebook(text: str, printed: str, bundle: dict | None = None):
+    cells = [nbformat.v4.new_markdown_cell(text), nbformat.v4.new_code_cell("print(...)")]
+    cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
+    if bundle is not None:
+        cells[1].outputs.append(nbformat.v4.new_output("display_data", data=bundle))
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+def test_names_check_catches_a_name_the_outputs_do_not_show():
+    nb = _notebook("it computes `t9`, deletes it in CUDAGraph1, then returns it (`use-after-del`)", "del t8\nCUDAGraph1")
+    assert nbcheck.names_missing_from_outputs(nb) == ["t9", "use-after-del"]
+    nb.cells[1].outputs[0].text = "t9 = ...; CUDAGraph1 ... use-after-del"
+    assert nbcheck.names_missing_from_outputs(nb) == []
+    # a name inside a longer one does not count: t9 is not shown by t90, nor a rule by a longer word
+    assert nbcheck.names_missing_from_outputs(_notebook("`t9`, `never-freed`", "t90 never-freed-ish")) == [
+        "never-freed", "t9"
+    ]
+
+
+def test_files_check_catches_a_pointer_outside_the_repository(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "02_next.ipynb").write_text("{}")
+    (tmp_path / "README.md").write_text("")
+    nb = _notebook("see THUNDER.md, README.md and `02_next.ipynb`; `x.sum().item()` is no file", "")
+    assert nbcheck.files_missing(nb, tmp_path / "notebooks" / "01.ipynb", tmp_path) == ["THUNDER.md"]
+
+
+GOOD_FALLBACK = (
+    "<div><b>fixed</b><svg><text>diagram</text></svg>"
+    "<details><summary>original (stock)</summary><svg></svg></details></div>"
+)
+
+
+@pytest.mark.parametrize(
+    "html, problem",
+    [
+        (GOOD_FALLBACK, None),
+        (None, "no text/html static fallback"),
+        (GOOD_FALLBACK.replace("<details>", "<details open>"), "no closed <details>"),
+        ("<div>fixed<details><summary>original (stock)</summary><svg></svg></details></div>", "the fixed side is not open"),
+        (GOOD_FALLBACK.replace("<svg></svg></details>", "</details>"), "original side's diagrams are missing"),
+        (GOOD_FALLBACK.replace("original (stock)", "original"), "'original (stock)' is not inside the closed <details>"),
+    ],
+)
+def test_fallback_check(html, problem):
+    bundle = {nbcheck.WIDGET_VIEW: {"model_id": "m"}, "text/plain": "VBox(...)"}
+    if html is not None:
+        bundle["text/html"] = html
+    problems = nbcheck.fallback_problems(bundle, ["original (stock)", "fixed"])
+    if problem is None:
+        assert problems == []
+    else:
+        assert any(problem in p for p in problems), problems
