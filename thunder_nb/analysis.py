@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 
-def _island_for(op: Op, position: int, ti: TraceFacts, cuda: bool) -> Island | None:
+def _island_for(op: Op, position: int, facts: TraceFacts, cuda: bool) -> Island | None:
     if op.kind in ("del", "region"):
         return None
     base = op.callee.rsplit(".", 1)[-1]
@@ -36,7 +37,7 @@ def _island_for(op: Op, position: int, ti: TraceFacts, cuda: bool) -> Island | N
         return Island(f"island{position}", position, op, "bookkeeping", base if op.kind != "unpack" else "unpack")
     if base in COLLECTION_NAMES:
         return Island(f"island{position}", position, op, "collection", ", ".join(op.inputs))
-    c = classify_statement(op, ti, cuda)
+    c = classify_statement(op, facts, cuda)
     if c is not None:
         return Island(f"island{position}", position, op, c[0], c[1])
     if base in IN_PLACE_NAMES:
@@ -44,76 +45,86 @@ def _island_for(op: Op, position: int, ti: TraceFacts, cuda: bool) -> Island | N
     return Island(f"island{position}", position, op, "single", base)
 
 
-def _build(ti: TraceFacts) -> TraceReport:
-    cuda = is_cuda(ti.types)
-    defects = tuple(check_trace(ti))
-    top = ti.top
+@dataclass(slots=True)
+class _Lifetimes:
+    """Where each value is defined, used and deleted, as the statements are walked."""
+
+    defined: dict[str, tuple[Site, str]] = field(default_factory=dict)
+    uses: dict[str, list[Site]] = field(default_factory=dict)
+    dels: dict[str, list[Site]] = field(default_factory=dict)
+    boundary: set[str] = field(default_factory=set)
+    returned: set[str] = field(default_factory=set)
+
+    def use(self, names, site: Site) -> None:
+        for n in names:
+            self.uses.setdefault(n, []).append(site)
+
+    def delete(self, names, site: Site) -> None:
+        for n in names:
+            self.dels.setdefault(n, []).append(site)
+
+    def define(self, names, site: Site, where: str) -> None:
+        for n in names:
+            self.defined.setdefault(n, (site, where))
+
+
+def _region(facts: TraceFacts, op: Op, pos: int, life: _Lifetimes) -> Region:
+    """The `Region` a top-level call of a region function makes, its statements' lifetimes recorded."""
+    fn = facts.regions[op.callee]
+    life.boundary.update(op.inputs)
+    life.boundary.update(op.outputs)
+    for j, inner in enumerate(fn.ops):
+        isite = Site(pos, fn.name, j, inner.line)
+        if inner.kind == "del":
+            life.delete(inner.inputs, isite)
+        elif inner.kind != "return":
+            life.use(inner.inputs, isite)
+            life.define(inner.outputs, isite, fn.name)
+    site = Site(pos, None, None, op.line)
+    life.use(op.inputs, site)
+    life.define(op.outputs, site, fn.name)
+    return Region(
+        name=fn.name,
+        position=pos,
+        ops=tuple(fn.ops),
+        inputs=fn.params,
+        outputs=tuple(next((o.inputs for o in fn.ops if o.kind == "return"), ())),
+        static_mask=tuple(facts.static_masks.get(fn.name, tuple(False for _ in fn.params))),
+        source=fn.source,
+        user_lines=tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line)),
+        plan=facts.plans.get(fn.name),
+        stats=facts.stats.get(fn.name, RegionStats()),
+    )
+
+
+def _build(facts: TraceFacts) -> TraceReport:
+    cuda = is_cuda(facts.types)
+    defects = tuple(check_trace(facts))
+    top = facts.top
     if top is None:  # region functions alone (source text)
-        top = ParsedFunction(ti.name, (), [], "", 0)
+        top = ParsedFunction(facts.name, (), [], "", 0)
     regions: list[Region] = []
     islands: list[Island] = []
-    # where each value lives
-    defined: dict[str, tuple[Site, str]] = {}
-    uses: dict[str, list[Site]] = {}
-    dels: dict[str, list[Site]] = {}
-    boundary: set[str] = set()
-    returned: set[str] = set()
-
+    life = _Lifetimes()
     for pos, op in enumerate(top.ops):
         site = Site(pos, None, None, op.line)
-        if op.kind == "region" and op.callee in ti.regions:
-            fn = ti.regions[op.callee]
-            rets = next((o.inputs for o in fn.ops if o.kind == "return"), ())
-            boundary.update(op.inputs)
-            boundary.update(op.outputs)
-            for j, inner in enumerate(fn.ops):
-                isite = Site(pos, fn.name, j, inner.line)
-                if inner.kind == "del":
-                    for n in inner.inputs:
-                        dels.setdefault(n, []).append(isite)
-                elif inner.kind != "return":
-                    for n in inner.inputs:
-                        uses.setdefault(n, []).append(isite)
-                    for n in inner.outputs:
-                        defined.setdefault(n, (isite, fn.name))
-            for n in op.inputs:
-                uses.setdefault(n, []).append(site)
-            for n in op.outputs:
-                defined.setdefault(n, (site, fn.name))
-            user = tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line))
-            mask = ti.static_masks.get(fn.name, tuple(False for _ in fn.params))
-            regions.append(
-                Region(
-                    name=fn.name,
-                    position=pos,
-                    ops=tuple(fn.ops),
-                    inputs=fn.params,
-                    outputs=tuple(rets),
-                    static_mask=tuple(mask),
-                    source=fn.source,
-                    user_lines=user,
-                    plan=ti.plans.get(fn.name),
-                    stats=ti.stats.get(fn.name, RegionStats()),
-                )
-            )
-            continue
-        if op.kind == "del":
-            for n in op.inputs:
-                dels.setdefault(n, []).append(site)
-            continue
-        isl = _island_for(op, pos, ti, cuda)
-        if isl is not None:
-            islands.append(isl)
-        if op.kind == "return":
-            returned.update(op.inputs)
-        for n in op.inputs:
-            uses.setdefault(n, []).append(site)
-        for n in op.outputs:
-            defined.setdefault(n, (site, isl.name if isl else "top"))
+        if op.kind == "region" and op.callee in facts.regions:
+            regions.append(_region(facts, op, pos, life))
+        elif op.kind == "del":
+            life.delete(op.inputs, site)
+        else:
+            isl = _island_for(op, pos, facts, cuda)
+            if isl is not None:
+                islands.append(isl)
+            if op.kind == "return":
+                life.returned.update(op.inputs)
+            life.use(op.inputs, site)
+            life.define(op.outputs, site, isl.name if isl else "top")
+    defined, uses, dels, boundary, returned = life.defined, life.uses, life.dels, life.boundary, life.returned
 
     # regions not called from the top level (source text of region functions alone)
     called = {r.name for r in regions}
-    for name, fn in ti.regions.items():
+    for name, fn in facts.regions.items():
         if name in called:
             continue
         rets = next((o.inputs for o in fn.ops if o.kind == "return"), ())
@@ -122,7 +133,7 @@ def _build(ti: TraceFacts) -> TraceReport:
 
     names = list(top.params)
     names += [n for n in defined if n not in names]
-    names += [n for n in list(uses) + list(dels) if n not in names and n in ti.types]
+    names += [n for n in list(uses) + list(dels) if n not in names and n in facts.types]
     values = []
     for n in names:
         if n in top.params:
@@ -134,7 +145,7 @@ def _build(ti: TraceFacts) -> TraceReport:
         values.append(
             Value(
                 name=n,
-                type=ti.types.get(n, UNKNOWN),
+                type=facts.types.get(n, UNKNOWN),
                 defined=d_site,
                 defined_in=d_in,
                 uses=tuple(uses.get(n, ())),
@@ -144,9 +155,9 @@ def _build(ti: TraceFacts) -> TraceReport:
             )
         )
     return TraceReport(
-        kind=ti.kind,
-        name=ti.name,
-        provenance=ti.provenance,
+        kind=facts.kind,
+        name=facts.name,
+        provenance=facts.provenance,
         source=top.source,
         ops=tuple(top.ops),
         regions=tuple(regions),
@@ -155,8 +166,8 @@ def _build(ti: TraceFacts) -> TraceReport:
         defects=defects,
         params=top.params,
         is_cuda=cuda,
-        hand_out=ti.hand_out,
-        hand_out_stats=ti.hand_out_stats,
+        hand_out=facts.hand_out,
+        hand_out_stats=facts.hand_out_stats,
     )
 
 
@@ -176,8 +187,8 @@ def analyze_source(source: str, *, kind: str = "source") -> TraceReport:
     tops = [f for f in fns if not REGION_NAME.match(f.name)]
     top = tops[0] if tops else None
     name = top.name if top else next(iter(regions))
-    ti = TraceFacts(kind, name, "", top, regions, comment_types(source))
-    return _build(ti)
+    facts = TraceFacts(kind, name, "", top, regions, comment_types(source))
+    return _build(facts)
 
 
 def _region_source(runner: Any, name: str) -> str:

@@ -51,12 +51,12 @@ def _alias_names(fns: Iterable[ParsedFunction]) -> frozenset[str]:
     )
 
 
-def classify_statement(op: Op, ti: TraceFacts, cuda: bool) -> tuple[str, str] | None:
+def classify_statement(op: Op, facts: TraceFacts, cuda: bool) -> tuple[str, str] | None:
     return classify_op(
         op.callee,
-        [ti.types.get(n, UNKNOWN) for n in op.inputs],
-        [ti.types.get(n, UNKNOWN) for n in op.outputs],
-        sync_tag=any(o in ti.sync_outputs for o in op.outputs),
+        [facts.types.get(n, UNKNOWN) for n in op.inputs],
+        [facts.types.get(n, UNKNOWN) for n in op.outputs],
+        sync_tag=any(o in facts.sync_outputs for o in op.outputs),
         cuda_trace=cuda,
     )
 
@@ -65,103 +65,121 @@ def is_cuda(types: Mapping[str, TypeInfo]) -> bool:
     return any(t.kind == "tensor" and (t.device or "").startswith("cuda") for t in types.values())
 
 
-def _check_fn(fn: ParsedFunction, ti: TraceFacts, *, region: bool, cuda: bool) -> list[Defect]:
+class _Findings:
+    """Defects of one function (the top level, or one region), as the rules add them."""
+
+    def __init__(self, fn: ParsedFunction, facts: TraceFacts, region: bool):
+        self.fn, self.facts, self.region = fn, facts, region
+        self.defects: list[Defect] = []
+
+    def add(self, rule: str, value: str | None, line: int | None, message: str, hint: str) -> None:
+        where = self.fn.name if self.region else None
+        self.defects.append(Defect(rule, self.facts.kind, where, value, line, message, hint))
+
+
+def _check_fn(fn: ParsedFunction, facts: TraceFacts, *, region: bool, cuda: bool) -> list[Defect]:
     """Apply every rule to one function (the top level, or one region)."""
-    out: list[Defect] = []
-    where = fn.name if region else None
+    found = _Findings(fn, facts, region)
+    returned = {n for op in fn.ops if op.kind == "return" for n in op.inputs}
+    deleted, uses = _check_statements(found, returned, cuda)
+    if region:
+        _check_region_inputs(found, deleted, uses)
+    else:
+        _check_never_freed(found, returned)
+    return found.defects
 
-    def add(rule: str, value: str | None, line: int | None, message: str, hint: str) -> None:
-        out.append(Defect(rule, ti.kind, where, value, line, message, hint))
 
+def _check_statements(found: _Findings, returned: set[str], cuda: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """Dels, uses after them, and ops that must not be captured; return (deleted name -> line, uses per name)."""
+    fn, region = found.fn, found.region
+    params = set(fn.params)
     deleted: dict[str, int] = {}
     reported_uad: set[str] = set()
-    returned: set[str] = set()
-    for op in fn.ops:
-        if op.kind == "return":
-            returned.update(op.inputs)
-    params = set(fn.params)
     uses: dict[str, int] = {}
-
     for op in fn.ops:
         if op.kind == "del":
             for n in op.inputs:
                 if n in deleted:
-                    add("double-del", n, op.line, f"{n} is deleted twice (first on line {deleted[n]})",
-                        "delete each name once, after its last use")
+                    found.add("double-del", n, op.line, f"{n} is deleted twice (first on line {deleted[n]})",
+                              "delete each name once, after its last use")
                     continue
                 deleted[n] = op.line
                 if region and n in returned:
-                    add("region-deletes-output", n, op.line, f"{fn.name} deletes {n}, one of its own outputs",
-                        "protect region outputs from the region's del pass")
+                    found.add("region-deletes-output", n, op.line, f"{fn.name} deletes {n}, one of its own outputs",
+                              "protect region outputs from the region's del pass")
                 elif region and n in params:
-                    add("region-deletes-outside-value", n, op.line,
-                        f"{fn.name} deletes {n}, which was produced outside the region",
-                        "delete values produced outside a region at top level, after their last consumer")
+                    found.add("region-deletes-outside-value", n, op.line,
+                              f"{fn.name} deletes {n}, which was produced outside the region",
+                              "delete values produced outside a region at top level, after their last consumer")
             continue
         for n in op.inputs:
             if n in deleted and n not in reported_uad:
                 reported_uad.add(n)
-                add("use-after-del", n, op.line, f"{n} is used after `del {n}` on line {deleted[n]}",
-                    "move the del after the last use (or drop it from the region)")
-            if op.kind != "return" or not region:
-                uses[n] = uses.get(n, 0) + 1
-            elif op.kind == "return":
-                uses[n] = uses.get(n, 0) + 1
+                found.add("use-after-del", n, op.line, f"{n} is used after `del {n}` on line {deleted[n]}",
+                          "move the del after the last use (or drop it from the region)")
+            uses[n] = uses.get(n, 0) + 1
         for n in op.outputs:
             deleted.pop(n, None)
             reported_uad.discard(n)
         if region and op.kind == "call":
-            c = classify_statement(op, ti, cuda)
+            c = classify_statement(op, found.facts, cuda)
             if c is not None:
                 reason, detail = c
                 what = ", ".join(op.outputs) or op.callee
                 if reason == "host-sync":
-                    add("host-sync-in-region", what, op.line,
-                        f"{op.callee} ({detail}) reads a device value on the host inside {fn.name}",
-                        "keep data-dependent ops out of regions (an island)")
+                    found.add("host-sync-in-region", what, op.line,
+                              f"{op.callee} ({detail}) reads a device value on the host inside {fn.name}",
+                              "keep data-dependent ops out of regions (an island)")
                 else:
-                    add("cpu-op-in-region", what, op.line,
-                        f"{op.callee} ({detail}) inside {fn.name} runs once at capture, never on replay",
-                        "keep device transfers and CPU ops out of regions")
+                    found.add("cpu-op-in-region", what, op.line,
+                              f"{op.callee} ({detail}) inside {fn.name} runs once at capture, never on replay",
+                              "keep device transfers and CPU ops out of regions")
+    return deleted, uses
 
-    if region:
-        mask = ti.static_masks.get(fn.name, ())
-        static = {p for p, m in zip(fn.params, mask) if m}
-        kept = ti.written_back(fn.name)
-        for op, p in _in_place_updates_of_params(fn):
-            if p not in static and p not in kept:
-                add("region-updates-input", p, op.line,
-                    f"{fn.name} updates its input {p} in place: under capture the update lands in the runner's "
-                    f"static copy and the caller's {p} keeps its old values",
-                    "write the static copy back after replay (FixedCUDAGraphTransform does), or keep the update out of the region")
-        for i, p in enumerate(fn.params):
-            if uses.get(p, 0) == 0:
-                add("dead-region-input", p, fn.first_line,
-                    f"{fn.name} takes {p} but uses it for nothing but a del" if p in deleted
-                    else f"{fn.name} takes {p} but never uses it",
-                    "pass a region only the values it computes with")
-            handed = ti.handed_over(fn.name)
-            if ti.types.get(p, UNKNOWN).is_scalar and p not in handed:
-                add("scalar-region-input", p, fn.first_line,
-                    f"{fn.name} takes the Python number {p}: each new value captures a new graph",
-                    "hand the number over as a 0-d device tensor")
-    else:
-        defined: dict[str, int] = {}
-        top_dels: set[str] = set()
-        for op in fn.ops:
-            if op.kind == "del":
-                top_dels.update(op.inputs)
-            for n in op.outputs:
-                defined.setdefault(n, op.line)
-        for n, line in defined.items():
-            if n in params or n in returned or n in top_dels or n in ti.aliases or n == "_":
-                continue  # NOTE: `_` is thunder's placeholder for a None (e.g. a missing cotangent)
-            t = ti.types.get(n, UNKNOWN)
-            if not (t.kind == "tensor" or (t.kind == "other" and not t.text)):
-                continue  # NOTE: numbers, collections and placeholders (`_`, typed None) hold no memory
-            add("never-freed", n, line, f"{n} is never deleted at top level: it stays alive until the function returns",
-                "delete it right after its last consumer")
-    return out
+
+def _check_region_inputs(found: _Findings, deleted: dict[str, int], uses: dict[str, int]) -> None:
+    """Inputs updated in place behind the runner's back, inputs used for nothing, Python numbers baked in."""
+    fn, facts = found.fn, found.facts
+    mask = facts.static_masks.get(fn.name, ())
+    static = {p for p, m in zip(fn.params, mask) if m}
+    kept = facts.written_back(fn.name)
+    for op, p in _in_place_updates_of_params(fn):
+        if p not in static and p not in kept:
+            found.add("region-updates-input", p, op.line,
+                      f"{fn.name} updates its input {p} in place: under capture the update lands in the runner's "
+                      f"static copy and the caller's {p} keeps its old values",
+                      "write the static copy back after replay (FixedCUDAGraphTransform does), or keep the update out of the region")
+    handed = facts.handed_over(fn.name)
+    for p in fn.params:
+        if uses.get(p, 0) == 0:
+            found.add("dead-region-input", p, fn.first_line,
+                      f"{fn.name} takes {p} but uses it for nothing but a del" if p in deleted
+                      else f"{fn.name} takes {p} but never uses it",
+                      "pass a region only the values it computes with")
+        if facts.types.get(p, UNKNOWN).is_scalar and p not in handed:
+            found.add("scalar-region-input", p, fn.first_line,
+                      f"{fn.name} takes the Python number {p}: each new value captures a new graph",
+                      "hand the number over as a 0-d device tensor")
+
+
+def _check_never_freed(found: _Findings, returned: set[str]) -> None:
+    """Top-level intermediates that hold memory and are never deleted."""
+    fn, facts = found.fn, found.facts
+    defined: dict[str, int] = {}
+    top_dels: set[str] = set()
+    for op in fn.ops:
+        if op.kind == "del":
+            top_dels.update(op.inputs)
+        for n in op.outputs:
+            defined.setdefault(n, op.line)
+    for n, line in defined.items():
+        if n in fn.params or n in returned or n in top_dels or n in facts.aliases or n == "_":
+            continue  # NOTE: `_` is thunder's placeholder for a None (e.g. a missing cotangent)
+        t = facts.types.get(n, UNKNOWN)
+        if not (t.kind == "tensor" or (t.kind == "other" and not t.text)):
+            continue  # NOTE: numbers, collections and placeholders (`_`, typed None) hold no memory
+        found.add("never-freed", n, line, f"{n} is never deleted at top level: it stays alive until the function returns",
+                  "delete it right after its last consumer")
 
 
 def _in_place_updates_of_params(fn: ParsedFunction) -> list[tuple[Op, str]]:
@@ -191,49 +209,49 @@ def graph_derived(fn: ParsedFunction) -> dict[str, str]:
     return owner
 
 
-def _check_graph_memory(ti: TraceFacts) -> list[Defect]:
+def _check_graph_memory(facts: TraceFacts) -> list[Defect]:
     """What leaves a forward trace in graph memory and is not handled at its hand-out; static inputs rebound."""
     out: list[Defect] = []
-    top = ti.top
-    if top is not None and ti.kind == "forward":
+    top = facts.top
+    if top is not None and facts.kind == "forward":
         owner = graph_derived(top)
         ret = next((op for op in top.ops if op.kind == "return"), None)
         line = ret.line if ret is not None else None
         made_in = {n: op.callee for op in top.ops if op.kind == "region" for n in op.outputs}
-        copies = ti.hand_out is not None and ti.hand_out.copy_outputs
-        for n in sorted(ti.returned & owner.keys()):
+        copies = facts.hand_out is not None and facts.hand_out.copy_outputs
+        for n in sorted(facts.returned & owner.keys()):
             if copies:
                 continue
             what = f"the output buffer of {owner[n]}" if n in made_in else f"a view of {owner[n]}'s output memory"
-            out.append(Defect("returned-graph-memory", ti.kind, None, n, line,
+            out.append(Defect("returned-graph-memory", facts.kind, None, n, line,
                               f"{n} is returned as {what}: the next call's replay overwrites it in place, "
                               "so a result kept from an earlier call changes silently",
                               "copy returned tensors out of graph memory (FixedCUDAGraphTransform does, "
                               "unless copy_outputs=False)"))
-        if ti.hand_out is None:
-            for n in sorted(ti.saved & owner.keys()):
+        if facts.hand_out is None:
+            for n in sorted(facts.saved & owner.keys()):
                 what = f"the output buffer of {owner[n]}" if n in made_in else f"a view of {owner[n]}'s output memory"
-                out.append(Defect("saved-graph-memory", ti.kind, None, n, line,
+                out.append(Defect("saved-graph-memory", facts.kind, None, n, line,
                                   f"{n} is saved for the backward as {what}: a second forward before this "
                                   "backward overwrites it, and the gradients come out wrong without an error",
                                   "guard saved tensors in graph memory (FixedCUDAGraphTransform replays "
                                   "another graph instance while they are held)"))
-    for region, stats in ti.stats.items():
-        fn = ti.regions.get(region)
+    for region, stats in facts.stats.items():
+        fn = facts.regions.get(region)
         for text in stats.rebound:
             name = text.split(":", 1)[0]
-            out.append(Defect("static-input-rebound", ti.kind, region, name, fn.first_line if fn else None,
+            out.append(Defect("static-input-rebound", facts.kind, region, name, fn.first_line if fn else None,
                               f"{region}: {text}, so the tensor it was captured with is overwritten",
                               "key static inputs by address (FixedCUDAGraphTransform gives each its own graph)"))
     return out
 
 
-def check_trace(ti: TraceFacts) -> list[Defect]:
-    cuda = is_cuda(ti.types)
-    ti.aliases = _alias_names(([ti.top] if ti.top else []) + list(ti.regions.values()))
+def check_trace(facts: TraceFacts) -> list[Defect]:
+    cuda = is_cuda(facts.types)
+    facts.aliases = _alias_names(([facts.top] if facts.top else []) + list(facts.regions.values()))
     out: list[Defect] = []
-    if ti.top is not None:
-        out += _check_fn(ti.top, ti, region=False, cuda=cuda)
-    for fn in ti.regions.values():
-        out += _check_fn(fn, ti, region=True, cuda=cuda)
-    return out + _check_graph_memory(ti)
+    if facts.top is not None:
+        out += _check_fn(facts.top, facts, region=False, cuda=cuda)
+    for fn in facts.regions.values():
+        out += _check_fn(fn, facts, region=True, cuda=cuda)
+    return out + _check_graph_memory(facts)

@@ -117,14 +117,14 @@ def in_place_plan(
                 root[out.name] = find(src.name)
     # NOTE: one update_aliases call names a whole alias group (a tensor and its views): a copy_ into
     # any member writes the memory of every input in the group
-    top = alias_root(
+    group_of = alias_root(
         [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
         for b in bsyms
         if b.sym.name == "update_aliases"
     )
-    dests = {top(b.flat_proxy_args[1].name) for b in walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
+    dests = {group_of(b.flat_proxy_args[1].name) for b in walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
     position = {p.name: i for i, p in enumerate(inputs)}
-    written = tuple(i for i, p in enumerate(inputs) if top(p.name) in dests)
+    written = tuple(i for i, p in enumerate(inputs) if group_of(p.name) in dests)
     through = tuple(
         (j, position[find(o.name)]) for j, o in enumerate(outputs) if o.name in root and find(o.name) in position
     )

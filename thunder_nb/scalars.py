@@ -1,14 +1,4 @@
-"""The scalar hand-off: Python numbers that regions read become 0-d device tensors, computed exactly as PyTorch would.
-
-A region that reads a Python number bakes it into its graph, and each new value captures a new
-graph. Here every number a region reads is made on the device instead: a number from ``.item()``
-is the 0-d tensor it came from (and the host sync goes when nothing else needs the number), Python
-arithmetic on such numbers runs on 0-d float64/int64 tensors (IEEE double, as Python computes), and
-any other number is written into a 0-d tensor outside the regions. Each reader is rewritten into a
-form that gives the very bits PyTorch gives with the Python number (see `_reader_form`). A reader
-with no such form refuses: a number from an island then stays outside the graph with its reader
-(an island), any other number stays baked in.
-"""
+"""The scalar hand-off: Python numbers that regions read become 0-d device tensors, computed exactly as PyTorch would."""
 
 from __future__ import annotations
 
@@ -46,6 +36,14 @@ class Handoff:
 def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Callable[[BoundSymbol], bool],
                     *, cuda: bool) -> Handoff:
     """Rewrite the capturable readers of Python numbers in ``bsyms`` to read 0-d device tensors.
+
+    A region that reads a Python number bakes it into its graph, and each new value captures a new
+    graph. Here a number from ``.item()`` becomes the 0-d tensor it came from (and the host sync goes
+    when nothing else needs the number); Python arithmetic on such numbers runs on 0-d float64/int64
+    tensors (IEEE double, as Python computes); any other number is filled into a 0-d tensor outside
+    the regions. Each reader is rewritten into a form that gives the very bits PyTorch gives with the
+    number (`_reader_form`). A reader with no such form refuses: a number from an island then stays
+    outside the graphs with its reader (an island); any other number stays baked in.
 
     Args:
         trace: the trace the symbols belong to (new proxies are named in it).
