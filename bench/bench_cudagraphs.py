@@ -222,19 +222,18 @@ def benchmarks(device: str):
         w = torch.randn(2048, 2048, device=device, generator=g) / 2048**0.5
         return (torch.randn(2048, 2048, device=device), w)
 
-    yield "seed: x.sum().item()", programs.seed, vec
-    yield "island: 16 steps, item, 16 steps", programs.island, vec
-    yield "chain: 32 steps, no island", programs.chain, vec
-    yield "matmul chain: 12 x 2048^2", programs.matmul_chain, mm
-
     def mat(i):
         g = torch.Generator(device=device).manual_seed(1)
         return (torch.randn(256, 256, device=device), torch.randn(256, 256, device=device, generator=g) / 16)
 
+    yield "island: 16 steps, item, 16 steps", programs.island, vec
+    yield "chain: 32 steps, no island", programs.chain, vec
+    yield from training_programs(device)
     yield "norm chain: x / (x.norm().item() + 1)", programs.norm_chain, vec
     yield "full_like(x, x.sum().item())", programs.fill_from_item, vec
     yield "h / (h.mean().item() + 1e-3) between matmuls", programs.normalise_between_matmuls, mat
-    yield from training_programs(device)
+    yield "seed: x.sum().item()", programs.seed, vec
+    yield "matmul chain: 12 x 2048^2", programs.matmul_chain, mm
 
 
 PROGRAM_FILTER: str | None = None  # --programs: a regular expression the program name must match
@@ -357,8 +356,11 @@ def interleaved_table(results: list[dict], calls: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(calls: int) -> tuple[list[Row], str]:
-    """Measure every case, each in a fresh process (a failed capture can leave CUDA state unusable)."""
+def run(calls: int, out: Path | None = None) -> tuple[list[Row], str]:
+    """Measure every case, each in a fresh process (a failed capture can leave CUDA state unusable).
+
+    With ``out``, the table is rewritten after every row, so a run cut short keeps what it measured.
+    """
     import json
     import subprocess
 
@@ -379,6 +381,8 @@ def run(calls: int) -> tuple[list[Row], str]:
             rows.append(Row(program, cfg, note=f"fails: the process exited with {proc.returncode}"))
         r = rows[-1]
         print(f"  {r.program} / {r.config}: {r.median_us} us {r.note}", file=sys.stderr, flush=True)
+        if out is not None:
+            out.write_text(table(rows, calls))
     text = table(rows, calls)
     if NO_INTERLEAVED:
         return rows, text
@@ -439,10 +443,11 @@ def main() -> int:
 
         print(json.dumps(run_interleaved(INTERLEAVED_CALLS)))
         return 0
-    rows, text = run(a.calls)
-    print(text)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
+    rows, text = run(a.calls, a.out)
+    print(text)
+    if a.out:
         a.out.write_text(text)
     return 0
 
