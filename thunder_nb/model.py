@@ -46,17 +46,16 @@ RULES: dict[str, str] = {
     "returned-graph-memory": "a returned tensor lives in a graph's memory (the next replay overwrites it)",
     "saved-graph-memory": "a tensor saved for the backward lives in a graph's memory (a second forward overwrites it)",
     "static-input-rebound": "a static region input received another tensor (copied into the captured one's memory)",
-    "copy-out-breaks-aliasing": "returned tensors that share memory come back as separate copies",
 }
 
 #: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.
 ERROR_RULES: frozenset[str] = frozenset(
     {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region", "region-updates-input",
-     "returned-graph-memory", "saved-graph-memory", "static-input-rebound", "copy-out-breaks-aliasing"}
+     "returned-graph-memory", "saved-graph-memory", "static-input-rebound"}
 )
 #: Error rules whose defect gives a wrong result without any error raised (severity "wrong result").
 WRONG_RESULT_RULES: frozenset[str] = frozenset(
-    {"returned-graph-memory", "saved-graph-memory", "static-input-rebound", "copy-out-breaks-aliasing"}
+    {"returned-graph-memory", "saved-graph-memory", "static-input-rebound"}
 )
 
 #: How a region input reaches its graph (`InputPlan.role`).
