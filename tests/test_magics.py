@@ -252,7 +252,7 @@ def test_capture_on_without_gpu(ip):
 
 def test_without_dot_shows_dot_source_and_text_with_one_warning(ip, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` anywhere
-    monkeypatch.setattr(render, "_dot_missing_warned", False)
+    monkeypatch.setattr(render.backend, "_dot_missing_warned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outs, _ = run_magic(ip, "--repeats 2 g(x)", ISLAND)

@@ -630,7 +630,7 @@ def test_report_mimebundle_honours_include_and_exclude(stock_f):
 
 def test_without_dot_one_warning_and_a_text_fallback(monkeypatch, tmp_path, stock_mlp):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(render, "_dot_missing_warned", False)
+    monkeypatch.setattr(render.backend, "_dot_missing_warned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert render.svg(render.region_diagram(stock_mlp.forward)) is None
@@ -692,5 +692,5 @@ def test_side_by_side_of_stock_and_fixed_transforms(thunder_mod, stock_g):
     fixed = _report(thunder_mod, g, FixedCUDAGraphTransform, thunder_mod[1].randn(4, 3))
     markup = render.side_by_side_html(stock_g, fixed)
     assert_in_order(markup, "(transform: stock)", "verdict: fails or computes wrong values",
-                    f"(transform: {fixed.transform})", f"verdict: {render._verdict(fixed.defects)}",
+                    f"(transform: {fixed.transform})", f"verdict: {render.common.verdict(fixed.defects)}",
                     "forward trace <code>computation</code>", "forward trace <code>computation</code>")
