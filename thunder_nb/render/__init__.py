@@ -1,13 +1,12 @@
-"""Draw the analysis model: region diagrams (DOT, then SVG by ``dot``), lifetimes, source views, text and HTML.
+"""Draw the model (`thunder_nb.model`) as diagrams, lifetimes, source views, text and HTML; never imports thunder.
 
-Every view is a pure function of the frozen records of `thunder_nb.model`: nothing here displays
-anything or imports thunder. Submodules: `dot` (DOT building), `backend` (the ``dot`` binary),
-`lifetimes`, `source`, `text` (the text report), `html` (HTML views and their CSS).
+Submodules: dot (DOT building), backend (the ``dot`` binary), memory (each region's memory plan in
+words), lifetimes, source, text (the text report), html (HTML views and their one CSS), common.
 """
 
 from __future__ import annotations
 
-from . import backend, common, dot, html, lifetimes, source, text
+from . import backend, common, dot, html, lifetimes, memory, source, text
 from .backend import DiagramWarning, svg
 from .dot import COLLAPSE_THRESHOLD, region_diagram
 from .html import report_html, report_mimebundle, side_by_side_html
@@ -36,6 +35,7 @@ __all__ = [
     "dot",
     "html",
     "lifetimes",
+    "memory",
     "source",
     "text",
 ]

@@ -6,6 +6,7 @@ Node ids are thunder's own names and attributes are sorted, so the DOT is determ
 from __future__ import annotations
 
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +15,12 @@ import graphviz
 
 from ..model import ISLAND_REASONS, RULES, Defect, Island, Op, Region, Site, TraceReport, Value
 from .common import (
-    DEFECT_COLOR, HANDOFF_COLOR, ISLAND_FILL, SCALAR_COLOR, STATE_FILL, has_region, plural, state, type_label, values,
+    DEFECT_COLOR, HANDOFF_COLOR, ISLAND_FILL, SCALAR_COLOR, STATE_FILL, WRONG_COLOR, has_region, plural, state,
+    type_label, values,
+)
+from .memory import (
+    ACTION_SHORT, ROLE_SHORT, hand_out_line, input_roles, inputs_summary, known,
+    output_actions, outputs_summary, region_memory,
 )
 
 __all__ = ["COLLAPSE_THRESHOLD", "region_diagram", "dot_text", "node_id"]
@@ -22,6 +28,9 @@ __all__ = ["COLLAPSE_THRESHOLD", "region_diagram", "dot_text", "node_id"]
 #: Above this many ops (region ops plus top-level statements), `region_diagram` collapses regions.
 COLLAPSE_THRESHOLD = 150
 
+_LEGEND_WIDTH = 52  # NOTE: characters per legend line: a wide legend makes the whole diagram wide
+_SMALL = {"color": "#adb5bd", "fontcolor": "#868e96", "fontsize": "8", "height": "0.2", "margin": "0.04,0.02",
+          "shape": "box", "style": "rounded"}
 _EDGE_GROUP = 4  # NOTE: more values than this between two nodes are drawn as one summary edge
 _BOOKKEEPING = ("bookkeeping", "collection")
 _MERGEABLE = ("bookkeeping", "collection", "single", "other")
@@ -31,8 +40,8 @@ _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "stri
 
 def dot_text(*lines: str, sep: str = r"\n", end: str = "") -> str:
     """Return a DOT escString showing ``lines`` literally (backslashes, ``<...>``, quotes, newlines)."""
-    parts = [p.replace("\\", "\\\\") for line in lines for p in str(line).split("\n")]
-    # NOTE: nohtml keeps graphviz from reading a label like "<script>" as an HTML-like label
+    # NOTE: graphviz.escape doubles backslashes; nohtml keeps a label like "<script>" from reading as HTML-like
+    parts = [graphviz.escape(p) for line in lines for p in str(line).split("\n")]
     return graphviz.nohtml(sep.join(parts) + end)
 
 
@@ -64,19 +73,19 @@ class _Mark:
 
     rules: list[str]
     tips: list[str]
+    wrong: list[str]  # the rules whose severity is "wrong result"
 
     def attrs(self, tips: Sequence[str] = ()) -> dict[str, str]:
-        """Red node attributes; the tooltip lists ``tips`` (the node's own), then the defects."""
-        return {
-            "color": DEFECT_COLOR,
-            "fontcolor": DEFECT_COLOR,
-            "penwidth": "2",
-            "tooltip": dot_text(*tips, *self.tips),
-        }
+        """Red node attributes (crimson for a wrong result); the tooltip lists ``tips``, then the defects."""
+        color = WRONG_COLOR if self.wrong else DEFECT_COLOR
+        return {"color": color, "fontcolor": color, "penwidth": "3" if self.wrong else "2",
+                "tooltip": dot_text(*tips, *self.tips)}
 
-    def label_line(self) -> str:
-        rules = list(dict.fromkeys(self.rules))
-        return "⚠ " + ", ".join(rules)
+    def label_lines(self) -> list[str]:
+        """One line per rule (narrow nodes); wrong results first, under their own heading."""
+        wrong = list(dict.fromkeys(self.wrong))
+        rest = [r for r in dict.fromkeys(self.rules) if r not in wrong]
+        return (["⚠ WRONG RESULT:", *wrong] if wrong else []) + [f"⚠ {r}" for r in rest]
 
 
 class _DiagramBuilder:
@@ -85,6 +94,8 @@ class _DiagramBuilder:
     def __init__(self, trace: TraceReport, full: set[str], merge_islands: bool) -> None:
         self.trace = trace
         self.full = full
+        self.compact = merge_islands  # NOTE: a collapsed drawing: edge labels name values, types go to tooltips
+        self.keys: set[str] = set()  # what the legend must explain: "number", "hand-off"
         self.values = values(trace)
         self.regions = {r.position: r for r in trace.regions if r.position >= 0}
         self.islands = {i.position: i for i in trace.islands}
@@ -175,14 +186,16 @@ class _DiagramBuilder:
             node, region = self.anchor(d)
             tip = f"{d.rule} ({d.where()}): {d.message}"
             if node is not None:
-                m = self.marks.setdefault(node, _Mark([], []))
+                m = self.marks.setdefault(node, _Mark([], [], []))
             elif region is not None:
-                m = self.region_marks.setdefault(region, _Mark([], []))
+                m = self.region_marks.setdefault(region, _Mark([], [], []))
             else:
                 lost.append(d)
                 continue
             m.rules.append(d.rule)
             m.tips.append(tip)
+            if d.severity == "wrong result":
+                m.wrong.append(d.rule)
         return lost
 
     def node(self, g: graphviz.Digraph, nid: str, lines: Sequence[str], tips: Sequence[str],
@@ -190,7 +203,7 @@ class _DiagramBuilder:
         """Draw a node; a node with defects turns red and lists them in its label and tooltip."""
         mark = self.marks.get(nid)
         if mark is not None:
-            lines = [*lines, mark.label_line()]
+            lines = [*lines, *mark.label_lines()]
             attrs = {**attrs, **mark.attrs(tips)}
         else:
             attrs = {**attrs, "tooltip": dot_text(*tips)}
@@ -216,13 +229,15 @@ class _DiagramBuilder:
         tips = [f"{i.name}: {i.op.text}" for i in group[:20]]
         if len(group) > 20:
             tips.append(f"… {len(group) - 20} more")
+        if first.reason == "hand-out":
+            tips = [f"{first.name}: hand-out: {hand_out_line(self.trace) or first.detail}", first.op.text]
+            self.node(g, nid, [_hand_out_label(self.trace)], tips, _SMALL)
+            return
         if first.reason in _BOOKKEEPING:
             head = first.detail if first.reason == "bookkeeping" else "clear " + first.detail
             if len(group) > 1:
                 head = ("clear" if first.reason == "collection" else first.detail) + f" ×{len(group)}"
-            attrs = {"color": "#adb5bd", "fontcolor": "#868e96", "fontsize": "8", "height": "0.2",
-                     "margin": "0.04,0.02", "shape": "box", "style": "rounded"}
-            self.node(g, nid, [head], tips, attrs)
+            self.node(g, nid, [head], tips, _SMALL)
             return
         if len(group) > 1:
             reason = ISLAND_REASONS.get(first.reason, first.reason)
@@ -233,8 +248,9 @@ class _DiagramBuilder:
         self.node(g, nid, lines, tips, attrs)
 
     def region_summary(self, r: Region) -> list[str]:
-        lines = [r.name, f"{plural(len(r.compute_ops), 'op')} · {state(r)}",
-                 f"in {len(r.inputs)} · out {len(r.outputs)}"]
+        lines = [r.name, f"{plural(len(r.compute_ops), 'op')} · {state(r)}"]
+        ins, outs = inputs_summary(self.trace, r), outputs_summary(self.trace, r)
+        lines += [ins, outs] if known(self.trace, r) else [f"{ins} · {outs}"]
         counts = Counter(o.callee for o in r.compute_ops)
         if counts:
             top = [f"{c} ×{n}" if n > 1 else c for c, n in counts.most_common(3)]
@@ -247,35 +263,48 @@ class _DiagramBuilder:
 
     def draw_collapsed(self, g: graphviz.Digraph, r: Region) -> None:
         attrs = {"fillcolor": STATE_FILL.get(r.captured, "white"), "shape": "box3d", "style": "filled"}
-        self.node(g, node_id(r.name), self.region_summary(r), [f"{r.name}: {state(r)}"], attrs)
+        self.node(g, node_id(r.name), self.region_summary(r), self.region_tips(r), attrs)
+
+    def region_tips(self, r: Region) -> list[str]:
+        """The tooltip of a region: its state, then its memory plan line by line."""
+        tips = [f"{r.name}: {state(r)}"]
+        if known(self.trace, r):
+            tips += [str(e) for e in region_memory(self.trace, r)]
+        return tips
 
     def draw_full(self, g: graphviz.Digraph, r: Region) -> None:
         handoff_names = {n for pair in _handoffs(r) for n in pair}
         with g.subgraph(name=node_id("cluster", r.name)) as c:
             label = [f"{r.name} · {plural(len(r.compute_ops), 'op')} · {state(r)}"]
+            if known(self.trace, r):
+                label.append(f"{inputs_summary(self.trace, r)} · {outputs_summary(self.trace, r)}")
             if r.scalar_handoffs:
                 label.append("hand-offs: " + ", ".join(map(str, r.scalar_handoffs)))
             cattrs = {"fillcolor": STATE_FILL.get(r.captured, "white"), "style": "filled,rounded",
-                      "tooltip": dot_text(f"{r.name}: {state(r)}")}
+                      "tooltip": dot_text(*self.region_tips(r))}
             mark = self.region_marks.get(r.name)
             if mark is not None:
-                label.append(mark.label_line())
-                cattrs.update(mark.attrs([f"{r.name}: {state(r)}"]))
+                label += mark.label_lines()
+                cattrs.update(mark.attrs(self.region_tips(r)))
             c.attr(label=dot_text(*label), **cattrs)
-            with c.subgraph() as ins:
-                ins.attr(rank="same")
-                for k, name in enumerate(r.inputs):
-                    v = self.values.get(name)
-                    static = k < len(r.static_mask) and r.static_mask[k]
-                    lines = [name] + (["static"] if static else [])
-                    attrs = {"fontsize": "9", "height": "0.25", "shape": "invhouse"}
-                    if v is not None and v.is_scalar:
-                        attrs.update(color=SCALAR_COLOR, fontcolor=SCALAR_COLOR)
+            # NOTE: inputs are not held on one rank: each sits above its first use, which keeps the cluster narrow
+            roles = input_roles(self.trace, r) if known(self.trace, r) else {}
+            plan = {n: e for e in region_memory(self.trace, r) for n in e.names} if roles else {}
+            for name in r.inputs:
+                v = self.values.get(name)
+                role = roles.get(name, "copied")
+                lines = [name] + ([ROLE_SHORT[role]] if ROLE_SHORT.get(role) else [])
+                attrs = {"fontsize": "9", "height": "0.25", "shape": "box", "style": "rounded"}
+                if v is not None and v.is_scalar:
+                    attrs.update(color=SCALAR_COLOR, fontcolor=SCALAR_COLOR)
+                    if "Python number" not in lines:
                         lines.append("Python number")
-                    if name in handoff_names:
-                        attrs.update(color=HANDOFF_COLOR, fontcolor=HANDOFF_COLOR, penwidth="2")
-                    tip = f"{r.name} input {name} {type_label(v)}".rstrip()
-                    self.node(ins, node_id(r.name, "in", name), lines, [tip], attrs)
+                if name in handoff_names:
+                    attrs.update(color=HANDOFF_COLOR, fontcolor=HANDOFF_COLOR, penwidth="2")
+                tips = [f"{r.name} input {name} {type_label(v)}".rstrip()]
+                if name in plan:
+                    tips.append(f"{plan[name].label}: {plan[name].reason}")
+                self.node(c, node_id(r.name, "in", name), lines, tips, attrs)
             producers = {n: node_id(r.name, "in", n) for n in r.inputs}
             for op in r.compute_ops:
                 nid = _op_node(r, op)
@@ -288,10 +317,16 @@ class _DiagramBuilder:
                     producers[n] = nid
             with c.subgraph() as outs:
                 outs.attr(rank="same")
+                actions = output_actions(self.trace, r) if known(self.trace, r) else {}
                 for name in r.outputs:
                     v = self.values.get(name)
-                    tip = f"{r.name} output {name} {type_label(v)}".rstrip()
-                    self.node(outs, node_id(r.name, "out", name), [name], [tip],
+                    tips = [f"{r.name} output {name} {type_label(v)}".rstrip()]
+                    lines = [name]
+                    if name in actions:
+                        lines.append(ACTION_SHORT[actions[name][0]])
+                    if name in plan:
+                        tips.append(f"{plan[name].label}: {plan[name].reason}")
+                    self.node(outs, node_id(r.name, "out", name), lines, tips,
                               {"fontsize": "9", "height": "0.25", "shape": "house"})
             for name in r.outputs:
                 if name in producers:
@@ -304,10 +339,14 @@ class _DiagramBuilder:
             v = vals[0]
             label = [names[0]] + ([type_label(v)] if type_label(v) else [])
             attrs = {"fontsize": "9", "tooltip": dot_text(" ".join(label))}
+            if self.compact:
+                label = label[:1]
             if v is not None and v.is_scalar:
                 label.append("Python number")
                 attrs.update(color=SCALAR_COLOR, fontcolor=SCALAR_COLOR, style="dashed")
+                self.keys.add("number")
             if handoff:
+                self.keys.add("hand-off")
                 label.append(f"hand-off {handoff}")
                 attrs.update(color=HANDOFF_COLOR, fontcolor=HANDOFF_COLOR, penwidth="2")
         else:
@@ -351,28 +390,41 @@ class _DiagramBuilder:
         lines = ["legend"]
         if defects:
             counts = Counter(d.rule for d in defects)
-            errors = sum(1 for d in defects if d.is_error)
-            lines.append(f"defects: {plural(errors, 'error')}, {plural(len(defects) - errors, 'warning')} (red)")
+            wrong = sum(1 for d in defects if d.severity == "wrong result")
+            errors = sum(1 for d in defects if d.is_error) - wrong
+            head = [plural(wrong, "wrong result")] if wrong else []
+            lines.append("defects: " + ", ".join(head + [plural(errors, "error"),
+                                                         plural(len(defects) - errors - wrong, "warning")]))
             for rule in RULES:
                 if rule in counts:
-                    lines.append(f"  {rule} ×{counts[rule]}: {RULES[rule]}")
+                    lines += _wrap(f"{rule} ×{counts[rule]}: {RULES[rule]}", "  ")
         else:
             lines.append("no defects")
         for d in lost:
-            lines.append(f"  {d.rule} at {d.where()}: {d.message}")
-        lines += ["region: green captured, orange eager, grey not run",
-                  "dashed orange edge: Python number",
-                  "blue edge: scalar hand-off"]
+            lines += _wrap(f"{d.rule} at {d.where()}: {d.message}", "  ")
+        if defects:
+            lines.append("red: defect" + ("; crimson: wrong result" if wrong else ""))
+        states = [w for w, on in (("green captured", True), ("orange eager", False), ("grey not run", None))
+                  if any(r.captured is on for r in self.trace.regions)]
+        if states:
+            lines.append("region: " + ", ".join(states))
+        if "number" in self.keys:
+            lines.append("dashed orange edge: Python number")
+        if "hand-off" in self.keys:
+            lines.append("blue edge: scalar hand-off")
         attrs = {"fontsize": "9", "shape": "note"}
         if defects:
-            attrs.update(color=DEFECT_COLOR)
-        g.node("_legend", dot_text(*lines, sep=r"\l", end=r"\l"), **attrs)
+            attrs.update(color=WRONG_COLOR if wrong else DEFECT_COLOR)
+        # NOTE: on the last rank, under the drawing: beside the inputs it would widen the diagram
+        with g.subgraph(name="legend") as sub:
+            sub.attr(rank="sink")
+            sub.node("_legend", dot_text(*lines, sep=r"\l", end=r"\l"), **attrs)
 
     def build(self) -> graphviz.Digraph:
         t = self.trace
         g = graphviz.Digraph(name=node_id(t.kind))
         g.attr(compound="true", fontsize="10", label=dot_text(f"{t.kind} trace `{t.name}`"), labelloc="t",
-               rankdir="TB")
+               rankdir="TB", **({"ranksep": "0.3"} if self.compact else {}))
         g.attr("node", fontsize="10")
         g.attr("edge", fontsize="9")
         lost = self.place_defects()
@@ -390,6 +442,21 @@ class _DiagramBuilder:
         self.draw_flows(g)
         self.draw_legend(g, lost)
         return g
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    """Wrap a legend line at `_LEGEND_WIDTH` characters, continuation lines indented further."""
+    return textwrap.wrap(text, _LEGEND_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False)
+
+
+def _hand_out_label(trace: TraceReport) -> str:
+    """``hand-out: copy 1 · guard 2``: what the trace's hand-out checks."""
+    plan = trace.hand_out
+    if plan is None:
+        return "hand-out"
+    counts = Counter(ACTION_SHORT[a] for a in (plan.action(n) for n in plan.graph_memory) if a is not None)
+    return "hand-out: " + " · ".join(f"{w} {n}" for w, n in counts.items()) if counts else "hand-out"
 
 
 def _op_node(r: Region, op: Op) -> str:
