@@ -118,7 +118,7 @@ def test_toggle_widget_is_linked_in_the_browser(ip):
     box = widget_of(outs[1])
     buttons, stack = box.children
     assert isinstance(buttons, ipywidgets.ToggleButtons) and buttons.options == ("original (stock)", "fixed")
-    assert isinstance(stack, ipywidgets.Stack) and stack.selected_index == 0
+    assert isinstance(stack, ipywidgets.Stack) and stack.selected_index == 1 and buttons.index == 1  # the fixed side
     assert [type(c) for c in stack.children] == [ipywidgets.HTML, ipywidgets.HTML]
     assert len(links_of(box)) == 1  # jslink: switching needs no kernel
     # no kernel-side callback beyond what a fresh widget carries itself

@@ -48,7 +48,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # NOTE: the lab template with the two CDN <script src=...> replaced by the files' text. The renderer
 # goes at the end of the body, where nbconvert's loader would append it; it renders on the window's
 # load event, so the saved widget state that the template writes after it is there by then. MathJax,
-# which nbconvert always loads from a CDN, is kept only for a notebook with LaTeX in it.
+# which nbconvert always loads from a CDN, is kept only for a notebook with LaTeX in it. A widget output
+# that also carries text/html (the toggle's static fallback) shows it when JavaScript is off (<noscript>).
 _TEMPLATE_NAME = "thunder_nb_standalone.html.j2"
 _TEMPLATE = """\
 {%- extends 'index.html.j2' -%}
@@ -61,6 +62,12 @@ _TEMPLATE = """\
 {%- block html_head_js_mathjax -%}
 {%- if resources.thunder_nb_math -%}{{ super() }}{%- endif -%}
 {%- endblock html_head_js_mathjax -%}
+{%- block data_widget_view scoped -%}
+{{ super() }}
+{%- if "text/html" in output.data %}
+<noscript>{{ output.data["text/html"] }}</noscript>
+{%- endif %}
+{%- endblock data_widget_view -%}
 {% block footer_js %}
 {{ super() }}
 {%- if "widgets" in nb.metadata %}
