@@ -215,7 +215,7 @@ def test_region_diagram_source_of_a_small_trace():
     source = render.region_diagram(trace).source.replace("\t", "    ")
     assert source == textwrap.dedent(
         r"""        digraph forward {
-            compound=true fontsize=10 label="forward trace `computation`" labelloc=t rankdir=TB
+            compound=true fontsize=10 label="forward trace `computation` · no defects" labelloc=t rankdir=TB
             node [fontsize=10]
             edge [fontsize=9]
             subgraph inputs {
@@ -228,7 +228,7 @@ def test_region_diagram_source_of_a_small_trace():
             island0 -> island1 [label="f1\nfloat\nPython number" color="#e8590c" fontcolor="#e8590c" fontsize=9 style=dashed tooltip="f1 float"]
             subgraph legend {
                 rank=sink
-                _legend [label="legend\lno defects\ldashed orange edge: Python number\l" fontsize=9 shape=note]
+                _legend [label="legend\ldashed orange edge: Python number\l" fontsize=9 shape=note]
             }
         }
         """

@@ -129,7 +129,8 @@ def test_diagram_shows_the_memory_plan(held_mlp, slot):
         "island1: hand-out: copies out t52; guards t48, t47 (4 calls: 4 copied out, 8 guarded)",
     )
     collapsed = render.region_diagram(held_mlp.backward, collapse=True).source
-    assert 'CUDAGraph2 [label="CUDAGraph2\\n9 ops · captured\\nin 5: 5 in place (2 addresses)\\nout 2: 2 copied out' in collapsed
+    summary = 'CUDAGraph2 [label="CUDAGraph2\\n9 ops · captured\\nin 5: 5 in place (2 addresses)\\nout 2: 2 copied out'
+    assert summary in collapsed
     assert "read in place: t27, w2, t48, t47, x (saved for the backward" in collapsed  # the tooltip
     source = render.region_diagram(slot.forward).source
     assert 'CUDAGraph2_in_i20 [label="i20\\nscalar slot\\nPython number"' in source
@@ -201,8 +202,8 @@ def test_lifetime_chart_has_axis_key_named_islands_and_readable_rows(slot):
     axis = [t.text for t in _texts(groups["tnb-axis"])]
     assert axis[0] == "step" and axis[1:3] == ["0", "5"]
     key = [t.text for t in _texts(groups["tnb-key"])]
-    assert key == ["live: defined to last use", "a Python number", "held after its last use", "never freed", "del", "use after del",
-                   "region (its statements)", "island"]
+    assert key == ["live: defined to last use", "a Python number", "held after its last use", "never freed", "del",
+                   "use after del", "region (its statements)", "island"]
     islands = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-island" for t in _texts(g)]
     assert islands == ["island1", "island5"]  # the host sync and the hand-out, by name on the chart
     spans = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-span" for t in _texts(g)]

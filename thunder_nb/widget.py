@@ -108,7 +108,7 @@ def toggle(original_html: str, fixed_html: str, labels: Sequence[str] = ("origin
 
 
 def comparison_toggle(comparison: Comparison, views: Iterable[str] = SIDE_VIEWS) -> ipywidgets.VBox:
-    """Build the original/fixed `toggle` of a `Comparison` (each pane: diagram, lifetimes, source), on the fixed side."""
+    """Build the original/fixed `toggle` of a `Comparison` (panes: diagram, lifetimes, source), on the fixed side."""
     views = tuple(views)
     label = f"original ({comparison.original_kind})"
     return toggle(

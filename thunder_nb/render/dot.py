@@ -398,20 +398,16 @@ class _DiagramBuilder:
             for rule in RULES:
                 if rule in counts:
                     lines += _wrap(f"{rule} ×{counts[rule]}: {RULES[rule]}", "  ")
-        else:
-            lines.append("no defects")
         for d in lost:
             lines += _wrap(f"{d.rule} at {d.where()}: {d.message}", "  ")
         if defects:
             lines.append("red: defect" + ("; crimson: wrong result" if wrong else ""))
-        states = [w for w, on in (("green captured", True), ("orange eager", False), ("grey not run", None))
-                  if any(r.captured is on for r in self.trace.regions)]
-        if states:
-            lines.append("region: " + ", ".join(states))
         if "number" in self.keys:
             lines.append("dashed orange edge: Python number")
         if "hand-off" in self.keys:
             lines.append("blue edge: scalar hand-off")
+        if len(lines) == 1:
+            return  # NOTE: nothing to explain (a region's colour is also said in its label: captured, eager, not run)
         attrs = {"fontsize": "9", "shape": "note"}
         if defects:
             attrs.update(color=WRONG_COLOR if wrong else DEFECT_COLOR)
@@ -423,7 +419,8 @@ class _DiagramBuilder:
     def build(self) -> graphviz.Digraph:
         t = self.trace
         g = graphviz.Digraph(name=node_id(t.kind))
-        g.attr(compound="true", fontsize="10", label=dot_text(f"{t.kind} trace `{t.name}`"), labelloc="t",
+        title = f"{t.kind} trace `{t.name}`" + ("" if t.defects else " · no defects")
+        g.attr(compound="true", fontsize="10", label=dot_text(title), labelloc="t",
                rankdir="TB", **({"ranksep": "0.3"} if self.compact else {}))
         g.attr("node", fontsize="10")
         g.attr("edge", fontsize="9")

@@ -42,7 +42,7 @@ FIT = (880, 900)
 
 #: The style of every HTML view, scoped to ``.thunder-nb``; each top-level fragment carries it once.
 CSS = """<style>
-.thunder-nb{font-family:system-ui,sans-serif;font-size:13px;max-width:100%;overflow-wrap:anywhere}
+.thunder-nb{font-family:system-ui,sans-serif;font-size:13px;line-height:1.4;max-width:100%;overflow-wrap:anywhere}
 .thunder-nb .tnb-h{font-weight:600;margin:8px 0 4px}
 .thunder-nb table{border-collapse:collapse}
 .thunder-nb td,.thunder-nb th{padding:1px 6px;text-align:left;vertical-align:top}
@@ -55,8 +55,10 @@ CSS = """<style>
 .thunder-nb pre{background:#f8f9fa;padding:6px;overflow:auto;margin:0;line-height:1.3;max-width:100%}
 .thunder-nb .tnb-diagram{max-width:100%}
 .thunder-nb .tnb-diagram svg,.thunder-nb svg.tnb-lifetime{max-width:100%;height:auto}
-.thunder-nb details{margin:4px 0}
-.thunder-nb details>summary{cursor:pointer;font-weight:600;margin:4px 0}
+.thunder-nb details{margin:2px 0}
+.thunder-nb details>summary{cursor:pointer;font-weight:600;margin:2px 0}
+.thunder-nb .tnb-more{display:flex;flex-wrap:wrap;column-gap:18px;align-items:baseline}
+.thunder-nb .tnb-more>details[open]{flex-basis:100%;order:1;min-width:0}
 .thunder-nb .tnb-side-row{display:flex;flex-wrap:wrap;gap:8px 16px}
 .thunder-nb .tnb-side-row>div{flex:1 1 420px;min-width:0}
 </style>"""
@@ -83,12 +85,8 @@ def _ops(trace: TraceReport) -> int:
     return sum(len(r.compute_ops) for r in trace.regions)
 
 
-def diagram_html(trace: TraceReport) -> tuple[str, bool]:
-    """The region diagram as inline SVG that fits `FIT`; without ``dot``, its DOT source. Returns (html, drawn).
-
-    A drawing bigger than `FIT` with its regions in full is replaced by the collapsed one, and the
-    full drawing follows in a closed ``<details>``.
-    """
+def _diagram_parts(trace: TraceReport) -> tuple[str, str, bool]:
+    """(the diagram shown, the full one in a closed ``<details>`` or "", drawn by ``dot``)."""
     graph = region_diagram(trace)
     image = svg(graph)
     if image is None:
@@ -96,6 +94,7 @@ def diagram_html(trace: TraceReport) -> tuple[str, bool]:
             '<div class="tnb-diagram"><p>Graphviz <code>dot</code> is not installed '
             "(<code>apt-get install graphviz</code>): the diagram as DOT source.</p>"
             f'<pre class="tnb-dot">{esc(graph.source)}</pre></div>',
+            "",
             False,
         )
     w, h = svg_size(image)
@@ -104,12 +103,22 @@ def diagram_html(trace: TraceReport) -> tuple[str, bool]:
         small = svg(region_diagram(trace, collapse=True))
         if small is not None:
             return (
-                f'<div class="tnb-diagram">{small}</div><details class="tnb-full"><summary>full diagram: '
-                f"{esc(plural(_ops(trace), 'op'))} ({w:.0f} × {h:.0f} px)</summary>"
-                f'<div class="tnb-diagram">{image}</div></details>',
+                f'<div class="tnb-diagram">{small}</div>',
+                f'<details class="tnb-full"><summary>full diagram: {esc(plural(_ops(trace), "op"))} '
+                f'({w:.0f} × {h:.0f} px)</summary><div class="tnb-diagram">{image}</div></details>',
                 True,
             )
-    return f'<div class="tnb-diagram">{image}</div>', True
+    return f'<div class="tnb-diagram">{image}</div>', "", True
+
+
+def diagram_html(trace: TraceReport) -> tuple[str, bool]:
+    """The region diagram as inline SVG that fits `FIT`; without ``dot``, its DOT source. Returns (html, drawn).
+
+    A drawing bigger than `FIT` with its regions in full is replaced by the collapsed one, and the
+    full drawing follows in a closed ``<details>``.
+    """
+    shown, full, drawn = _diagram_parts(trace)
+    return shown + full, drawn
 
 
 def memory_html(trace: TraceReport) -> str:
@@ -213,20 +222,24 @@ def _pane_trace_html(trace: TraceReport, views: Sequence[str]) -> tuple[str, boo
         f"{esc(plural(len(trace.regions), 'region'))}, {esc(plural(len(trace.user_islands), 'island'))}, "
         f"{_defect_counts(trace)}</div>"
     )
-    parts, drawn = [head], True
+    parts, more, drawn = [head], [], True
     if "diagram" in views:
-        diagram, drawn = diagram_html(trace)
+        diagram, full, drawn = _diagram_parts(trace)
         parts.append(diagram)
+        more.append(full)
         memory = memory_html(trace)
         if memory:
-            parts.append(f"<details><summary>memory plan</summary>{memory}</details>")
+            more.append(f"<details><summary>memory plan</summary>{memory}</details>")
         if trace.defects:
-            parts.append(f"<details><summary>defects</summary>{defects_html(trace)}</details>")
+            more.append(f"<details><summary>defects</summary>{defects_html(trace)}</details>")
     if "lifetimes" in views:
-        parts.append(f"<details><summary>lifetimes: {esc(plural(len(trace.values), 'value'))}</summary>"
-                     f"{lifetime_svg(trace)}</details>")
+        more.append(f"<details><summary>lifetimes: {esc(plural(len(trace.values), 'value'))}</summary>"
+                    f"{lifetime_svg(trace)}</details>")
     if "source" in views:
-        parts.append(f"<details><summary>generated code</summary>{trace_source_html(trace)}</details>")
+        more.append(f"<details><summary>generated code</summary>{trace_source_html(trace)}</details>")
+    if any(more):
+        # NOTE: the closed parts share one line; an opened one takes a line of its own below them
+        parts.append(f'<div class="tnb-more">{"".join(more)}</div>')
     return "".join(parts), drawn
 
 

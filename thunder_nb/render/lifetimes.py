@@ -276,7 +276,8 @@ def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = S
     notes = {id(r): [s for s, on in (("never freed", r.never_freed), ("use after del", bool(r.late_uses))) if on]
              for r in rows}
     name_w = max([len(r.value.name) for r in rows] + [6]) * _CHAR_W[11] + 12
-    note_w = max([len(", ".join(v)) for v in notes.values() if v] + [0]) * _CHAR_W[11] + (12 if any(notes.values()) else 4)
+    longest = max([len(", ".join(v)) for v in notes.values() if v] + [0])
+    note_w = longest * _CHAR_W[11] + (12 if longest else 4)
     plot_w = max(width - name_w - note_w, 120.0)
     step_w = min(16.0, plot_w / n)
     left = name_w
@@ -352,7 +353,8 @@ def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = S
             parts.append(f'<circle class="tnb-use-after-del" cx="{x(u + 0.5)}" cy="{y + 9}" r="4.5" '
                          f'fill="{DEFECT_COLOR}"/>')
         if notes[id(r)]:
-            parts.append(f'<text x="{right + 8:.2f}" y="{y + 13}" fill="{DEFECT_COLOR}">{esc(", ".join(notes[id(r)]))}</text>')
+            note = esc(", ".join(notes[id(r)]))
+            parts.append(f'<text x="{right + 8:.2f}" y="{y + 13}" fill="{DEFECT_COLOR}">{note}</text>')
         parts.append("</g>")
         out.append("".join(parts))
     if more:
