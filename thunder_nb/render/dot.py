@@ -31,6 +31,8 @@ COLLAPSE_THRESHOLD = 150
 _LEGEND_WIDTH = 52  # NOTE: characters per legend line: a wide legend makes the whole diagram wide
 _SMALL = {"color": "#adb5bd", "fontcolor": "#868e96", "fontsize": "8", "height": "0.2", "margin": "0.04,0.02",
           "shape": "box", "style": "rounded"}
+_MAX_INPUTS = 8  # NOTE: more top-level inputs than this are drawn as one node
+_INPUTS = "_inputs"
 _EDGE_GROUP = 4  # NOTE: more values than this between two nodes are drawn as one summary edge
 _BOOKKEEPING = ("bookkeeping", "collection")
 _MERGEABLE = ("bookkeeping", "collection", "single", "other")
@@ -96,6 +98,8 @@ class _DiagramBuilder:
         self.full = full
         self.compact = merge_islands  # NOTE: a collapsed drawing: edge labels name values, types go to tooltips
         self.keys: set[str] = set()  # what the legend must explain: "number", "hand-off"
+        self.inputs = self._inputs()
+        self.grouped_inputs = len(self.inputs) > _MAX_INPUTS
         self.values = values(trace)
         self.regions = {r.position: r for r in trace.regions if r.position >= 0}
         self.islands = {i.position: i for i in trace.islands}
@@ -128,7 +132,7 @@ class _DiagramBuilder:
     def producer(self, v: Value) -> str | None:
         """The node a value leaves from at top level."""
         if v.defined is None:
-            return node_id(v.name)
+            return _INPUTS if self.grouped_inputs else node_id(v.name)
         region = self.regions.get(v.defined.position)
         if region is not None:
             if region.name in self.full:
@@ -211,13 +215,25 @@ class _DiagramBuilder:
 
     # -- drawing
 
-    def draw_inputs(self, g: graphviz.Digraph) -> None:
+    def _inputs(self) -> list[str]:
+        """The trace's inputs that the top level uses, parameters first."""
         names = list(self.trace.params)
         for v in self.trace.values:
             if v.defined is None and v.name not in names and any(s.region is None for s in v.uses):
                 names.append(v.name)
+        return names
+
+    def draw_inputs(self, g: graphviz.Digraph) -> None:
+        names = self.inputs
         with g.subgraph(name="inputs") as sub:
             sub.attr(rank="source")
+            if len(names) > _MAX_INPUTS:
+                # NOTE: one node for many inputs (a model's parameters): side by side they make the drawing very wide
+                tips = [f"input {n} {type_label(self.values.get(n))}".rstrip() for n in names[:50]]
+                tips += [f"… {len(names) - 50} more"] if len(names) > 50 else []
+                head = _some(names)
+                self.node(sub, _INPUTS, [f"{len(names)} inputs", head], tips, {"shape": "ellipse"})
+                return
             for name in names:
                 v = self.values.get(name)
                 lines = [name] + ([type_label(v)] if type_label(v) else [])
@@ -350,7 +366,7 @@ class _DiagramBuilder:
                 label.append(f"hand-off {handoff}")
                 attrs.update(color=HANDOFF_COLOR, fontcolor=HANDOFF_COLOR, penwidth="2")
         else:
-            head = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+            head = _some(names)
             label = [f"{len(names)} values", head]
             tips = [f"{n} {type_label(v)}".rstrip() for n, v in zip(names, vals)]
             attrs = {"fontsize": "9", "tooltip": dot_text(*tips)}
@@ -445,6 +461,16 @@ def _wrap(text: str, indent: str) -> list[str]:
     """Wrap a legend line at `_LEGEND_WIDTH` characters, continuation lines indented further."""
     return textwrap.wrap(text, _LEGEND_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
                          break_on_hyphens=False)
+
+
+def _some(names: Sequence[str], budget: int = 36) -> str:
+    """The first names (at most three, about ``budget`` characters, always one), then "…" if any are left."""
+    shown = [names[0]]
+    for n in names[1:3]:
+        if sum(len(m) + 2 for m in shown) + len(n) > budget:
+            break
+        shown.append(n)
+    return ", ".join(shown) + (", …" if len(shown) < len(names) else "")
 
 
 def _hand_out_label(trace: TraceReport) -> str:
