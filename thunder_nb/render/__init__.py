@@ -1,7 +1,6 @@
 """Draw the model (`thunder_nb.model`) as diagrams, lifetimes, source views, text and HTML; never imports thunder.
 
-Submodules: dot (DOT building), backend (the ``dot`` binary), memory (each region's memory plan in
-words), lifetimes, source, text (the text report), html (HTML views and their one CSS), common.
+Submodules: dot, backend (the ``dot`` binary), memory, lifetimes, source, text, html (and its one CSS), common.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Build a trace's region/island diagram as Graphviz DOT (a ``graphviz.Digraph``): no ``dot`` binary needed.
 
-Node ids are thunder's own names and attributes are sorted, so the DOT is deterministic and golden-tested.
+Node ids are thunder's own names and attributes are sorted: the DOT is deterministic and golden-tested.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """HTML views built from the others: the CSS (written once), report and side panes, tables for the comparison.
 
-Default views fit a notebook column: a diagram wider or taller than `FIT` shows its regions
-collapsed, with the full drawing one click away (``<details>``, no JavaScript); lifetimes, the
-memory plan and generated code start closed; SVGs shrink to the column's width.
+Default views fit a notebook column: big diagrams collapsed, details closed (``<details>``: no JavaScript).
 """
 
 from __future__ import annotations
