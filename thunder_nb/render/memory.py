@@ -48,7 +48,7 @@ def known(trace: TraceReport, region: Region) -> bool:
 
 
 def input_roles(trace: TraceReport, region: Region) -> dict[str, str]:
-    """Each input's `INPUT_ROLES` key: from the transform's plan, else from thunder's static mask and the types."""
+    """Each input's `INPUT_ROLES` key: the transform's plan, else thunder's static mask and the value types."""
     if region.plan is not None:
         return {i.name: i.role for i in region.plan.inputs}
     mask, by_name = region.static_mask, {v.name: v for v in trace.values}
