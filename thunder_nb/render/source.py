@@ -17,22 +17,22 @@ def _defect_user_line(trace: TraceReport, d: Defect) -> SourceLine | None:
 
 
 @dataclass(slots=True)
-class _SourceLine:
-    file: str
-    line: int | None
-    code: str
+class _Marked:
+    """A user's source line and where its ops end up."""
+
+    source: SourceLine
     places: list[str]  # "CUDAGraph1", "island3 (host sync: item)"
     regions: list[str]
     defects: list[str]
 
 
-def _source_lines(trace: TraceReport) -> list[_SourceLine]:
+def _source_lines(trace: TraceReport) -> list[_Marked]:
     """The user's lines in file order, each with the regions and islands its ops end up in."""
-    found: dict[SourceLine, _SourceLine] = {}
+    found: dict[SourceLine, _Marked] = {}
 
-    def entry(user_line: SourceLine) -> _SourceLine:
+    def entry(user_line: SourceLine) -> _Marked:
         if user_line not in found:
-            found[user_line] = _SourceLine(user_line.file, user_line.line, user_line.code, [], [], [])
+            found[user_line] = _Marked(user_line, [], [], [])
         return found[user_line]
 
     blocks: list[tuple[int, Region | Island]] = [(r.position, r) for r in trace.regions]
@@ -51,8 +51,8 @@ def _source_lines(trace: TraceReport) -> list[_SourceLine]:
         ul = _defect_user_line(trace, d)
         if ul is not None and d.rule not in entry(ul).defects:
             entry(ul).defects.append(d.rule)
-    files = list(dict.fromkeys(e.file for e in found.values()))
-    return sorted(found.values(), key=lambda e: (files.index(e.file), e.line if e.line is not None else -1))
+    files = list(dict.fromkeys(e.source.file for e in found.values()))
+    return sorted(found.values(), key=lambda e: (files.index(e.source.file), e.source.line))
 
 
 def source_text(trace: TraceReport) -> str:
@@ -61,17 +61,16 @@ def source_text(trace: TraceReport) -> str:
     entries = _source_lines(trace)
     if not entries:
         return lines[0] + "\n  (no user source lines in the trace)"
-    cw = min(max(len(e.code) for e in entries), 60)
+    cw = min(max(len(e.source.code) for e in entries), 60)
     file = None
     for e in entries:
-        if e.file != file:
-            file = e.file
+        if e.source.file != file:
+            file = e.source.file
             lines.append(f"  {file or '(unknown file)'}")
-        num = "" if e.line is None else str(e.line)
         marks = ", ".join(e.places)
         if e.defects:
             marks += ("  " if marks else "") + "⚠ " + ", ".join(e.defects)
-        lines.append(f"  {num:>5}  {e.code:<{cw}}  {marks}".rstrip())
+        lines.append(f"  {e.source.line:>5}  {e.source.code:<{cw}}  {marks}".rstrip())
     return "\n".join(lines)
 
 
@@ -87,8 +86,8 @@ def source_html(trace: TraceReport) -> str:
     out.append("<table>")
     file = None
     for e in entries:
-        if e.file != file:
-            file = e.file
+        if e.source.file != file:
+            file = e.source.file
             out.append(f'<tr><th colspan="3">{esc(file or "(unknown file)")}</th></tr>')
         bg = colors.get(e.regions[0], "") if e.regions else ""
         style = f' style="background:{bg}"' if bg else ""
@@ -99,8 +98,7 @@ def source_html(trace: TraceReport) -> str:
         )
         badges += "".join(f'<span class="tnb-badge tnb-defect" title="{esc(RULES.get(r, r))}">⚠ {esc(r)}</span>'
                           for r in e.defects)
-        num = "" if e.line is None else str(e.line)
-        out.append(f'<tr{style}><td class="tnb-ln">{num}</td><td><code>{esc(e.code)}</code></td>'
+        out.append(f'<tr{style}><td class="tnb-ln">{e.source.line}</td><td><code>{esc(e.source.code)}</code></td>'
                    f"<td>{badges}</td></tr>")
     out.append("</table></div>")
     return "".join(out)
