@@ -255,6 +255,16 @@ def test_a_small_diagram_stays_in_full():
     assert "<details" not in markup and "<title>cluster_CUDAGraph1</title>" in markup
 
 
+@pytest.mark.dot
+@needs_dot
+def test_a_long_chain_still_too_tall_when_collapsed_scrolls_within_the_fit_height():
+    trace = analysis.analyze_source(chain_source(10, 20), kind="forward")
+    markup, _ = render.html.diagram_html(trace)
+    assert markup.startswith('<div class="tnb-diagram tnb-tall"><svg')
+    assert render.backend.svg_size(markup)[1] > render.html.FIT[1]
+    assert ".thunder-nb .tnb-tall{max-height:%dpx;overflow-y:auto}" % render.html.FIT[1] in render.html.CSS
+
+
 def test_side_pane_opens_with_diagrams_and_keeps_details_closed(held_mlp):
     pane = render.html.side_html(held_mlp)
     assert pane.count("<style>") == 1

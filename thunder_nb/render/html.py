@@ -39,6 +39,7 @@ SIDE_VIEWS = ("diagram", "lifetimes", "source")
 FIT = (880, 900)
 
 #: The style of every HTML view, scoped to ``.thunder-nb``; each top-level fragment carries it once.
+# NOTE: .tnb-tall's max-height is FIT's height
 CSS = """<style>
 .thunder-nb{font-family:system-ui,sans-serif;font-size:13px;line-height:1.4;max-width:100%;overflow-wrap:anywhere}
 .thunder-nb .tnb-h{font-weight:600;margin:8px 0 4px}
@@ -53,6 +54,7 @@ CSS = """<style>
 .thunder-nb pre{background:#f8f9fa;padding:6px;overflow:auto;margin:0;line-height:1.3;max-width:100%}
 .thunder-nb .tnb-diagram{max-width:100%}
 .thunder-nb .tnb-diagram svg,.thunder-nb svg.tnb-lifetime{max-width:100%;height:auto}
+.thunder-nb .tnb-tall{max-height:900px;overflow-y:auto}
 .thunder-nb details{margin:2px 0}
 .thunder-nb details>summary{cursor:pointer;font-weight:600;margin:2px 0}
 .thunder-nb .tnb-more{display:flex;flex-wrap:wrap;column-gap:18px;align-items:baseline}
@@ -101,12 +103,18 @@ def _diagram_parts(trace: TraceReport) -> tuple[str, str, bool]:
         small = svg(region_diagram(trace, collapse=True))
         if small is not None:
             return (
-                f'<div class="tnb-diagram">{small}</div>',
+                _box(small),
                 f'<details class="tnb-full"><summary>full diagram: {esc(plural(_ops(trace), "op"))} '
                 f'({w:.0f} × {h:.0f} px)</summary><div class="tnb-diagram">{image}</div></details>',
                 True,
             )
-    return f'<div class="tnb-diagram">{image}</div>', "", True
+    return _box(image), "", True
+
+
+def _box(image: str) -> str:
+    """The diagram's box; one still taller than `FIT` (a long chain of regions) scrolls within that height."""
+    tall = svg_size(image)[1] > FIT[1]
+    return f'<div class="tnb-diagram{" tnb-tall" if tall else ""}">{image}</div>'
 
 
 def diagram_html(trace: TraceReport) -> tuple[str, bool]:
