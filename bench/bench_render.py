@@ -99,6 +99,8 @@ def measure(name: str, n_ops: int, n_syncs: int) -> dict[str, Any]:
         "render total": dot_s + svg_s + life_s,
         "full diagram (DOT+SVG)": full_s,
         "svg bytes": len(image or ""),
+        "default diagram px": "{:.0f} × {:.0f}".format(*render.backend.svg_size(image or "")),
+        "lifetime SVG px wide": render.lifetimes.SVG_WIDTH,
     }
 
 

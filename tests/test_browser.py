@@ -1,7 +1,7 @@
-"""The original/fixed toggle in a real browser: JupyterLab 4 running notebook 01, and the exported page offline.
+"""The original/fixed toggle in a real browser: JupyterLab 4 running notebooks, exported pages, JavaScript off.
 
 Debian's Chromium (``/usr/bin/chromium``) driven by Playwright; never ``playwright install``. Screenshots
-before and after the click go to ``out/test-artifacts/`` (their paths are printed at the end).
+go to ``out/test-artifacts/`` (their paths are printed at the end).
 """
 
 from __future__ import annotations
@@ -38,6 +38,35 @@ CHROMIUM_ARGS = [
 # what notebook 01's %%thunder_cudagraph --original legacy f(x) shows
 ORIGINAL_LABEL, FIXED_LABEL = "original (legacy)", "fixed"
 ORIGINAL_TITLE, FIXED_TITLE = "f: original (legacy)", "f: fixed"
+# the MLP training step of tests/programs.py (mlp, mlp_inputs), as a user would write it in a notebook
+MLP_NOTEBOOK = "mlp_training_step.ipynb"
+MLP_CELLS = [
+    "%load_ext thunder_nb",
+    "import torch\n"
+    "g = torch.Generator().manual_seed(0)\n"
+    "x = torch.randn(4, 8, generator=g)\n"
+    "w1 = torch.randn(8, 16, generator=g).requires_grad_()\n"
+    "w2 = torch.randn(16, 2, generator=g).requires_grad_()",
+    "%%thunder_cudagraph --train --repeats 2 mlp(x, w1, w2)\n"
+    "def mlp(x, w1, w2):\n"
+    "    h = torch.relu(x @ w1)\n"
+    "    return (h @ w2).sum()",
+]
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def _mlp_notebook():
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in MLP_CELLS],
+                                    metadata={"kernelspec": KERNELSPEC})
+
+
+# NOTE: what "fits a notebook column" means here. In a 1000 px wide browser window the magic's outputs
+# must make nothing scroll sideways (no element in them wider than the output area, no horizontal
+# scrollbar in them or in the notebook), and they must be at most COLUMN_MAX_HEIGHT tall by default:
+# about one and a half screens, for a verdict, the toggle with both traces' diagrams, and the run
+# table. Before the collapsed defaults the same outputs were 6,900 px tall with 2,000 px wide diagrams.
+WINDOW = {"width": 1000, "height": 900}
+COLUMN_MAX_HEIGHT = 1500
 
 
 def _missing() -> str | None:
@@ -82,7 +111,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A JupyterLab 4 server on loopback serving a copy of notebooks/; yields (base URL, token)."""
+    """A JupyterLab 4 server on loopback serving a copy of notebooks/ and the MLP notebook; yields (URL, token, root)."""
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "root"
     shutil.copytree(NOTEBOOKS, root)
@@ -93,6 +122,7 @@ def lab(tmp_path_factory):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nbformat.write(nb, root / EXAMPLE)
+    nbformat.write(_mlp_notebook(), root / MLP_NOTEBOOK)
     env = dict(os.environ)
     for var, sub in [
         ("JUPYTER_CONFIG_DIR", "config"),
@@ -130,7 +160,7 @@ def lab(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"JupyterLab did not answer in 60 s:\n{(tmp / 'lab.log').read_text()[-3000:]}")
             time.sleep(0.3)
-        yield base, token
+        yield base, token, root
     finally:
         proc.terminate()
         try:
@@ -166,7 +196,7 @@ def _shoot(page, box, path: Path, whole_page: bool, screenshots: list[Path]) -> 
 
 
 def _check_toggle(page, name: str, screenshots: list[Path], *, whole_page: bool) -> None:
-    """Assert the original pane with its diagram shows, click "fixed", assert the fixed pane replaced it."""
+    """Assert the fixed pane with its diagram shows first, open its lifetimes, click the original, assert it replaced it."""
     from playwright.sync_api import expect
 
     box = _toggle(page)
@@ -174,51 +204,103 @@ def _check_toggle(page, name: str, screenshots: list[Path], *, whole_page: bool)
     box.evaluate(SCROLL_TO_TOP)
     original = box.locator(".tnb-pane", has_text=ORIGINAL_TITLE)
     fixed = box.locator(".tnb-pane", has_text=FIXED_TITLE)
-    expect(box.get_by_role("button", name=ORIGINAL_LABEL, exact=True)).to_be_visible()
-    expect(original).to_be_visible()
-    expect(original.locator(".tnb-diagram svg").first).to_be_visible()  # the region diagram
-    expect(original.locator("svg").nth(1)).to_be_visible()  # the lifetimes
-    expect(fixed).to_be_hidden()
+    expect(box.locator(".widget-toggle-button.mod-active")).to_have_text(FIXED_LABEL)
+    expect(fixed).to_be_visible()
+    expect(fixed.locator(".tnb-diagram svg").first).to_be_visible()  # the region diagram
+    lifetimes = fixed.locator("svg.tnb-lifetime").first
+    expect(lifetimes).to_be_hidden()  # NOTE: closed by default, one click away
+    fixed.locator("summary", has_text="lifetimes").first.click()
+    expect(lifetimes).to_be_visible()
+    expect(original).to_be_hidden()
     _shoot(page, box, ARTIFACTS / f"{name}-before.png", whole_page, screenshots)
 
-    box.get_by_role("button", name=FIXED_LABEL, exact=True).click()
-    expect(fixed).to_be_visible()
-    expect(fixed.locator("svg").first).to_be_visible()
-    expect(original).to_be_hidden()
-    expect(box.locator(".widget-toggle-button.mod-active")).to_have_text(FIXED_LABEL)
+    box.get_by_role("button", name=ORIGINAL_LABEL, exact=True).click()
+    expect(original).to_be_visible()
+    expect(original.locator(".tnb-diagram svg").first).to_be_visible()
+    expect(fixed).to_be_hidden()
+    expect(box.locator(".widget-toggle-button.mod-active")).to_have_text(ORIGINAL_LABEL)
     _shoot(page, box, ARTIFACTS / f"{name}-after.png", whole_page, screenshots)
 
 
-def test_lab_run_all_then_toggle(lab, browser, screenshots):
-    """Open notebook 01 in JupyterLab 4, Run > Run All Cells, then switch the toggle to the fixed side."""
+def _run_all(page, base: str, token: str, notebook: str) -> None:
+    """Open ``notebook`` in a fresh Lab workspace, Run > Run All Cells, wait until every cell ran and the kernel idles."""
     from playwright.sync_api import expect
 
-    base, token = lab
+    # NOTE: a workspace of its own, or Lab restores the tabs of an earlier run
+    page.goto(f"{base}/lab/workspaces/t{uuid.uuid4().hex[:8]}/tree/{notebook}?token={token}")
+    expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible(timeout=60_000)
+    page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    # done: the toggle is there, no cell waits or runs ("[*]"), and the kernel is idle again
+    expect(_toggle(page)).to_be_visible(timeout=120_000)
+    page.wait_for_function(
+        """() => {
+            const prompts = [...document.querySelectorAll('.jp-Notebook .jp-InputArea-prompt')];
+            return prompts.length > 0 && prompts.every(p => !p.textContent.includes('*'));
+        }""",
+        timeout=120_000,
+    )
+    expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible(timeout=60_000)
+    assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").filter(
+        has_text="Traceback"
+    ).count() == 0
+    assert page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']").count() == 0
+
+
+# How big an output area is, and whether anything in it (or the notebook) spills or scrolls sideways.
+MEASURE = """area => {
+    const box = area.getBoundingClientRect();
+    const spill = [], scrollers = [];
+    for (const el of area.querySelectorAll('*')) {
+        const r = el.getBoundingClientRect();
+        if (r.width === 0 || r.height === 0) continue;  // hidden: a closed <details>, the other pane
+        if (r.right > box.right + 1) spill.push(`${el.tagName.toLowerCase()}.${el.className.baseVal ?? el.className}: ${Math.round(r.right - box.right)} px`);
+        const ox = getComputedStyle(el).overflowX;
+        if ((ox === 'auto' || ox === 'scroll') && el.scrollWidth > el.clientWidth + 1) scrollers.push(el.className.baseVal ?? el.className);
+    }
+    const panel = area.closest('.jp-WindowedPanel-outer');
+    return {width: box.width, height: box.height, spill: spill.slice(0, 5), scrollers: scrollers.slice(0, 5),
+            panel_scrolls: panel ? panel.scrollWidth > panel.clientWidth + 1 : null,
+            page_scrolls: document.documentElement.scrollWidth > window.innerWidth};
+}"""
+
+
+def test_lab_run_all_then_toggle(lab, browser, screenshots):
+    """Open notebook 01 in JupyterLab 4, Run > Run All Cells, then switch the toggle to the original side."""
+    base, token, _ = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1400})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        # NOTE: a workspace of its own, or Lab restores the tabs of an earlier run
-        page.goto(f"{base}/lab/workspaces/t{uuid.uuid4().hex[:8]}/tree/{EXAMPLE}?token={token}")
-        expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible(timeout=60_000)
-        page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
-        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        # done: the toggle is there, no cell waits or runs ("[*]"), and the kernel is idle again
-        expect(_toggle(page)).to_be_visible(timeout=120_000)
-        page.wait_for_function(
-            """() => {
-                const prompts = [...document.querySelectorAll('.jp-Notebook .jp-InputArea-prompt')];
-                return prompts.length > 0 && prompts.every(p => !p.textContent.includes('*'));
-            }""",
-            timeout=120_000,
-        )
-        expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible(timeout=60_000)
-        assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").filter(
-            has_text="Traceback"
-        ).count() == 0
-        assert page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']").count() == 0
+        _run_all(page, base, token, EXAMPLE)
         _check_toggle(page, "lab", screenshots, whole_page=True)
         assert errors == []
+    finally:
+        page.close()
+
+
+def test_lab_mlp_training_step_fits_a_notebook_column(lab, browser, screenshots):
+    """The MLP training step's outputs in a 1000 px window: nothing sideways, at most COLUMN_MAX_HEIGHT tall."""
+    base, token, _ = lab
+    page = browser.new_page(viewport=WINDOW)
+    try:
+        _run_all(page, base, token, MLP_NOTEBOOK)
+        area = page.locator(".jp-CodeCell").nth(2).locator(".jp-OutputArea").first
+        area.evaluate(SCROLL_TO_TOP)
+        m = area.evaluate(MEASURE)
+        print(f"\nMLP training step in JupyterLab at {WINDOW['width']} px: outputs {m['width']:.0f} x {m['height']:.0f} px")
+        page.screenshot(path=str(ARTIFACTS / "lab-mlp-fit.png"))
+        screenshots.append(ARTIFACTS / "lab-mlp-fit.png")
+        assert m["spill"] == [] and m["scrollers"] == [], m
+        assert not m["panel_scrolls"] and not m["page_scrolls"], m
+        assert m["height"] <= COLUMN_MAX_HEIGHT, m
+        # the user can expand: the full diagram opens in place, and still nothing scrolls sideways
+        fixed = _toggle(page).locator(".tnb-pane", has_text="mlp: fixed")
+        fixed.locator("summary", has_text="full diagram").first.click()
+        expect_svg = fixed.locator("details.tnb-full svg").first
+        assert expect_svg.is_visible()
+        opened = area.evaluate(MEASURE)
+        assert opened["height"] > m["height"] and opened["spill"] == [] and opened["scrollers"] == [], opened
     finally:
         page.close()
 
@@ -256,5 +338,69 @@ def test_exported_page_offline(exported, browser, screenshots):
         _check_toggle(page, "html-offline", screenshots, whole_page=False)
         assert errors == []
         assert blocked == []  # the page asked the network for nothing
+    finally:
+        context.close()
+
+
+def _nbconvert_html(tmp: Path, nb, name: str) -> Path:
+    src = tmp / f"{name}.ipynb"
+    nbformat.write(nb, src)
+    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(src)], check=True,
+                   capture_output=True, timeout=300)
+    return tmp / f"{name}.html"
+
+
+@pytest.fixture(scope="module")
+def executed_mlp(tmp_path_factory):
+    """The MLP notebook run by a kernel, widget state kept (as ``nbconvert --execute`` does)."""
+    from nbclient import NotebookClient
+
+    tmp = tmp_path_factory.mktemp("mlp")
+    nb = _mlp_notebook()
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp)}},
+                   store_widget_state=True).execute()
+    return nb
+
+
+def _check_static(page, title: str) -> None:
+    """Without JavaScript: the fixed side with its diagrams shows, the original opens from its <details>."""
+    from playwright.sync_api import expect
+
+    static = page.locator(".tnb-static").first
+    expect(static).to_be_visible()
+    fixed = static.locator(".tnb-pane", has_text=f"{title}: fixed").first
+    expect(fixed.locator(".tnb-diagram svg").first).to_be_visible()
+    original = static.locator("details", has_text=f"{title}: original").last
+    expect(original.locator(".tnb-diagram svg").first).to_be_hidden()
+    original.locator("summary").first.click()
+    expect(original.locator(".tnb-diagram svg").first).to_be_visible()
+
+
+def test_nbconvert_html_without_javascript(executed_mlp, browser, screenshots, tmp_path):
+    """A notebook as JupyterLab saves it (no widget state), made HTML by ``jupyter nbconvert``, read with JavaScript off."""
+    nb = nbformat.from_dict(json.loads(json.dumps(executed_mlp)))
+    nb.metadata.pop("widgets", None)  # NOTE: JupyterLab's default ("Save widget state automatically" is off)
+    page_file = _nbconvert_html(tmp_path, nb, "mlp")
+    context = browser.new_context(viewport=WINDOW, java_script_enabled=False)
+    page = context.new_page()
+    try:
+        page.goto(page_file.as_uri())
+        _check_static(page, "mlp")
+        page.screenshot(path=str(ARTIFACTS / "nbconvert-nojs.png"), full_page=True)
+        screenshots.append(ARTIFACTS / "nbconvert-nojs.png")
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    finally:
+        context.close()
+
+
+def test_exported_page_without_javascript(exported, browser, screenshots):
+    """thunder-nb's own export (widget state kept) read with JavaScript off shows the static fallback."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, java_script_enabled=False)
+    page = context.new_page()
+    try:
+        page.goto(exported.as_uri())
+        _check_static(page, "f")
+        page.screenshot(path=str(ARTIFACTS / "html-nojs.png"))
+        screenshots.append(ARTIFACTS / "html-nojs.png")
     finally:
         context.close()

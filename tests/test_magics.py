@@ -121,7 +121,7 @@ def test_toggle_widget_is_linked_in_the_browser(ip):
     box = widget_of(outs[1])
     buttons, stack = box.children
     assert isinstance(buttons, ipywidgets.ToggleButtons) and buttons.options == ("original (stock)", "fixed")
-    assert isinstance(stack, ipywidgets.Stack) and stack.selected_index == 0
+    assert isinstance(stack, ipywidgets.Stack) and stack.selected_index == 1 and buttons.index == 1  # the fixed side
     assert [type(c) for c in stack.children] == [ipywidgets.HTML, ipywidgets.HTML]
     assert len(links_of(box)) == 1  # jslink: switching needs no kernel
     # no kernel-side callback beyond what a fresh widget carries itself
@@ -404,7 +404,7 @@ def test_capture_on_without_gpu(ip):
 
 def test_without_dot_shows_dot_source_and_text_with_one_warning(ip, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` anywhere
-    monkeypatch.setattr(render, "_dot_missing_warned", False)
+    monkeypatch.setattr(render.backend, "_dot_missing_warned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outs, _ = run_magic(ip, "--repeats 2 g(x)", ISLAND)

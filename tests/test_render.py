@@ -6,7 +6,6 @@ import dataclasses
 import os
 import shutil
 import textwrap
-import time
 import warnings
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -216,7 +215,7 @@ def test_region_diagram_source_of_a_small_trace():
     source = render.region_diagram(trace).source.replace("\t", "    ")
     assert source == textwrap.dedent(
         r"""        digraph forward {
-            compound=true fontsize=10 label="forward trace `computation`" labelloc=t rankdir=TB
+            compound=true fontsize=10 label="forward trace `computation` · no defects" labelloc=t rankdir=TB
             node [fontsize=10]
             edge [fontsize=9]
             subgraph inputs {
@@ -227,7 +226,10 @@ def test_region_diagram_source_of_a_small_trace():
             island1 [label=return color="#adb5bd" fontcolor="#868e96" fontsize=8 height=0.2 margin="0.04,0.02" shape=box style=rounded tooltip="island1: return f1"]
             x -> island0 [label="x\nf32[2]" fontsize=9 tooltip="x f32[2]"]
             island0 -> island1 [label="f1\nfloat\nPython number" color="#e8590c" fontcolor="#e8590c" fontsize=9 style=dashed tooltip="f1 float"]
-            _legend [label="legend\lno defects\lregion: green captured, orange eager, grey not run\ldashed orange edge: Python number\lblue edge: scalar hand-off\l" fontsize=9 shape=note]
+            subgraph legend {
+                rank=sink
+                _legend [label="legend\ldashed orange edge: Python number\l" fontsize=9 shape=note]
+            }
         }
         """
     )
@@ -261,18 +263,20 @@ def test_region_diagram_draws_regions_islands_values_and_defects(split_g):
         source,
         'x [label="x\\nf32[4,3]"',
         'subgraph cluster_CUDAGraph1 {',
-        'label="CUDAGraph1 · 3 ops · not run"',
+        'label="CUDAGraph1 · 3 ops · not run\\nin 1: 1 copied · out 2"',
         'CUDAGraph1_in_x [label="x\\n⚠ region-deletes-outside-value" color="#e03131"',
         't13 [label="t13 = torch.sin"',
         'CUDAGraph1_out_t16 [label="t16\\n⚠ never-freed"',
         'island1 [label="island1\\nhost sync: item"',
         'subgraph cluster_CUDAGraph2 {',
-        'CUDAGraph2_in_f20 [label="f20\\nPython number\\n⚠ region-deletes-outside-value, scalar-region-input"',
+        'label="CUDAGraph2 · 2 ops · not run\\nin 3: 2 copied, 1 number · out 1: 1 returned as-is"',
+        'CUDAGraph2_in_f20 [label="f20\\nPython number\\n⚠ region-deletes-outside-value\\n⚠ scalar-region-input"',
         'CUDAGraph2_in_f20 -> t21 [label="f20\\nfloat\\nPython number" color="#e8590c"',
-        'island3 [label="return\\n⚠ returned-graph-memory"',
+        'CUDAGraph2_out_t22 [label="t22\\nas-is"',
+        'island3 [label="return\\n⚠ WRONG RESULT:\\nreturned-graph-memory" color="#a61e4d"',
         'x -> CUDAGraph1_in_x [label="x\\nf32[4,3]"',
         "_legend [label=",
-        "scalar-region-input ×1: a Python number region input",
+        "scalar-region-input ×1: a Python number region",
     )
     # NOTE: the message of every defect is in a tooltip
     for d in split_g.forward.defects:
@@ -570,6 +574,7 @@ def test_report_text_of_a_real_trace(stock_f):
             CUDAGraph1 @0: 2 ops, not run
               inputs:  x f32[3]
               outputs: f10 float (Python number)
+              copied in: x (copied into the graph's static buffer before each replay)
           islands:
             + 1 bookkeeping (unpack, return, collection clearing)
           defects:
@@ -600,12 +605,14 @@ def test_report_text_lists_both_traces_and_graphs(stock_mlp):
         "CUDAGraph1 @0: 5 ops, captured",
         "graphs: #0 first call (static 1.5 KiB); #1 x: shape (2, 3) -> (4, 3) (static 96 B, pool 2.0 MiB)",
         "backward trace `backward_fn`: 1 region",
-        "inputs:  t27 f32[], w2 f32[4,2], t50 f32[2,4] (static), t49 b8[2,4] (static), w1 f32[3,4], x f32[2,3]",
+        "inputs:  t27 f32[], w2 f32[4,2], t50 f32[2,4], t49 b8[2,4], w1 f32[3,4], x f32[2,3]",
+        "read in place: t50, t49 (marked static by thunder",
+        "copied in: t27, w2, w1, x (copied into the graph's static buffer before each replay)",
         "+ 8 bookkeeping (unpack, return, collection clearing)",
         "never-freed at top:20 (w2)",
         "lifetimes: backward `backward_fn`",
     )
-    assert 'label="CUDAGraph1 · 5 ops · captured"' in render.region_diagram(rep.forward).source
+    assert 'label="CUDAGraph1 · 5 ops · captured\\nin 3: 3 copied · out 3: 2 saved as-is, 1 returned as-is' in render.region_diagram(rep.forward).source
 
 
 @pytest.mark.dot
@@ -630,7 +637,7 @@ def test_report_mimebundle_honours_include_and_exclude(stock_f):
 
 def test_without_dot_one_warning_and_a_text_fallback(monkeypatch, tmp_path, stock_mlp):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(render, "_dot_missing_warned", False)
+    monkeypatch.setattr(render.backend, "_dot_missing_warned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert render.svg(render.region_diagram(stock_mlp.forward)) is None
@@ -649,7 +656,7 @@ def test_without_dot_one_warning_and_a_text_fallback(monkeypatch, tmp_path, stoc
 
 def test_side_by_side_html(stock_g, split_g):
     markup = render.side_by_side_html(stock_g, split_g)
-    assert_in_order(markup, '<table class="tnb-side">', "(transform: stock)", "(transform: SplitAtHostSync)",
+    assert_in_order(markup, '<div class="tnb-side">', "(transform: stock)", "(transform: SplitAtHostSync)",
                     "forward trace <code>computation</code>: 1 region, 0 user islands",
                     "forward trace <code>computation</code>: 2 regions, 1 user island")
     assert "no backward trace" not in markup
@@ -657,7 +664,7 @@ def test_side_by_side_html(stock_g, split_g):
 
 def test_side_by_side_html_with_a_missing_trace(stock_mlp):
     markup = render.side_by_side_html(stock_mlp, dataclasses.replace(stock_mlp, backward=None))
-    assert_in_order(markup, "backward trace <code>backward_fn</code>", "<td><p>no backward trace</p></td>")
+    assert_in_order(markup, "backward trace <code>backward_fn</code>", "<div><p>no backward trace</p></div>")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -666,23 +673,24 @@ def test_side_by_side_html_with_a_missing_trace(stock_mlp):
 
 @pytest.mark.dot
 @needs_dot
-def test_default_diagram_of_5000_ops_renders_fast():
+def test_default_diagram_of_5000_ops_is_collapsed_and_renders():
+    # NOTE: how long it takes is measured by bench/bench_render.py, not asserted here
     trace = analysis.analyze_source(chain_source(25, 200), kind="forward")
     assert sum(len(r.compute_ops) for r in trace.regions) == 5000
-    start = time.perf_counter()
-    image = render.svg(render.region_diagram(trace))
-    render.lifetime_svg(trace)
-    elapsed = time.perf_counter() - start
+    graph = render.region_diagram(trace)
+    assert "subgraph cluster_" not in graph.source
+    image = render.svg(graph)
     assert image is not None and "CUDAGraph25" in image
-    assert elapsed < 3.0, f"default rendering of 5,000 ops took {elapsed:.2f} s"
+    ET.fromstring(render.lifetime_svg(trace))
 
 
-def test_svg_strips_the_xml_prolog(monkeypatch):
-    class Fake:
-        def pipe(self, format, encoding):
-            return '<?xml version="1.0"?>\n<!DOCTYPE svg>\n<svg width="1"></svg>\n'
-
-    assert render.svg(Fake()) == '<svg width="1"></svg>\n'
+@pytest.mark.dot
+@needs_dot
+def test_svg_strips_the_xml_prolog():
+    source = graphviz.Digraph().pipe(format="svg", encoding="utf-8")
+    assert source.startswith("<?xml")
+    image = render.svg(graphviz.Digraph())
+    assert image.startswith("<svg") and image == source[source.index("<svg"):]
 
 
 @pytest.mark.filterwarnings("ignore:thunder-nb")  # NOTE: no GPU: the fixed transform says it runs eagerly
@@ -692,5 +700,5 @@ def test_side_by_side_of_stock_and_fixed_transforms(thunder_mod, stock_g):
     fixed = _report(thunder_mod, g, FixedCUDAGraphTransform, thunder_mod[1].randn(4, 3))
     markup = render.side_by_side_html(stock_g, fixed)
     assert_in_order(markup, "(transform: stock)", "verdict: fails or computes wrong values",
-                    f"(transform: {fixed.transform})", f"verdict: {render._verdict(fixed.defects)}",
+                    f"(transform: {fixed.transform})", f"verdict: {render.common.verdict(fixed.defects)}",
                     "forward trace <code>computation</code>", "forward trace <code>computation</code>")

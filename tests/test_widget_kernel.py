@@ -1,8 +1,11 @@
-"""The toggle widget in a real kernel (nbclient): outputs, and the widget state a static export is built from."""
+"""The toggle widget in a real kernel (nbclient): outputs, the widget state a static export is built from, and
+the static HTML fallback in the same output that frontends without the widget's JavaScript show."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import textwrap
 
 import nbformat
@@ -72,8 +75,9 @@ def test_saved_widget_state_switches_without_a_kernel(executed):
     (buttons_id,) = by_name["ToggleButtonsModel"]
     (stack_id,) = by_name["StackModel"]
     buttons, stack = state[buttons_id]["state"], state[stack_id]["state"]
-    assert buttons["_options_labels"] == ["original (stock)", "fixed"] and buttons["index"] == 0
-    assert stack["selected_index"] == 0 and len(stack["children"]) == 2
+    # NOTE: the stored state opens on the fixed side
+    assert buttons["_options_labels"] == ["original (stock)", "fixed"] and buttons["index"] == 1
+    assert stack["selected_index"] == 1 and len(stack["children"]) == 2
     links = [state[i]["state"] for i in by_name["LinkModel"]]
     assert {"source": [f"IPY_MODEL_{buttons_id}", "index"], "target": [f"IPY_MODEL_{stack_id}", "selected_index"]} in [
         {"source": link["source"], "target": link["target"]} for link in links
@@ -83,6 +87,7 @@ def test_saved_widget_state_switches_without_a_kernel(executed):
         assert "lifetimes" in pane and "generated code" in pane
         if shutil.which("dot"):
             assert pane.count("<svg") >= 2
+    assert "g: original (stock)" in panes[0] and "g: fixed" in panes[1]
     view = next(o for o in executed.cells[1].outputs if VIEW in o.get("data", {}))
     box = state[view["data"][VIEW]["model_id"]]["state"]
     assert box["children"] == [f"IPY_MODEL_{buttons_id}", f"IPY_MODEL_{stack_id}"]
@@ -91,3 +96,31 @@ def test_saved_widget_state_switches_without_a_kernel(executed):
 def test_toggle_needs_two_labels():
     with pytest.raises(ValueError, match="two labels"):
         toggle("<b>a</b>", "<b>b</b>", labels=("one",))
+
+
+def test_the_widget_output_carries_a_static_fallback(executed):
+    """One output: the live widget, and static HTML of both sides (fixed open, original in <details>) and text."""
+    (view,) = [o for o in executed.cells[1].outputs if VIEW in o.get("data", {})]
+    data = view["data"]
+    assert set(data) == {VIEW, "text/html", "text/plain"}
+    assert data["text/plain"] == "".join(o.get("text", "") for o in executed.cells[2].outputs).strip()  # the verdict
+    static = data["text/html"]
+    fixed_at, original_at = static.index("g: fixed"), static.index("<details><summary>original (stock)</summary>")
+    assert fixed_at < original_at < static.index("g: original (stock)")
+    if shutil.which("dot"):
+        assert static[:original_at].count("<svg") >= 1  # the fixed side's diagram, inline
+        assert static[original_at:].count("<svg") >= 1  # the original's, inline in its <details>
+    assert "<script" not in static
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz's dot on PATH (apt-get install graphviz)")
+def test_nbconvert_to_markdown_shows_the_diagrams(executed, tmp_path):
+    """``jupyter nbconvert --to markdown`` (and so any renderer that ignores widgets) shows both sides' diagrams."""
+    src = tmp_path / "toggle.ipynb"
+    nbformat.write(executed, src)
+    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "markdown", str(src)], check=True,
+                   capture_output=True, timeout=120)
+    md = (tmp_path / "toggle.md").read_text(encoding="utf-8")
+    assert md.count("<svg") >= 2
+    assert md.index("g: fixed") < md.index("<summary>original (stock)</summary>")
+    assert "widget-view+json" not in md

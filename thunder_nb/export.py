@@ -50,7 +50,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # NOTE: the lab template with the two CDN <script src=...> replaced by the files' text. The renderer
 # goes at the end of the body, where nbconvert's loader would append it; it renders on the window's
 # load event, so the saved widget state that the template writes after it is there by then. MathJax,
-# which nbconvert always loads from a CDN, is kept only for a notebook with LaTeX in it.
+# which nbconvert always loads from a CDN, is kept only for a notebook with LaTeX in it. A widget view is
+# the lab template's, plus the output's text/html (the toggle's static fallback) in a <noscript> inside it.
 _TEMPLATE_NAME = "thunder_nb_standalone.html.j2"
 _TEMPLATE = """\
 {%- extends 'index.html.j2' -%}
@@ -63,6 +64,21 @@ _TEMPLATE = """\
 {%- block html_head_js_mathjax -%}
 {%- if resources.thunder_nb_math -%}{{ super() }}{%- endif -%}
 {%- endblock html_head_js_mathjax -%}
+{%- block data_widget_view scoped %}
+{% set div_id = uuid4() %}
+{% set datatype = (output.data | filter_data_type)[0] %}
+<div id="{{ div_id }}" class="jupyter-widgets jp-OutputArea-output {{ extra_class }}">
+<script type="text/javascript">
+var element = document.getElementById('{{ div_id }}');
+</script>
+<script type="{{ datatype }}">
+{{ output.data[datatype] | json_dumps | escape_html_script }}
+</script>
+{%- if "text/html" in output.data %}
+<noscript>{{ output.data["text/html"] }}</noscript>
+{%- endif %}
+</div>
+{%- endblock data_widget_view -%}
 {% block footer_js %}
 {{ super() }}
 {%- if "widgets" in nb.metadata %}

@@ -1,0 +1,114 @@
+"""What every view shares: the palette, the wording of counts, sizes, states and verdicts, and HTML escaping."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+
+from ..model import Defect, Region, TraceReport, Value
+
+__all__ = [
+    "STATE",
+    "STATE_FILL",
+    "ISLAND_FILL",
+    "REGION_COLORS",
+    "DEFECT_COLOR",
+    "WRONG_COLOR",
+    "SCALAR_COLOR",
+    "HANDOFF_COLOR",
+    "BOOKKEEPING",
+    "esc",
+    "plural",
+    "size",
+    "type_label",
+    "state",
+    "values",
+    "provenance",
+    "has_region",
+    "region_colors",
+    "verdict",
+]
+
+STATE = {True: "captured", False: "eager", None: "not run"}
+STATE_FILL = {True: "#d3f9d8", False: "#ffe8cc", None: "#f1f3f5"}
+ISLAND_FILL = {"host-sync": "#fff3bf", "device-transfer": "#ffd8a8", "cpu-op": "#ffc9c9"}
+REGION_COLORS = ("#d0ebff", "#d3f9d8", "#e5dbff", "#fff3bf", "#ffe3e3", "#c3fae8", "#ffe8cc", "#f3d9fa")
+DEFECT_COLOR = "#e03131"
+WRONG_COLOR = "#a61e4d"  # NOTE: "wrong result" is worse than an error: the run succeeds with wrong numbers
+SCALAR_COLOR = "#e8590c"
+HANDOFF_COLOR = "#1971c2"
+#: Island reasons drawn small and left out of user-facing lists.
+BOOKKEEPING = ("bookkeeping", "collection", "hand-out")
+
+_TIMING = re.compile(r"\s*\(took \d+ milliseconds\)")
+
+
+def esc(text: object) -> str:
+    """Escape ``text`` for HTML and SVG text and attribute values."""
+    return html.escape(str(text), quote=True)
+
+
+def plural(n: int, word: str, plural_form: str | None = None) -> str:
+    """``1 region``, ``2 regions`` (or ``plural_form``)."""
+    return f"{n} {word if n == 1 else (plural_form or word + 's')}"
+
+
+def size(n: int) -> str:
+    """``96 B``, ``1.5 KiB``, ``2.0 MiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.1f} {unit}"
+
+
+def type_label(v: Value | None) -> str:
+    """A value's short type (``f32[8,16]``, ``float``), or "" when unknown."""
+    if v is None or (v.type.kind == "other" and not v.type.text):
+        return ""
+    return v.type.short()
+
+
+def state(region: Region) -> str:
+    """``captured``, ``eager`` or ``not run``."""
+    return STATE.get(region.captured, "not run")
+
+
+def values(trace: TraceReport) -> dict[str, Value]:
+    """The trace's values by name."""
+    return {v.name: v for v in trace.values}
+
+
+def provenance(trace: TraceReport) -> str:
+    """thunder's provenance line without the pass's run time."""
+    # NOTE: thunder's provenance carries the pass's run time; drop it so that output is deterministic
+    return _TIMING.sub("", trace.provenance).strip()
+
+
+def has_region(trace: TraceReport, name: str) -> bool:
+    """True when the trace has a region called ``name``."""
+    return any(r.name == name for r in trace.regions)
+
+
+def region_colors(trace: TraceReport) -> dict[str, str]:
+    """A background colour per region, the same in the source view and the lifetime chart."""
+    return {r.name: REGION_COLORS[k % len(REGION_COLORS)] for k, r in enumerate(trace.regions)}
+
+
+def verdict(defects: Sequence[Defect]) -> str:
+    """One line on a set of defects; silent wrong results are named first (they are the worst kind)."""
+    wrong = sum(1 for d in defects if d.severity == "wrong result")
+    errors = sum(1 for d in defects if d.is_error) - wrong
+    warns = len(defects) - errors - wrong
+    counts = ([plural(wrong, "wrong result")] if wrong else []) + [plural(errors, "error"), plural(warns, "warning")]
+    if errors:
+        return f"fails or computes wrong values ({', '.join(counts)})"
+    if wrong:
+        return f"computes wrong results without an error ({', '.join(counts)})"
+    if warns:
+        return f"runs, but wastes time or memory ({plural(warns, 'warning')})"
+    return "no defects found"

@@ -1,0 +1,285 @@
+"""HTML views built from the others: the CSS (written once), report and side panes, tables for the comparison.
+
+Default views fit a notebook column: big diagrams collapsed, details closed (``<details>``: no JavaScript).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..model import Report, TraceReport
+from .backend import svg, svg_size
+from .common import WRONG_COLOR, esc, plural, verdict
+from .dot import region_diagram
+from .lifetimes import lifetime_svg
+from .memory import known, region_memory
+from .source import source_html, trace_source_html
+from .text import report_text, trace_text
+
+__all__ = [
+    "CSS",
+    "FIT",
+    "SIDE_VIEWS",
+    "rows_table",
+    "verdict_line",
+    "diagram_html",
+    "memory_html",
+    "defects_html",
+    "trace_html",
+    "report_html",
+    "report_mimebundle",
+    "side_by_side_html",
+    "side_html",
+    "pane_html",
+]
+
+#: The views a side pane (`side_html`) can show, in display order.
+SIDE_VIEWS = ("diagram", "lifetimes", "source")
+#: (width, height) in px a diagram may take in a default view before its regions are collapsed.
+FIT = (880, 900)
+
+#: The style of every HTML view, scoped to ``.thunder-nb``; each top-level fragment carries it once.
+# NOTE: .tnb-tall's max-height is FIT's height
+CSS = """<style>
+.thunder-nb{font-family:system-ui,sans-serif;font-size:13px;line-height:1.4;max-width:100%;overflow-wrap:anywhere}
+.thunder-nb .tnb-h{font-weight:600;margin:8px 0 4px}
+.thunder-nb table{border-collapse:collapse}
+.thunder-nb td,.thunder-nb th{padding:1px 6px;text-align:left;vertical-align:top}
+.thunder-nb .tnb-ln{color:#868e96;text-align:right;user-select:none}
+.thunder-nb .tnb-badge{border-radius:3px;padding:0 4px;margin-right:3px;font-size:11px}
+.thunder-nb .tnb-island{background:#fff3bf}
+.thunder-nb .tnb-defect,.thunder-nb .tnb-rule,.thunder-nb .tnb-error{color:#e03131}
+.thunder-nb .tnb-wrong-result,.thunder-nb .tnb-wrong{color:#a61e4d;font-weight:600}
+.thunder-nb .tnb-defect-line{background:#ffe3e3;display:inline-block;min-width:100%}
+.thunder-nb pre{background:#f8f9fa;padding:6px;overflow:auto;margin:0;line-height:1.3;max-width:100%}
+.thunder-nb .tnb-diagram{max-width:100%}
+.thunder-nb .tnb-diagram svg,.thunder-nb svg.tnb-lifetime{max-width:100%;height:auto}
+.thunder-nb .tnb-tall{max-height:900px;overflow-y:auto}
+.thunder-nb details{margin:2px 0}
+.thunder-nb details>summary{cursor:pointer;font-weight:600;margin:2px 0}
+.thunder-nb .tnb-more{display:flex;flex-wrap:wrap;column-gap:18px;align-items:baseline}
+.thunder-nb .tnb-more>details[open]{flex-basis:100%;order:1;min-width:0}
+.thunder-nb .tnb-side-row{display:flex;flex-wrap:wrap;gap:8px 16px}
+.thunder-nb .tnb-side-row>div{flex:1 1 420px;min-width:0}
+</style>"""
+
+
+def rows_table(rows: Iterable[tuple[str, str]], *, cls: str = "tnb-run") -> str:
+    """Return (label, text) rows as a two-column HTML table of class ``cls``, everything escaped.
+
+    `thunder_nb.compare.Comparison.run_html` is ``rows_table(self.run_rows())``.
+    """
+    body = "".join(
+        f'<tr><th style="text-align:left;padding-right:1em">{esc(k)}</th><td>{esc(v)}</td></tr>' for k, v in rows
+    )
+    return f'<table class="{esc(cls)}">{body}</table>'
+
+
+def verdict_line(text: str, *, bad: bool) -> str:
+    """Return a one-line verdict, red when ``bad`` else green (`Comparison.verdict_html`)."""
+    color = "#e03131" if bad else "#2b8a3e"
+    return f'<div class="tnb-verdict" style="font-weight:600;color:{color}">{esc(text)}</div>'
+
+
+def _ops(trace: TraceReport) -> int:
+    return sum(len(r.compute_ops) for r in trace.regions)
+
+
+def _diagram_parts(trace: TraceReport) -> tuple[str, str, bool]:
+    """(the diagram shown, the full one in a closed ``<details>`` or "", drawn by ``dot``)."""
+    graph = region_diagram(trace)
+    image = svg(graph)
+    if image is None:
+        return (
+            '<div class="tnb-diagram"><p>Graphviz <code>dot</code> is not installed '
+            "(<code>apt-get install graphviz</code>): the diagram as DOT source.</p>"
+            f'<pre class="tnb-dot">{esc(graph.source)}</pre></div>',
+            "",
+            False,
+        )
+    w, h = svg_size(image)
+    full = "subgraph cluster_" in graph.source
+    if full and (w > FIT[0] or h > FIT[1]):
+        small = svg(region_diagram(trace, collapse=True))
+        if small is not None:
+            return (
+                _box(small),
+                f'<details class="tnb-full"><summary>full diagram: {esc(plural(_ops(trace), "op"))} '
+                f'({w:.0f} × {h:.0f} px)</summary><div class="tnb-diagram">{image}</div></details>',
+                True,
+            )
+    return _box(image), "", True
+
+
+def _box(image: str) -> str:
+    """The diagram's box; one still taller than `FIT` (a long chain of regions) scrolls within that height."""
+    tall = svg_size(image)[1] > FIT[1]
+    return f'<div class="tnb-diagram{" tnb-tall" if tall else ""}">{image}</div>'
+
+
+def diagram_html(trace: TraceReport) -> tuple[str, bool]:
+    """The region diagram as inline SVG that fits `FIT`; without ``dot``, its DOT source. Returns (html, drawn).
+
+    A drawing bigger than `FIT` with its regions in full is replaced by the collapsed one, and the
+    full drawing follows in a closed ``<details>``.
+    """
+    shown, full, drawn = _diagram_parts(trace)
+    return shown + full, drawn
+
+
+def memory_html(trace: TraceReport) -> str:
+    """The memory plan of every region as a table (region, what, names, why); "" when it is not known."""
+    rows = []
+    for r in trace.regions:
+        if not known(trace, r):
+            continue
+        for e in region_memory(trace, r):
+            cls = ' class="tnb-wrong"' if e.flagged else ""
+            rows.append(f"<tr{cls}><td>{esc(r.name)}</td><td>{esc(e.label)}</td><td><code>{esc(', '.join(e.names))}"
+                        f"</code></td><td>{esc(e.reason)}</td></tr>")
+    if not rows:
+        return ""
+    return f"<table><tr><th>region</th><th>what</th><th>names</th><th>why</th></tr>{''.join(rows)}</table>"
+
+
+def defects_html(trace: TraceReport) -> str:
+    """The defects of a trace as a table (severity, rule, where, message and hint)."""
+    if not trace.defects:
+        return "<p>no defects</p>"
+    rows = "".join(
+        f'<tr class="tnb-{d.severity.replace(" ", "-")}"><td>{esc(d.severity)}</td><td><code>{esc(d.rule)}</code></td>'
+        f"<td>{esc(d.where())}</td><td>{esc(d.message)}<br><i>{esc(d.hint)}</i></td></tr>"
+        for d in trace.defects
+    )
+    return f"<table><tr><th>severity</th><th>rule</th><th>where</th><th>message</th></tr>{rows}</table>"
+
+
+def _defect_counts(trace: TraceReport) -> str:
+    wrong = sum(1 for d in trace.defects if d.severity == "wrong result")
+    text = esc(plural(len(trace.defects), "defect"))
+    if wrong:
+        text += f' (<span class="tnb-wrong" style="color:{WRONG_COLOR}">{esc(plural(wrong, "wrong result"))}</span>)'
+    return text
+
+
+def trace_html(trace: TraceReport) -> str:
+    """One trace for the report: header, diagram (text view without ``dot``), defects, then closed detail views."""
+    diagram, drawn = diagram_html(trace)
+    if not drawn:
+        diagram += f'<pre class="tnb-text">{esc(chr(10).join(trace_text(trace)))}</pre>'
+    memory = memory_html(trace)
+    return (
+        f'<div class="tnb-trace"><div class="tnb-h">{esc(trace.kind)} trace <code>{esc(trace.name)}</code>: '
+        f"{esc(plural(len(trace.regions), 'region'))}, {esc(plural(len(trace.user_islands), 'user island'))}</div>"
+        f"{diagram}{defects_html(trace)}"
+        + (f"<details><summary>memory plan</summary>{memory}</details>" if memory else "")
+        + f'<details><summary>lifetimes</summary>{lifetime_svg(trace)}</details>'
+        f"<details><summary>source</summary>{source_html(trace)}</details>"
+        f"<details><summary>generated code</summary>{trace_source_html(trace)}</details></div>"
+    )
+
+
+def _header_html(report: Report) -> str:
+    parts = [f'<div class="tnb-h">{esc(report.function)} <small>(transform: {esc(report.transform)})</small></div>',
+             f"<div>verdict: {esc(verdict(report.defects))}</div>"]
+    if report.error:
+        parts.append(f'<div class="tnb-error">error: {esc(report.error)}</div>')
+    parts += [f"<div>note: {esc(n)}</div>" for n in report.notes]
+    return "".join(parts)
+
+
+def report_html(report: Report) -> str:
+    """Return the HTML report: header, then per trace its diagram, defects, lifetimes and source views."""
+    body = _header_html(report) + "".join(trace_html(t) for t in report.traces)
+    return f'<div class="thunder-nb">{CSS}{body}</div>'
+
+
+def report_mimebundle(report: Report, include: Iterable[str] | None = None,
+                      exclude: Iterable[str] | None = None) -> dict[str, str]:
+    """Return the report's rich display: ``text/plain`` and ``text/html``, filtered as IPython asks."""
+    wanted = ["text/plain", "text/html"]
+    if include:
+        wanted = [m for m in wanted if m in set(include)]
+    if exclude:
+        wanted = [m for m in wanted if m not in set(exclude)]
+    makers = {"text/plain": report_text, "text/html": report_html}
+    return {m: makers[m](report) for m in wanted}
+
+
+def side_by_side_html(original: Report, fixed: Report) -> str:
+    """Return two reports of the same function side by side, trace by trace (e.g. stock vs. fixed transform).
+
+    Each row holds one trace kind of both; in a column narrower than two diagrams the two stack top to bottom.
+    """
+    rows = [f'<div class="tnb-side-row"><div>{_header_html(original)}</div><div>{_header_html(fixed)}</div></div>']
+    kinds = list(dict.fromkeys(t.kind for t in original.traces + fixed.traces))
+    for kind in kinds:
+        cells = []
+        for rep in (original, fixed):
+            t = next((t for t in rep.traces if t.kind == kind), None)
+            cells.append(f"<div>{trace_html(t)}</div>" if t is not None else f"<div><p>no {esc(kind)} trace</p></div>")
+        rows.append(f'<div class="tnb-side-row">{"".join(cells)}</div>')
+    return f'<div class="thunder-nb">{CSS}<div class="tnb-side">{"".join(rows)}</div></div>'
+
+
+def _pane_trace_html(trace: TraceReport, views: Sequence[str]) -> tuple[str, bool]:
+    head = (
+        f'<div class="tnb-h">{esc(trace.kind)} trace <code>{esc(trace.name)}</code>: '
+        f"{esc(plural(len(trace.regions), 'region'))}, {esc(plural(len(trace.user_islands), 'island'))}, "
+        f"{_defect_counts(trace)}</div>"
+    )
+    parts, more, drawn = [head], [], True
+    if "diagram" in views:
+        diagram, full, drawn = _diagram_parts(trace)
+        parts.append(diagram)
+        more.append(full)
+        memory = memory_html(trace)
+        if memory:
+            more.append(f"<details><summary>memory plan</summary>{memory}</details>")
+        if trace.defects:
+            more.append(f"<details><summary>defects</summary>{defects_html(trace)}</details>")
+    if "lifetimes" in views:
+        more.append(f"<details><summary>lifetimes: {esc(plural(len(trace.values), 'value'))}</summary>"
+                    f"{lifetime_svg(trace)}</details>")
+    if "source" in views:
+        more.append(f"<details><summary>generated code</summary>{trace_source_html(trace)}</details>")
+    if any(more):
+        # NOTE: the closed parts share one line; an opened one takes a line of its own below them
+        parts.append(f'<div class="tnb-more">{"".join(more)}</div>')
+    return "".join(parts), drawn
+
+
+def pane_html(report: Report, views: Iterable[str] = SIDE_VIEWS, *, title: str | None = None) -> str:
+    """`side_html` without the CSS: to put several panes under one style block."""
+    views = tuple(v for v in views if v in SIDE_VIEWS)
+    title = title or f"{report.function} (transform: {report.transform})"
+    parts = [f'<div class="tnb-pane"><div class="tnb-h">{esc(title)}</div>']
+    if report.error:
+        parts.append(f'<div class="tnb-error">error: {esc(report.error)}</div>')
+    parts += [f"<div>note: {esc(n)}</div>" for n in report.notes]
+    all_drawn = True
+    for trace in report.traces:
+        body, drawn = _pane_trace_html(trace, views)
+        all_drawn = all_drawn and drawn
+        parts.append(body)
+    if not all_drawn:
+        parts.append(f'<div class="tnb-h">text view</div><pre class="tnb-text">{esc(report_text(report))}</pre>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def side_html(report: Report, views: Iterable[str] = SIDE_VIEWS, *, title: str | None = None) -> str:
+    """Render one side of a comparison: its header, then per trace the chosen views, sized for a notebook column.
+
+    Args:
+        report: the side's `Report`.
+        views: any of `SIDE_VIEWS` ("diagram": region diagram SVG with the memory plan and defects
+            behind ``<details>``, "lifetimes": lifetime chart, "source": generated code with defect
+            lines highlighted); others are ignored. Lifetimes and code start closed.
+        title: the heading (default: the function and its transform).
+
+    Returns:
+        A self-contained HTML fragment (it carries `CSS`). Without Graphviz's ``dot`` the diagram is
+        shown as DOT source followed by the report's text form.
+    """
+    return f'<div class="thunder-nb">{CSS}{pane_html(report, views, title=title)}</div>'

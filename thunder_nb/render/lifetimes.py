@@ -1,0 +1,364 @@
+"""Value lifetimes of a trace along its flat step order: a text chart and a standalone SVG chart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model import Site, TraceReport, Value
+from .common import DEFECT_COLOR, ISLAND_FILL, REGION_COLORS, SCALAR_COLOR, esc, plural, type_label
+
+__all__ = ["MAX_ROWS", "SVG_WIDTH", "lifetime_text", "lifetime_svg"]
+
+#: Most value rows a lifetime view shows; the rest are summarised in a note.
+MAX_ROWS = 200
+
+_TEXT_BAR_WIDTH = 64
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One value's lifetime on the flat step axis."""
+
+    value: Value
+    start: int  # step of the definition (0 for an input)
+    last_use: int  # last step it is read at (``start`` when never read)
+    end: int  # step it is freed at: its first del after the last use, else the trace's end
+    dels: tuple[int, ...]
+    uses: tuple[int, ...]
+    late_uses: tuple[int, ...]  # uses after a del
+    never_freed: bool
+    defects: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Axis:
+    """The flat step order: top-level positions, a region's position expanded into its statements."""
+
+    steps: tuple[str, ...]  # a label per step
+    index: dict[tuple[int, int | None], int]
+    spans: tuple[tuple[str, int, int], ...]  # (region, first step, last step)
+
+    def of(self, site: Site) -> int:
+        return self.index.get((site.position, site.index), self.index.get((site.position, None), 0))
+
+
+def _axis(trace: TraceReport) -> _Axis:
+    regions = {r.position: r for r in trace.regions if r.position >= 0}
+    steps: list[str] = []
+    index: dict[tuple[int, int | None], int] = {}
+    spans = []
+    for pos in range(len(trace.ops)):
+        r = regions.get(pos)
+        if r is None or not r.ops:
+            index[(pos, None)] = len(steps)
+            steps.append(f"@{pos}")
+            continue
+        index[(pos, None)] = len(steps)
+        first = len(steps)
+        for j in range(len(r.ops)):
+            index[(pos, j)] = len(steps)
+            steps.append(f"{r.name}[{j}]@{pos}")
+        spans.append((r.name, first, len(steps) - 1))
+    if not steps:
+        steps.append("@0")
+    return _Axis(tuple(steps), index, tuple(spans))
+
+
+def _rows(trace: TraceReport, axis: _Axis) -> list[_Row]:
+    """Place every value on the step axis.
+
+    A ``del`` ends a value only in the scope that owns the name: the top level, or the region that
+    defines it. A region deleting its input unbinds the region's own name; the caller's stays alive,
+    so such a del ends nothing outside that region.
+    """
+    by_value: dict[str, list[str]] = {}
+    for d in trace.defects:
+        if d.value is not None:
+            by_value.setdefault(d.value, []).append(d.rule)
+    last = len(axis.steps) - 1
+    outputs = {n for r in trace.regions for n in r.outputs}
+    rows = []
+    for v in trace.values:
+        home = v.defined.region if v.defined is not None else None
+        local = home is not None and v.name not in outputs  # NOTE: dies with the region's frame at the latest
+        start = 0 if v.defined is None else axis.of(v.defined)
+        uses = tuple(sorted({axis.of(s) for s in v.uses}))
+        dels = tuple(sorted({axis.of(s) for s in v.dels}))
+        own = sorted(axis.of(d) for d in v.dels if d.region is None or d.region == home)
+        foreign = [d for d in v.dels if not (d.region is None or d.region == home)]
+        late = tuple(
+            axis.of(u) for u in sorted(v.uses, key=axis.of)
+            if any(d < axis.of(u) for d in own)
+            or any(d.region == u.region and d.position == u.position and axis.of(d) < axis.of(u) for d in foreign)
+        )
+        last_use = max(uses, default=start)
+        rules = tuple(dict.fromkeys(by_value.get(v.name, ())))
+        never = "never-freed" in rules or (
+            not own and not local and not v.returned and v.defined is not None and v.type.kind == "tensor"
+            and last_use < last
+        )
+        later = [d for d in own if d >= last_use]
+        # NOTE: held until its del; a never-freed value until the end; anything else ends at its last use
+        end = later[0] if later else (own[-1] if own else last if never else last_use)
+        if "use-after-del" in rules and not late:
+            late = (last_use,)
+        rows.append(_Row(v, start, max(last_use, start), max(end, start), dels, uses, tuple(dict.fromkeys(late)),
+                         never, rules))
+    return rows
+
+
+def _pick_rows(rows: list[_Row], max_rows: int) -> tuple[list[_Row], int]:
+    """Keep at most ``max_rows`` rows, those with defects first, in trace order."""
+    if len(rows) <= max_rows:
+        return rows, 0
+    flagged = [i for i, r in enumerate(rows) if r.defects or r.late_uses or r.never_freed][:max_rows]
+    keep = set(flagged)
+    for i in range(len(rows)):
+        if len(keep) >= max_rows:
+            break
+        keep.add(i)
+    return [rows[i] for i in sorted(keep)], len(rows) - len(keep)
+
+
+def _row_note(row: _Row, axis: _Axis) -> str:
+    v = row.value
+    start = "input" if v.defined is None else axis.steps[row.start]
+    parts = [f"{start} -> {axis.steps[row.last_use]}" if row.uses else f"{start}, never read"]
+    if row.dels:
+        parts.append("del " + ", ".join(axis.steps[d] for d in row.dels))
+    if row.late_uses:
+        parts.append("USE AFTER DEL at " + ", ".join(axis.steps[u] for u in row.late_uses))
+    if row.never_freed:
+        parts.append("never freed")
+    if v.returned:
+        parts.append("returned")
+    return "; ".join(parts)
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _bar(row: _Row, n: int, width: int) -> str:
+    """Return the text bar of a row: ``=`` live, ``-`` held after its last use, ``x`` del, ``!`` use after del."""
+    rank = {" ": 0, "-": 1, "=": 2, "x": 3, "!": 4}
+    cells = [" "] * width
+
+    def put(step: int, ch: str) -> None:
+        k = step * width // n
+        if rank[ch] > rank[cells[k]]:
+            cells[k] = ch
+
+    for s in range(row.start, row.last_use + 1):
+        put(s, "=")
+    for s in range(row.last_use + 1, row.end + 1):
+        put(s, "-")
+    for d in row.dels:
+        put(d, "x")
+    for u in row.late_uses:
+        put(u, "!")
+    return "".join(cells)
+
+
+def lifetime_text(trace: TraceReport, *, max_rows: int = MAX_ROWS) -> str:
+    """Return the value lifetimes of a trace as text, one row per value.
+
+    Each row has a bar along the flat step order (``=`` live, ``-`` held after the last use,
+    ``x`` del, ``!`` use after del) and a note naming the steps.
+    """
+    axis = _axis(trace)
+    rows, more = _pick_rows(_rows(trace, axis), max_rows)
+    n = len(axis.steps)
+    width = min(n, _TEXT_BAR_WIDTH)
+    lines = [f"lifetimes: {trace.kind} `{trace.name}` ({plural(len(trace.values), 'value')}, {plural(n, 'step')})"]
+    if not rows:
+        return lines[0] + "\n  (no values)"
+    nw = min(max(len(r.value.name) for r in rows), 20)
+    tw = min(max(len(type_label(r.value)) for r in rows), 16)
+    header = [" "] * width
+    keys = []
+    for k, (name, first, last_step) in enumerate(axis.spans):
+        ch = "123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"[k % 35]
+        keys.append(f"{ch}={name}")
+        for s in range(first, last_step + 1):
+            header[s * width // n] = ch
+    if keys:
+        lines.append("  regions: " + ", ".join(keys))
+    lines.append(f"  {'':<{nw}} {'':<{tw}} |{''.join(header)}|")
+    for r in rows:
+        name, type_ = _fit(r.value.name, nw), _fit(type_label(r.value), tw)
+        lines.append(f"  {name:<{nw}} {type_:<{tw}} |{_bar(r, n, width)}| {_row_note(r, axis)}")
+    if more:
+        lines.append(f"  … {more} more values")
+    return "\n".join(lines)
+
+
+#: Width in px the SVG chart keeps within (a notebook column): the step axis shrinks to fit.
+SVG_WIDTH = 860
+
+_ROW_H = 18  # NOTE: readable rows: at least 18 px each
+_LANE_H = 15
+_CHAR_W = {10: 6.0, 11: 6.6}  # NOTE: monospace advance at these font sizes, to place labels without cutting them
+_LIVE, _HELD, _NEVER, _INK = "#364fc7", "#adb5bd", "#f08c00", "#212529"
+_TICK_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+def _lanes(labels: list[tuple[float, str]], font: int, right: float) -> list[tuple[float, int, str]]:
+    """Place labels left to right at their x, each in the first lane where it does not overlap; (x, lane, text).
+
+    A label that would run past ``right`` is moved left to end there: labels are never cut.
+    """
+    ends: list[float] = []
+    out = []
+    for x, text in labels:
+        w = len(text) * _CHAR_W[font] + 6
+        x = max(0.0, min(x, right - w))
+        lane = next((k for k, end in enumerate(ends) if end <= x), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = x + w
+        out.append((x, lane, text))
+    return out
+
+
+def _tick(n: int, step_w: float) -> int:
+    """Steps between axis labels, so that labels stand at least 36 px apart."""
+    return next((k for k in _TICK_STEPS if k * step_w >= 36), _TICK_STEPS[-1])
+
+
+def _key(width: float, y: float, has_number: bool) -> tuple[list[str], float]:
+    """The colour key as SVG parts from ``y`` down, wrapped to ``width``; returns (parts, height)."""
+    items = [
+        ("bar", _LIVE, "live: defined to last use"),
+        *([("bar", "#e8590c", "a Python number")] if has_number else []),
+        ("held", _HELD, "held after its last use"),
+        ("held", _NEVER, "never freed"),
+        ("del", _INK, "del"),
+        ("dot", DEFECT_COLOR, "use after del"),
+        ("shade", REGION_COLORS[0], "region (its statements)"),
+        ("shade", ISLAND_FILL["host-sync"], "island"),
+    ]
+    parts = ['<g class="tnb-key">']
+    x, line = 4.0, 0
+    for kind, color, text in items:
+        w = 22 + len(text) * _CHAR_W[11] + 16
+        if x + w > width and x > 4:
+            x, line = 4.0, line + 1
+        cy = y + line * _LANE_H + 7
+        if kind == "bar":
+            parts.append(f'<rect x="{x}" y="{cy - 4}" width="16" height="8" fill="{color}"/>')
+        elif kind == "held":
+            parts.append(f'<rect x="{x}" y="{cy - 1}" width="16" height="2" fill="{color}"/>')
+        elif kind == "del":
+            parts.append(f'<path d="M{x + 4} {cy - 5}L{x + 12} {cy + 5}M{x + 12} {cy - 5}L{x + 4} {cy + 5}" '
+                         f'stroke="{color}" stroke-width="1.5"/>')
+        elif kind == "dot":
+            parts.append(f'<circle cx="{x + 8}" cy="{cy}" r="4" fill="{color}"/>')
+        else:
+            parts.append(f'<rect x="{x}" y="{cy - 6}" width="16" height="12" fill="{color}"/>')
+        parts.append(f'<text x="{x + 22}" y="{cy + 4}">{esc(text)}</text>')
+        x += w
+    parts.append("</g>")
+    return parts, (line + 1) * _LANE_H + 4
+
+
+def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = SVG_WIDTH) -> str:
+    """Draw the value lifetimes of a trace as a standalone SVG (no Graphviz needed), at most ``width`` px wide.
+
+    One row per value: a bar from its definition to its last use, a thinner bar while it is held
+    afterwards (orange when it is never freed), ``del`` crosses, and red dots for uses after a del.
+    Above the rows: the regions (shaded spans) and islands (columns), each named, and a step axis;
+    below them a colour key. At most ``max_rows`` rows; a note counts the rest. Every label is
+    shown whole; tooltips repeat each row's steps by name.
+    """
+    axis = _axis(trace)
+    rows, more = _pick_rows(_rows(trace, axis), max_rows)
+    n = len(axis.steps)
+    notes = {id(r): [s for s, on in (("never freed", r.never_freed), ("use after del", bool(r.late_uses))) if on]
+             for r in rows}
+    name_w = max([len(r.value.name) for r in rows] + [6]) * _CHAR_W[11] + 12
+    longest = max([len(", ".join(v)) for v in notes.values() if v] + [0])
+    note_w = longest * _CHAR_W[11] + (12 if longest else 4)
+    plot_w = max(width - name_w - note_w, 120.0)
+    step_w = min(16.0, plot_w / n)
+    left = name_w
+    right = left + step_w * n
+
+    def x(step: float) -> float:
+        return round(left + step * step_w, 2)
+
+    islands = [i for i in trace.islands if i.reason not in ("bookkeeping", "collection")]
+    span_labels = _lanes([(x(first), name) for name, first, _ in axis.spans], 10, width)
+    island_steps = [(isl, axis.index.get((isl.position, None))) for isl in islands]
+    island_steps = [(isl, step) for isl, step in island_steps if step is not None]
+    island_labels = _lanes([(x(step), isl.name) for isl, step in island_steps], 10, width)
+    span_lanes = 1 + max((lane for _, lane, _ in span_labels), default=-1)
+    island_lanes = 1 + max((lane for _, lane, _ in island_labels), default=-1)
+    top_spans = 4
+    top_islands = top_spans + span_lanes * _LANE_H
+    top_axis = top_islands + island_lanes * _LANE_H
+    top = top_axis + 22
+    bottom = top + _ROW_H * len(rows) + (_ROW_H if more else 0)
+    key, key_h = _key(width, bottom + 8, any(r.value.is_scalar for r in rows))
+    height = bottom + 8 + key_h
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="tnb-lifetime" width="{width}" height="{height:.0f}" '
+        f'viewBox="0 0 {width} {height:.0f}" font-family="monospace" font-size="11">',
+        f"<title>{esc(f'lifetimes: {trace.kind} {trace.name}')}</title>",
+    ]
+    for k, ((name, first, last_step), (lx, lane, _)) in enumerate(zip(axis.spans, span_labels)):
+        color = REGION_COLORS[k % len(REGION_COLORS)]
+        out.append(
+            f'<g class="tnb-span"><title>{esc(f"{name}: steps {first}-{last_step}")}</title>'
+            f'<rect x="{x(first)}" y="{top_spans}" width="{round((last_step - first + 1) * step_w, 2)}" '
+            f'height="{bottom - top_spans:.0f}" fill="{color}" opacity="0.6"/>'
+            f'<text x="{lx + 2:.1f}" y="{top_spans + lane * _LANE_H + 11}" font-size="10">{esc(name)}</text></g>'
+        )
+    for (isl, step), (lx, lane, _) in zip(island_steps, island_labels):
+        fill = ISLAND_FILL.get(isl.reason, "#e9ecef")
+        what = f"{isl.name}: {isl.label}" if isl.reason != "hand-out" else f"{isl.name}: hand-out"
+        out.append(
+            f'<g class="tnb-island"><title>{esc(what)}</title>'
+            f'<rect x="{x(step)}" y="{top_islands}" width="{round(max(step_w, 2), 2)}" '
+            f'height="{bottom - top_islands:.0f}" fill="{fill}"/>'
+            f'<text x="{lx + 2:.1f}" y="{top_islands + lane * _LANE_H + 11}" font-size="10">{esc(isl.name)}</text></g>'
+        )
+    every = _tick(n, step_w)
+    ticks = [f'<text x="4" y="{top_axis + 12}" font-size="10">step</text>',
+             f'<path d="M{left} {top_axis + 16}H{right:.2f}" stroke="{_INK}"/>']
+    for s in range(0, n, every):
+        ticks.append(f'<path d="M{x(s + 0.5)} {top_axis + 13}V{top_axis + 19}" stroke="{_INK}"/>'
+                     f'<text x="{x(s + 0.5)}" y="{top_axis + 11}" font-size="10" text-anchor="middle">{s}</text>')
+    out.append(f'<g class="tnb-axis">{"".join(ticks)}</g>')
+    for i, r in enumerate(rows):
+        y = top + i * _ROW_H
+        v = r.value
+        flagged = bool(r.defects or r.late_uses)
+        tip = f"{v.name} {type_label(v)}: {_row_note(r, axis)}" + (f" [{', '.join(r.defects)}]" if r.defects else "")
+        color = SCALAR_COLOR if v.is_scalar else _LIVE
+        fill = DEFECT_COLOR if flagged else _INK
+        parts = [f'<g class="tnb-row"><title>{esc(tip)}</title>',
+                 f'<text x="4" y="{y + 13}" fill="{fill}">{esc(v.name)}</text>',
+                 f'<rect x="{x(r.start)}" y="{y + 4}" width="{round(max((r.last_use - r.start + 1) * step_w, 1), 2)}" '
+                 f'height="10" fill="{color}"/>']
+        if r.end > r.last_use:
+            held = _NEVER if r.never_freed else _HELD
+            parts.append(f'<rect class="tnb-held" x="{x(r.last_use + 1)}" y="{y + 8}" '
+                         f'width="{round((r.end - r.last_use) * step_w, 2)}" height="2" fill="{held}"/>')
+        for d in r.dels:
+            cx, w = x(d + 0.5), round(max(min(step_w, 10), 6) / 2, 2)
+            cross = f"M{cx - w} {y + 3}L{cx + w} {y + 15}M{cx + w} {y + 3}L{cx - w} {y + 15}"
+            parts.append(f'<path class="tnb-del" d="{cross}" stroke="{_INK}" stroke-width="1.5"/>')
+        for u in r.late_uses:
+            parts.append(f'<circle class="tnb-use-after-del" cx="{x(u + 0.5)}" cy="{y + 9}" r="4.5" '
+                         f'fill="{DEFECT_COLOR}"/>')
+        if notes[id(r)]:
+            note = esc(", ".join(notes[id(r)]))
+            parts.append(f'<text x="{right + 8:.2f}" y="{y + 13}" fill="{DEFECT_COLOR}">{note}</text>')
+        parts.append("</g>")
+        out.append("".join(parts))
+    if more:
+        out.append(f'<text x="4" y="{bottom - 5}">{esc(f"… {more} more values")}</text>')
+    out += key
+    out.append("</svg>")
+    return "\n".join(out)

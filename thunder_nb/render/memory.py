@@ -1,0 +1,186 @@
+"""The memory model of each region in words: what is read in place, copied in, handed out, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model import HAND_OUT_ACTIONS, INPUT_ROLES, Island, Region, TraceReport
+from .common import plural
+
+__all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry", "known", "input_roles",
+           "output_actions", "region_memory", "inputs_summary", "outputs_summary", "hand_out_islands", "hand_out_line"]
+
+#: How each `INPUT_ROLES` key is named in reports and diagrams.
+ROLE_LABELS = {"static": "read in place", "copied": "copied in", "scalar-slot": "scalar slot", "number": "number"}
+#: How each `HAND_OUT_ACTIONS` key is named in reports and diagrams.
+ACTION_LABELS = {"copy": "copied out", "guard": "guarded", "as-is": "returned as-is"}
+
+# NOTE: thunder's own runner has no hand-out: what a region returns leaves as the graph's buffer
+_STOCK_RETURNED = "the graph's own buffer, no hand-out: the next replay overwrites it"
+_STOCK_SAVED = "the graph's own buffer, no hand-out: a second forward before the backward overwrites it"
+_STOCK_INPUTS = {"static": "marked static by thunder: read where it lies, assumed to stay the same tensor",
+                 "copied": "copied into the graph's static buffer before each replay",
+                 "number": INPUT_ROLES["number"]}
+_GRAPH_MEMORY_RULES = ("returned-graph-memory", "saved-graph-memory")
+_WRITE_BACK = "updated in place: copied back to the caller's tensor after each replay"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of a region's memory plan: a label, the names it applies to, and why."""
+
+    label: str  # "read in place", "copied in", "copied out", "instances", ...
+    names: tuple[str, ...]
+    reason: str = ""
+    flagged: bool = False  # a danger (a rebound static input, a tensor handed out as the graph's buffer)
+
+    def __str__(self) -> str:
+        names = ", ".join(self.names)
+        if not self.reason:
+            return f"{self.label}: {names}"
+        return f"{self.label}: {names} ({self.reason})" if names else f"{self.label}: {self.reason}"
+
+
+def known(trace: TraceReport, region: Region) -> bool:
+    """True when the region's memory plan is known: a thunder-nb plan, or thunder's own runner (a real trace)."""
+    # NOTE: generated source alone says nothing of static inputs or of the runner
+    return region.plan is not None or bool(trace.provenance)
+
+
+def input_roles(trace: TraceReport, region: Region) -> dict[str, str]:
+    """Each input's `INPUT_ROLES` key: the transform's plan, else thunder's static mask and the value types."""
+    if region.plan is not None:
+        return {i.name: i.role for i in region.plan.inputs}
+    mask, by_name = region.static_mask, {v.name: v for v in trace.values}
+    roles = {}
+    for k, n in enumerate(region.inputs):
+        v = by_name.get(n)
+        roles[n] = "number" if v is not None and v.is_scalar else ("static" if k < len(mask) and mask[k] else "copied")
+    return roles
+
+
+def output_actions(trace: TraceReport, region: Region) -> dict[str, tuple[str, str]]:
+    """The region outputs that leave the trace: name -> (`HAND_OUT_ACTIONS` key, what leaves: "returned"/"saved")."""
+    out: dict[str, tuple[str, str]] = {}
+    if trace.hand_out is not None:
+        plans = {o.name: o for o in region.plan.outputs} if region.plan is not None else {}
+        for name in region.outputs:
+            action = trace.hand_out.action(name)
+            if action is None:
+                continue
+            plan = plans.get(name)
+            fate = plan.fate if plan is not None else ("saved" if action == "guard" else "returned")
+            out[name] = (action, fate)
+        return out
+    wrong = {d.value: d.rule for d in trace.defects if d.rule in _GRAPH_MEMORY_RULES}
+    returned = {v.name for v in trace.values if v.returned and v.type.kind == "tensor"}
+    for name in region.outputs:
+        if name in wrong:
+            out[name] = ("as-is", "saved" if wrong[name] == "saved-graph-memory" else "returned")
+        elif name in returned:
+            out[name] = ("as-is", "returned")
+    return out
+
+
+def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
+    """The region's memory plan, line by line: inputs by role, write-backs, what leaves and how, runner stats."""
+    entries: list[Entry] = []
+    roles = input_roles(trace, region)
+    reasons = {i.name: i.reason for i in region.plan.inputs} if region.plan is not None else _STOCK_INPUTS
+    for role in INPUT_ROLES:
+        groups: dict[str, list[str]] = {}
+        for name in region.inputs:
+            if roles.get(name) == role:
+                groups.setdefault(reasons.get(name, reasons.get(role, "")), []).append(name)
+        for reason, names in groups.items():
+            if role == "static" and region.stats.address_keys:
+                keyed = f"keyed by address: {plural(region.stats.address_keys, 'address', 'addresses')}"
+                reason = f"{reason}; {keyed}" if reason else keyed
+            entries.append(Entry(ROLE_LABELS[role], tuple(names), reason))
+    if region.plan is not None and region.plan.write_back:
+        entries.append(Entry("written back", region.plan.write_back, _WRITE_BACK))
+    by_action: dict[tuple[str, str], list[str]] = {}
+    for name, (action, fate) in output_actions(trace, region).items():
+        by_action.setdefault((action, fate), []).append(name)
+    flagged = {d.value for d in trace.defects if d.rule in _GRAPH_MEMORY_RULES}
+    for (action, fate), names in by_action.items():
+        if trace.hand_out is not None:
+            label, why = ACTION_LABELS[action], HAND_OUT_ACTIONS[action]
+        elif fate == "saved":
+            label, why = "saved as-is", _STOCK_SAVED
+        else:
+            label, why = "returned as-is", _STOCK_RETURNED
+        entries.append(Entry(label, tuple(names), why, any(n in flagged for n in names)))
+    views = [o for o in region.plan.outputs if o.view_of] if region.plan is not None else []
+    for o in views:
+        entries.append(Entry("view of an input", (o.name,), f"handed out as that view of the caller's {o.view_of}"))
+    stats = region.stats
+    if stats.instances > 1:
+        entries.append(Entry("instances", (), f"{stats.instances} graph instances (a forward ran again while the "
+                                              "previous one's saved tensors were held)"))
+    if stats.demoted:
+        entries.append(Entry("demoted", (), "; ".join(stats.demoted)))
+    if stats.rebound:
+        entries.append(Entry("rebound", (), "; ".join(stats.rebound), flagged=True))
+    return entries
+
+
+def hand_out_islands(trace: TraceReport) -> tuple[Island, ...]:
+    """The trace's hand-out calls (`thunder_nb_hand_out`): bookkeeping, drawn small."""
+    return tuple(i for i in trace.islands if i.reason == "hand-out")
+
+
+def hand_out_line(trace: TraceReport) -> str | None:
+    """One line on the trace's hand-out: what it checks and what it did so far; None without one."""
+    plan, stats = trace.hand_out, trace.hand_out_stats
+    if plan is None:
+        return None
+    copy = [n for n in plan.graph_memory if plan.action(n) in ("copy", "as-is")]
+    guard = [n for n in plan.graph_memory if plan.action(n) == "guard"]
+    parts = []
+    if copy:
+        parts.append(("copies out " if plan.copy_outputs else "returns as-is ") + ", ".join(copy))
+    if guard:
+        parts.append("guards " + ", ".join(guard))
+    what = "; ".join(parts) or "nothing in graph memory"
+    done = (f"{plural(stats.calls, 'call')}: {stats.copied} copied out, {stats.guarded} guarded"
+            if stats.calls else "not called yet")
+    return f"{what} ({done})"
+
+
+#: Short words for the diagram's input nodes (the default, "copied", goes unsaid).
+ROLE_SHORT = {"static": "in place", "copied": "", "scalar-slot": "scalar slot", "number": "Python number"}
+#: Short words for the diagram's output nodes.
+ACTION_SHORT = {"copy": "copied out", "guard": "guarded", "as-is": "as-is"}
+
+
+def inputs_summary(trace: TraceReport, region: Region) -> str:
+    """``in 5: 3 copied, 2 in place (1 address)``; ``in 5`` when the plan is unknown."""
+    head = f"in {len(region.inputs)}"
+    if not known(trace, region) or not region.inputs:
+        return head
+    counts = {role: 0 for role in INPUT_ROLES}
+    for role in input_roles(trace, region).values():
+        counts[role] = counts.get(role, 0) + 1
+    words = {"static": "in place", "copied": "copied", "scalar-slot": "scalar slot", "number": "number"}
+    parts = []
+    for role, n in counts.items():
+        if not n:
+            continue
+        part = f"{n} {words.get(role, role)}"
+        if role == "static" and region.stats.address_keys:
+            part += f" ({plural(region.stats.address_keys, 'address', 'addresses')})"
+        parts.append(part)
+    return f"{head}: {', '.join(parts)}"
+
+
+def outputs_summary(trace: TraceReport, region: Region) -> str:
+    """``out 3: 1 copied out, 2 guarded``; ``out 3`` when nothing leaves the trace or the plan is unknown."""
+    head = f"out {len(region.outputs)}"
+    if not known(trace, region):
+        return head
+    counts: dict[str, int] = {}
+    for action, fate in output_actions(trace, region).values():
+        word = ACTION_SHORT[action] if action != "as-is" else ("saved as-is" if fate == "saved" else "returned as-is")
+        counts[word] = counts.get(word, 0) + 1
+    return f"{head}: {', '.join(f'{n} {w}' for w, n in counts.items())}" if counts else head

@@ -1,0 +1,98 @@
+"""The plain-text report: verdict, then per trace its regions (with their memory plan), islands, defects, lifetimes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..model import Region, Report, TraceReport
+from .common import plural, provenance, size, state, type_label, values, verdict
+from .lifetimes import lifetime_text
+from .memory import hand_out_islands, hand_out_line, known, region_memory
+
+__all__ = ["report_text", "trace_text"]
+
+
+
+def _value_list(trace: TraceReport, names: Iterable[str]) -> str:
+    by_name = values(trace)
+    items = []
+    for n in names:
+        v = by_name.get(n)
+        item = f"{n} {type_label(v)}".rstrip()
+        if v is not None and v.is_scalar:
+            item += " (Python number)"
+        items.append(item)
+    return ", ".join(items) or "-"
+
+
+def _region_text(trace: TraceReport, r: Region) -> list[str]:
+    where = f" @{r.position}" if r.position >= 0 else ""
+    replays = f", {plural(r.stats.replays, 'replay')}" if r.stats.replays else ""
+    lines = [f"    {r.name}{where}: {plural(len(r.compute_ops), 'op')}, {state(r)}{replays}"]
+    lines.append(f"      inputs:  {_value_list(trace, r.inputs)}")
+    lines.append(f"      outputs: {_value_list(trace, r.outputs)}")
+    for e in region_memory(trace, r) if known(trace, r) else ():
+        lines.append(f"      {'⚠ ' if e.flagged else ''}{e}")
+    if r.scalar_handoffs:
+        lines.append(f"      hand-offs: {', '.join(map(str, r.scalar_handoffs))}")
+    if r.graphs:
+        graphs = "; ".join(
+            f"#{g.index} {g.cause} (static {size(g.static_bytes)}"
+            + (f", pool {size(g.pool_bytes)}" if g.pool_bytes is not None else "") + ")"
+            for g in r.graphs
+        )
+        lines.append(f"      graphs: {graphs}")
+    if r.held_calls:
+        lines.append(
+            f"      without the graph: {plural(r.held_calls, 'call')} (tensors its last replay saved for the "
+            "backward were still held: a forward ran before the previous backward)"
+        )
+    return lines
+
+
+def trace_text(trace: TraceReport) -> list[str]:
+    """The text lines of one trace: regions with their memory plan, islands, the hand-out, defects, lifetimes."""
+    n_ops = sum(len(r.compute_ops) for r in trace.regions)
+    lines = [
+        f"{trace.kind} trace `{trace.name}`: {plural(len(trace.regions), 'region')} ({plural(n_ops, 'op')}), "
+        f"{plural(len(trace.user_islands), 'user island')}",
+    ]
+    if provenance(trace):
+        lines.append(f"  constructed by: {provenance(trace)}")
+    lines.append("  regions:" if trace.regions else "  regions: none")
+    for r in trace.regions:
+        lines += _region_text(trace, r)
+    lines.append("  islands:" if trace.islands else "  islands: none")
+    for i in trace.user_islands:
+        lines.append(f"    {i.name} @{i.position}: {i.label}: {i.op.text}")
+    hand_outs = hand_out_islands(trace)
+    for i in hand_outs:
+        lines.append(f"    {i.name} @{i.position}: hand-out: {hand_out_line(trace)}")
+    hidden = len(trace.islands) - len(trace.user_islands) - len(hand_outs)
+    if hidden:
+        lines.append(f"    + {hidden} bookkeeping (unpack, return, collection clearing)")
+    if trace.hand_out is not None and not hand_outs:
+        lines.append("    (no hand-out: nothing leaves the trace in graph memory)")
+    lines.append("  defects:" if trace.defects else "  defects: none")
+    for d in trace.defects:
+        value = f" ({d.value})" if d.value else ""
+        lines.append(f"    {d.severity:<7} {d.rule} at {d.where()}{value}: {d.message}")
+        lines.append(f"            hint: {d.hint}")
+    lines += ["  " + line for line in lifetime_text(trace).splitlines()]
+    return lines
+
+
+def report_text(report: Report) -> str:
+    """Return the plain-text report: verdict, error, notes, then per trace regions, islands, defects, lifetimes."""
+    lines = [
+        f"thunder-nb report: {report.function} (transform: {report.transform})",
+        f"verdict: {verdict(report.defects)}",
+    ]
+    if report.error:
+        lines.append(f"error: {report.error}")
+    lines += [f"note: {n}" for n in report.notes]
+    for t in report.traces:
+        lines.append("")
+        lines += trace_text(t)
+    return "\n".join(lines)
+
