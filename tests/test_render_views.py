@@ -23,13 +23,7 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's d
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def int_scalar(x):
-    y = (x * 10).int()
-    n = y.sum().item()  # NOTE: an int64 number meets int32 tensors: handed over through a 0-d buffer (scalar slot)
-    return (y * n).abs()
-
-
-def _fixed(fn, args, body) -> Report:
+def _fixed(fn, args, body, **options) -> Report:
     """thunder-nb's transform under emulated capture; ``body(jfn, args)`` makes the calls."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NOTE: thunder warns about transformer_engine on import
@@ -38,7 +32,7 @@ def _fixed(fn, args, body) -> Report:
         from thunder_nb.fix import FixedCUDAGraphTransform
         from thunder_nb.testing import emulated_capture
 
-    t = FixedCUDAGraphTransform(capture=False)
+    t = FixedCUDAGraphTransform(capture=False, **options)
     jfn = thunder.jit(fn, transforms=[t])
     with emulated_capture():
         t.cuda_graph_runner.capture = True
@@ -60,7 +54,9 @@ def held_mlp() -> Report:
 
 @pytest.fixture(scope="module")
 def slot() -> Report:
-    return _fixed(int_scalar, (programs.vec(16),), lambda jfn, args: [jfn(*args) for _ in range(3)])
+    """The island program with the hand-off off: a Python number baked into the second region, a graph per value."""
+    return _fixed(programs.island, (programs.vec(16),), lambda jfn, args: [jfn(*args) for _ in range(3)],
+                  scalar_handoff=False)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +82,7 @@ def test_report_text_shows_each_regions_memory_plan(held_mlp):
     assert_in_order(
         text,
         "forward trace `computation`",
-        "CUDAGraph1 @0: 5 ops, captured, 2 replays",
+        "CUDAGraph1 @0: 5 ops, captured, 4 replays",
         "copied in: x, w1, w2 (an input of the function)",
         "guarded: t47, t48 (saved for the backward: left where the graph wrote it and guarded",
         "copied out: t52 (returned: copied out of graph memory",
@@ -103,15 +99,17 @@ def test_report_text_shows_each_regions_memory_plan(held_mlp):
     assert "bookkeeping" in text and "+ 1 bookkeeping" in text  # NOTE: the hand-out is listed, not counted in there
 
 
-def test_report_text_shows_scalar_slots(slot):
+def test_report_text_shows_a_number_baked_into_a_region(slot):
     assert_in_order(
         render.report_text(slot),
+        "CUDAGraph1 @0:",
+        "copied in: x (an input of the function)",
+        "copied at the last replay: x",
         "CUDAGraph2 @3:",
         "read in place: t16 (output of CUDAGraph1: read where that graph left it; keyed by address: 1 address)",
-        "scalar slot: i20 (a number the region reads, filled in before each replay)",
+        "number: f20 (a number the region reads)",
         "copied out: t22",
-        "hand-offs: i20 -> 0-d int64 buffer",
-        "island1 @1: host sync: item: i20 = Tensor.item(t19)",
+        "island1 @1: host sync: item: f20 = Tensor.item(t19)",
         "island5 @5: hand-out: copies out t22",
     )
 
@@ -133,7 +131,7 @@ def test_diagram_shows_the_memory_plan(held_mlp, slot):
     assert summary in collapsed
     assert "read in place: t27, w2, t48, t47, x (saved for the backward" in collapsed  # the tooltip
     source = render.region_diagram(slot.forward).source
-    assert 'CUDAGraph2_in_i20 [label="i20\\nscalar slot\\nPython number"' in source
+    assert 'CUDAGraph2_in_f20 [label="f20\\nPython number' in source
     assert 'CUDAGraph2_in_t16 [label="t16\\nin place"' in source
 
 

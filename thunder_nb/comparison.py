@@ -10,7 +10,6 @@ counts captured CUDA graphs. Each run works on its own copy of what the function
 
 from __future__ import annotations
 
-import html
 import sys
 import warnings
 from collections import Counter
@@ -21,6 +20,7 @@ from typing import Any
 from . import diagnose
 from .diagnose import Where, error_line
 from .model import Defect, Report
+from .render.common import plural
 from .values import short
 
 __all__ = [
@@ -160,10 +160,10 @@ class Comparison:
         rep, out = self.fixed, self.results["fixed"]
         regions = sum(len(t.regions) for t in rep.traces)
         islands = sum(len(t.user_islands) for t in rep.traces)
-        parts = [_plural(regions, "region"), _plural(islands, "island")]
+        parts = [plural(regions, "region"), plural(islands, "island")]
         errors = _by_priority(d for d in rep.defects if d.is_error)
         if errors:
-            parts.append(_plural(len(errors), "defect") + ": " + _defect_phrase(rep, errors[0]))
+            parts.append(plural(len(errors), "defect") + ": " + _defect_phrase(rep, errors[0]))
         if out.error:
             parts.append(_failure_phrase(out))
         elif not self.executed:
@@ -202,7 +202,7 @@ class Comparison:
         if self.training:
             shown = ", ".join(self.trainable[:6]) + (", …" if len(self.trainable) > 6 else "")
             how = f"; an SGD step (lr {self.lr:g}) after each of {self.steps} calls" if self.lr is not None else ""
-            rows.append(("gradients of", f"{shown} ({_plural(len(self.trainable), 'tensor')}){how}"))
+            rows.append(("gradients of", f"{shown} ({plural(len(self.trainable), 'tensor')}){how}"))
         rows.append(("timings", self._timings_text()))
         graphs = f"fixed {self.graphs.get('fixed', 0)}, original {self.graphs.get('original', 0)}"
         if not self.on_cuda:
@@ -238,17 +238,16 @@ class Comparison:
 
     def run_html(self) -> str:
         """Return the run section as an HTML table."""
-        body = "".join(
-            f"<tr><th style=\"text-align:left;padding-right:1em\">{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-            for k, v in self.run_rows()
-        )
-        return f'<table class="tnb-run">{body}</table>'
+        from .render.html import rows_table
+
+        return rows_table(self.run_rows())
 
     def verdict_html(self) -> str:
-        """Return the verdict as one HTML line."""
+        """Return the verdict as one HTML line (red when the fixed side failed or has defects)."""
+        from .render.html import verdict_line
+
         bad = not self.results["fixed"].ok if self.executed else bool(self.fixed.defects)
-        color = "#e03131" if bad else "#2b8a3e"
-        return f'<div class="tnb-verdict" style="font-weight:600;color:{color}">{html.escape(self.verdict())}</div>'
+        return verdict_line(self.verdict(), bad=bad)
 
     def to_text(self) -> str:
         """Return the whole comparison as text: verdict, both reports, the run section."""
@@ -279,10 +278,6 @@ class Comparison:
 # Phrases
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
 def _us(x: float, unit: bool = True) -> str:
     text = f"{x:.0f}" if x >= 100 else f"{x:.1f}"
     return f"{text} us" if unit else text
@@ -294,7 +289,7 @@ def _warnings_phrase(defects: Iterable[Defect]) -> str:
     top = [f"{n} {rule}" for rule, n in counts.most_common(2)]
     if len(counts) > 2:
         top.append(f"{sum(counts.values()) - sum(n for _, n in counts.most_common(2))} more")
-    return f"{_plural(sum(counts.values()), 'warning')} ({', '.join(top)})"
+    return f"{plural(sum(counts.values()), 'warning')} ({', '.join(top)})"
 
 
 def _failure_phrase(out: Outcome) -> str:

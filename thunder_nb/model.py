@@ -62,7 +62,6 @@ WRONG_RESULT_RULES: frozenset[str] = frozenset(
 INPUT_ROLES: dict[str, str] = {
     "static": "read where it lies (a parameter, or memory a graph owns); keyed by address: another tensor gets its own graph",
     "copied": "copied into the graph's own buffer before each replay",
-    "scalar-slot": "a Python number written into a 0-d device buffer before each replay",
     "number": "a Python number baked into the graph: each new value captures a new graph",
 }
 
@@ -148,7 +147,7 @@ class InputPlan:
 
     name: str
     role: str  # a key of INPUT_ROLES
-    reason: str  # why, e.g. "parameter", "saved for the backward", "a new tensor each call"
+    reason: str  # why, e.g. "parameter", "module buffer", "saved for the backward"
 
 
 @dataclass(frozen=True, slots=True)

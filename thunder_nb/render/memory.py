@@ -11,7 +11,7 @@ __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry"
            "output_actions", "region_memory", "inputs_summary", "outputs_summary", "hand_out_islands", "hand_out_line"]
 
 #: How each `INPUT_ROLES` key is named in reports and diagrams.
-ROLE_LABELS = {"static": "read in place", "copied": "copied in", "scalar-slot": "scalar slot", "number": "number"}
+ROLE_LABELS = {"static": "read in place", "copied": "copied in", "number": "number"}
 #: How each `HAND_OUT_ACTIONS` key is named in reports and diagrams.
 ACTION_LABELS = {"copy": "copied out", "guard": "guarded", "as-is": "returned as-is"}
 
@@ -122,6 +122,11 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         entries.append(Entry("demoted", (), "; ".join(stats.demoted)))
     if stats.rebound:
         entries.append(Entry("rebound", (), "; ".join(stats.rebound), flagged=True))
+    if stats.copied and stats.replays:
+        entries.append(Entry("copied at the last replay", stats.copied, "not in any graph's memory, nor a parameter "
+                                                                    "or module buffer"))
+    if stats.eager_reason:
+        entries.append(Entry("without a graph", (), stats.eager_reason, flagged=True))
     return entries
 
 
@@ -149,7 +154,7 @@ def hand_out_line(trace: TraceReport) -> str | None:
 
 
 #: Short words for the diagram's input nodes (the default, "copied", goes unsaid).
-ROLE_SHORT = {"static": "in place", "copied": "", "scalar-slot": "scalar slot", "number": "Python number"}
+ROLE_SHORT = {"static": "in place", "copied": "", "number": "Python number"}
 #: Short words for the diagram's output nodes.
 ACTION_SHORT = {"copy": "copied out", "guard": "guarded", "as-is": "as-is"}
 
@@ -162,7 +167,7 @@ def inputs_summary(trace: TraceReport, region: Region) -> str:
     counts = {role: 0 for role in INPUT_ROLES}
     for role in input_roles(trace, region).values():
         counts[role] = counts.get(role, 0) + 1
-    words = {"static": "in place", "copied": "copied", "scalar-slot": "scalar slot", "number": "number"}
+    words = {"static": "in place", "copied": "copied", "number": "number"}
     parts = []
     for role, n in counts.items():
         if not n:
