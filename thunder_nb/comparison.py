@@ -1,12 +1,4 @@
-"""Compile a function with the original and the fixed CUDA-graph transform, run both, check them against eager PyTorch.
-
-`compare` is the Python API behind ``%%thunder_cudagraph``: it jits the function twice (thunder's
-stock `CUDAGraphTransform`, or the July 2024 `LegacyCUDAGraphTransform`, against
-`FixedCUDAGraphTransform`), builds both `Report`s, runs eager PyTorch, compares values (and
-gradients with ``training=True``, parameters after SGD steps with ``lr``), times the three and
-counts captured CUDA graphs. Each run works on its own copy of what the function reaches
-(`thunder_nb.reach`). The original failing is a finding kept in the `Comparison`, never an exception.
-"""
+"""Compile a function with the original and the fixed CUDA-graph transform, run both, check them against eager PyTorch."""
 
 from __future__ import annotations
 

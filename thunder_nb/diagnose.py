@@ -1,10 +1,4 @@
-"""Say why a function failed in words the user can act on: where their own code raised, or which op thunder cannot trace.
-
-Thunder 0.2.6 reports an op it cannot trace in its internals' terms ("automatic registration ...
-DynamicOutputShapeException(...)"); `untraceable` names the op, says why in one sentence and what
-to do. `user_frame` finds the line of the user's code (a notebook cell or a file) in a traceback,
-and `where_text` names it the way IPython does (``cell In[5], line 3``).
-"""
+"""Say why a function failed in words the user can act on: where their own code raised, or which op thunder cannot trace."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Run notebooks in a real kernel and export them as standalone HTML pages whose widgets work offline.
-
-nbconvert's HTML page loads require.js and the widget renderer (``@jupyter-widgets/html-manager``'s
-``embed-amd.js``) from CDNs; offline, the original/fixed toggle silently disappears. `export_html`
-inlines both from a local copy instead (``bash dev.sh`` fetches them with ``npm pack`` into
-``.cache/widget-js/``), so the page needs no network: the toggle switches panes through the saved
-widget state and its browser-side link.
-"""
+"""Run notebooks in a real kernel and export them as standalone HTML pages whose widgets work offline."""
 
 from __future__ import annotations
 
@@ -241,7 +234,9 @@ def export_html(
 ) -> Path:
     """Write an executed notebook as one HTML page whose widgets render and switch without a kernel or network.
 
-    The page asks the network for nothing, except MathJax when the notebook has LaTeX in it.
+    The page asks the network for nothing, except MathJax when the notebook has LaTeX in it. (nbconvert's
+    own page loads require.js and the widget renderer from CDNs: offline the toggle silently disappears.
+    Both are inlined here from a local copy that ``bash dev.sh`` fetches into ``.cache/widget-js/``.)
 
     Args:
         nb: an executed notebook (`execute_notebook`); its saved widget state drives the widgets.

@@ -1,9 +1,4 @@
-"""``%%thunder_cudagraph``: run a cell, then compare the original and fixed CUDA-graph transform on a call.
-
-Argument parsing and orchestration only: the work is `thunder_nb.compare`, the views are
-`thunder_nb.widget`. Load it with ``%load_ext thunder_nb``; ``%%thunder_cudagraph?`` lists the
-arguments.
-"""
+"""``%%thunder_cudagraph``: run a cell, then compare the original and fixed CUDA-graph transform on a call."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Give each run its own copy of what a function reaches: its arguments, closure cells, the globals it names, nn.Modules.
-
-A training step rarely takes its weights as arguments: ``step(x)`` calls ``model(x)``, with ``model``
-a global of the notebook or a closure variable. `bind` finds those (recursively through the user's
-own helper functions and into ``nn.Module``s), deep-copies every module and every tensor that
-requires grad, and rebinds the function to the copies (a new function object over a copy of its
-globals dict and new closure cells; the code is the same, so thunder traces the same program). The
-eager run and each compiled version then train their own parameters: none sees another's gradients
-or updates, and the user's objects are never touched.
-"""
+"""Give each run its own copy of what a function reaches: its arguments, closure cells, the globals it names, nn.Modules."""
 
 from __future__ import annotations
 

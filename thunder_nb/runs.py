@@ -1,10 +1,4 @@
-"""The steps of `thunder_nb.compare`: jit both transforms, then run eager PyTorch and each version on its own copies.
-
-Every run (`Run`) holds its own copy of what the function reaches (`thunder_nb.reach.Bound`). A
-run makes one checked call, then `WARMUP` untimed and ``repeats`` timed calls; with training, each
-call is a training step (backward; with ``lr`` an SGD step follows, untimed), so after the same
-number of steps the parameters of each version can be checked against eager's.
-"""
+"""The steps of `thunder_nb.compare`: jit both transforms, then run eager PyTorch and each version on its own copies."""
 
 from __future__ import annotations
 

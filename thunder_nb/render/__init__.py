@@ -1,7 +1,4 @@
-"""Draw the model (`thunder_nb.model`) as diagrams, lifetimes, source views, text and HTML; never imports thunder.
-
-Submodules: dot, backend (the ``dot`` binary), memory, lifetimes, source, text, html (and its one CSS), common.
-"""
+"""Draw the model (`thunder_nb.model`) as diagrams, lifetimes, source views, text and HTML; never imports thunder."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Build a trace's region/island diagram as Graphviz DOT (a ``graphviz.Digraph``): no ``dot`` binary needed.
-
-Node ids are thunder's own names and attributes are sorted: the DOT is deterministic and golden-tested.
-"""
+"""Build a trace's region/island diagram as Graphviz DOT (a ``graphviz.Digraph``): no ``dot`` binary needed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""HTML views built from the others: the CSS (written once), report and side panes, tables for the comparison.
-
-Default views fit a notebook column: big diagrams collapsed, details closed (``<details>``: no JavaScript).
-"""
+"""HTML views built from the others: the CSS (written once), report and side panes, tables for the comparison."""
 
 from __future__ import annotations
 
