@@ -21,8 +21,8 @@ today's date (new programs every day) through emulated capture (`thunder_nb.test
 thunder's capture path with CPU stand-ins for graphs whose replays write memory in place, so static
 input copies, overwritten outputs and warm-up calls are real). A failure prints the program's
 source; replay the date run with ``THUNDER_NB_FUZZ_SEED=<seed>`` (the seed is in the failure
-message). ``THUNDER_NB_FUZZ_EXAMPLES`` sets the programs per run (default 60, about a minute and a
-half each on a 2-core CPU; ``bench/fuzz.py`` runs thousands). A failing program is printed as
+message). ``THUNDER_NB_FUZZ_EXAMPLES`` sets the programs per run (default 120, about a minute each
+on a 2-core CPU: hypothesis draws smaller programs than ``bench/fuzz.py``, which runs thousands). A failing program is printed as
 generated, not shrunk (``THUNDER_NB_FUZZ_SHRINK=1`` shrinks, for many minutes). Known bugs are
 counted, not failed: see tests/test_fuzz_regressions.py.
 """
@@ -42,7 +42,7 @@ from thunder_nb.model import ERROR_RULES, RULES
 from thunder_nb.testing import fuzz
 from thunder_nb.testing.values import compare_values, first_difference
 
-EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "120"))
 FIXED_SEED = 0
 DATE_SEED = int(os.environ.get("THUNDER_NB_FUZZ_SEED") or datetime.date.today().strftime("%Y%m%d"))
 #: More discards than this means the generator drifted away from what thunder traces.
@@ -140,6 +140,8 @@ def test_predict_sets_defects_against_failure_kinds():
     assert unexplained.unexplained == ("gradient",) and unexplained.false_negative
     must = fuzz.predict([defect("static-input-rebound")], set(), "emulated")
     assert must.not_shown == ("static-input-rebound",) and must.false_positive
+    hidden = fuzz.predict([defect("static-input-rebound")], set(), "emulated", hidden=frozenset({"static-input-rebound"}))
+    assert hidden.may == ("static-input-rebound",) and not hidden.false_positive
     backward = fuzz.predict([defect("static-input-rebound", "backward")], set(), "emulated")
     assert backward.may == ("static-input-rebound",) and not backward.false_positive
     eager = fuzz.predict([defect("host-sync-in-region")], {"output"}, False)
@@ -280,6 +282,25 @@ def test_one_jitted_function_over_two_parameter_sets():
     assert "static-input-rebound" in outcome.stock.prediction.must
     assert not outcome.stock.explained_before_run  # NOTE: the runner records the rebound during the run
     assert outcome.fixed_mismatch is None and outcome.fixed_stats.most_address_keys == 2
+
+
+def test_the_oracle_fails_a_transform_that_hands_out_graph_memory():
+    """The fixed transform with ``copy_outputs=False`` returns its graph's buffer, as thunder does: caught."""
+    import thunder
+
+    from thunder_nb.fix import FixedCUDAGraphTransform
+    from thunder_nb.testing import emulated_capture
+    from thunder_nb.testing.modes import make_transform
+
+    p = program("def prog(x0):\n    return x0.sin() * 2.0\n", fuzz.InputSpec("x0", (8,)))
+    fn = p.function()
+    ref = fuzz.execute(fn, p, "cpu")
+    with emulated_capture():
+        for copy_outputs, expected in ((True, []), (False, ["kept"])):
+            t = make_transform(FixedCUDAGraphTransform, "emulated", copy_outputs=copy_outputs)
+            run = fuzz.execute(thunder.jit(fn, transforms=[t]), p, "cpu")
+            assert [f.kind for f in fuzz.differences(run, ref)] == expected
+            assert t.graphs_captured == 1
 
 
 def test_differences_see_aliasing_kept_outputs_and_gradients():

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..modes import CaptureMode, capturing, check_mode, make_transform, stock_transform
+from ..values import first_difference
 from .calls import Failure, Run, differences, execute
 from .programs import Program
 from .rules import KNOWN_BUGS, Prediction, known_analyze_error, known_by_values, predict
@@ -288,6 +289,19 @@ def _error_rules_before_run(jfn: Any, program: Program, device: str) -> tuple[tu
     return (), None
 
 
+def _hidden_rules(eager: Run) -> frozenset[str]:
+    """Must-show rules that cannot show in this program, as eager's run tells.
+
+    A parameter that ends up the same in both parameter sets (a program that zeroes it in place)
+    hides thunder's runner copying set 1 into set 0 (``static-input-rebound``).
+    """
+    sets = [[p.detach() for p in ps] for ps in eager.parameters]
+    if len(sets) > 1 and any(all(first_difference(s[i], sets[0][i]) is None for s in sets[1:])
+                             for i in range(len(sets[0]))):
+        return frozenset({"static-input-rebound"})
+    return frozenset()
+
+
 def _judge_original(kind: str, jfn: Any, program: Program, device: str, capture: CaptureMode, outcome: Outcome,
                     ref: _Reference) -> tuple[Verdict, Any]:
     """Claim 2 for ``kind`` ("legacy", "stock"): the checker's error defects predict how the calls went.
@@ -318,12 +332,13 @@ def _judge_original(kind: str, jfn: Any, program: Program, device: str, capture:
     report = _analyze(jfn, kind, outcome, error)
     if report is None:
         return verdict, None
-    verdict.prediction = predict(report.defects, kinds, capture)
+    hidden = _hidden_rules(ref.eager)
+    verdict.prediction = predict(report.defects, kinds, capture, hidden=hidden)
     if verdict.false_negative and error is None:
         # NOTE: only now is plain thunder's own behaviour worth its trace: it may explain the difference
         failures = ref.disagrees(run)
         verdict.failure, kinds = _first(failures), frozenset(f.kind for f in failures)
-        verdict.prediction = predict(report.defects, kinds, capture)
+        verdict.prediction = predict(report.defects, kinds, capture, hidden=hidden)
     verdict.kinds = tuple(sorted(kinds))
     if verdict.false_negative:
         bug = known_by_values(kind, kinds, program, capture)
@@ -331,11 +346,11 @@ def _judge_original(kind: str, jfn: Any, program: Program, device: str, capture:
             # NOTE: wrong values the checker cannot explain, from a known bug: counted, not judged
             outcome.known_bugs += (bug,) if bug not in outcome.known_bugs else ()
             verdict.failure, verdict.kinds = None, ()
-            verdict.prediction = predict(report.defects, frozenset(), capture)
+            verdict.prediction = predict(report.defects, frozenset(), capture, hidden=hidden)
     p = verdict.prediction
     if verdict.kinds and not p.false_negative:
         early = [d for d in report.defects if d.rule in verdict.before_run]
-        verdict.explained_before_run = not predict(early, frozenset(verdict.kinds), capture).false_negative
+        verdict.explained_before_run = not predict(early, frozenset(verdict.kinds), capture, hidden=hidden).false_negative
     if p.false_negative:
         outcome.problems.append(f"false negative ({kind}): it failed ({verdict.failure}); failure kinds "
                                 f"{list(p.unexplained)} are not explained by the checker's errors {list(p.errors)}")
