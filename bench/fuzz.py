@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(thunder_nb.testing.emulated_capture)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--show", action="store_true", help="print every program that broke a claim or hit a known bug")
-    ap.add_argument("--out", type=Path, help="also write the summary to this file")
+    ap.add_argument("--out", type=Path, help="also write the summary to this file (markdown: date, machine, command)")
     args = ap.parse_args(argv)
     if args.capture and args.device != "cuda":
         ap.error("--capture needs --device cuda")
@@ -245,8 +245,25 @@ def main(argv: list[str] | None = None) -> int:
                          seconds=time.perf_counter() - start, jobs=args.jobs)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        args.out.write_text(_markdown(text, argv if argv is not None else sys.argv[1:], args.device, capture))
     return 1 if tally.problems else 0
+
+
+def _markdown(summary: str, argv: list[str], device: str, capture: bool | str) -> str:
+    """The summary as a results file: a title with the date and the machine, the command, the figures."""
+    import datetime
+    import os
+
+    import torch
+
+    if device == "cuda":
+        machine = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    else:
+        machine = f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), no GPU"
+    mode = {"real": "real CUDA-graph capture", "eager": "regions run eagerly",
+            "emulated": "emulated capture"}[mode_name(capture)]
+    return (f"# Differential fuzzing, {mode}, {datetime.date.today().isoformat()}, {machine}\n\n"
+            f"Command: `python bench/fuzz.py {' '.join(argv)}`\n\n```\n{summary}\n```\n")
 
 
 def _consume(outcomes, work, tally: Tally, show: bool) -> None:

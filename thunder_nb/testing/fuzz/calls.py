@@ -1,19 +1,4 @@
-"""The oracle's call protocol: how a compiled program is called, what the calls leave, and how two runs differ.
-
-Every version of a program (eager PyTorch, plain thunder, each CUDA-graph transform) goes through
-the same calls (`PROTOCOL`), each with fresh random inputs:
-
-1. call 0 with parameter set 0 and call 1 with parameter set 1, forward only; then one backward of
-   the sum of both losses (two forwards before one backward, as when two losses are summed);
-2. call 2 with parameter set 0 again, then its backward.
-
-A call's loss is the sum of its outputs that require grad; programs without gradients skip the
-backward passes. Every result is kept: the outputs are compared as they were right after their
-call (``fresh``) and as the caller holds them after all calls (``kept``: a later replay must not
-have overwritten them), together with which returned tensors share memory with each other or with
-an argument (and, for a view of an argument, which view), every argument after all calls (in-place
-updates; parameters shared by calls 0 and 2), and every gradient.
-"""
+"""The oracle's call protocol: how a compiled program is called, what the calls leave, and how two runs differ."""
 
 from __future__ import annotations
 
@@ -36,7 +21,10 @@ class Call:
     backward: tuple[int, ...] = ()
 
 
-#: The calls every version of a program goes through (see the module docstring).
+#: The calls every version of a program goes through, each with fresh random inputs: call 0 with
+#: parameter set 0 and call 1 with set 1, forward only, then one backward of the sum of both losses
+#: (two forwards before one backward, as when two losses are summed); then call 2 with set 0 again
+#: and its backward. A call's loss is the sum of its outputs that require grad.
 PROTOCOL: tuple[Call, ...] = (Call(0, 0), Call(1, 1, backward=(0, 1)), Call(2, 0, backward=(2,)))
 LAYERS = 1 + max(c.layer for c in PROTOCOL)
 
@@ -133,7 +121,14 @@ def _describe_alias(fact: Any) -> str:
 
 
 def execute(fn: Callable[..., Any], program: Program, device: str) -> Run:
-    """Run `PROTOCOL` on ``fn``; any exception ends the run and is kept in it (the caller judges it)."""
+    """Run `PROTOCOL` on ``fn``; any exception ends the run and is kept in it (the caller judges it).
+
+    Every result is kept: `differences` compares the outputs as they were right after their call
+    (``fresh``) and as the caller holds them after all calls (``kept``: a later replay must not have
+    overwritten them), which returned tensors share memory with each other or with an argument (and,
+    for a view of an argument, which view), every argument after all calls (in-place updates;
+    parameters shared by calls 0 and 2), and every gradient.
+    """
     import torch
 
     run = Run(parameters=[program.make_parameters(device, layer) for layer in range(LAYERS)])

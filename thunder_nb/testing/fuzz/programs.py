@@ -1,18 +1,4 @@
-"""Random straight-line PyTorch programs that thunder 0.2.6 traces, built from small reproducible choices.
-
-A program is Python source text (``def prog(x0, x1): ...``) built from elementwise ops,
-reductions, matmuls, views and reshapes, in-place updates of intermediates (and of inputs that need
-no gradient), ``.item()`` islands whose numbers flow into later ops and the return, views made
-right after an island (outside every region) that are returned or read by later ops, and one or
-more outputs, some of which may alias each other or an input. An input may be an
-``nn.Parameter`` (a "weight"): the oracle then calls the function with several parameter sets, as
-one jitted layer is called for each layer of a model. Shapes are small (dimensions 4..16), so a
-program runs in milliseconds on a CPU.
-
-The choices come from a `Chooser`: `RandomChooser` (plain ``random.Random``, for the benchmark's
-thousands of programs, each reproducible from its number) or the hypothesis strategy `programs()`
-(shrinking, for the tests). The same choices give the same program either way.
-"""
+"""Random straight-line PyTorch programs that thunder 0.2.6 traces, built from small reproducible choices."""
 
 from __future__ import annotations
 
@@ -515,6 +501,16 @@ _WEIGHTED_KINDS = tuple(k for k, w in _KINDS for _ in range(w))
 
 def generate(ch: Chooser, *, backward: bool | None = None, max_statements: int = 10) -> Program:
     """Generate one program from the choices of ``ch``.
+
+    A program is Python source text (``def prog(x0, x1): ...``) built from elementwise ops,
+    reductions, matmuls, views and reshapes, in-place updates of intermediates (and of inputs that
+    need no gradient), ``.item()`` islands whose numbers flow into later ops and the return, views
+    made right after an island (outside every region) that are returned or read by later ops, and
+    one or more outputs, some of which alias each other or an input. An input may be an
+    ``nn.Parameter`` (a layer's weight): the oracle calls the function with several parameter sets.
+    Shapes are small (dimensions 4..16), so a program runs in milliseconds on a CPU. The same
+    choices give the same program, from `RandomChooser` (program number ``seed``) or from
+    hypothesis (`programs`, which shrinks).
 
     Args:
         ch: where the random choices come from.

@@ -1,12 +1,4 @@
-"""How each error rule of the checker shows in a run of the fuzzer's call protocol, and the known bugs.
-
-A defect of an error rule, in a given capture mode, *must* show (a run without the failure it
-causes is a false positive of the checker), *may* show (it can explain a failure, but a run
-without one is no contradiction), or *never* shows (a run that fails needs another explanation).
-`SHOWING` says which, rule by rule, with the failure kinds (`calls.FAILURE_KINDS`) it can cause
-and why a "may" is not a "must". A run's failure is explained when each kind of its failure is
-one that a must- or may-show defect can cause; a kind nothing explains is a false negative.
-"""
+"""How each error rule of the checker shows in a run of the fuzzer's call protocol, and the known bugs."""
 
 from __future__ import annotations
 
@@ -50,7 +42,12 @@ class Showing:
         return getattr(self, mode_name(capture))
 
 
-#: Every error rule of `thunder_nb.model.ERROR_RULES`, and how its defect shows.
+#: Every error rule of `thunder_nb.model.ERROR_RULES`, and how its defect shows. In a given capture
+#: mode a defect *must* show (a run without the failure it causes is a false positive of the
+#: checker), *may* show (it can explain a failure, but a run without one is no contradiction), or
+#: *never* shows (a run that fails needs another explanation). A run's failure is explained when
+#: each of its kinds (`calls.FAILURE_KINDS`) is one that a must- or may-show defect can cause; a
+#: kind nothing explains is a false negative.
 SHOWING: dict[str, Showing] = {s.rule: s for s in (
     Showing("use-after-del", "must", "must", "must", frozenset({"error"}),
             "generated code reads a deleted name: UnboundLocalError on the first call (traces are "
