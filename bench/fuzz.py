@@ -86,7 +86,7 @@ class Side:
             f"{self.failed} ({self.before_run} by rules found in the traces before the first call)",
             f"{name}: must-show errors reported: {self.must} programs; false negatives {self.false_negatives}, "
             f"false positives {self.false_positives}",
-            f"{name}: may-show errors, showed/reported: {may or 'none'}",
+            f"{name}: may-show errors, programs where a failure they can cause showed / reporting them: {may or 'none'}",
             f"{name}: thunder raised while compiling (not judged): {sum(self.compile_crash.values())}"
             + (f" ({crash})" if crash else ""),
         ]
