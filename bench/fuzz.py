@@ -1,15 +1,18 @@
 """Differential fuzzing: run many generated programs through thunder and thunder-nb, print a summary.
 
-    python bench/fuzz.py --n 2000                          # CPU: regions run eagerly
-    python bench/fuzz.py --n 2000 --emulate-capture        # CPU: the capture path, CPU stand-ins for graphs
-    python bench/fuzz.py --n 100 --device cuda --capture   # GPU: real CUDA-graph capture
-    python bench/fuzz.py --seed 1234 --n 1 --show          # replay one program, print it
+    python bench/fuzz.py --n 1000 --jobs 2                  # CPU: regions run eagerly
+    python bench/fuzz.py --n 1000 --jobs 2 --emulate-capture # CPU: the capture path, CPU stand-ins for graphs
+    python bench/fuzz.py --n 200 --device cuda --capture     # GPU: real CUDA-graph capture
+    python bench/fuzz.py --seed 1234 --n 1 --show            # replay one program, print it
 
-Program number i is ``fuzzgen.generate(RandomChooser(i))`` (tests/fuzzgen.py), so every program
-the summary counts can be replayed with ``--seed i --n 1 --show``. Each program runs through eager
-PyTorch, plain ``thunder.jit``, thunder-nb's fixed and legacy transforms and thunder's stock
-``CUDAGraphTransform``; `fuzzgen.judge` says which claims hold. Exit status 1 when any program
-broke a claim (known bugs, listed in tests/test_fuzz_regressions.py, are counted apart).
+Program number i is ``generate(RandomChooser(i))`` (`thunder_nb.testing.fuzz`), so every program
+the summary counts can be replayed with ``--seed i --n 1 --show``. Each program goes through the
+oracle's call protocol (three calls with fresh inputs, two parameter sets, two forwards before one
+backward, every result kept; `thunder_nb.testing.fuzz.calls`) in eager PyTorch, plain
+``thunder.jit``, thunder-nb's fixed and legacy transforms and thunder's own ``CUDAGraphTransform``;
+`thunder_nb.testing.fuzz.judge` says which claims hold. Exit status 1 when any program broke a
+claim (known bugs, listed in tests/test_fuzz_regressions.py, are counted apart). The package is
+imported as installed: from a checkout, run with ``PYTHONPATH=.`` to be sure it is this one.
 """
 
 from __future__ import annotations
@@ -24,21 +27,69 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 warnings.filterwarnings("ignore")
 
-import fuzzgen  # noqa: E402
+from thunder_nb.testing import fuzz  # noqa: E402
+from thunder_nb.testing.modes import mode_name  # noqa: E402
 
 
-def judge_one(args: tuple[int, str, bool | str]) -> fuzzgen.Outcome:
+def judge_one(args: tuple[int, str, bool | str]) -> fuzz.Outcome:
     """Generate program ``seed`` and judge it (one unit of work for a worker process)."""
     seed, device, capture = args
-    program = fuzzgen.Program(f"# the generator crashed on program {seed}\n", ())
+    program = fuzz.Program(f"# the generator crashed on program {seed}\n", ())
     try:
-        program = fuzzgen.generate(fuzzgen.RandomChooser(seed))
-        return fuzzgen.judge(program, device=device, capture=capture)
+        program = fuzz.generate(fuzz.RandomChooser(seed))
+        return fuzz.judge(program, device=device, capture=capture)
     except Exception as e:  # NOTE: a crash of the harness is a finding too, not the end of the run
-        return fuzzgen.Outcome(program, capture=capture, problems=[f"the harness crashed: {type(e).__name__}: {e}"])
+        return fuzz.Outcome(program, capture=capture, problems=[f"the harness crashed: {type(e).__name__}: {e}"])
+
+
+@dataclass
+class Side:
+    """The figures of one transform the checker judges (legacy or stock), summed over programs."""
+
+    judged: int = 0
+    failed: int = 0
+    must: int = 0  # programs with a must-show error defect
+    false_negatives: int = 0
+    false_positives: int = 0
+    before_run: int = 0  # failures explained by rules found in the traces before the first call
+    compile_crash: Counter = field(default_factory=Counter)
+    kinds: Counter = field(default_factory=Counter)  # failure kind -> programs
+    may: Counter = field(default_factory=Counter)  # may-show rule -> programs reporting it
+    may_shown: Counter = field(default_factory=Counter)  # ... in which a failure kind it can cause showed
+
+    def add(self, v: fuzz.Verdict) -> None:
+        if v.compile_crash:
+            self.compile_crash[v.compile_crash] += 1
+            return
+        if v.prediction is None:
+            return
+        p = v.prediction
+        self.judged += 1
+        self.failed += bool(p.failed)
+        self.must += bool(p.must)
+        self.false_negatives += p.false_negative
+        self.false_positives += p.false_positive
+        self.before_run += bool(p.failed) and v.explained_before_run
+        self.kinds.update(p.failed)
+        self.may.update(p.may)
+        self.may_shown.update(p.may_shown)
+
+    def lines(self, name: str) -> list[str]:
+        kinds = ", ".join(f"{k} {n}" for k, n in self.kinds.most_common())
+        may = ", ".join(f"{r} {self.may_shown[r]}/{n}" for r, n in sorted(self.may.items()))
+        crash = ", ".join(f"{k} {n}" for k, n in self.compile_crash.most_common())
+        return [
+            f"{name}: judged {self.judged}; failed {self.failed} ({kinds or 'none'})",
+            f"{name}: failures explained by the checker's errors: {self.failed - self.false_negatives} of "
+            f"{self.failed} ({self.before_run} by rules found in the traces before the first call)",
+            f"{name}: must-show errors reported: {self.must} programs; false negatives {self.false_negatives}, "
+            f"false positives {self.false_positives}",
+            f"{name}: may-show errors, programs where a failure they can cause showed / reporting them: {may or 'none'}",
+            f"{name}: thunder raised while compiling (not judged): {sum(self.compile_crash.values())}"
+            + (f" ({crash})" if crash else ""),
+        ]
 
 
 @dataclass
@@ -47,102 +98,98 @@ class Tally:
 
     tried: int = 0
     backward: int = 0
+    parameters: int = 0
     discarded: Counter = field(default_factory=Counter)
     fixed_errors: int = 0
     fixed_mismatches: int = 0
+    fixed_kinds: Counter = field(default_factory=Counter)
     fixed_defects: int = 0  # programs with a defect in a fixed trace (known bugs left out)
     fixed_fallbacks: int = 0  # programs with a refused (documented) scalar hand-off
-    legacy: Counter = field(default_factory=Counter)  # "failed", "predicted", "false negative", "false positive"
-    legacy_failures: Counter = field(default_factory=Counter)  # failure kind -> programs
-    legacy_compile_crash: int = 0
+    fixed_replayed: int = 0  # programs whose fixed regions replayed a graph
+    fixed_second_instance: int = 0
+    fixed_per_address: int = 0
+    fixed_held: int = 0
+    legacy: Side = field(default_factory=Side)
+    stock: Side = field(default_factory=Side)
     stock_item: int = 0
     stock_reported: int = 0
     stock_disagree: int = 0
     stock_no_trace: int = 0
-    stock_capture: Counter = field(default_factory=Counter)  # as legacy, for the stock transform with capture
-    stock_crash: int = 0
     thunder_differs: int = 0
     known_bugs: Counter = field(default_factory=Counter)
-    problems: list[tuple[int, fuzzgen.Outcome]] = field(default_factory=list)
+    problems: list[tuple[int, fuzz.Outcome]] = field(default_factory=list)
 
-    def add(self, seed: int, o: fuzzgen.Outcome) -> None:
+    def add(self, seed: int, o: fuzz.Outcome) -> None:
         self.tried += 1
         self.backward += o.program.backward
+        self.parameters += o.program.has_parameters
+        if o.problems:
+            self.problems.append((seed, o))
         if o.discarded:
             self.discarded[o.discarded] += 1
             return
         self.fixed_errors += o.fixed_error is not None
-        self.fixed_mismatches += any(p.startswith("fixed differs") for p in o.problems)
+        mismatch = any(p.startswith("fixed differs") for p in o.problems)
+        self.fixed_mismatches += mismatch
+        if mismatch and o.fixed_mismatch:
+            self.fixed_kinds[o.fixed_mismatch.split(":", 1)[0]] += 1
         self.fixed_defects += bool(o.fixed_defects)
         self.fixed_fallbacks += bool(o.fixed_fallbacks)
-        failed = o.legacy_failure is not None
-        if o.legacy_compile_crash:
-            self.legacy_compile_crash += 1
-        else:
-            self.legacy.update({"failed": failed, "predicted": o.legacy_predicted,
-                                "false negative": o.false_negative, "false positive": o.false_positive})
-        if failed:
-            self.legacy_failures[o.legacy_failure.split(":")[0] if not o.legacy_failure.startswith("wrong") else "wrong values"] += 1
+        s = o.fixed_stats
+        self.fixed_replayed += s.replays > 0
+        self.fixed_second_instance += s.most_instances > 1
+        self.fixed_per_address += s.most_address_keys > 1
+        self.fixed_held += s.held_calls > 0
+        self.legacy.add(o.legacy)
+        self.stock.add(o.stock)
         if o.stock_item_in_region is None:
             self.stock_no_trace += 1
         else:
             self.stock_item += o.stock_item_in_region
             self.stock_reported += bool(o.stock_host_sync_reported)
             self.stock_disagree += o.stock_item_in_region != o.stock_host_sync_reported
-        if o.stock_transform_crash:
-            self.stock_crash += 1
-        elif o.stock_predicted is not None:
-            stock_failed = o.stock_failure is not None
-            self.stock_capture.update({"failed": stock_failed, "predicted": o.stock_predicted,
-                                       "false negative": stock_failed and not o.stock_explained,
-                                       "false positive": not stock_failed and o.stock_predicted})
         self.thunder_differs += o.thunder_differs
         self.known_bugs.update(o.known_bugs)
-        if o.problems:
-            self.problems.append((seed, o))
 
     def summary(self, *, first: int, device: str, capture: bool | str, seconds: float, jobs: int) -> str:
         """The summary, one figure per line."""
         import thunder
         import torch
 
+        import thunder_nb
+
         judged = self.tried - sum(self.discarded.values())
         pytorch = sum(n for k, n in self.discarded.items() if k.startswith("PyTorch"))
         thunder_rej = sum(n for k, n in self.discarded.items() if k.startswith("thunder"))
         kinds = ", ".join(f"{k.split(': ', 1)[1]} {n}" for k, n in self.discarded.most_common() if k.startswith("thunder"))
         pt_kinds = ", ".join(f"{k.split(': ', 1)[1]} {n}" for k, n in self.discarded.most_common() if k.startswith("PyTorch"))
-        observed, predicted = self.legacy["failed"], self.legacy["predicted"]
-        how = ", ".join(f"{k} {n}" for k, n in self.legacy_failures.most_common())
-        mode = {True: "real CUDA-graph capture", False: "regions run eagerly (no capture)",
-                "emulated": "emulated capture (capture path, CPU stand-ins for graphs)"}[capture]
+        mode = {"real": "real CUDA-graph capture", "eager": "regions run eagerly (no capture)",
+                "emulated": "emulated capture (capture path, CPU stand-ins for graphs)"}[mode_name(capture)]
+        fixed_kinds = ", ".join(f"{k} {n}" for k, n in self.fixed_kinds.most_common())
         lines = [
             f"thunder-nb differential fuzz: programs {first}..{first + self.tried - 1}, device {device}, {mode}; "
-            f"thunder {thunder.__version__}, torch {torch.__version__}, Python {platform.python_version()}",
+            f"thunder {thunder.__version__}, torch {torch.__version__}, Python {platform.python_version()}; "
+            f"thunder_nb from {Path(thunder_nb.__file__).parent}",
+            f"calls per program:                   {len(fuzz.PROTOCOL)} with fresh inputs, 2 parameter sets, "
+            f"two forwards before one backward, every result kept",
             f"programs tried:                      {self.tried} ({self.tried - self.backward} forward only, "
-            f"{self.backward} with backward)",
+            f"{self.backward} with backward; {self.parameters} with nn.Parameter inputs)",
             f"discarded, thunder can't trace:      {thunder_rej} ({_pct(thunder_rej, self.tried)}){': ' + kinds if kinds else ''}",
             f"discarded, PyTorch rejects:          {pytorch} ({_pct(pytorch, self.tried)}){': ' + pt_kinds if pt_kinds else ''}",
             f"judged:                              {judged}",
-            f"fixed: mismatches with eager:        {self.fixed_mismatches}",
+            f"fixed: mismatches with eager:        {self.fixed_mismatches}{' (' + fixed_kinds + ')' if fixed_kinds else ''}",
             f"fixed: raised where thunder ran:     {self.fixed_errors}",
             f"fixed: defects in its traces:        {self.fixed_defects} programs "
             f"(refused scalar hand-offs, documented: {self.fixed_fallbacks} programs)",
-            f"legacy failures observed/predicted:  {observed} / {predicted}{' (' + how + ')' if how else ''}",
-            f"legacy false negatives:              {self.legacy['false negative']}",
-            f"legacy false positives:              {self.legacy['false positive']}",
-            f"legacy crashed while compiling:      {self.legacy_compile_crash} (thunder's dataflow fusion ordered a "
-            f"region after the return; not judged)",
+            f"fixed: graphs replayed in {self.fixed_replayed} programs; a second instance while saved tensors were "
+            f"held in {self.fixed_second_instance}; a graph per parameter set in {self.fixed_per_address}; "
+            f"calls without a graph (all instances held) in {self.fixed_held}",
+            *self.legacy.lines("legacy"),
+            *self.stock.lines("stock"),
             f"stock: .item() inside a region:      {self.stock_item} programs; host-sync-in-region reported: "
             f"{self.stock_reported}; disagreements: {self.stock_disagree}; no trace: {self.stock_no_trace}",
+            f"thunder itself differs from eager:   {self.thunder_differs} programs (judged against plain thunder there)",
         ]
-        if capture:
-            s = self.stock_capture
-            lines.append(
-                f"stock with capture: failed/predicted: {s['failed']} / {s['predicted']}; "
-                f"false negatives {s['false negative']}, false positives {s['false positive']}; "
-                f"thunder 0.2.6 asserted while compiling: {self.stock_crash}"
-            )
-        lines.append(f"thunder itself differs from eager:   {self.thunder_differs} programs (judged against plain thunder there)")
         if self.known_bugs:
             lines.append("known bugs (tests/test_fuzz_regressions.py):")
             lines += [f"  {n:5d}  {name}" for name, n in self.known_bugs.most_common()]
@@ -167,10 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the inputs live")
     ap.add_argument("--capture", action="store_true", help="capture CUDA graphs for real (needs --device cuda)")
     ap.add_argument("--emulate-capture", action="store_true",
-                    help="CPU: run the runners' capture path with CPU stand-ins for graphs (fuzzgen.emulated_capture)")
+                    help="CPU: run the runners' capture path with CPU stand-ins for graphs "
+                         "(thunder_nb.testing.emulated_capture)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--show", action="store_true", help="print every program that broke a claim or hit a known bug")
-    ap.add_argument("--out", type=Path, help="also write the summary to this file")
+    ap.add_argument("--out", type=Path, help="also write the summary to this file (markdown: date, machine, command)")
     args = ap.parse_args(argv)
     if args.capture and args.device != "cuda":
         ap.error("--capture needs --device cuda")
@@ -197,8 +245,25 @@ def main(argv: list[str] | None = None) -> int:
                          seconds=time.perf_counter() - start, jobs=args.jobs)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        args.out.write_text(_markdown(text, argv if argv is not None else sys.argv[1:], args.device, capture))
     return 1 if tally.problems else 0
+
+
+def _markdown(summary: str, argv: list[str], device: str, capture: bool | str) -> str:
+    """The summary as a results file: a title with the date and the machine, the command, the figures."""
+    import datetime
+    import os
+
+    import torch
+
+    if device == "cuda":
+        machine = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    else:
+        machine = f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), no GPU"
+    mode = {"real": "real CUDA-graph capture", "eager": "regions run eagerly",
+            "emulated": "emulated capture"}[mode_name(capture)]
+    return (f"# Differential fuzzing, {mode}, {datetime.date.today().isoformat()}, {machine}\n\n"
+            f"Command: `python bench/fuzz.py {' '.join(argv)}`\n\n```\n{summary}\n```\n")
 
 
 def _consume(outcomes, work, tally: Tally, show: bool) -> None:

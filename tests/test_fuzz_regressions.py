@@ -1,9 +1,10 @@
 """Minimal reproducers of the bugs the differential fuzzer (tests/test_fuzz.py, bench/fuzz.py) found.
 
 Each test is the smallest program that showed one bug, named after the behaviour it guards. A test
-of an open bug is strict-xfail and has an entry in `fuzzgen.KNOWN_BUGS` (the fuzzer counts further
-hits there instead of failing); when the bug is fixed, drop both. All run on CPU but the last one;
-"emulated capture" is `fuzzgen.emulated_capture`, thunder's capture path with CPU stand-ins for graphs.
+of an open bug is strict-xfail and has an entry in `thunder_nb.testing.fuzz.KNOWN_BUGS` (the fuzzer
+counts further hits there instead of failing); when the bug is fixed, drop both. All run on CPU but
+the last one; "emulated capture" is `thunder_nb.testing.emulated_capture`, thunder's capture path
+with CPU stand-ins for graphs.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import thunder
 import torch
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
-import fuzzgen
 import thunder_nb
 from thunder_nb.fix import FixedCUDAGraphTransform, LegacyCUDAGraphTransform
+from thunder_nb.testing import emulated_capture, fuzz
+from thunder_nb.testing.modes import make_transform
 
 
 def fixed(fn, **options):
@@ -25,7 +27,7 @@ def fixed(fn, **options):
 
 
 def test_every_known_bug_has_its_regression_test():
-    names = {b.regression_test for b in fuzzgen.KNOWN_BUGS}
+    names = {b.regression_test for b in fuzz.KNOWN_BUGS}
     assert names <= set(globals()), sorted(names - set(globals()))
 
 
@@ -164,8 +166,8 @@ def test_capture_keeps_in_place_updates(fn, cls):
     x = torch.randn(8)
     x_expected = x.clone()
     expected = fn(x_expected)
-    with fuzzgen.emulated_capture():
-        jfn = thunder.jit(fn, transforms=[fuzzgen.make_transform(cls, "emulated")])
+    with emulated_capture():
+        jfn = thunder.jit(fn, transforms=[make_transform(cls, "emulated")])
         out = jfn(x)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(x, x_expected)
@@ -206,7 +208,7 @@ def test_capture_keeps_in_place_updates_through_views_made_in_regions():
     through that view landed in the copy, so ``x`` kept its values. With dataflow fusion any view op
     could join a region (program 961: ``t2 = x2.t()`` read after ``x2`` was updated through
     ``x2.flatten()``). Fixed in the runner: after capture it finds the outputs that are views of an
-    input's static copy (`fix._view_plan`), and after each replay hands out the same view of the
+    input's static copy (`runner._view_plan`), and after each replay hands out the same view of the
     caller's tensor. (Keeping such view ops out of regions also works, but splits regions.)
     """
     x, w = torch.randn(4), torch.randn(4, requires_grad=True)
@@ -215,8 +217,8 @@ def test_capture_keeps_in_place_updates_through_views_made_in_regions():
     x_plain = x.clone()
     thunder.jit(updates_a_view_of_its_input_in_training)(x_plain, w).sum().backward()
     torch.testing.assert_close(x_plain, x_expected)  # thunder's own result, after backward
-    with fuzzgen.emulated_capture():
-        t = fuzzgen.make_transform(FixedCUDAGraphTransform, "emulated")
+    with emulated_capture():
+        t = make_transform(FixedCUDAGraphTransform, "emulated")
         jfn = thunder.jit(updates_a_view_of_its_input_in_training, transforms=[t])
         jfn(x, w).sum().backward()
     torch.testing.assert_close(x, x_expected)
@@ -254,6 +256,92 @@ def test_checker_reports_an_update_through_a_view_of_an_input(fn):
     thunder.compile_data(stock)._get_computation_and_inputs(x)  # traces only: capture needs a GPU
     rules = [(d.rule, d.value) for d in thunder_nb.analyze(stock).defects if d.severity == "error"]
     assert rules == [("region-updates-input", "x")], rules
+
+
+# --- open: found by the call protocol (2026-11-30) -------------------------------------------------
+
+
+def updates_its_input_from_another(x, w):
+    x.add_(w.sin())
+    return x.cos()
+
+
+@pytest.mark.xfail(strict=True, reason="open: the hand-out takes in-place updated inputs for graph memory")
+def test_hand_out_leaves_an_input_updated_from_a_region_alone():
+    """Found by ``bench/fuzz.py --emulate-capture`` (program 2 of the 2026-11-30 generator).
+
+    With ``fusion_type="dataflow"`` thunder's own passes move ``update_aliases((x,))`` ahead of
+    ``sin``, so ``sin`` and ``add`` form ``[t14] = CUDAGraph1(w, t13)`` and ``t15 = copy_(t14, t13)``
+    stays outside. `fix._graph_derived` counts everything made from a region output as graph
+    memory, ``copy_``'s result too, though it lies in the destination's (``x``'s) memory: the hand-out
+    then takes ``t16`` (``x`` updated, the trace's ``flat_args``) and ``cos``'s result ``t17``:
+    ``(t18, t19) = thunder_nb_hand_out(t16, t17)``. The unwrap pass drops ``flat_args``, so ``t18`` is
+    never used and the checker reports ``never-freed`` on the fixed transform's own trace. The
+    values are right (at run time neither lies in memory a graph owns).
+    """
+    x, w = torch.randn(5), torch.randn(5)
+    expected = updates_its_input_from_another(x.clone(), w)
+    jfn = fixed(updates_its_input_from_another, fusion_type="dataflow")
+    torch.testing.assert_close(jfn(x, w), expected)
+    assert thunder_nb.analyze(jfn).defects == ()
+
+
+def reads_a_grad_input_only_through_item(x, w):
+    s = w.mean().item()
+    return x.sin(), s
+
+
+@pytest.mark.xfail(strict=True, reason="open: analyze() raises on a forward that saves nothing for the backward")
+@pytest.mark.parametrize("transforms", [[], [FixedCUDAGraphTransform(capture=False)]], ids=["plain", "fixed"])
+def test_analyze_reads_a_forward_that_saves_nothing_for_the_backward(transforms):
+    """Found by ``bench/fuzz.py`` (program 25 of the 2026-11-30 generator).
+
+    ``w`` requires grad but reaches the outputs only through ``.item()``: thunder returns
+    ``(t40, f39)`` from a forward whose output is no ``(outputs, saved)`` pair, and
+    ``thunder_nb.analyze`` fails in ``internals.saved_for_backward``
+    (``vjp_utils.get_saved_for_backward_tensors``: ``TypeError: 'FloatProxy' object is not
+    subscriptable``; ``IndexError`` when the only output is a tensor). The call itself runs right.
+    """
+    x, w = torch.randn(4), torch.randn(4, requires_grad=True)
+    jfn = thunder.jit(reads_a_grad_input_only_through_item, transforms=transforms)
+    out, s = jfn(x, w)
+    torch.testing.assert_close(out, x.sin())
+    assert thunder_nb.analyze(jfn).defects == ()
+
+
+def returns_a_view_it_updates_in_training(x):
+    t = x.sin() * 2.0
+    v = t.unsqueeze(1)
+    t.mul_(x)
+    return v
+
+
+@pytest.mark.xfail(strict=True, reason="open: the hand-out copies a returned view away from a saved tensor thunder "
+                                       "updates in the backward")
+def test_returned_view_sees_an_update_thunder_applies_in_the_backward():
+    """Found by ``bench/fuzz.py --emulate-capture`` (program 391 of the 2026-11-30 generator).
+
+    With ``x`` requiring grad, thunder 0.2.6 moves ``t.mul_(x)`` into the backward trace (applied to
+    the saved ``t``), so the returned view ``v`` of ``t`` shows the update once backward has run
+    (eager PyTorch: right after the call). ``t`` is ``CUDAGraph1``'s output: under capture the
+    hand-out guards ``t`` (saved) and copies ``v`` (returned) out of graph memory, so the caller's
+    ``v`` no longer shares ``t``'s memory and never sees the update. Regions run eagerly (nothing in
+    graph memory, nothing copied), ``v`` comes out as thunder's.
+    """
+    x = torch.randn(4, requires_grad=True)
+    v_plain = thunder.jit(returns_a_view_it_updates_in_training)(x)
+    v_plain.sum().backward()
+    # NOTE: detached: autograd refuses to read a custom Function's output view whose base was updated
+    torch.testing.assert_close(v_plain.detach(), returns_a_view_it_updates_in_training(x.detach().clone()))
+    v_eager = fixed(returns_a_view_it_updates_in_training)(x)
+    v_eager.sum().backward()
+    torch.testing.assert_close(v_eager.detach(), v_plain.detach())
+    with emulated_capture():
+        jfn = thunder.jit(returns_a_view_it_updates_in_training,
+                          transforms=[make_transform(FixedCUDAGraphTransform, "emulated")])
+        v = jfn(x)
+        v.sum().backward()
+    torch.testing.assert_close(v.detach(), v_plain.detach())
 
 
 @pytest.mark.gpu

@@ -1,0 +1,48 @@
+"""Differential fuzzing of CUDA-graph transforms: a program generator, a call protocol, the rule table and the oracle."""
+
+from .calls import FAILURE_KINDS, PROTOCOL, Call, Failure, Run, differences, execute
+from .oracle import FixedStats, Outcome, Verdict, judge, region_sources
+from .programs import Chooser, InputSpec, Program, RandomChooser, generate, programs
+from .rules import (
+    KNOWN_BUGS,
+    SHOWING,
+    KnownBug,
+    Prediction,
+    Showing,
+    explaining_rules,
+    known_by_values,
+    observable_rules,
+    predict,
+    shows,
+)
+
+__all__ = [
+    "Chooser",
+    "RandomChooser",
+    "InputSpec",
+    "Program",
+    "generate",
+    "programs",
+    "Call",
+    "PROTOCOL",
+    "FAILURE_KINDS",
+    "Run",
+    "Failure",
+    "execute",
+    "differences",
+    "Showing",
+    "SHOWING",
+    "shows",
+    "observable_rules",
+    "explaining_rules",
+    "Prediction",
+    "predict",
+    "KnownBug",
+    "KNOWN_BUGS",
+    "known_by_values",
+    "judge",
+    "Outcome",
+    "Verdict",
+    "FixedStats",
+    "region_sources",
+]
