@@ -258,7 +258,7 @@ def test_checker_reports_an_update_through_a_view_of_an_input(fn):
     assert rules == [("region-updates-input", "x")], rules
 
 
-# --- open: found by the call protocol (2026-11-30) -------------------------------------------------
+# --- found by the call protocol (2026-11-30), fixed ------------------------------------------------
 
 
 def updates_its_input_from_another(x, w):
@@ -266,7 +266,6 @@ def updates_its_input_from_another(x, w):
     return x.cos()
 
 
-@pytest.mark.xfail(strict=True, reason="open: the hand-out takes in-place updated inputs for graph memory")
 def test_hand_out_leaves_an_input_updated_from_a_region_alone():
     """Found by ``bench/fuzz.py --emulate-capture`` (program 2 of the 2026-11-30 generator).
 
@@ -277,7 +276,8 @@ def test_hand_out_leaves_an_input_updated_from_a_region_alone():
     then takes ``t16`` (``x`` updated, the trace's ``flat_args``) and ``cos``'s result ``t17``:
     ``(t18, t19) = thunder_nb_hand_out(t16, t17)``. The unwrap pass drops ``flat_args``, so ``t18`` is
     never used and the checker reports ``never-freed`` on the fixed transform's own trace. The
-    values are right (at run time neither lies in memory a graph owns).
+    values are right (at run time neither lies in memory a graph owns). Fixed: an in-place update's
+    result is graph memory only when its destination is.
     """
     x, w = torch.randn(5), torch.randn(5)
     expected = updates_its_input_from_another(x.clone(), w)
@@ -291,7 +291,6 @@ def reads_a_grad_input_only_through_item(x, w):
     return x.sin(), s
 
 
-@pytest.mark.xfail(strict=True, reason="open: analyze() raises on a forward that saves nothing for the backward")
 @pytest.mark.parametrize("transforms", [[], [FixedCUDAGraphTransform(capture=False)]], ids=["plain", "fixed"])
 def test_analyze_reads_a_forward_that_saves_nothing_for_the_backward(transforms):
     """Found by ``bench/fuzz.py`` (program 25 of the 2026-11-30 generator).
@@ -301,6 +300,7 @@ def test_analyze_reads_a_forward_that_saves_nothing_for_the_backward(transforms)
     ``thunder_nb.analyze`` fails in ``internals.saved_for_backward``
     (``vjp_utils.get_saved_for_backward_tensors``: ``TypeError: 'FloatProxy' object is not
     subscriptable``; ``IndexError`` when the only output is a tensor). The call itself runs right.
+    Fixed: a forward whose output is no ``(outputs, saved)`` pair saves nothing.
     """
     x, w = torch.randn(4), torch.randn(4, requires_grad=True)
     jfn = thunder.jit(reads_a_grad_input_only_through_item, transforms=transforms)
@@ -316,8 +316,6 @@ def returns_a_view_it_updates_in_training(x):
     return v
 
 
-@pytest.mark.xfail(strict=True, reason="open: the hand-out copies a returned view away from a saved tensor thunder "
-                                       "updates in the backward")
 def test_returned_view_sees_an_update_thunder_applies_in_the_backward():
     """Found by ``bench/fuzz.py --emulate-capture`` (program 391 of the 2026-11-30 generator).
 
@@ -326,7 +324,8 @@ def test_returned_view_sees_an_update_thunder_applies_in_the_backward():
     (eager PyTorch: right after the call). ``t`` is ``CUDAGraph1``'s output: under capture the
     hand-out guards ``t`` (saved) and copies ``v`` (returned) out of graph memory, so the caller's
     ``v`` no longer shares ``t``'s memory and never sees the update. Regions run eagerly (nothing in
-    graph memory, nothing copied), ``v`` comes out as thunder's.
+    graph memory, nothing copied), ``v`` comes out as thunder's. Fixed: a returned tensor that shares
+    memory with a saved one is guarded with it, not copied.
     """
     x = torch.randn(4, requires_grad=True)
     v_plain = thunder.jit(returns_a_view_it_updates_in_training)(x)

@@ -268,12 +268,23 @@ def _tensors(x: Any) -> list[TensorProxy]:
 
 
 def _graph_derived(bsyms: Sequence[BoundSymbol]) -> set[str]:
-    """Names that may lie in graph memory: region outputs, and anything an op outside regions makes from one."""
+    """Names that may lie in graph memory: region outputs, and anything an op outside regions makes from one.
+
+    An in-place update's result is its destination's memory: graph memory only when the destination is.
+    """
     graph: set[str] = set()
     for b in bsyms:
         if b.sym.id in (prims.PrimIDs.DEL, prims.PrimIDs.RETURN):
             continue
-        if getattr(b.sym, "is_fusion", False) or any(p.name in graph for p in b.flat_proxy_args):
+        args = b.flat_proxy_args
+        if b.sym.name == "copy_" and len(args) > 1:
+            derived = args[1].name in graph
+        elif b.sym.name == "update_aliases":
+            graph.update(o.name for o, a in zip(b.flat_proxy_outs, args) if a.name in graph)
+            continue
+        else:
+            derived = getattr(b.sym, "is_fusion", False) or any(p.name in graph for p in args)
+        if derived:
             graph.update(p.name for p in b.flat_proxy_outs if isinstance(p, TensorProxy))
     return graph
 

@@ -82,8 +82,11 @@ def saved_for_backward(trace: Any) -> tuple[Any, ...]:
     from thunder.core.trace import TraceTag
 
     out = trace.output
-    # NOTE: a trace keeps its AUGMENTED_FORWARD tag after thunder drops the saved part (e.g. under no_grad)
-    if TraceTag.AUGMENTED_FORWARD not in trace.tags or not (isinstance(out, tuple) and len(out) == 2):
+    # NOTE: a trace keeps its AUGMENTED_FORWARD tag where thunder returns no (outputs, saved) pair: under
+    # no_grad, or when no output depends on an input that requires grad (it reaches them through .item())
+    if TraceTag.AUGMENTED_FORWARD not in trace.tags or not (
+        isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict) and isinstance(out[1], (tuple, list))
+    ):
         return ()
     return tuple(vjp_utils.get_saved_for_backward_tensors(trace))
 

@@ -398,13 +398,16 @@ class ThunderNBRunner(CUDAGraphRunner):
 
         A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
         copied together so that they still share one copy. A tensor saved for the backward in such
-        memory is handed out as a fresh alias that its graph instance watches: while it lives, that
-        instance does not replay. Anything else goes out as it is.
+        memory (and a returned one sharing its memory) is handed out as a fresh alias that its graph
+        instance watches: while it lives, that instance does not replay. Anything else goes out as it is.
         """
         out = list(tensors)
         groups: dict[int, list[int]] = {}
         counts = self._hand_out_counts.setdefault(kind, {"calls": 0, "copied": 0, "guarded": 0})
         counts["calls"] += 1
+        # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
+        # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
+        saved = {_storage(t) for a, t in zip(actions, tensors) if a == "guard" and isinstance(t, torch.Tensor)}
         for j, (action, t) in enumerate(zip(actions, tensors)):
             if not isinstance(t, torch.Tensor) or action == "as-is":
                 continue
@@ -412,7 +415,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             owner = self._owner.get(ptr)
             if owner is None:
                 continue
-            if action == "guard":
+            if action == "guard" or ptr in saved:
                 alias = t.detach()
                 owner.guards.append(weakref.ref(alias))
                 out[j] = alias

@@ -71,6 +71,7 @@ def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Cal
             # NOTE: a number from an island changes every call: keep its reader out of the graph
             result.keep_out.update(p.name for p in r.flat_proxy_outs)
     if not planned:
+        _keep_arithmetic_out(result, sources)
         return result
 
     # NOTE: a number filled outside the graphs is filled right where it is made (not at its reader),
@@ -99,9 +100,7 @@ def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Cal
     # NOTE: an item or Python arithmetic nobody reads any more goes, and with it its host sync
     result.bsyms = _drop_unread_numbers(out)
     still = {p.name for b in result.bsyms for p in b.flat_proxy_outs}
-    for b in result.bsyms:
-        if _numbers_only(b) and any(p.name in sources for p in b.flat_proxy_args):
-            result.keep_out.update(p.name for p in b.flat_proxy_outs)
+    _keep_arithmetic_out(result, sources)
     for name, d in made.items():
         src = sources.get(name)
         tensor = src[1].name if src is not None and src[0] == "item" else None
@@ -280,12 +279,14 @@ def _reader_form(r: BoundSymbol, made: dict[str, TensorProxy], cuda: bool) -> li
     x = next(p for p in r.flat_proxy_args if isinstance(p, TensorProxy))
     number_first = isinstance(r.args[0], NumberProxy)
     math = dtypes.float64 if o.dtype == dtypes.float64 else dtypes.float32
-    if not cuda:
+    if not cuda and x.shape:
         # NOTE: an integer tensor with a float number computes in the default dtype, not float64
         dn = _to(out, d, math) if dtypes.is_float_dtype(o.dtype) and not dtypes.is_float_dtype(x.dtype) else d
         args = (dn, x) if number_first else (x, dn)
         out.append(r.sym.bind(*args, **r.kwargs, output=o))
         return out
+    # NOTE: past here the 0-d tensor cannot stand in as it is: a CUDA kernel, or a 0-d tensor operand on the CPU
+    # (two 0-d tensors promote by dtype, where a number would not)
     if name in ("add", "sub", "mul") and o.dtype in (dtypes.float32, dtypes.float64) and x.dtype == o.dtype:
         # NOTE: the number is rounded to the tensor's dtype first, as a number is; a wider 0-d tensor would
         # be read as it is (measured on the H200: off by one ulp with a float64 0-d tensor)
@@ -293,16 +294,17 @@ def _reader_form(r: BoundSymbol, made: dict[str, TensorProxy], cuda: bool) -> li
         args = (dx, x) if number_first else (x, dx)
         out.append(r.sym.bind(*args, **r.kwargs, output=o))
         return out
-    if not dtypes.is_float_dtype(o.dtype):  # integer tensor, integer number
-        args = (d, x) if number_first else (x, d)
+    if not dtypes.is_float_dtype(o.dtype):  # integer tensor, integer number: wrapped to the tensor's dtype
+        dx = _to(out, d, o.dtype)
+        args = (dx, x) if number_first else (x, dx)
         out.append(r.sym.bind(*args, **r.kwargs, output=o))
         return out
-    if name in ("true_divide", "div") and number_first and dtypes.is_float_dtype(x.dtype):
+    if name in ("true_divide", "div") and number_first and dtypes.is_float_dtype(x.dtype) and cuda:
         # NOTE: a number dividend goes through the division of the tensor's own dtype: rounded to it first
         out.append(tx.true_divide.bind(_to(out, d, x.dtype), x, output=o))
         return out
     xm, dm = _to(out, x, math), _to(out, d, math)
-    if name in ("true_divide", "div") and not number_first:
+    if name in ("true_divide", "div") and not number_first and cuda:
         inv = _emit(out, lambda: tx.reciprocal(dm))
         op, args, kwargs = tx.mul, (xm, inv), {}
     else:
@@ -314,6 +316,13 @@ def _reader_form(r: BoundSymbol, made: dict[str, TensorProxy], cuda: bool) -> li
         y = _emit(out, lambda: op(*args, **kwargs))
         out.append(tx.to.bind(y, dtypes.to_torch_dtype(o.dtype), copy=True, output=o))
     return out
+
+
+def _keep_arithmetic_out(result: Handoff, sources: dict) -> None:
+    """Python arithmetic on an island's number that stays (still read) runs outside the graphs, on the host."""
+    for b in result.bsyms:
+        if _numbers_only(b) and any(p.name in sources for p in b.flat_proxy_args):
+            result.keep_out.update(p.name for p in b.flat_proxy_outs)
 
 
 def _drop_unread_numbers(bsyms: list[BoundSymbol]) -> list[BoundSymbol]:

@@ -77,8 +77,6 @@ SHOWING: dict[str, Showing] = {s.rule: s for s in (
             "recorded during the run (the runner copied parameter set 1 into set 0's memory), so set 0 "
             "differs from eager's after the calls, or, where call 0 saved set 0 for the backward, the "
             "copy's version bump makes that backward raise; a rebound backward input is a may-show (`shows`)"),
-    Showing("copy-out-breaks-aliasing", "never", "may", "may", frozenset({"alias"}),
-            "returned tensors that share memory come back as separate copies"),
 )}
 
 
@@ -195,22 +193,6 @@ class KnownBug:
 #: fuzzer's fixed findings stay as regression tests (tests/test_fuzz_regressions.py). The legacy
 #: entry is the July 2024 behaviour the legacy transform reproduces on purpose, not a bug to fix.
 KNOWN_BUGS: tuple[KnownBug, ...] = (
-    KnownBug(
-        "fixed (capture): a returned view misses the in-place update thunder applies in the backward",
-        "test_returned_view_sees_an_update_thunder_applies_in_the_backward",
-        variant={"capture": False},
-        applies=lambda program: program.backward and program.updates_in_place,
-    ),
-    KnownBug(
-        "analyze: raises on a forward whose grad input reaches the outputs only through .item()",
-        "test_analyze_reads_a_forward_that_saves_nothing_for_the_backward",
-        analyze_error=lambda e: "get_saved_for_backward_tensors" in _frames(e),
-    ),
-    KnownBug(
-        "fixed: the hand-out takes in-place updated inputs and their readers for graph memory (never-freed)",
-        "test_hand_out_leaves_an_input_updated_from_a_region_alone",
-        defect=lambda d, jfn: d.rule == "never-freed" and d.value in _hand_out_outputs(jfn),
-    ),
     KnownBug(
         "legacy (capture): in-place updates inside regions can land in static copies (July 2024 behaviour)",
         "test_capture_keeps_in_place_updates",
