@@ -148,34 +148,46 @@ def execute_notebook(
         The executed notebook; ``nb.metadata.widgets`` holds the widget state an HTML export needs.
     """
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix="thunder-nb-kernel-") as sockets:
+        try:
+            return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, sockets if os.name == "posix" else None)
+        except CellExecutionError:
+            raise
+        except Exception:  # NOTE: a kernel that cannot bind a Unix socket here (seen on a GPU machine): TCP then
+            if os.name != "posix":
+                raise
+    return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, None)
+
+
+def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None):
+    """Run ``nb`` in a fresh kernel: over Unix sockets in ``sockets`` (no network, no TCP warning), or over TCP."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
     from traitlets.config import Config
 
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    with tempfile.TemporaryDirectory(prefix="thunder-nb-kernel-") as sockets:
-        config = Config()
-        if os.name == "posix":
-            # NOTE: the kernel talks to us through Unix sockets in a private folder instead of TCP ports:
-            # nothing listens on the network, and ipykernel has no "running over TCP without encryption"
-            # warning to print. The path is absolute: the kernel runs in the notebook's folder, not ours.
-            config.KernelManager.transport = "ipc"
-            config.KernelManager.ip = os.path.join(sockets, "kernel")
-        client = NotebookClient(
-            nb,
-            timeout=timeout,
-            resources={"metadata": {"path": str(Path(cwd) if cwd is not None else path.parent)}},
-            store_widget_state=True,
-            # NOTE: no per-cell timestamps: executed notebooks are committed, and timestamps only make diffs
-            record_timing=False,
-            config=config,
-        )
-        try:
-            client.execute()
-        except CellExecutionError:
-            pass  # NOTE: the error is in the failing cell's outputs; error_outputs reports it
+    config = Config()
+    if sockets is not None:
+        # NOTE: the kernel talks to us through Unix sockets in a private folder instead of TCP ports:
+        # nothing listens on the network, and ipykernel has no "running over TCP without encryption"
+        # warning to print. The path is absolute: the kernel runs in the notebook's folder, not ours.
+        config.KernelManager.transport = "ipc"
+        config.KernelManager.ip = os.path.join(sockets, "kernel")
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        resources={"metadata": {"path": str(Path(cwd) if cwd is not None else path.parent)}},
+        store_widget_state=True,
+        # NOTE: no per-cell timestamps: executed notebooks are committed, and timestamps only make diffs
+        record_timing=False,
+        config=config,
+    )
+    try:
+        client.execute()
+    except CellExecutionError:
+        pass  # NOTE: the error is in the failing cell's outputs; error_outputs reports it
     return nb
 
 

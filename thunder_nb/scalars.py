@@ -61,7 +61,8 @@ def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Cal
         numbers = _distinct(p for p in r.flat_proxy_args if isinstance(p, NumberProxy))
         if not numbers:
             continue
-        why = _refusal(r, numbers) or _updated_between(bsyms, sources, numbers, i)
+        why = _refusal(r, numbers) or _updated_between(bsyms, sources, numbers, i) or _arithmetic_on_cuda(
+            sources, numbers, cuda)
         if why is None:
             planned[i] = numbers
             continue
@@ -79,7 +80,8 @@ def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Cal
     fills: dict[int, list[tuple[NumberProxy, Any]]] = {}
     for i, numbers in planned.items():
         for n in numbers:
-            if n.name not in sources and all(n.name != f.name for fs in fills.values() for f, _ in fs):
+            filled = n.name not in sources or sources[n.name][0] == "saved"
+            if filled and all(n.name != f.name for fs in fills.values() for f, _ in fs):
                 at = next((j for j, b in enumerate(bsyms) if n.name in {p.name for p in b.flat_proxy_outs}), -1)
                 fills.setdefault(at, []).append((n, _device_of(bsyms[i])))
     out: list[BoundSymbol] = []
@@ -104,7 +106,7 @@ def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Cal
     for name, d in made.items():
         src = sources.get(name)
         tensor = src[1].name if src is not None and src[0] == "item" else None
-        how = None if tensor else ("arithmetic" if src is not None else "fill")
+        how = None if tensor else ("arithmetic" if src is not None and src[0] == "arithmetic" else "fill")
         result.handoffs.append(ScalarHandoff(name, tensor=tensor, made=how, device_tensor=d.name, kept=name in still))
     return result
 
@@ -132,6 +134,11 @@ def _data_dependent_numbers(bsyms: Sequence[BoundSymbol]) -> dict[str, tuple[str
     sources: dict[str, tuple[str, Any]] = {}
     for b in bsyms:
         outs = b.flat_proxy_outs
+        if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE:
+            for p in outs:
+                if isinstance(p, NumberProxy) and _python_type(p) in (float, int):
+                    sources[p.name] = ("saved", None)
+            continue
         if len(outs) != 1 or not isinstance(outs[0], NumberProxy) or _python_type(outs[0]) not in (float, int):
             continue
         args = b.flat_proxy_args
@@ -172,6 +179,19 @@ def _refusal(r: BoundSymbol, numbers: Sequence[NumberProxy]) -> str | None:
         return f"div with rounding_mode={r.kwargs['rounding_mode']!r}"
     if dtypes.is_boolean_dtype(tensors[0].dtype) or dtypes.is_complex_dtype(tensors[0].dtype):
         return f"{name} of a {tensors[0].dtype} tensor"
+    return None
+
+
+def _arithmetic_on_cuda(sources: dict, numbers: Sequence[NumberProxy], cuda: bool) -> str | None:
+    """On CUDA, Python arithmetic on an island's number stays on the host (its reader runs outside the graph).
+
+    Measured on the H200: ``x / (s + 1.0) + (s * 2.0 - 0.5)`` in float32 came out one ulp off in its device
+    form (float64 0-d arithmetic, then the reader's form), where every single reader is exact.
+    """
+    for n in numbers:
+        if cuda and sources.get(n.name, ("",))[0] == "arithmetic":
+            return (f"{n.name} is Python arithmetic on an island's number: its device form is not proven exact "
+                    "on CUDA, so its reader runs outside the graph")
     return None
 
 
@@ -233,7 +253,7 @@ def _device_number(n: NumberProxy, sources: dict, made: dict, out: list[BoundSym
     src = sources.get(n.name)
     if src is not None and src[0] == "item":
         return src[1]  # NOTE: item() of a 0-d tensor is exactly its value
-    if src is not None:
+    if src is not None and src[0] == "arithmetic":
         b = src[1]
         exact = _exact_dtype(b.flat_proxy_outs[0])
         operands = []
