@@ -22,6 +22,7 @@ import argparse
 import multiprocessing
 import os
 import platform
+import subprocess
 import sys
 import time
 import warnings
@@ -263,8 +264,14 @@ def _markdown(summary: str, argv: list[str], device: str, capture: bool | str) -
         machine = f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), no GPU"
     mode = {"real": "real CUDA-graph capture", "eager": "regions run eagerly",
             "emulated": "emulated capture"}[mode_name(capture)]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+        where = f"Code at commit {commit}. "
+    except (OSError, subprocess.CalledProcessError):
+        where = ""  # NOTE: a copy of the tree without its git directory (the GPU machine's)
     return (f"# Differential fuzzing, {mode}, {datetime.date.today().isoformat()}, {machine}\n\n"
-            f"Command: `python bench/fuzz.py {' '.join(argv)}`\n\n```\n{summary}\n```\n")
+            f"{where}Command: `python bench/fuzz.py {' '.join(argv)}`\n\n```\n{summary}\n```\n")
 
 
 def _consume(outcomes, work, tally: Tally, show: bool) -> None:
