@@ -6,7 +6,8 @@
     python bench/fuzz.py --seed 1234 --n 1 --show            # replay one program, print it
 
 Program number i is ``generate(RandomChooser(i))`` (`thunder_nb.testing.fuzz`), so every program
-the summary counts can be replayed with ``--seed i --n 1 --show``. Each program goes through the
+the summary counts can be replayed with ``--seed i --n 1 --show`` (workers run with PYTHONHASHSEED=0,
+as thunder's dataflow fusion orders some regions by string hashes). Each program goes through the
 oracle's call protocol (three calls with fresh inputs, two parameter sets, two forwards before one
 backward, every result kept; `thunder_nb.testing.fuzz.calls`) in eager PyTorch, plain
 ``thunder.jit``, thunder-nb's fixed and legacy transforms and thunder's own ``CUDAGraphTransform``;
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import platform
+import subprocess
 import sys
 import time
 import warnings
@@ -168,8 +171,8 @@ class Tally:
         fixed_kinds = ", ".join(f"{k} {n}" for k, n in self.fixed_kinds.most_common())
         lines = [
             f"thunder-nb differential fuzz: programs {first}..{first + self.tried - 1}, device {device}, {mode}; "
-            f"thunder {thunder.__version__}, torch {torch.__version__}, Python {platform.python_version()}; "
-            f"thunder_nb from {Path(thunder_nb.__file__).parent}",
+            f"thunder {thunder.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
+            f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}; thunder_nb from {Path(thunder_nb.__file__).parent}",
             f"calls per program:                   {len(fuzz.PROTOCOL)} with fresh inputs, 2 parameter sets, "
             f"two forwards before one backward, every result kept",
             f"programs tried:                      {self.tried} ({self.tried - self.backward} forward only, "
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emulate-capture", action="store_true",
                     help="CPU: run the runners' capture path with CPU stand-ins for graphs "
                          "(thunder_nb.testing.emulated_capture)")
-    ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1; spawned with PYTHONHASHSEED=0)")
     ap.add_argument("--show", action="store_true", help="print every program that broke a claim or hit a known bug")
     ap.add_argument("--out", type=Path, help="also write the summary to this file (markdown: date, machine, command)")
     args = ap.parse_args(argv)
@@ -234,13 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     work = [(s, args.device, capture) for s in range(args.seed, args.seed + args.n)]
     tally = Tally()
     start = time.perf_counter()
-    if args.jobs > 1:
-        # NOTE: spawn, not fork: a forked CUDA context is unusable, and thunder caches per process anyway
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-            outcomes = pool.imap(judge_one, work, chunksize=4)
-            _consume(outcomes, work, tally, args.show)
-    else:
-        _consume(map(judge_one, work), work, tally, args.show)
+    # NOTE: thunder's dataflow fusion orders some regions by string hashes, so a program's traces
+    # depend on the hash seed: workers run with a fixed one (unless PYTHONHASHSEED says otherwise),
+    # which makes program i the same run every time. Spawn, not fork: a forked CUDA context is unusable.
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    with multiprocessing.get_context("spawn").Pool(max(args.jobs, 1)) as pool:
+        _consume(pool.imap(judge_one, work, chunksize=4 if args.jobs > 1 else 1), work, tally, args.show)
     text = tally.summary(first=args.seed, device=args.device, capture=capture,
                          seconds=time.perf_counter() - start, jobs=args.jobs)
     print(text)
@@ -262,8 +264,14 @@ def _markdown(summary: str, argv: list[str], device: str, capture: bool | str) -
         machine = f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), no GPU"
     mode = {"real": "real CUDA-graph capture", "eager": "regions run eagerly",
             "emulated": "emulated capture"}[mode_name(capture)]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+        where = f"Code at commit {commit}. "
+    except (OSError, subprocess.CalledProcessError):
+        where = ""  # NOTE: a copy of the tree without its git directory (the GPU machine's)
     return (f"# Differential fuzzing, {mode}, {datetime.date.today().isoformat()}, {machine}\n\n"
-            f"Command: `python bench/fuzz.py {' '.join(argv)}`\n\n```\n{summary}\n```\n")
+            f"{where}Command: `python bench/fuzz.py {' '.join(argv)}`\n\n```\n{summary}\n```\n")
 
 
 def _consume(outcomes, work, tally: Tally, show: bool) -> None:

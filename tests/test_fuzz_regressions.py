@@ -344,6 +344,20 @@ def test_returned_view_sees_an_update_thunder_applies_in_the_backward():
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="open: the hand-out copies a returned view away from a saved tensor thunder "
+                                       "updates in the backward")
+def test_returned_view_sees_an_update_thunder_applies_in_the_backward_on_gpu():
+    """The same under real capture (found with emulated capture, whose replays write memory as real ones do)."""
+    x = torch.randn(4, device="cuda", requires_grad=True)
+    v_plain = thunder.jit(returns_a_view_it_updates_in_training)(x)
+    v_plain.sum().backward()
+    jfn = thunder.jit(returns_a_view_it_updates_in_training, transforms=[FixedCUDAGraphTransform(capture=True)])
+    v = jfn(x)
+    v.sum().backward()
+    torch.testing.assert_close(v.detach(), v_plain.detach())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "fn", [updates_its_input, updates_its_input_twice,
            updates_through_a_view],
