@@ -344,8 +344,6 @@ def test_returned_view_sees_an_update_thunder_applies_in_the_backward():
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="open: the hand-out copies a returned view away from a saved tensor thunder "
-                                       "updates in the backward")
 def test_returned_view_sees_an_update_thunder_applies_in_the_backward_on_gpu():
     """The same under real capture (found with emulated capture, whose replays write memory as real ones do)."""
     x = torch.randn(4, device="cuda", requires_grad=True)
