@@ -10,9 +10,10 @@ import thunder
 import torch
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
-import fuzzgen
 import programs
 import thunder_nb
+from thunder_nb.testing import emulated_capture
+from thunder_nb.testing.modes import make_transform
 from thunder_nb.fix import (
     HeldOutputsWarning,
     EagerFallbackWarning,
@@ -193,8 +194,8 @@ def test_a_returned_view_of_an_input_is_a_view_of_the_callers_tensor(capture):
     """As in eager PyTorch (and plain thunder): not a view of the runner's static copy, nor a copy."""
     device = "cuda" if capture is True else "cpu"
     x, x2 = torch.randn(8, device=device), torch.randn(8, device=device)
-    with fuzzgen.emulated_capture() if capture == "emulated" else contextlib.nullcontext():
-        t = fuzzgen.make_transform(FixedCUDAGraphTransform, capture)
+    with emulated_capture() if capture == "emulated" else contextlib.nullcontext():
+        t = make_transform(FixedCUDAGraphTransform, capture)
         jfn = thunder.jit(returns_a_view_of_its_input, transforms=[t])
         a, v = jfn(x)
         a2, v2 = jfn(x2)  # a replay
@@ -232,8 +233,8 @@ def test_two_forwards_before_one_backward(capture):
     w_ref3 = w0.clone().requires_grad_()
     (loss_of(x1, w_ref3) + loss_of(x2, w_ref3) + loss_of(x3, w_ref3)).backward()
     w = w0.clone().requires_grad_()
-    with fuzzgen.emulated_capture() if capture == "emulated" else contextlib.nullcontext():
-        t = fuzzgen.make_transform(FixedCUDAGraphTransform, capture)
+    with emulated_capture() if capture == "emulated" else contextlib.nullcontext():
+        t = make_transform(FixedCUDAGraphTransform, capture)
         jfn = thunder.jit(loss_of, transforms=[t])
         jfn(x1, w).backward()  # capture; the usual order
         fwd = thunder_nb.analyze(jfn).forward
