@@ -317,9 +317,9 @@ def exported(tmp_path_factory) -> Path:
     return page
 
 
-def test_exported_page_offline(exported, browser, screenshots):
-    """The exported page, from file:// with every other request refused: the widget renders and switches."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+def open_offline(browser, page_path: Path, *, javascript: bool = True):
+    """(context, page, requests refused, page errors): ``page_path`` from file://, every other request refused."""
+    context = browser.new_context(java_script_enabled=javascript, viewport={"width": 1400, "height": 1000})
     blocked: list[str] = []
 
     def only_files(route):
@@ -333,8 +333,14 @@ def test_exported_page_offline(exported, browser, screenshots):
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page_path.as_uri())
+    return context, page, blocked, errors
+
+
+def test_exported_page_offline(exported, browser, screenshots):
+    """The exported page, from file:// with every other request refused: the widget renders and switches."""
+    context, page, blocked, errors = open_offline(browser, exported)
     try:
-        page.goto(exported.as_uri())
         _check_toggle(page, "html-offline", screenshots, whole_page=False)
         assert errors == []
         assert blocked == []  # the page asked the network for nothing

@@ -16,33 +16,13 @@ import nbformat
 import pytest
 
 import nbcheck
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _missing
+from test_browser import ARTIFACTS, _missing, browser, open_offline, screenshots  # noqa: F401 (fixtures)
 from thunder_nb import export
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
-
-
-@pytest.fixture(scope="module")
-def shots(request):
-    paths: list[Path] = []
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield paths
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled():  # NOTE: past pytest's output capture, so -q shows them too
-        print("".join(f"\nscreenshot: {p}" for p in paths))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -58,26 +38,6 @@ def exported(tmp_path_factory) -> dict[str, tuple[Path, nbformat.NotebookNode, b
             page = export.export_html(nb, out / path.with_suffix(".html").name)
         pages[path.name] = (page, nb, inlined)
     return pages
-
-
-def _open(browser, page_path: Path, *, javascript: bool):
-    """(context, page, requests refused, page errors): the page from file://, everything else refused."""
-    context = browser.new_context(java_script_enabled=javascript, viewport={"width": 1400, "height": 1000})
-    blocked: list[str] = []
-
-    def only_files(route):
-        if route.request.url.startswith("file:"):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", only_files)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(page_path.as_uri())
-    return context, page, blocked, errors
 
 
 def _cells_with_pictures(nb) -> list[tuple[int, nbformat.NotebookNode, bool]]:
@@ -101,14 +61,14 @@ def _cell(page, cell):
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
-def test_diagrams_show_without_javascript(name, exported, browser, shots):
+def test_diagrams_show_without_javascript(name, exported, browser, screenshots):
     """JavaScript off: every diagram output is visible; each magic output shows the fixed side with its diagrams, the original folded."""
     from playwright.sync_api import expect
 
     page_path, nb, _ = exported[name]
     cells = _cells_with_pictures(nb)
     assert cells, f"{name}: no diagram in the stored outputs"
-    context, page, blocked, _ = _open(browser, page_path, javascript=False)
+    context, page, blocked, _ = open_offline(browser, page_path, javascript=False)
     try:
         for i, cell, magic in cells:
             out = _cell(page, cell).locator(".jp-Cell-outputWrapper")
@@ -124,14 +84,14 @@ def test_diagrams_show_without_javascript(name, exported, browser, shots):
                 folded.first.locator("summary").first.click()  # NOTE: <details> opens without JavaScript
                 expect(folded.first.locator("svg").first).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / f"page-nojs-{Path(name).stem}.png"), full_page=False)
-        shots.append(ARTIFACTS / f"page-nojs-{Path(name).stem}.png")
+        screenshots.append(ARTIFACTS / f"page-nojs-{Path(name).stem}.png")
         assert blocked == [], f"{name}: the page asked the network for {blocked}"
     finally:
         context.close()
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
-def test_toggle_works_with_javascript_offline(name, exported, browser, shots):
+def test_toggle_works_with_javascript_offline(name, exported, browser, screenshots):
     """JavaScript on, offline: every diagram output is visible and each toggle switches from the fixed to the original pane."""
     from playwright.sync_api import expect
 
@@ -139,7 +99,7 @@ def test_toggle_works_with_javascript_offline(name, exported, browser, shots):
     bundles = nbcheck.widget_bundles(nb)
     if bundles and not inlined:
         pytest.skip("the widget JavaScript is not inlined (.cache/widget-js/ missing: run `bash dev.sh test`, needs npm)")
-    context, page, blocked, errors = _open(browser, page_path, javascript=True)
+    context, page, blocked, errors = open_offline(browser, page_path, javascript=True)
     try:
         for i, cell, magic in _cells_with_pictures(nb):
             out = _cell(page, cell).locator(".jp-Cell-outputWrapper")
@@ -165,7 +125,7 @@ def test_toggle_works_with_javascript_offline(name, exported, browser, shots):
             expect(box.locator(".widget-toggle-button.mod-active")).to_have_text(labels[0])
             box.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / f"page-js-{Path(name).stem}-cell{i}.png"))
-            shots.append(ARTIFACTS / f"page-js-{Path(name).stem}-cell{i}.png")
+            screenshots.append(ARTIFACTS / f"page-js-{Path(name).stem}-cell{i}.png")
         assert errors == [], f"{name}: page errors {errors}"
         assert blocked == [], f"{name}: the page asked the network for {blocked}"
     finally:

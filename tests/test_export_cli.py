@@ -103,7 +103,7 @@ def test_a_cell_that_raises_exits_1_with_the_page_written(tmp_path):
 # --- in a real browser, offline ---------------------------------------------------------------------
 
 try:  # NOTE: the browser helpers of test_browser.py, which skip with their reason when Chromium is missing
-    from test_browser import _check_toggle, _missing, browser, screenshots  # noqa: F401
+    from test_browser import _check_toggle, _missing, browser, open_offline, screenshots  # noqa: F401
 except ImportError as e:  # pragma: no cover
     _WHY = f"test_browser.py helpers unavailable: {e}"
 
@@ -120,22 +120,8 @@ def test_exported_page_switches_offline(exported, browser, screenshots):  # noqa
     assert run.returncode == 0, run.stderr
     if 'data-thunder-nb="embed-amd.js"' not in page_path.read_text(encoding="utf-8"):
         pytest.skip("the widget JavaScript is not inlined (.cache/widget-js/ missing: run `bash dev.sh test`, needs npm)")
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    blocked: list[str] = []
-
-    def only_files(route):
-        if route.request.url.startswith("file:"):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", only_files)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    context, page, blocked, errors = open_offline(browser, page_path)
     try:
-        page.goto(page_path.as_uri())
         _check_toggle(page, "export-offline", screenshots, whole_page=False)
         assert errors == [] and blocked == []
     finally:

@@ -209,6 +209,11 @@ def graph_derived(fn: ParsedFunction) -> dict[str, str]:
     return owner
 
 
+def _memory_of(name: str, owner: dict[str, str], made_in: dict[str, str]) -> str:
+    """``the output buffer of CUDAGraph1`` or ``a view of CUDAGraph1's output memory``."""
+    return f"the output buffer of {owner[name]}" if name in made_in else f"a view of {owner[name]}'s output memory"
+
+
 def _check_graph_memory(facts: TraceFacts) -> list[Defect]:
     """What leaves a forward trace in graph memory and is not handled at its hand-out; static inputs rebound."""
     out: list[Defect] = []
@@ -222,7 +227,7 @@ def _check_graph_memory(facts: TraceFacts) -> list[Defect]:
         for n in sorted(facts.returned & owner.keys()):
             if copies:
                 continue
-            what = f"the output buffer of {owner[n]}" if n in made_in else f"a view of {owner[n]}'s output memory"
+            what = _memory_of(n, owner, made_in)
             out.append(Defect("returned-graph-memory", facts.kind, None, n, line,
                               f"{n} is returned as {what}: the next call's replay overwrites it in place, "
                               "so a result kept from an earlier call changes silently",
@@ -230,7 +235,7 @@ def _check_graph_memory(facts: TraceFacts) -> list[Defect]:
                               "unless copy_outputs=False)"))
         if facts.hand_out is None:
             for n in sorted(facts.saved & owner.keys()):
-                what = f"the output buffer of {owner[n]}" if n in made_in else f"a view of {owner[n]}'s output memory"
+                what = _memory_of(n, owner, made_in)
                 out.append(Defect("saved-graph-memory", facts.kind, None, n, line,
                                   f"{n} is saved for the backward as {what}: a second forward before this "
                                   "backward overwrites it, and the gradients come out wrong without an error",

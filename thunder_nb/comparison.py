@@ -353,6 +353,18 @@ def _op_of(report: Report, d: Defect):
     return None
 
 
+#: A few words per rule, with the defect's value and where it is.
+_PHRASES = {
+    "use-after-del": "{value} used after del in {where}",
+    "region-deletes-output": "{where} deletes its own output {value}",
+    "region-deletes-outside-value": "{where} deletes {value} from outside it",
+    "scalar-region-input": "number {value} into {where} (a graph per value)",
+    "returned-graph-memory": "wrong result: {value} returned in graph memory (the next call overwrites it)",
+    "saved-graph-memory": "wrong result: {value} saved for the backward in graph memory (a second forward overwrites it)",
+    "static-input-rebound": "wrong result: {where} copies another tensor into its static input {value}",
+}
+
+
 def _defect_phrase(report: Report, d: Defect) -> str:
     """A few words for a defect: ``item inside CUDAGraph1``, ``t9 used after del in CUDAGraph1``."""
     where = d.region or "the top level"
@@ -360,20 +372,9 @@ def _defect_phrase(report: Report, d: Defect) -> str:
         op = _op_of(report, d)
         what = op.callee.rsplit(".", 1)[-1] if op is not None else (d.value or "an op")
         return f"{what} inside {where}"
-    if d.rule == "use-after-del":
-        return f"{d.value} used after del in {where}"
-    if d.rule == "region-deletes-output":
-        return f"{where} deletes its own output {d.value}"
-    if d.rule == "region-deletes-outside-value":
-        return f"{where} deletes {d.value} from outside it"
-    if d.rule == "scalar-region-input":
-        return f"number {d.value} into {where} (a graph per value)"
-    if d.rule == "returned-graph-memory":
-        return f"wrong result: {d.value} returned in graph memory (the next call overwrites it)"
-    if d.rule == "saved-graph-memory":
-        return f"wrong result: {d.value} saved for the backward in graph memory (a second forward overwrites it)"
-    if d.rule == "static-input-rebound":
-        return f"wrong result: {where} copies another tensor into its static input {d.value}"
+    phrase = _PHRASES.get(d.rule)
+    if phrase is not None:
+        return phrase.format(value=d.value, where=where)
     return f"{d.rule} ({d.value or where})"
 
 
