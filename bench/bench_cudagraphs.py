@@ -5,8 +5,9 @@
 For each program and configuration, in a process of its own: after a warm-up (0.5 s of calls on
 one input), median microseconds per call (a fresh random input on every call, synchronised around
 each call), CUDA graphs captured after all calls, and the peak memory the calls allocated beyond
-their inputs. A configuration that fails is a row saying how it failed. Then a second table: the
-island program's configurations that run, taking turns in one process, for a fair comparison.
+their inputs. A configuration that fails is a row saying how it failed. Then tables of configurations
+taking turns in one process, for a fair comparison: the island program's, and thunder's transform
+against the fixed one (plain and logging loss.item()) on each training step.
 """
 
 from __future__ import annotations
@@ -280,78 +281,91 @@ def run_one(index: int, calls: int) -> Row:
     return measure(program, fn, make, calls if not few else min(calls, 50), cfg, factory)
 
 
-INTERLEAVED_CALLS = 1000
+#: Configurations timed in turns within one process: (title, calls, [(program, configuration)], reference).
 INTERLEAVED = (
-    "eager PyTorch",
-    "thunder-nb FixedCUDAGraphTransform",
-    "thunder-nb Fixed, copy_outputs=False",
-    "hand-written device scalar, thunder CUDAGraphTransform",
-    'torch.compile(mode="reduce-overhead")',
+    ("Island program", 1000, [("island: 16 steps, item, 16 steps", cfg) for cfg in (
+        "eager PyTorch",
+        "thunder-nb FixedCUDAGraphTransform",
+        "thunder-nb Fixed, copy_outputs=False",
+        "hand-written device scalar, thunder CUDAGraphTransform",
+        'torch.compile(mode="reduce-overhead")',
+    )], ("island: 16 steps, item, 16 steps", "hand-written device scalar, thunder CUDAGraphTransform")),
+) + tuple(
+    (f"{model} training step", 200, [
+        (f"{model} training step", "thunder CUDAGraphTransform"),
+        (f"{model} training step", "thunder-nb FixedCUDAGraphTransform"),
+        (f"{model} training step, loss.item() logged", "thunder-nb FixedCUDAGraphTransform"),
+    ], (f"{model} training step", "thunder CUDAGraphTransform"))
+    for model in ("nanoGPT", "llama2")
 )
 
 
-def run_interleaved(calls: int) -> list[dict]:
-    """Time the island program's configurations in this one process, taking turns call by call.
+def run_interleaved(group: int) -> dict:
+    """Time one group of `INTERLEAVED` in this one process, the configurations taking turns call by call.
 
     Separate processes differ by 10-20% on the same machine, and so do stretches of one process;
     calling each configuration in turn on the same input (the order rotating from input to input)
     exposes all of them to the same drift, which is the fair way to compare two of them.
     """
-    cases = [c for c in _cases() if c[0].startswith("island") and c[3] in INTERLEAVED]
+    title, calls, wanted, ref = INTERLEAVED[group]
+    by_key = {(c[0], c[3]): c for c in _cases()}
+    cases = [by_key[k] for k in wanted if k in by_key]
     make = cases[0][2]
+    few = "training" in title
     built = []
-    for _, fn, _, cfg, factory in cases:
+    for program, fn, _, cfg, factory in cases:
         f, graphs = factory()
         x = make(0)
         if not _same(f(*x), fn(*x)):
-            raise AssertionError(f"{cfg}: result differs from eager")
-        built.append((cfg, f, graphs))
+            raise AssertionError(f"{program} / {cfg}: result differs from eager")
+        built.append(((program, cfg), f, graphs))
     for _, f, _ in built:
         warm_up(f, make(0))
-    wall = {cfg: [] for cfg, _, _ in built}
-    cpu = {cfg: [] for cfg, _, _ in built}
+    wall = {key: [] for key, _, _ in built}
+    host = {key: [] for key, _, _ in built}
     for i in range(calls):
-        args = make(i)
+        args = make(i % 50 if few else i)
         k = i % len(built)
-        for cfg, f, _ in built[k:] + built[:k]:
+        for key, f, _ in built[k:] + built[:k]:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             out = f(*args)
             t1 = time.perf_counter()
             torch.cuda.synchronize()
             t2 = time.perf_counter()
-            wall[cfg].append(t2 - t0)
-            cpu[cfg].append(t1 - t0)
+            wall[key].append(t2 - t0)
+            host[key].append(t1 - t0)
             del out
-    ref = next((cfg for cfg, _, _ in built if cfg.startswith("hand-written")), None)
     results = []
-    for cfg, _, graphs in built:
-        q = statistics.quantiles(wall[cfg], n=4)
-        ratio = statistics.median(a / b for a, b in zip(wall[cfg], wall[ref])) if ref else None
+    for key, _, graphs in built:
+        q = statistics.quantiles(wall[key], n=4)
+        ratio = statistics.median(a / b for a, b in zip(wall[key], wall[ref])) if ref in wall else None
         results.append({
-            "config": cfg, "median_us": statistics.median(wall[cfg]) * 1e6, "iqr_us": [q[0] * 1e6, q[2] * 1e6],
-            "cpu_us": statistics.median(cpu[cfg]) * 1e6, "ratio": ratio, "graphs": graphs(),
+            "program": key[0], "config": key[1], "median_us": statistics.median(wall[key]) * 1e6,
+            "iqr_us": [q[0] * 1e6, q[2] * 1e6], "cpu_us": statistics.median(host[key]) * 1e6, "ratio": ratio,
+            "graphs": graphs(),
         })
-    return results
+    return {"title": title, "calls": calls, "ref": " / ".join(ref), "results": results}
 
 
-def interleaved_table(results: list[dict], calls: int) -> str:
+def interleaved_table(group: dict) -> str:
     lines = [
         "",
-        f"## Island program, one process, configurations taking turns on each of {calls} fresh inputs",
+        f"## {group['title']}: one process, configurations taking turns on each of {group['calls']} inputs",
         "",
         "Median and quartiles of the time per call (synchronised), median time until the call returns "
         "(before the synchronise: the host's share), and the median over inputs of this call's time "
-        "over the hand-written version's time on the same input.",
+        f"over the time of {group['ref']} on the same input.",
         "",
-        "| configuration | median µs/call | quartiles µs | until return µs | vs hand-written | graphs |",
-        "|---|---:|---|---:|---:|---:|",
+        "| program | configuration | median µs/call | quartiles µs | until return µs | vs reference | graphs |",
+        "|---|---|---:|---|---:|---:|---:|",
     ]
-    for r in results:
+    for r in group["results"]:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
         lo, hi = r["iqr_us"]
         lines.append(
-            f"| {r['config']} | {r['median_us']:.1f} | {lo:.0f}-{hi:.0f} | {r['cpu_us']:.1f} | {ratio} | {r['graphs']} |"
+            f"| {r['program']} | {r['config']} | {r['median_us']:.1f} | {lo:.0f}-{hi:.0f} | {r['cpu_us']:.1f} "
+            f"| {ratio} | {r['graphs']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -386,14 +400,19 @@ def run(calls: int, out: Path | None = None) -> tuple[list[Row], str]:
     text = table(rows, calls)
     if NO_INTERLEAVED:
         return rows, text
-    proc = subprocess.run(
-        [sys.executable, __file__, "--interleaved"], capture_output=True, text=True, timeout=600
-    )
-    sys.stderr.write(proc.stderr[-2000:])
-    try:
-        text += interleaved_table(json.loads(proc.stdout.strip().splitlines()[-1]), INTERLEAVED_CALLS)
-    except (IndexError, ValueError, KeyError):
-        text += f"\n## Island program, interleaved: failed (the process exited with {proc.returncode})\n"
+    for g, (title, _, wanted, _) in enumerate(INTERLEAVED):
+        if PROGRAM_FILTER and not any(re.search(PROGRAM_FILTER, program) for program, _ in wanted):
+            continue
+        proc = subprocess.run(
+            [sys.executable, __file__, "--interleaved", str(g)], capture_output=True, text=True, timeout=900
+        )
+        sys.stderr.write(proc.stderr[-2000:])
+        try:
+            text += interleaved_table(json.loads(proc.stdout.strip().splitlines()[-1]))
+        except (IndexError, ValueError, KeyError):
+            text += f"\n## {title}, interleaved: failed (the process exited with {proc.returncode})\n"
+        if out is not None:
+            out.write_text(text)
     return rows, text
 
 
@@ -423,9 +442,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     ap.add_argument("--programs", metavar="REGEX", help="only the programs whose name matches")
-    ap.add_argument("--no-interleaved", action="store_true", help="skip the island program's paired table")
+    ap.add_argument("--no-interleaved", action="store_true", help="skip the tables of configurations taking turns")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one case, print JSON
-    ap.add_argument("--interleaved", action="store_true", help=argparse.SUPPRESS)  # internal: print JSON
+    ap.add_argument("--interleaved", type=int, help=argparse.SUPPRESS)  # internal: time group N, print JSON
     a = ap.parse_args()
     global PROGRAM_FILTER, NO_INTERLEAVED
     PROGRAM_FILTER, NO_INTERLEAVED = a.programs, a.no_interleaved
@@ -438,10 +457,10 @@ def main() -> int:
 
         print(json.dumps(dataclasses.asdict(run_one(a.one, a.calls))))
         return 0
-    if a.interleaved:
+    if a.interleaved is not None:
         import json
 
-        print(json.dumps(run_interleaved(INTERLEAVED_CALLS)))
+        print(json.dumps(run_interleaved(a.interleaved)))
         return 0
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
