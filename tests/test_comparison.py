@@ -20,7 +20,7 @@ from thunder_nb.comparison import (
     TraceError,
     compare,
 )
-from thunder_nb.values import compare_values
+from thunder_nb.values import ValueComparison, compare_values, first_difference
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` there)")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
@@ -258,18 +258,32 @@ def test_bad_options(option, message):
 
 def test_compare_values_nested():
     t = torch.arange(4.0)
-    ok, err, why = compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
-    assert ok and why is None and err == pytest.approx(1e-7, abs=1e-7)
-    ok, err, why = compare_values((t + 1, 3), (t, 3))
-    assert not ok and err == 1.0 and why.startswith("[0]: Tensor-likes are not close")
-    assert compare_values(3, 4) == (False, 1, "result: 3 against eager's 4")
-    assert compare_values([t], (t,))[0] is False
-    ok, _, why = compare_values(t, t.double())
-    assert not ok and "torch.float32" in why and "torch.float64" in why
-    assert compare_values(float("nan"), float("nan"))[0]
-    assert compare_values(1.0, 1.0 + 1e-9)[0] and not compare_values(1.0, 1.1)[0]
-    ok, err, _ = compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
-    assert ok and err == 0.0
+    c = compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
+    assert c.matches and c.difference is None and c.max_abs_error == pytest.approx(1e-7, abs=1e-7)
+    c = compare_values((t + 1, 3), (t, 3))
+    assert not c.matches and c.max_abs_error == 1.0 and c.difference.startswith("result[0]: Tensor-likes are not close")
+    assert compare_values(3, 4, reference="eager's") == ValueComparison(False, 1, "result: 3, eager's 4")
+    assert not compare_values([t], (t,)).matches
+    c = compare_values(t, t.double())
+    assert not c.matches and "torch.float32" in c.difference and "torch.float64" in c.difference
+    assert compare_values(float("nan"), float("nan")).matches
+    assert compare_values(1.0, 1.0 + 1e-9).matches and not compare_values(1.0, 1.1).matches
+    c = compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
+    assert c.matches and c.max_abs_error == 0.0
+    assert compare_values(1j, 1j + 1e-9).matches and not compare_values(1j, 1.0j + 1).matches
+    assert compare_values(torch.tensor([1, 5]), torch.tensor([1, 2])).max_abs_error == 3.0  # int tensors too
+    assert first_difference({"a": 1}, {"a": 2}, label="grad") == "grad['a']: 1, expected 2"
+    assert compare_values((1, 2), (1,)).difference == "result: 3 parts, expected 2"
+
+
+def test_compare_values_tolerances_are_parameters():
+    t = torch.ones(3)
+    assert not compare_values(t + 1e-4, t).matches  # float32's defaults
+    assert compare_values(t + 1e-4, t, rtol=1e-4, atol=1e-5).matches  # the benchmark's looser check
+    assert not compare_values(1.0, 1.0 + 1e-4).matches and compare_values(1.0, 1.0 + 1e-4, rtol=1e-4, atol=0).matches
+    assert not compare_values(t, t + 1e-7, rtol=0, atol=0).matches  # exact
+    with pytest.raises(ValueError, match="together"):
+        compare_values(t, t, rtol=1e-3)
 
 
 # --- GPU: real capture ----------------------------------------------------------------------------

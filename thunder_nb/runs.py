@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ __all__ = ["WARMUP", "Plan", "Ran", "Run", "Timings", "compile_both", "reference
 
 #: Calls made, untimed, before the timed ones.
 WARMUP = 2
+#: How value differences name eager PyTorch's value: ``result: 3, eager's 4``.
+EAGER = "eager's"
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,12 +220,11 @@ def _outcome(run: Run, eager: Ran, training: bool) -> Outcome:
     if ran.error is not None:
         return Outcome(False, error_line(ran.error), "run", eager_regions=eager_regions)
     value = detached(ran.value)
-    matches, err, why = compare_values(value, detached(eager.value))
-    g_ok, g_err = None, None
-    if training:
-        g_ok, g_err, g_why = compare_values(ran.grads, eager.grads)
-        why = why or (f"gradient {g_why}" if g_why else None)
-    return Outcome(True, None, None, short(value), matches, err, why, g_ok, g_err, eager_regions)
+    result = compare_values(value, detached(eager.value), reference=EAGER)
+    grads = compare_values(ran.grads, eager.grads, label="grad", reference=EAGER) if training else None
+    return Outcome(True, None, None, short(value), result.matches, result.max_abs_error,
+                   result.difference or (grads.difference if grads else None),
+                   grads.matches if grads else None, grads.max_abs_error if grads else None, eager_regions)
 
 
 def time_calls(run: Run, plan: Plan) -> list[float]:
@@ -288,11 +290,10 @@ def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Tim
         return outcome
     if eager_params is None:
         return outcome
-    ok, err, why = compare_values(params(run), eager_params)
-    if why:
-        notes.append(f"{run.label}: after {run.steps} SGD steps, parameter {why}")
-    return Outcome(outcome.ran, outcome.error, outcome.stage, outcome.value, outcome.matches, outcome.max_abs_error,
-                   outcome.mismatch, outcome.grads_match, outcome.grads_max_abs_error, outcome.eager_regions, ok, err)
+    checked = compare_values(params(run), eager_params, label="parameter", reference=EAGER)
+    if checked.difference:
+        notes.append(f"{run.label}: after {run.steps} SGD steps, {checked.difference}")
+    return dataclasses.replace(outcome, params_match=checked.matches, params_max_abs_error=checked.max_abs_error)
 
 
 def on_cuda(bound: Bound) -> bool:
