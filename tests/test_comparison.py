@@ -210,10 +210,36 @@ def test_thunders_own_transform_without_a_gpu_is_said_plainly():
     jfn = thunder.jit(programs.island, transforms=[CUDAGraphTransform()])
     with pytest.raises(Exception) as info:
         jfn(programs.vec())
-    assert diagnose.needs_gpu(info.value), info.value  # torch: "Found no NVIDIA driver on your system"
-    out = comparison.Outcome(False, diagnose.error_line(info.value), "run")
-    assert comparison._failure_phrase(out) == "needs a GPU to run (only its trace is shown)"
+    failure = diagnose.Failure.of(info.value, "run")  # torch: "Found no NVIDIA driver on your system"
+    assert failure.kind == "no-gpu", info.value
+    assert comparison._failure_phrase(failure) == "needs a GPU to run (only its trace is shown)"
     assert diagnose.NO_GPU.startswith("needs a GPU to run: thunder's transform captures CUDA graphs")
+
+
+def test_failures_are_told_apart_by_where_torch_raised_them_not_by_their_text():
+    from thunder_nb import comparison, diagnose
+
+    def raised(fn, *args):
+        try:
+            fn(*args)
+        except Exception as e:
+            return e
+        raise AssertionError("no error")
+
+    # NOTE: a real frame of torch's capture code (torch.cuda.graphs) raising; on a GPU it is capture_end
+    capture = raised(torch.cuda.graphs.CUDAGraph.capture_end, object())
+    assert diagnose.Failure.of(capture, "run").kind == "capture"
+    assert comparison._failure_phrase(diagnose.Failure.of(capture, "run")) == "capture fails"
+    try:
+        raise RuntimeError("the region failed") from capture
+    except RuntimeError as e:
+        assert diagnose.Failure.of(e, "run").kind == "capture"  # through the chain
+    wording = raised(lambda: (_ for _ in ()).throw(RuntimeError("operation not permitted when stream is capturing")))
+    failure = diagnose.Failure.of(wording, "run")
+    assert failure.kind == "crash" and comparison._failure_phrase(failure) == "crashes (RuntimeError)"
+    failure = diagnose.Failure.of(raised(lambda: {}["x"]), "trace")
+    assert failure == diagnose.Failure("compile", "trace", "KeyError", "KeyError: 'x'")
+    assert comparison._failure_phrase(failure) == "compile fails (KeyError)"
 
 
 def test_sgd_steps_check_the_parameters_after_the_last_step():
@@ -337,3 +363,20 @@ def test_wrong_result_defects_lead_the_verdict():
     assert phrase.startswith("original (stock): wrong result: ") and "graph memory" in phrase
     assert {d.rule for d in c.original.defects if d.severity == "wrong result"} == {
         "returned-graph-memory", "saved-graph-memory"}
+
+
+@pytest.mark.parametrize("fn, op, why", [
+    (lambda x: torch.equal(x, x), "equal", "its result is a Python value computed from the tensor's data"),
+    (lambda x: x.int().bincount(), "bincount", "its result's shape depends on the values in the tensor"),
+    (lambda x: torch.unique(x), "torch._unique2", "thunder 0.2.6 has no support for it"),
+])
+def test_ops_thunder_cannot_trace_are_named(fn, op, why):
+    import thunder
+
+    from thunder_nb import diagnose
+
+    with pytest.raises(NotImplementedError) as info:
+        thunder.jit(fn)(torch.randn(4))
+    named, said = diagnose.untraceable(info.value)
+    assert named == op and said.startswith(why)
+    assert diagnose.untraceable(ValueError("Trying to call function torch.foo, but it is not yet supported")) is None

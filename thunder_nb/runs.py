@@ -11,7 +11,7 @@ from typing import Any
 
 from . import diagnose
 from .comparison import CompareError, EagerError, Outcome, TraceError
-from .diagnose import error_line
+from .diagnose import Failure, error_line
 from .reach import Bound, bind
 from .values import compare_values, short
 
@@ -218,13 +218,14 @@ def _outcome(run: Run, eager: Ran, training: bool) -> Outcome:
     ran = run.ran
     eager_regions = any(run.runner.region_stats(name).eager_calls for name in run.runner.python_callables)
     if ran.error is not None:
-        return Outcome(False, error_line(ran.error), "run", eager_regions=eager_regions)
+        return Outcome(False, Failure.of(ran.error, "run"), eager_regions=eager_regions)
     value = detached(ran.value)
     result = compare_values(value, detached(eager.value), reference=EAGER)
     grads = compare_values(ran.grads, eager.grads, label="grad", reference=EAGER) if training else None
-    return Outcome(True, None, None, short(value), result.matches, result.max_abs_error,
-                   result.difference or (grads.difference if grads else None),
-                   grads.matches if grads else None, grads.max_abs_error if grads else None, eager_regions)
+    return Outcome(True, value=short(value), matches=result.matches, max_abs_error=result.max_abs_error,
+                   mismatch=result.difference or (grads.difference if grads else None),
+                   grads_match=grads.matches if grads else None, grads_max_abs_error=grads.max_abs_error if grads else None,
+                   eager_regions=eager_regions)
 
 
 def time_calls(run: Run, plan: Plan) -> list[float]:
