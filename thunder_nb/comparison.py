@@ -433,6 +433,29 @@ def _import_thunder(say: Callable[[str], None]) -> None:
         from . import analysis, fix  # noqa: F401
 
 
+def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
+             say: Callable[[str], None]) -> tuple[Any, dict[str, Outcome], Any, list[str]]:
+    """Run and time eager PyTorch, then check and time each compiled run (``runs.Run``) against it, in order.
+
+    Returns:
+        (eager's checked call, an `Outcome` per key of ``compiled``, the timings, notes on later failures).
+    """
+    from . import runs
+
+    say(f"running {plan.name} in eager PyTorch…")
+    reference = runs.reference(eager, plan)
+    timings, notes = runs.Timings(), []
+    timings.add("eager", runs.time_calls(eager, plan))
+    eager_params = runs.params(eager) if plan.lr is not None else None
+    results: dict[str, Outcome] = {}
+    for key, run in compiled.items():
+        if run.trace_error is not None:
+            results[key] = Outcome(False, Failure.of(run.trace_error, "trace"))
+        else:
+            results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say)
+    return reference, results, timings, notes
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
@@ -515,27 +538,16 @@ def compare(
 
         orig, fixed = runs.compile_both(fn, args, kwargs, original, capture, plan, say)
         functions = {"original": orig.jfn, "fixed": fixed.jfn}
-        orig_failed = Outcome(False, Failure.of(orig.trace_error, "trace")) if orig.trace_error else None
         if not execute:
+            orig_failed = Outcome(False, Failure.of(orig.trace_error, "trace")) if orig.trace_error else Outcome(False)
             return Comparison(
                 original=analyze(orig.jfn, error=orig.trace_error), fixed=analyze(fixed.jfn),
-                results={"original": orig_failed or Outcome(False), "fixed": Outcome(False)},
+                results={"original": orig_failed, "fixed": Outcome(False)},
                 timings={}, graphs={"original": 0, "fixed": 0}, executed=False, functions=functions, **common,
             )
 
-        say(f"running {name} in eager PyTorch…")
-        reference = runs.reference(eager, plan)
-        timings, notes = runs.Timings(), []
-        timings.add("eager", runs.time_calls(eager, plan))
-        eager_params = runs.params(eager) if lr is not None else None
-        results: dict[str, Outcome] = {}
         # NOTE: the original runs last: a capture that fails must not disturb the fixed run's device state
-        for key, run in (("fixed", fixed), ("original", orig)):
-            if run.trace_error is not None:
-                results[key] = orig_failed
-            else:
-                results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say)
-
+        reference, results, timings, notes = _run_all(eager, {"fixed": fixed, "original": orig}, plan, say)
         say(f"analysing {name}…")
         return Comparison(
             original=analyze(orig.jfn, error=orig.error), fixed=analyze(fixed.jfn, error=fixed.error),
