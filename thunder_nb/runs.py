@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnose
+from . import diagnose, internals
 from .comparison import CompareError, EagerError, Outcome, TraceError
 from .diagnose import Failure, error_line
 from .reach import Bound, bind
@@ -105,17 +105,8 @@ def _original_transform(kind: str, capture: bool | str) -> Any:
 
 def _trace(run: Run) -> None:
     """Build the traces of the run's jitted function for its inputs without running the computation."""
-    import thunder
-
     args, kwargs = run.bound.inputs()
-    thunder.compile_data(run.jfn)._get_computation_and_inputs(*args, **kwargs)
-
-
-def _traced(jfn: Any) -> bool:
-    import thunder
-
-    cs = thunder.compile_stats(jfn)
-    return cs is not None and bool(cs.last_traces)
+    internals.build_traces(run.jfn, *args, **kwargs)
 
 
 def eager_error(name: str, e: BaseException) -> EagerError:
@@ -165,7 +156,7 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
     try:
         _trace(orig)
     except Exception as e:
-        if not _traced(orig.jfn):
+        if not internals.has_traces(orig.jfn):
             raise TraceError(f"thunder cannot trace {plan.name} with the {original} transform: {error_line(e)}") from e
         orig.trace_error = e
     return orig, fixed
