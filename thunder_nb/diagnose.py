@@ -1,4 +1,4 @@
-"""Say why a function failed in words the user can act on: where their own code raised, or which op thunder cannot trace."""
+"""Why a function failed, in words the user can act on: their own line, an op thunder cannot trace, a failed version."""
 
 from __future__ import annotations
 
