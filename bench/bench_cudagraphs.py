@@ -133,11 +133,10 @@ def configs(fn):
 
 
 def _same(a, b) -> bool:
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5)
-    return abs(float(a) - float(b)) <= 1e-4 * max(1.0, abs(float(b)))
+    from thunder_nb.values import compare_values
+
+    # NOTE: looser than assert_close's float32 defaults: graphs, fusions and eager may order sums differently
+    return compare_values(a, b, rtol=1e-4, atol=1e-5).matches
 
 
 def warm_up(f, args, seconds: float = 0.5, at_least: int = 20) -> None:
@@ -178,8 +177,9 @@ def measure(program: str, fn, make_inputs, calls: int, cfg: str, factory) -> Row
         row.peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
         row.graphs = graphs()
     except Exception as e:  # a failing configuration is a finding, not a crash
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        row.note = f"fails: {type(e).__name__}: {msg[:90]}"
+        from thunder_nb.diagnose import error_line
+
+        row.note = f"fails: {error_line(e)[:120]}"
         traceback.print_exc(limit=2, file=sys.stderr)
         torch.cuda.synchronize()
     return row

@@ -20,7 +20,7 @@ from thunder_nb.comparison import (
     TraceError,
     compare,
 )
-from thunder_nb.values import compare_values
+from thunder_nb.values import ValueComparison, compare_values, first_difference
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` there)")
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
@@ -210,10 +210,36 @@ def test_thunders_own_transform_without_a_gpu_is_said_plainly():
     jfn = thunder.jit(programs.island, transforms=[CUDAGraphTransform()])
     with pytest.raises(Exception) as info:
         jfn(programs.vec())
-    assert diagnose.needs_gpu(info.value), info.value  # torch: "Found no NVIDIA driver on your system"
-    out = comparison.Outcome(False, diagnose.error_line(info.value), "run")
-    assert comparison._failure_phrase(out) == "needs a GPU to run (only its trace is shown)"
+    failure = diagnose.Failure.of(info.value, "run")  # torch: "Found no NVIDIA driver on your system"
+    assert failure.kind == "no-gpu", info.value
+    assert comparison._failure_phrase(failure) == "needs a GPU to run (only its trace is shown)"
     assert diagnose.NO_GPU.startswith("needs a GPU to run: thunder's transform captures CUDA graphs")
+
+
+def test_failures_are_told_apart_by_where_torch_raised_them_not_by_their_text():
+    from thunder_nb import comparison, diagnose
+
+    def raised(fn, *args):
+        try:
+            fn(*args)
+        except Exception as e:
+            return e
+        raise AssertionError("no error")
+
+    # NOTE: a real frame of torch's capture code (torch.cuda.graphs) raising; on a GPU it is capture_end
+    capture = raised(torch.cuda.graphs.CUDAGraph.capture_end, object())
+    assert diagnose.Failure.of(capture, "run").kind == "capture"
+    assert comparison._failure_phrase(diagnose.Failure.of(capture, "run")) == "capture fails"
+    try:
+        raise RuntimeError("the region failed") from capture
+    except RuntimeError as e:
+        assert diagnose.Failure.of(e, "run").kind == "capture"  # through the chain
+    wording = raised(lambda: (_ for _ in ()).throw(RuntimeError("operation not permitted when stream is capturing")))
+    failure = diagnose.Failure.of(wording, "run")
+    assert failure.kind == "crash" and comparison._failure_phrase(failure) == "crashes (RuntimeError)"
+    failure = diagnose.Failure.of(raised(lambda: {}["x"]), "trace")
+    assert failure == diagnose.Failure("compile", "trace", "KeyError", "KeyError: 'x'")
+    assert comparison._failure_phrase(failure) == "compile fails (KeyError)"
 
 
 def test_sgd_steps_check_the_parameters_after_the_last_step():
@@ -258,18 +284,32 @@ def test_bad_options(option, message):
 
 def test_compare_values_nested():
     t = torch.arange(4.0)
-    ok, err, why = compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
-    assert ok and why is None and err == pytest.approx(1e-7, abs=1e-7)
-    ok, err, why = compare_values((t + 1, 3), (t, 3))
-    assert not ok and err == 1.0 and why.startswith("[0]: Tensor-likes are not close")
-    assert compare_values(3, 4) == (False, 1, "result: 3 against eager's 4")
-    assert compare_values([t], (t,))[0] is False
-    ok, _, why = compare_values(t, t.double())
-    assert not ok and "torch.float32" in why and "torch.float64" in why
-    assert compare_values(float("nan"), float("nan"))[0]
-    assert compare_values(1.0, 1.0 + 1e-9)[0] and not compare_values(1.0, 1.1)[0]
-    ok, err, _ = compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
-    assert ok and err == 0.0
+    c = compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
+    assert c.matches and c.difference is None and c.max_abs_error == pytest.approx(1e-7, abs=1e-7)
+    c = compare_values((t + 1, 3), (t, 3))
+    assert not c.matches and c.max_abs_error == 1.0 and c.difference.startswith("result[0]: Tensor-likes are not close")
+    assert compare_values(3, 4, reference="eager's") == ValueComparison(False, 1, "result: 3, eager's 4")
+    assert not compare_values([t], (t,)).matches
+    c = compare_values(t, t.double())
+    assert not c.matches and "torch.float32" in c.difference and "torch.float64" in c.difference
+    assert compare_values(float("nan"), float("nan")).matches
+    assert compare_values(1.0, 1.0 + 1e-9).matches and not compare_values(1.0, 1.1).matches
+    c = compare_values(torch.tensor([math.nan, 1.0]), torch.tensor([math.nan, 1.0]))
+    assert c.matches and c.max_abs_error == 0.0
+    assert compare_values(1j, 1j + 1e-9).matches and not compare_values(1j, 1.0j + 1).matches
+    assert compare_values(torch.tensor([1, 5]), torch.tensor([1, 2])).max_abs_error == 3.0  # int tensors too
+    assert first_difference({"a": 1}, {"a": 2}, label="grad") == "grad['a']: 1, expected 2"
+    assert compare_values((1, 2), (1,)).difference == "result: 3 parts, expected 2"
+
+
+def test_compare_values_tolerances_are_parameters():
+    t = torch.ones(3)
+    assert not compare_values(t + 1e-4, t).matches  # float32's defaults
+    assert compare_values(t + 1e-4, t, rtol=1e-4, atol=1e-5).matches  # the benchmark's looser check
+    assert not compare_values(1.0, 1.0 + 1e-4).matches and compare_values(1.0, 1.0 + 1e-4, rtol=1e-4, atol=0).matches
+    assert not compare_values(t, t + 1e-7, rtol=0, atol=0).matches  # exact
+    with pytest.raises(ValueError, match="together"):
+        compare_values(t, t, rtol=1e-3)
 
 
 # --- GPU: real capture ----------------------------------------------------------------------------
@@ -323,3 +363,20 @@ def test_wrong_result_defects_lead_the_verdict():
     assert phrase.startswith("original (stock): wrong result: ") and "graph memory" in phrase
     assert {d.rule for d in c.original.defects if d.severity == "wrong result"} == {
         "returned-graph-memory", "saved-graph-memory"}
+
+
+@pytest.mark.parametrize("fn, op, why", [
+    (lambda x: torch.equal(x, x), "equal", "its result is a Python value computed from the tensor's data"),
+    (lambda x: x.int().bincount(), "bincount", "its result's shape depends on the values in the tensor"),
+    (lambda x: torch.unique(x), "torch._unique2", "thunder 0.2.6 has no support for it"),
+])
+def test_ops_thunder_cannot_trace_are_named(fn, op, why):
+    import thunder
+
+    from thunder_nb import diagnose
+
+    with pytest.raises(NotImplementedError) as info:
+        thunder.jit(fn)(torch.randn(4))
+    named, said = diagnose.untraceable(info.value)
+    assert named == op and said.startswith(why)
+    assert diagnose.untraceable(ValueError("Trying to call function torch.foo, but it is not yet supported")) is None

@@ -17,7 +17,7 @@ import pytest
 import programs
 from test_render import USE_AFTER_DEL, assert_in_order, chain_source
 from thunder_nb import analysis, render
-from thunder_nb.model import Report
+from thunder_nb.model import Report, StaticInputChange
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
 SVG = "{http://www.w3.org/2000/svg}"
@@ -154,13 +154,29 @@ def test_thunders_own_runner_hands_out_graph_buffers(stock_mlp):
 
 def test_rebound_and_demoted_inputs_are_listed(held_mlp):
     region = held_mlp.backward.regions[0]
-    stats = dataclasses.replace(region.stats, demoted=("x: took more than 32 addresses, copied now",),
-                                rebound=("w2: static input received another tensor",))
+    stats = dataclasses.replace(region.stats, demoted=(StaticInputChange("x", 0, "demoted", limit=32),),
+                                rebound=(StaticInputChange("w2", 1, "rebound"),))
     trace = dataclasses.replace(held_mlp.backward, regions=(dataclasses.replace(region, stats=stats),))
     lines = render.text.trace_text(trace)
-    assert "      demoted: x: took more than 32 addresses, copied now" in lines
-    assert "      ⚠ rebound: w2: static input received another tensor" in lines
+    assert "      demoted: x: took more than 32 addresses, copied into the graph's buffer from now on" in lines
+    assert "      ⚠ rebound: w2: static input received another tensor; thunder's runner copies it" in "\n".join(lines)
     assert "demoted: x: took more than 32 addresses" in render.region_diagram(trace).source
+
+
+def test_an_input_past_its_addresses_is_demoted_by_name_and_position():
+    """A real demotion: one weight argument at three addresses, with room for two."""
+    import torch
+
+    def layer(x, w):
+        return torch.tanh(x @ w)
+
+    weights = [torch.nn.Parameter(torch.full((4, 4), 0.1 * i)) for i in range(3)]
+    report = _fixed(layer, (torch.ones(2, 4),), lambda jfn, args: [jfn(args[0], w) for w in weights], max_addresses=2)
+    (region,) = report.forward.regions
+    (change,) = region.stats.demoted
+    assert change.reason == "demoted" and change.limit == 2 and change.position == region.inputs.index(change.name)
+    assert str(change) == f"{change.name}: took more than 2 addresses, copied into the graph's buffer from now on"
+    assert f"      demoted: {change}" in render.text.trace_text(report.forward)
 
 
 def test_wrong_results_stand_out(stock_mlp):

@@ -120,40 +120,8 @@ def _build(facts: TraceFacts) -> TraceReport:
                 life.returned.update(op.inputs)
             life.use(op.inputs, site)
             life.define(op.outputs, site, isl.name if isl else "top")
-    defined, uses, dels, boundary, returned = life.defined, life.uses, life.dels, life.boundary, life.returned
-
-    # regions not called from the top level (source text of region functions alone)
     called = {r.name for r in regions}
-    for name, fn in facts.regions.items():
-        if name in called:
-            continue
-        rets = next((o.inputs for o in fn.ops if o.kind == "return"), ())
-        regions.append(Region(name, -1, tuple(fn.ops), fn.params, tuple(rets), tuple(False for _ in fn.params),
-                              fn.source, tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line))))
-
-    names = list(top.params)
-    names += [n for n in defined if n not in names]
-    names += [n for n in list(uses) + list(dels) if n not in names and n in facts.types]
-    values = []
-    for n in names:
-        if n in top.params:
-            d_site, d_in = None, "input"
-        elif n in defined:
-            d_site, d_in = defined[n]
-        else:
-            d_site, d_in = None, "input"
-        values.append(
-            Value(
-                name=n,
-                type=facts.types.get(n, UNKNOWN),
-                defined=d_site,
-                defined_in=d_in,
-                uses=tuple(uses.get(n, ())),
-                dels=tuple(dels.get(n, ())),
-                crosses_region_boundary=n in boundary,
-                returned=n in returned,
-            )
-        )
+    regions += [_uncalled_region(fn) for name, fn in facts.regions.items() if name not in called]
     return TraceReport(
         kind=facts.kind,
         name=facts.name,
@@ -162,13 +130,43 @@ def _build(facts: TraceFacts) -> TraceReport:
         ops=tuple(top.ops),
         regions=tuple(regions),
         islands=tuple(islands),
-        values=tuple(values),
+        values=_values(top.params, facts, life),
         defects=defects,
         params=top.params,
         is_cuda=cuda,
         hand_out=facts.hand_out,
         hand_out_stats=facts.hand_out_stats,
     )
+
+
+def _uncalled_region(fn: ParsedFunction) -> Region:
+    """A region function that no top-level statement calls (source text of region functions alone)."""
+    rets = next((o.inputs for o in fn.ops if o.kind == "return"), ())
+    return Region(fn.name, -1, tuple(fn.ops), fn.params, tuple(rets), tuple(False for _ in fn.params),
+                  fn.source, tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line)))
+
+
+def _values(params: tuple[str, ...], facts: TraceFacts, life: _Lifetimes) -> tuple[Value, ...]:
+    """Every value of the trace, inputs first, then in order of definition, then names only used or deleted."""
+    names = list(params)
+    names += [n for n in life.defined if n not in names]
+    names += [n for n in list(life.uses) + list(life.dels) if n not in names and n in facts.types]
+    values = []
+    for n in names:
+        site, where = life.defined[n] if n in life.defined and n not in params else (None, "input")
+        values.append(
+            Value(
+                name=n,
+                type=facts.types.get(n, UNKNOWN),
+                defined=site,
+                defined_in=where,
+                uses=tuple(life.uses.get(n, ())),
+                dels=tuple(life.dels.get(n, ())),
+                crosses_region_boundary=n in life.boundary,
+                returned=n in life.returned,
+            )
+        )
+    return tuple(values)
 
 
 # ---------------------------------------------------------------------------------------------------

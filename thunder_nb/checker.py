@@ -243,10 +243,9 @@ def _check_graph_memory(facts: TraceFacts) -> list[Defect]:
                                   "another graph instance while they are held)"))
     for region, stats in facts.stats.items():
         fn = facts.regions.get(region)
-        for text in stats.rebound:
-            name = text.split(":", 1)[0]
-            out.append(Defect("static-input-rebound", facts.kind, region, name, fn.first_line if fn else None,
-                              f"{region}: {text}, so the tensor it was captured with is overwritten",
+        for change in stats.rebound:
+            out.append(Defect("static-input-rebound", facts.kind, region, change.name, fn.first_line if fn else None,
+                              f"{region}: {change}, so the tensor it was captured with is overwritten",
                               "key static inputs by address (FixedCUDAGraphTransform gives each its own graph)"))
     return out
 

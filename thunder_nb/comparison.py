@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import diagnose
-from .diagnose import Where, error_line
+from .diagnose import Failure, Where
 from .model import Defect, Report
 from .render.common import plural
 from .values import short
@@ -74,8 +74,7 @@ class Outcome:
     """How one compiled version (original or fixed) did against eager PyTorch."""
 
     ran: bool  # the call (and the backward, when training) returned
-    error: str | None = None  # "UnboundLocalError: ...", when tracing or the call failed
-    stage: str | None = None  # where it failed: "trace" or "run"
+    failure: Failure | None = None  # how tracing or the call failed, when it did
     value: str = ""  # a one-line repr of the result
     matches: bool | None = None  # the result equals eager's (None: not run)
     max_abs_error: float | None = None
@@ -85,6 +84,16 @@ class Outcome:
     eager_regions: bool = False  # regions ran as plain Python (no graph captured for them)
     params_match: bool | None = None  # after every SGD step (None unless lr, or when a step failed)
     params_max_abs_error: float | None = None
+
+    @property
+    def error(self) -> str | None:
+        """``UnboundLocalError: ...`` when tracing or the call failed."""
+        return self.failure.error if self.failure is not None else None
+
+    @property
+    def stage(self) -> str | None:
+        """Where it failed: ``"trace"`` or ``"run"`` (None: it did not fail)."""
+        return self.failure.stage if self.failure is not None else None
 
     @property
     def ok(self) -> bool:
@@ -132,8 +141,8 @@ class Comparison:
     def _original_phrase(self) -> str:
         out = self.results["original"]
         parts: list[str] = []
-        if out.error:
-            parts.append(_failure_phrase(out))
+        if out.failure:
+            parts.append(_failure_phrase(out.failure))
         errors = _by_priority(d for d in self.original.defects if d.is_error)
         if errors:
             phrase = _defect_phrase(self.original, errors[0])
@@ -156,8 +165,8 @@ class Comparison:
         errors = _by_priority(d for d in rep.defects if d.is_error)
         if errors:
             parts.append(plural(len(errors), "defect") + ": " + _defect_phrase(rep, errors[0]))
-        if out.error:
-            parts.append(_failure_phrase(out))
+        if out.failure:
+            parts.append(_failure_phrase(out.failure))
         elif not self.executed:
             parts.append("not run")
         else:
@@ -284,16 +293,17 @@ def _warnings_phrase(defects: Iterable[Defect]) -> str:
     return f"{plural(sum(counts.values()), 'warning')} ({', '.join(top)})"
 
 
-def _failure_phrase(out: Outcome) -> str:
-    err = out.error or ""
-    kind = err.split(":", 1)[0]
-    if diagnose.needs_gpu(err):
-        return "needs a GPU to run (only its trace is shown)"
-    if out.stage == "run" and "captur" in err.lower():
-        return "capture fails"
-    if out.stage == "trace":
-        return f"compile fails ({kind})"
-    return f"crashes ({kind})"
+#: A few words per `Failure.kind` (``{error_type}``: the exception's class name).
+_FAILURE_PHRASES = {
+    "no-gpu": "needs a GPU to run (only its trace is shown)",
+    "capture": "capture fails",
+    "compile": "compile fails ({error_type})",
+    "crash": "crashes ({error_type})",
+}
+
+
+def _failure_phrase(failure: Failure) -> str:
+    return _FAILURE_PHRASES[failure.kind].format(error_type=failure.error_type)
 
 
 def _run_phrase(out: Outcome, c: Comparison) -> str:
@@ -312,8 +322,8 @@ def _run_phrase(out: Outcome, c: Comparison) -> str:
 
 
 def _check_text(out: Outcome, c: Comparison) -> str:
-    if out.error:
-        if diagnose.needs_gpu(out.error):
+    if out.failure:
+        if out.failure.kind == "no-gpu":
             return f"not run: {diagnose.NO_GPU}"
         return f"fails at {out.stage}: {out.error}"
     if not out.ran:
@@ -423,6 +433,29 @@ def _import_thunder(say: Callable[[str], None]) -> None:
         from . import analysis, fix  # noqa: F401
 
 
+def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
+             say: Callable[[str], None]) -> tuple[Any, dict[str, Outcome], Any, list[str]]:
+    """Run and time eager PyTorch, then check and time each compiled run (``runs.Run``) against it, in order.
+
+    Returns:
+        (eager's checked call, an `Outcome` per key of ``compiled``, the timings, notes on later failures).
+    """
+    from . import runs
+
+    say(f"running {plan.name} in eager PyTorch…")
+    reference = runs.reference(eager, plan)
+    timings, notes = runs.Timings(), []
+    timings.add("eager", runs.time_calls(eager, plan))
+    eager_params = runs.params(eager) if plan.lr is not None else None
+    results: dict[str, Outcome] = {}
+    for key, run in compiled.items():
+        if run.trace_error is not None:
+            results[key] = Outcome(False, Failure.of(run.trace_error, "trace"))
+        else:
+            results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say)
+    return reference, results, timings, notes
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
@@ -505,27 +538,16 @@ def compare(
 
         orig, fixed = runs.compile_both(fn, args, kwargs, original, capture, plan, say)
         functions = {"original": orig.jfn, "fixed": fixed.jfn}
-        orig_failed = Outcome(False, error_line(orig.trace_error), "trace") if orig.trace_error else None
         if not execute:
+            orig_failed = Outcome(False, Failure.of(orig.trace_error, "trace")) if orig.trace_error else Outcome(False)
             return Comparison(
                 original=analyze(orig.jfn, error=orig.trace_error), fixed=analyze(fixed.jfn),
-                results={"original": orig_failed or Outcome(False), "fixed": Outcome(False)},
+                results={"original": orig_failed, "fixed": Outcome(False)},
                 timings={}, graphs={"original": 0, "fixed": 0}, executed=False, functions=functions, **common,
             )
 
-        say(f"running {name} in eager PyTorch…")
-        reference = runs.reference(eager, plan)
-        timings, notes = runs.Timings(), []
-        timings.add("eager", runs.time_calls(eager, plan))
-        eager_params = runs.params(eager) if lr is not None else None
-        results: dict[str, Outcome] = {}
         # NOTE: the original runs last: a capture that fails must not disturb the fixed run's device state
-        for key, run in (("fixed", fixed), ("original", orig)):
-            if run.trace_error is not None:
-                results[key] = orig_failed
-            else:
-                results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say)
-
+        reference, results, timings, notes = _run_all(eager, {"fixed": fixed, "original": orig}, plan, say)
         say(f"analysing {name}…")
         return Comparison(
             original=analyze(orig.jfn, error=orig.error), fixed=analyze(fixed.jfn, error=fixed.error),

@@ -1,4 +1,4 @@
-"""Say why a function failed in words the user can act on: where their own code raised, or which op thunder cannot trace."""
+"""Why a function failed, in words the user can act on: their own line, an op thunder cannot trace, a failed version."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import traceback
 from dataclasses import dataclass
 from types import TracebackType
 
+from . import internals
 from .reach import is_user_file
 
-__all__ = ["Where", "error_line", "user_frame", "where_text", "untraceable", "needs_gpu", "NO_GPU"]
+__all__ = ["Where", "Failure", "FAILURE_KINDS", "error_line", "user_frame", "where_text", "untraceable", "trace_failure",
+           "NO_GPU"]
 
 #: What a side says when thunder's own runner needs a GPU this machine does not have.
 NO_GPU = "needs a GPU to run: thunder's transform captures CUDA graphs, and torch sees no GPU here; only its trace is shown"
@@ -75,31 +77,30 @@ _DATA_SHAPE = (
     "its result's shape depends on the values in the tensor, and thunder 0.2.6 has no support for "
     "data-dependent shapes"
 )
-_TO_PYTHON = "it turns a tensor into Python data, which thunder 0.2.6 cannot trace (only .item() of one number)"
 _KEEP_OUT = "Keep it outside the function you compile: compile the part before it and run the rest in eager PyTorch"
 
-# (pattern on the first line of thunder's message, the op's name (may use the match's groups), why)
-_UNTRACEABLE: tuple[tuple[str, str, str], ...] = (
-    (r"registration for (\w+), .*DynamicOutputShapeException", "{0}", _DATA_SHAPE),
-    (r"registration for (\w+), .*DataDependentOutputException",
-     "{0}", "its result is a Python value computed from the tensor's data, which thunder 0.2.6 cannot trace"),
-    (r"registration for (tolist|numpy),", ".{0}()", _TO_PYTHON),
-    (r"boolean advanced indexing", "indexing with a boolean mask (x[mask])", _DATA_SHAPE),
-    (r"casting a TensorProxy to a Python (\w+)", "{0}() of a tensor",
-     "thunder 0.2.6 traces the computation, not the values (an `if` on a tensor does this too); "
-     "for one number, .item() works"),
-    (r"Trying to call function ([\w.]+), but it is not yet supported", "{0}", "thunder 0.2.6 has no support for it"),
-)
+#: For each `internals.UNTRACEABLE_REASONS` entry: how the op is named (``{op}``: its name), and why it fails.
+_UNTRACEABLE: dict[str, tuple[str, str]] = {
+    "data-dependent-shape": ("{op}", _DATA_SHAPE),
+    "boolean-mask": ("indexing with a boolean mask (x[mask])", _DATA_SHAPE),
+    "data-dependent-value": ("{op}", "its result is a Python value computed from the tensor's data, which thunder "
+                                     "0.2.6 cannot trace"),
+    "to-python": (".{op}()", "it turns a tensor into Python data, which thunder 0.2.6 cannot trace (only .item() of "
+                             "one number)"),
+    "python-scalar": ("{op}() of a tensor", "thunder 0.2.6 traces the computation, not the values (an `if` on a "
+                                            "tensor does this too); for one number, .item() works"),
+    "unsupported": ("{op}", "thunder 0.2.6 has no support for it"),
+}
 
 
 def untraceable(e: BaseException) -> tuple[str, str] | None:
     """Name the op thunder cannot trace and say why: ``("nonzero", "its result's shape depends ...")``; None if unknown."""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    for pattern, op, why in _UNTRACEABLE:
-        m = re.search(pattern, first)
-        if m:
-            return op.format(*m.groups()).replace("boolean()", "bool()"), why
-    return None
+    known = internals.untraceable_op(e)
+    if known is None:
+        return None
+    op, reason = known
+    named, why = _UNTRACEABLE[reason]
+    return named.format(op=op), why
 
 
 def trace_failure(name: str, e: BaseException, where: Where | None) -> tuple[str, str]:
@@ -114,8 +115,29 @@ def trace_failure(name: str, e: BaseException, where: Where | None) -> tuple[str
     return f"thunder cannot trace {name}{at}: {text}", ""
 
 
-def needs_gpu(e: BaseException | str | None) -> bool:
-    """Whether an error only says that there is no GPU (torch's "Found no NVIDIA driver", CUDA not compiled in)."""
-    text = str(e or "")
-    return any(s in text for s in ("Found no NVIDIA driver", "Torch not compiled with CUDA", "no CUDA GPUs are available"))
+# --- how a compiled version failed ------------------------------------------------------------------
 
+#: `Failure.kind`: no GPU for thunder's own runner, a CUDA-graph capture that failed, thunder failing to
+#: compile (trace) the function, or any other error of a call.
+FAILURE_KINDS = ("no-gpu", "capture", "compile", "crash")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How a compiled version failed, judged by its exception's type and where torch raised it (not its text)."""
+
+    kind: str  # a `FAILURE_KINDS` entry
+    stage: str  # "trace" or "run"
+    error_type: str  # the exception's class name: "UnboundLocalError"
+    error: str  # `error_line`: "UnboundLocalError: cannot access local variable 't9' ..."
+
+    @classmethod
+    def of(cls, e: BaseException, stage: str) -> Failure:
+        """Classify ``e``, raised while tracing (``stage="trace"``) or calling (``"run"``) a compiled function."""
+        if internals.raised_by_cuda_init(e):
+            kind = "no-gpu"
+        elif stage == "run" and internals.raised_by_graph_capture(e):
+            kind = "capture"
+        else:
+            kind = "compile" if stage == "trace" else "crash"
+        return cls(kind, stage, type(e).__name__, error_line(e))

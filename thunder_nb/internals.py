@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 __all__ = [
@@ -20,6 +22,10 @@ __all__ = [
     "recover_generators",
     "compile_option",
     "fusion_symbol",
+    "raised_by_cuda_init",
+    "raised_by_graph_capture",
+    "untraceable_op",
+    "UNTRACEABLE_REASONS",
 ]
 
 #: The versions whose private names this module was written against.
@@ -151,3 +157,94 @@ def fusion_symbol(name: str, executor: Any, fn: Callable[..., Any], inputs: Sequ
 
     sym = Symbol(name, meta=None, is_fusion=True, executor=executor)
     return BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(subsymbols), _call_ctx={name: fn})
+
+
+# --- telling failures apart -------------------------------------------------------------------------
+
+
+def raised_by_cuda_init(e: BaseException) -> bool:
+    """Whether ``e`` (or an error it was raised from) came out of torch's lazy CUDA initialisation: no usable GPU.
+
+    torch raises a plain RuntimeError ("Found no NVIDIA driver", "no CUDA GPUs are available") or an
+    AssertionError ("Torch not compiled with CUDA enabled") there; where it was raised tells them apart.
+    """
+    return _raised_in(e, "torch.cuda", ("_lazy_init",))
+
+
+def raised_by_graph_capture(e: BaseException) -> bool:
+    """Whether ``e`` (or an error it was raised from) came out of torch beginning or ending a CUDA-graph capture.
+
+    An op that is illegal under capture (a host sync) invalidates it, and torch then raises a plain
+    ``torch.AcceleratorError`` when the capture ends ("operation failed due to a previous error during
+    capture"), from `torch.cuda.graphs`.
+    """
+    return _raised_in(e, "torch.cuda.graphs", ("capture_begin", "capture_end", "__enter__", "__exit__"))
+
+
+def _raised_in(e: BaseException, module: str, functions: Sequence[str]) -> bool:
+    return any(f.f_globals.get("__name__") == module and f.f_code.co_name in functions
+               for err in _chain(e) for f in _frames(err.__traceback__))
+
+
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    """``e`` and the errors it was raised from or while handling, each once."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _frames(tb: TracebackType | None) -> Iterator[Any]:
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
+
+
+#: Why thunder 0.2.6 refuses to trace an op (`untraceable_op`).
+UNTRACEABLE_REASONS = ("data-dependent-shape", "boolean-mask", "data-dependent-value", "to-python", "python-scalar",
+                       "unsupported")
+
+# NOTE: thunder 0.2.6 raises a bare NotImplementedError for every op it cannot trace and names the op only in
+# its message, so this table reads the message's first line: (pattern, reason; None: the error's cause decides)
+_UNTRACEABLE_MESSAGES: tuple[tuple[str, str | None], ...] = (
+    (r"registration for (\w+),", None),
+    (r"(boolean) advanced indexing", "boolean-mask"),
+    (r"casting a TensorProxy to a Python (\w+)", "python-scalar"),
+    (r"Trying to call function ([\w.]+), but it is not yet supported", "unsupported"),
+)
+#: Python's name for the type thunder's message names ("casting a TensorProxy to a Python boolean").
+_PYTHON_TYPES = {"boolean": "bool"}
+
+
+def untraceable_op(e: BaseException) -> tuple[str, str] | None:
+    """``(op, reason)`` when ``e`` is thunder refusing to trace an op: ``("nonzero", "data-dependent-shape")``.
+
+    ``op`` is the name the user called (``nonzero``, ``tolist``, ``float`` for ``float(x)``, ``torch._unique2``)
+    and ``reason`` one of `UNTRACEABLE_REASONS`; None when ``e`` is something else.
+    """
+    if not isinstance(e, NotImplementedError):
+        return None
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    for pattern, reason in _UNTRACEABLE_MESSAGES:
+        m = re.search(pattern, first)
+        if m is None:
+            continue
+        op = _PYTHON_TYPES.get(m.group(1), m.group(1))
+        reason = reason or _registration_reason(e.__cause__, op)
+        return (op, reason) if reason is not None else None
+    return None
+
+
+def _registration_reason(cause: BaseException | None, op: str) -> str | None:
+    """Why running an op on thunder's fake tensors failed, from the exception it raised there."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(cause, DynamicOutputShapeException):
+        return "data-dependent-shape"
+    if isinstance(cause, DataDependentOutputException):
+        return "data-dependent-value"
+    if op in ("tolist", "numpy"):  # NOTE: a plain RuntimeError from the fake tensor: these never trace
+        return "to-python"
+    return None

@@ -94,18 +94,7 @@ class ThunderCUDAGraphMagics(Magics):
         from .comparison import CompareError, compare
 
         args, call_text = _parse_line(self.thunder_cudagraph, line)
-        try:
-            views = widget.parse_views(args.views)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        if args.repeats < 1:
-            raise UsageError(f"--repeats must be at least 1, not {args.repeats}")
-        if args.lr is not None and not args.train:
-            raise UsageError("--lr needs --train (an SGD step needs gradients)")
-        if args.lr is not None and not args.lr > 0:
-            raise UsageError(f"--lr must be a positive number, not {args.lr}")
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError(f"-o needs a Python name, not {args.output!r}")
+        views = _check_arguments(args)
         call = _parse_call(call_text)
 
         defined = self._run_cell(cell)
@@ -258,6 +247,29 @@ def _parse_line(magic: Any, line: str) -> tuple[Any, str]:
     if args.call:
         raise UsageError(f"the call is not a Python expression: {' '.join(args.call)} (write it like {_EXAMPLE})")
     raise UsageError(f"missing call: write the call to compile on the magic line, e.g. {_EXAMPLE}")
+
+
+def _check_arguments(args: Any) -> list[str]:
+    """Check the options that argparse cannot; return the views asked for.
+
+    Raises:
+        UsageError: an option's value is out of range, or ``--lr`` without ``--train``.
+    """
+    from . import widget
+
+    try:
+        views = widget.parse_views(args.views)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, not {args.repeats}")
+    if args.lr is not None and not args.train:
+        raise UsageError("--lr needs --train (an SGD step needs gradients)")
+    if args.lr is not None and not args.lr > 0:
+        raise UsageError(f"--lr must be a positive number, not {args.lr}")
+    if args.output is not None and not args.output.isidentifier():
+        raise UsageError(f"-o needs a Python name, not {args.output!r}")
+    return views
 
 
 def _parse_call(text: str) -> ast.Call:

@@ -18,6 +18,8 @@ __all__ = [
     "OutputPlan",
     "RegionPlan",
     "HandOutPlan",
+    "StaticInputChange",
+    "STATIC_INPUT_CHANGES",
     "RegionStats",
     "HandOutStats",
     "Site",
@@ -71,6 +73,12 @@ HAND_OUT_ACTIONS: dict[str, str] = {
     "guard": "saved for the backward: left where the graph wrote it and guarded (while held, the next call "
     "replays another graph instance)",
     "as-is": "returned as the graph's own buffer (copy_outputs=False: the next call overwrites it)",
+}
+
+#: Why the runner no longer reads a static region input as it was captured (`StaticInputChange`).
+STATIC_INPUT_CHANGES: dict[str, str] = {
+    "demoted": "took more than {limit} addresses, copied into the graph's buffer from now on",
+    "rebound": "static input received another tensor; thunder's runner copies it into the captured tensor's memory",
 }
 
 #: Why a top-level symbol stays outside every region.
@@ -200,6 +208,27 @@ class HandOutPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class StaticInputChange:
+    """A static input of a region that the runner no longer reads as it was captured.
+
+    ``str()`` gives ``w2: static input received another tensor; ...``.
+    """
+
+    name: str  # the input's name in the region's trace ("w2", "t_0")
+    position: int  # its position among the region's inputs
+    reason: str  # a `STATIC_INPUT_CHANGES` key: "demoted" (copied from now on) or "rebound"
+    limit: int | None = None  # "demoted": the number of addresses it took more than
+
+    @property
+    def why(self) -> str:
+        """What happened, in words: ``took more than 32 addresses, copied into the graph's buffer from now on``."""
+        return STATIC_INPUT_CHANGES[self.reason].format(limit=self.limit)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.why}"
+
+
+@dataclass(frozen=True, slots=True)
 class RegionStats:
     """What the runner did with one region so far."""
 
@@ -209,8 +238,8 @@ class RegionStats:
     held_calls: int = 0  # calls run without a graph: every instance's saved outputs were still held
     instances: int = 0  # graph instances kept for outputs still held (2 when a second forward came first)
     address_keys: int = 0  # distinct sets of static-input addresses (one per layer is normal)
-    demoted: tuple[str, ...] = ()  # static inputs turned into copied ones, each "name: why"
-    rebound: tuple[str, ...] = ()  # static inputs that received another tensor (thunder's runner copies into them)
+    demoted: tuple[StaticInputChange, ...] = ()  # static inputs copied from now on (they took too many addresses)
+    rebound: tuple[StaticInputChange, ...] = ()  # static inputs that received another tensor (thunder's runner copies into them)
     eager_reason: str | None = None  # why the region runs without a graph on every call now
     copied: tuple[str, ...] = ()  # inputs copied into the graph's buffers at the last replay
 

@@ -12,7 +12,7 @@ import torch
 from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from . import internals
-from .model import GraphRecord, HandOutStats, RegionPlan, RegionStats
+from .model import GraphRecord, HandOutStats, RegionPlan, RegionStats, StaticInputChange
 
 __all__ = [
     "ThunderNBRunner",
@@ -99,8 +99,8 @@ class _Counts:
     held_calls: int = 0
     keys: set = field(default_factory=set)
     addresses: dict[int, set[int]] = field(default_factory=dict)  # static input position -> addresses seen
-    demoted: dict[int, str] = field(default_factory=dict)  # input position -> why it is copied now
-    rebound: dict[int, str] = field(default_factory=dict)  # input position -> what happened (stock runner)
+    demoted: dict[int, StaticInputChange] = field(default_factory=dict)  # input position -> copied from now on
+    rebound: dict[int, StaticInputChange] = field(default_factory=dict)  # input position -> rebound (stock runner)
     values: set = field(default_factory=set)  # the Python-number values keys were made for
     eager_reason: str | None = None  # why the region now runs without a graph on every call
     last_key: Any = None
@@ -294,8 +294,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             seen.add(a.data_ptr())
             if len(seen) > self.max_addresses:
                 name = _input_name(self.trace_symbols[fn_name][1], i)
-                counts.demoted[i] = (f"{name}: took more than {self.max_addresses} addresses, "
-                                     "copied into the graph's buffer from now on")
+                counts.demoted[i] = StaticInputChange(name, i, "demoted", limit=self.max_addresses)
                 demote.append(i)
         if demote:
             mask, addresses = self._static_mask(fn_name, counts, args)
@@ -373,8 +372,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             names = self.trace_symbols[fn_name][1]
             for i, (s, a, m) in enumerate(zip(entry[1], args, key[1])):
                 if m and isinstance(a, torch.Tensor) and s is not a and i not in counts.rebound:
-                    counts.rebound[i] = (f"{_input_name(names, i)}: static input received another tensor; thunder's "
-                                         "runner copies it into the captured tensor's memory")
+                    counts.rebound[i] = StaticInputChange(_input_name(names, i), i, "rebound")
         else:
             counts.graphs.append(GraphRecord(
                 index=len(counts.graphs),

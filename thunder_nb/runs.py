@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnose
+from . import diagnose, internals
 from .comparison import CompareError, EagerError, Outcome, TraceError
-from .diagnose import error_line
+from .diagnose import Failure, error_line
 from .reach import Bound, bind
 from .values import compare_values, short
 
@@ -18,6 +19,8 @@ __all__ = ["WARMUP", "Plan", "Ran", "Run", "Timings", "compile_both", "reference
 
 #: Calls made, untimed, before the timed ones.
 WARMUP = 2
+#: How value differences name eager PyTorch's value: ``result: 3, eager's 4``.
+EAGER = "eager's"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +105,8 @@ def _original_transform(kind: str, capture: bool | str) -> Any:
 
 def _trace(run: Run) -> None:
     """Build the traces of the run's jitted function for its inputs without running the computation."""
-    import thunder
-
     args, kwargs = run.bound.inputs()
-    thunder.compile_data(run.jfn)._get_computation_and_inputs(*args, **kwargs)
-
-
-def _traced(jfn: Any) -> bool:
-    import thunder
-
-    cs = thunder.compile_stats(jfn)
-    return cs is not None and bool(cs.last_traces)
+    internals.build_traces(run.jfn, *args, **kwargs)
 
 
 def eager_error(name: str, e: BaseException) -> EagerError:
@@ -162,7 +156,7 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
     try:
         _trace(orig)
     except Exception as e:
-        if not _traced(orig.jfn):
+        if not internals.has_traces(orig.jfn):
             raise TraceError(f"thunder cannot trace {plan.name} with the {original} transform: {error_line(e)}") from e
         orig.trace_error = e
     return orig, fixed
@@ -215,14 +209,14 @@ def _outcome(run: Run, eager: Ran, training: bool) -> Outcome:
     ran = run.ran
     eager_regions = any(run.runner.region_stats(name).eager_calls for name in run.runner.python_callables)
     if ran.error is not None:
-        return Outcome(False, error_line(ran.error), "run", eager_regions=eager_regions)
+        return Outcome(False, Failure.of(ran.error, "run"), eager_regions=eager_regions)
     value = detached(ran.value)
-    matches, err, why = compare_values(value, detached(eager.value))
-    g_ok, g_err = None, None
-    if training:
-        g_ok, g_err, g_why = compare_values(ran.grads, eager.grads)
-        why = why or (f"gradient {g_why}" if g_why else None)
-    return Outcome(True, None, None, short(value), matches, err, why, g_ok, g_err, eager_regions)
+    result = compare_values(value, detached(eager.value), reference=EAGER)
+    grads = compare_values(ran.grads, eager.grads, label="grad", reference=EAGER) if training else None
+    return Outcome(True, value=short(value), matches=result.matches, max_abs_error=result.max_abs_error,
+                   mismatch=result.difference or (grads.difference if grads else None),
+                   grads_match=grads.matches if grads else None, grads_max_abs_error=grads.max_abs_error if grads else None,
+                   eager_regions=eager_regions)
 
 
 def time_calls(run: Run, plan: Plan) -> list[float]:
@@ -288,11 +282,10 @@ def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Tim
         return outcome
     if eager_params is None:
         return outcome
-    ok, err, why = compare_values(params(run), eager_params)
-    if why:
-        notes.append(f"{run.label}: after {run.steps} SGD steps, parameter {why}")
-    return Outcome(outcome.ran, outcome.error, outcome.stage, outcome.value, outcome.matches, outcome.max_abs_error,
-                   outcome.mismatch, outcome.grads_match, outcome.grads_max_abs_error, outcome.eager_regions, ok, err)
+    checked = compare_values(params(run), eager_params, label="parameter", reference=EAGER)
+    if checked.difference:
+        notes.append(f"{run.label}: after {run.steps} SGD steps, {checked.difference}")
+    return dataclasses.replace(outcome, params_match=checked.matches, params_max_abs_error=checked.max_abs_error)
 
 
 def on_cuda(bound: Bound) -> bool:

@@ -1,16 +1,147 @@
-"""Check nested results (tensors, numbers, containers) against eager PyTorch's and print them in one short line."""
+"""Compare nested results (tensors, numbers, containers) with a reference's, and print them in one short line."""
 
 from __future__ import annotations
 
-import math
+import cmath
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["map_tensors", "clone_tensor", "leaves", "compare_values", "short"]
+__all__ = [
+    "ValueComparison",
+    "compare_values",
+    "first_difference",
+    "map_tensors",
+    "clone_tensor",
+    "leaves",
+    "short",
+    "NUMBER_RTOL",
+    "NUMBER_ATOL",
+]
 
-#: Float tolerance for Python numbers (float32's, as torch.testing uses for f32 tensors).
-_RTOL, _ATOL = 1.3e-6, 1e-5
+#: Default tolerances for Python floats and complex numbers: float32's, as ``torch.testing.assert_close``
+#: uses for float32 tensors (an ``.item()`` number comes from a float32 tensor).
+NUMBER_RTOL, NUMBER_ATOL = 1.3e-6, 1e-5
 _VALUE_CHARS = 120
+_DIFFERENCE_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class ValueComparison:
+    """How a value compares with its reference.
+
+    ``max_abs_error`` is the largest absolute difference over the tensor elements and numbers compared
+    (None when there were none); ``difference`` is the first difference, prefixed with its path
+    (``result[1]``, ``grad['w']``), or None when everything matches.
+    """
+
+    matches: bool
+    max_abs_error: float | None
+    difference: str | None
+
+
+def compare_values(actual: Any, expected: Any, *, label: str = "result", reference: str = "expected",
+                   rtol: float | None = None, atol: float | None = None) -> ValueComparison:
+    """Compare nested tuples, lists and dicts of tensors, numbers and other values, leaf by leaf.
+
+    Tensors must have the same shape and dtype and be close as ``torch.testing.assert_close`` judges
+    (NaNs equal); floats and complex numbers close within ``atol + rtol * |expected|`` (NaNs equal); ints
+    and bools equal, and a number never equals one of another kind (an int that became a float
+    differs); anything else by ``==``.
+
+    Args:
+        actual: the value to judge.
+        expected: the reference value.
+        label: the path of the top-level value in messages (``result``, ``grad``).
+        reference: how messages name the reference (``expected``, ``eager's``).
+        rtol, atol: tolerances for tensors and numbers; None (both) keeps ``assert_close``'s defaults
+            for each tensor's dtype and float32's (`NUMBER_RTOL`, `NUMBER_ATOL`) for numbers. Give both
+            or neither.
+    """
+    if (rtol is None) != (atol is None):
+        raise ValueError("give rtol and atol together, or neither")
+    a_leaves, e_leaves = list(leaves(actual, label)), list(leaves(expected, label))
+    if len(a_leaves) != len(e_leaves):
+        return ValueComparison(False, None, f"{label}: {len(a_leaves)} parts, {reference} {len(e_leaves)}")
+    worst: float | None = None
+    first: str | None = None
+    for (path, a), (_, b) in zip(a_leaves, e_leaves):
+        err, why = _compare_leaf(a, b, reference, rtol, atol)
+        if err is not None and err == err:  # NOTE: a NaN error (one side NaN) says nothing about the size
+            worst = err if worst is None else max(worst, err)
+        if why is not None and first is None:
+            first = f"{path}: {why}"[:_DIFFERENCE_CHARS]
+    return ValueComparison(first is None, worst, first)
+
+
+def first_difference(actual: Any, expected: Any, *, label: str = "result", reference: str = "expected") -> str | None:
+    """Where ``actual`` first differs from ``expected`` (see `compare_values`), or None when they match."""
+    return compare_values(actual, expected, label=label, reference=reference).difference
+
+
+def leaves(x: Any, path: str = "result") -> Iterator[tuple[str, Any]]:
+    """Yield ``(path, leaf)`` for a nested value; containers yield their kind and size first."""
+    if isinstance(x, (list, tuple)):
+        yield path, (type(x).__name__, len(x))
+        for i, e in enumerate(x):
+            yield from leaves(e, f"{path}[{i}]")
+    elif isinstance(x, dict):
+        yield path, ("dict", tuple(x))
+        for k, v in x.items():
+            yield from leaves(v, f"{path}[{k!r}]")
+    else:
+        yield path, x
+
+
+def _compare_leaf(a: Any, b: Any, reference: str, rtol: float | None, atol: float | None) -> tuple[float | None, str | None]:
+    """(absolute error or None, why they differ or None) for two leaves."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return _compare_tensors(a, b, reference, rtol, atol)
+    kind_a, kind_b = _number_kind(a), _number_kind(b)
+    if kind_a is not None and kind_b is not None:
+        if kind_a != kind_b:
+            return None, f"{type(a).__name__} {a!r}, {reference} {type(b).__name__} {b!r}"
+        if kind_a in ("bool", "int"):
+            return float(abs(a - b)), None if a == b else f"{a!r}, {reference} {b!r}"
+        if cmath.isnan(a) and cmath.isnan(b):
+            return 0.0, None
+        err = abs(a - b)
+        rtol, atol = (NUMBER_RTOL, NUMBER_ATOL) if rtol is None else (rtol, atol)
+        return err, None if err <= atol + rtol * abs(b) else f"{a!r}, {reference} {b!r}"
+    try:
+        same = bool(a == b)
+    except Exception:  # NOTE: values whose == raises or is not a truth value (arrays) count as different
+        same = False
+    return None, None if same else f"{a!r}, {reference} {b!r}"
+
+
+def _compare_tensors(a: Any, b: Any, reference: str, rtol: float | None, atol: float | None) -> tuple[float | None, str | None]:
+    import torch
+
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return None, f"{type(a).__name__}, {reference} {type(b).__name__}"
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return None, f"{a.dtype} {tuple(a.shape)}, {reference} {b.dtype} {tuple(b.shape)}"
+    a_, b_ = a.detach().cpu(), b.detach().cpu()
+    err = None
+    if a_.numel():
+        wide = torch.complex128 if a_.is_complex() else torch.float64
+        err = float((a_.to(wide) - b_.to(wide)).abs().nan_to_num(0.0).max())
+    try:
+        torch.testing.assert_close(a_, b_, equal_nan=True, rtol=rtol, atol=atol)
+    except AssertionError as e:
+        return err, str(e).strip().splitlines()[0]
+    return err, None
+
+
+def _number_kind(x: Any) -> str | None:
+    """``"bool"``, ``"int"``, ``"float"`` or ``"complex"`` for a Python number (subclasses too), else None."""
+    for kind, cls in (("bool", bool), ("int", int), ("float", float), ("complex", complex)):
+        if isinstance(x, cls):
+            return kind
+    return None
 
 
 def map_tensors(x: Any, fn: Callable[[Any], Any]) -> Any:
@@ -36,79 +167,6 @@ def clone_tensor(t: Any) -> Any:
     if isinstance(t, torch.nn.Parameter):
         return torch.nn.Parameter(c, requires_grad=t.requires_grad)
     return c.requires_grad_(t.requires_grad)
-
-
-def leaves(x: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """Yield ``(path, leaf)`` for a nested value; containers yield their kind and size first."""
-    if isinstance(x, (list, tuple)):
-        yield path or "()", (type(x).__name__, len(x))
-        for i, e in enumerate(x):
-            yield from leaves(e, f"{path}[{i}]")
-    elif isinstance(x, dict):
-        yield path or "{}", ("dict", tuple(x))
-        for k, v in x.items():
-            yield from leaves(v, f"{path}[{k!r}]")
-    else:
-        yield path or "result", x
-
-
-def compare_values(actual: Any, expected: Any) -> tuple[bool, float | None, str | None]:
-    """Compare nested results like ``torch.testing.assert_close``; return (matches, max abs error, first difference)."""
-    import torch
-
-    a_leaves, e_leaves = list(leaves(actual)), list(leaves(expected))
-    if len(a_leaves) != len(e_leaves):
-        return False, None, f"structure differs: {len(a_leaves)} parts against eager's {len(e_leaves)}"
-    ok, worst, why = True, None, None
-
-    def fail(msg: str) -> None:
-        nonlocal ok, why
-        ok = False
-        why = why or msg
-
-    for (path, a), (_, b) in zip(a_leaves, e_leaves):
-        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-                fail(f"{path}: {type(a).__name__} against eager's {type(b).__name__}")
-                continue
-            if a.shape != b.shape or a.dtype != b.dtype:
-                fail(f"{path}: {a.dtype} {tuple(a.shape)} against eager's {b.dtype} {tuple(b.shape)}")
-                continue
-            a_, b_ = a.detach().cpu(), b.detach().cpu()
-            if a_.numel():
-                err = float((a_.to(torch.complex128 if a_.is_complex() else torch.float64)
-                             - b_.to(torch.complex128 if b_.is_complex() else torch.float64)).abs().nan_to_num(0.0).max())
-                worst = err if worst is None else max(worst, err)
-            try:
-                torch.testing.assert_close(a_, b_, equal_nan=True)
-            except AssertionError as e:
-                fail(f"{path}: " + str(e).strip().splitlines()[0])
-        elif isinstance(a, (bool, int, float, complex)) and isinstance(b, (bool, int, float, complex)):
-            if type(a) is not type(b) and not (isinstance(a, float) and isinstance(b, float)):
-                fail(f"{path}: {type(a).__name__} {a!r} against eager's {type(b).__name__} {b!r}")
-                continue
-            err = abs(a - b) if not (_isnan(a) and _isnan(b)) else 0.0
-            if not math.isnan(err):
-                worst = err if worst is None else max(worst, err)
-            close = (a == b) if isinstance(a, (bool, int)) else ((_isnan(a) and _isnan(b)) or _isclose(a, b))
-            if not close:
-                fail(f"{path}: {a!r} against eager's {b!r}")
-        else:
-            try:
-                same = bool(a == b)
-            except Exception:
-                same = False
-            if not same:
-                fail(f"{path}: {a!r} against eager's {b!r}"[:200])
-    return ok, worst, why
-
-
-def _isnan(x: Any) -> bool:
-    return isinstance(x, (float, complex)) and x != x
-
-
-def _isclose(a: Any, b: Any) -> bool:
-    return abs(a - b) <= _ATOL + _RTOL * abs(b)
 
 
 def short(value: Any) -> str:

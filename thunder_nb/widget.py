@@ -1,6 +1,4 @@
-"""The original/fixed toggle: prepared HTML panes switched in the browser (jslink, so exports switch too),
-with a static HTML fallback of both sides in the same output for frontends without the widget's JavaScript.
-"""
+"""The original/fixed toggle: HTML panes switched in the browser (so exported pages switch too), with a static fallback."""
 
 from __future__ import annotations
 

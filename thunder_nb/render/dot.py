@@ -16,7 +16,7 @@ from .common import (
     type_label, values,
 )
 from .memory import (
-    ACTION_SHORT, ROLE_SHORT, hand_out_line, input_roles, inputs_summary, known,
+    ACTION_SHORT, ROLE_SHORT, Entry, hand_out_line, input_roles, inputs_summary, known,
     output_actions, outputs_summary, region_memory,
 )
 
@@ -286,38 +286,10 @@ class _DiagramBuilder:
         return tips
 
     def draw_full(self, g: graphviz.Digraph, r: Region) -> None:
-        handoff_names = {n for pair in _handoffs(r) for n in pair}
         with g.subgraph(name=node_id("cluster", r.name)) as c:
-            label = [f"{r.name} · {plural(len(r.compute_ops), 'op')} · {state(r)}"]
-            if known(self.trace, r):
-                label.append(f"{inputs_summary(self.trace, r)} · {outputs_summary(self.trace, r)}")
-            if r.scalar_handoffs:
-                label.append("hand-offs: " + ", ".join(map(str, r.scalar_handoffs)))
-            cattrs = {"fillcolor": STATE_FILL.get(r.captured, "white"), "style": "filled,rounded",
-                      "tooltip": dot_text(*self.region_tips(r))}
-            mark = self.region_marks.get(r.name)
-            if mark is not None:
-                label += mark.label_lines()
-                cattrs.update(mark.attrs(self.region_tips(r)))
-            c.attr(label=dot_text(*label), **cattrs)
-            # NOTE: inputs are not held on one rank: each sits above its first use, which keeps the cluster narrow
-            roles = input_roles(self.trace, r) if known(self.trace, r) else {}
-            plan = {n: e for e in region_memory(self.trace, r) for n in e.names} if roles else {}
-            for name in r.inputs:
-                v = self.values.get(name)
-                role = roles.get(name, "copied")
-                lines = [name] + ([ROLE_SHORT[role]] if ROLE_SHORT.get(role) else [])
-                attrs = {"fontsize": "9", "height": "0.25", "shape": "box", "style": "rounded"}
-                if v is not None and v.is_scalar:
-                    attrs.update(color=SCALAR_COLOR, fontcolor=SCALAR_COLOR)
-                    if "Python number" not in lines:
-                        lines.append("Python number")
-                if name in handoff_names:
-                    attrs.update(color=HANDOFF_COLOR, fontcolor=HANDOFF_COLOR, penwidth="2")
-                tips = [f"{r.name} input {name} {type_label(v)}".rstrip()]
-                if name in plan:
-                    tips.append(f"{plan[name].label}: {plan[name].reason}")
-                self.node(c, node_id(r.name, "in", name), lines, tips, attrs)
+            c.attr(**self.cluster_attrs(r))
+            plan = {n: e for e in region_memory(self.trace, r) for n in e.names} if known(self.trace, r) else {}
+            self.draw_region_inputs(c, r, plan)
             producers = {n: node_id(r.name, "in", n) for n in r.inputs}
             for op in r.compute_ops:
                 nid = _op_node(r, op)
@@ -328,22 +300,62 @@ class _DiagramBuilder:
                         self.edge(c, producers[n], nid, [n])
                 for n in op.outputs:
                     producers[n] = nid
-            with c.subgraph() as outs:
-                outs.attr(rank="same")
-                actions = output_actions(self.trace, r) if known(self.trace, r) else {}
-                for name in r.outputs:
-                    v = self.values.get(name)
-                    tips = [f"{r.name} output {name} {type_label(v)}".rstrip()]
-                    lines = [name]
-                    if name in actions:
-                        lines.append(ACTION_SHORT[actions[name][0]])
-                    if name in plan:
-                        tips.append(f"{plan[name].label}: {plan[name].reason}")
-                    self.node(outs, node_id(r.name, "out", name), lines, tips,
-                              {"fontsize": "9", "height": "0.25", "shape": "house"})
+            self.draw_region_outputs(c, r, plan)
             for name in r.outputs:
                 if name in producers:
                     self.edge(c, producers[name], node_id(r.name, "out", name), [name])
+
+    def cluster_attrs(self, r: Region) -> dict[str, str]:
+        """A drawn region's cluster: its label (ops, state, inputs and outputs, hand-offs, marks), fill and tooltip."""
+        label = [f"{r.name} · {plural(len(r.compute_ops), 'op')} · {state(r)}"]
+        if known(self.trace, r):
+            label.append(f"{inputs_summary(self.trace, r)} · {outputs_summary(self.trace, r)}")
+        if r.scalar_handoffs:
+            label.append("hand-offs: " + ", ".join(map(str, r.scalar_handoffs)))
+        attrs = {"fillcolor": STATE_FILL.get(r.captured, "white"), "style": "filled,rounded",
+                 "tooltip": dot_text(*self.region_tips(r))}
+        mark = self.region_marks.get(r.name)
+        if mark is not None:
+            label += mark.label_lines()
+            attrs.update(mark.attrs(self.region_tips(r)))
+        return {"label": dot_text(*label), **attrs}
+
+    def draw_region_inputs(self, c: graphviz.Digraph, r: Region, plan: dict[str, Entry]) -> None:
+        """A node per region input: its role, numbers and hand-offs coloured, its memory plan in the tooltip."""
+        # NOTE: inputs are not held on one rank: each sits above its first use, which keeps the cluster narrow
+        handoff_names = {n for pair in _handoffs(r) for n in pair}
+        roles = input_roles(self.trace, r) if known(self.trace, r) else {}
+        for name in r.inputs:
+            v = self.values.get(name)
+            role = roles.get(name, "copied")
+            lines = [name] + ([ROLE_SHORT[role]] if ROLE_SHORT.get(role) else [])
+            attrs = {"fontsize": "9", "height": "0.25", "shape": "box", "style": "rounded"}
+            if v is not None and v.is_scalar:
+                attrs.update(color=SCALAR_COLOR, fontcolor=SCALAR_COLOR)
+                if "Python number" not in lines:
+                    lines.append("Python number")
+            if name in handoff_names:
+                attrs.update(color=HANDOFF_COLOR, fontcolor=HANDOFF_COLOR, penwidth="2")
+            tips = [f"{r.name} input {name} {type_label(v)}".rstrip()]
+            if name in plan:
+                tips.append(f"{plan[name].label}: {plan[name].reason}")
+            self.node(c, node_id(r.name, "in", name), lines, tips, attrs)
+
+    def draw_region_outputs(self, c: graphviz.Digraph, r: Region, plan: dict[str, Entry]) -> None:
+        """The region's outputs on one rank, each with what happens to it when it leaves the trace."""
+        with c.subgraph() as outs:
+            outs.attr(rank="same")
+            actions = output_actions(self.trace, r) if known(self.trace, r) else {}
+            for name in r.outputs:
+                v = self.values.get(name)
+                tips = [f"{r.name} output {name} {type_label(v)}".rstrip()]
+                lines = [name]
+                if name in actions:
+                    lines.append(ACTION_SHORT[actions[name][0]])
+                if name in plan:
+                    tips.append(f"{plan[name].label}: {plan[name].reason}")
+                self.node(outs, node_id(r.name, "out", name), lines, tips,
+                          {"fontsize": "9", "height": "0.25", "shape": "house"})
 
     def edge(self, g: graphviz.Digraph, src: str, dst: str, names: Sequence[str], handoff: str | None = None) -> None:
         """Draw the values ``names`` flowing from ``src`` to ``dst`` (one summary edge for many)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import Site, TraceReport, Value
+from ..model import Island, Site, TraceReport, Value
 from .common import DEFECT_COLOR, ISLAND_FILL, REGION_COLORS, SCALAR_COLOR, esc, plural, type_label
 
 __all__ = ["MAX_ROWS", "SVG_WIDTH", "lifetime_text", "lifetime_svg"]
@@ -272,25 +272,63 @@ def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = S
     """
     axis = _axis(trace)
     rows, more = _pick_rows(_rows(trace, axis), max_rows)
+    notes = [[s for s, on in (("never freed", r.never_freed), ("use after del", bool(r.late_uses))) if on] for r in rows]
+    at = _layout(trace, axis, rows, more, notes, width)
+    key, key_h = _key(width, at.bottom + 8, any(r.value.is_scalar for r in rows))
+    height = at.bottom + 8 + key_h
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="tnb-lifetime" width="{width}" height="{height:.0f}" '
+        f'viewBox="0 0 {width} {height:.0f}" font-family="monospace" font-size="11">',
+        f"<title>{esc(f'lifetimes: {trace.kind} {trace.name}')}</title>",
+    ]
+    out += _bands_svg(axis, at)
+    out.append(_axis_svg(len(axis.steps), at))
+    out += [_row_svg(r, at.top + i * _ROW_H, note, axis, at) for i, (r, note) in enumerate(zip(rows, notes))]
+    if more:
+        out.append(f'<text x="4" y="{at.bottom - 5}">{esc(f"… {more} more values")}</text>')
+    out += key
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where the parts of a lifetime chart go, in px: columns, step width, the tops of its bands and rows."""
+
+    left: float  # x of step 0 (after the name column)
+    step_w: float
+    right: float  # x after the last step
+    top_spans: float  # region names, then island names, then the step axis, then the rows
+    top_islands: float
+    top_axis: float
+    top: float
+    bottom: float  # below the last row (and the "more values" line)
+    span_labels: list[tuple[float, int, str]]  # (x, lane, name) per region span
+    islands: list[tuple[Island, int]]  # (island, its step) for each island drawn
+    island_labels: list[tuple[float, int, str]]
+
+    def x(self, step: float) -> float:
+        return round(self.left + step * self.step_w, 2)
+
+
+def _layout(trace: TraceReport, axis: _Axis, rows: list[_Row], more: int, notes: list[list[str]],
+            width: int) -> _Layout:
+    """Size the name and note columns to their longest texts, the steps to what is left, the bands to their lanes."""
     n = len(axis.steps)
-    notes = {id(r): [s for s, on in (("never freed", r.never_freed), ("use after del", bool(r.late_uses))) if on]
-             for r in rows}
     name_w = max([len(r.value.name) for r in rows] + [6]) * _CHAR_W[11] + 12
-    longest = max([len(", ".join(v)) for v in notes.values() if v] + [0])
+    longest = max([len(", ".join(v)) for v in notes if v] + [0])
     note_w = longest * _CHAR_W[11] + (12 if longest else 4)
     plot_w = max(width - name_w - note_w, 120.0)
     step_w = min(16.0, plot_w / n)
     left = name_w
-    right = left + step_w * n
 
     def x(step: float) -> float:
         return round(left + step * step_w, 2)
 
-    islands = [i for i in trace.islands if i.reason not in ("bookkeeping", "collection")]
     span_labels = _lanes([(x(first), name) for name, first, _ in axis.spans], 10, width)
-    island_steps = [(isl, axis.index.get((isl.position, None))) for isl in islands]
-    island_steps = [(isl, step) for isl, step in island_steps if step is not None]
-    island_labels = _lanes([(x(step), isl.name) for isl, step in island_steps], 10, width)
+    drawn = [i for i in trace.islands if i.reason not in ("bookkeeping", "collection")]
+    islands = [(isl, axis.index[(isl.position, None)]) for isl in drawn if (isl.position, None) in axis.index]
+    island_labels = _lanes([(x(step), isl.name) for isl, step in islands], 10, width)
     span_lanes = 1 + max((lane for _, lane, _ in span_labels), default=-1)
     island_lanes = 1 + max((lane for _, lane, _ in island_labels), default=-1)
     top_spans = 4
@@ -298,67 +336,66 @@ def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = S
     top_axis = top_islands + island_lanes * _LANE_H
     top = top_axis + 22
     bottom = top + _ROW_H * len(rows) + (_ROW_H if more else 0)
-    key, key_h = _key(width, bottom + 8, any(r.value.is_scalar for r in rows))
-    height = bottom + 8 + key_h
+    return _Layout(left, step_w, left + step_w * n, top_spans, top_islands, top_axis, top, bottom, span_labels,
+                   islands, island_labels)
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="tnb-lifetime" width="{width}" height="{height:.0f}" '
-        f'viewBox="0 0 {width} {height:.0f}" font-family="monospace" font-size="11">',
-        f"<title>{esc(f'lifetimes: {trace.kind} {trace.name}')}</title>",
-    ]
-    for k, ((name, first, last_step), (lx, lane, _)) in enumerate(zip(axis.spans, span_labels)):
+
+def _bands_svg(axis: _Axis, at: _Layout) -> list[str]:
+    """The shaded region spans and island columns behind the rows, each with its name in its lane."""
+    out = []
+    for k, ((name, first, last_step), (lx, lane, _)) in enumerate(zip(axis.spans, at.span_labels)):
         color = REGION_COLORS[k % len(REGION_COLORS)]
         out.append(
             f'<g class="tnb-span"><title>{esc(f"{name}: steps {first}-{last_step}")}</title>'
-            f'<rect x="{x(first)}" y="{top_spans}" width="{round((last_step - first + 1) * step_w, 2)}" '
-            f'height="{bottom - top_spans:.0f}" fill="{color}" opacity="0.6"/>'
-            f'<text x="{lx + 2:.1f}" y="{top_spans + lane * _LANE_H + 11}" font-size="10">{esc(name)}</text></g>'
+            f'<rect x="{at.x(first)}" y="{at.top_spans}" width="{round((last_step - first + 1) * at.step_w, 2)}" '
+            f'height="{at.bottom - at.top_spans:.0f}" fill="{color}" opacity="0.6"/>'
+            f'<text x="{lx + 2:.1f}" y="{at.top_spans + lane * _LANE_H + 11}" font-size="10">{esc(name)}</text></g>'
         )
-    for (isl, step), (lx, lane, _) in zip(island_steps, island_labels):
+    for (isl, step), (lx, lane, _) in zip(at.islands, at.island_labels):
         fill = ISLAND_FILL.get(isl.reason, "#e9ecef")
         what = f"{isl.name}: {isl.label}" if isl.reason != "hand-out" else f"{isl.name}: hand-out"
         out.append(
             f'<g class="tnb-island"><title>{esc(what)}</title>'
-            f'<rect x="{x(step)}" y="{top_islands}" width="{round(max(step_w, 2), 2)}" '
-            f'height="{bottom - top_islands:.0f}" fill="{fill}"/>'
-            f'<text x="{lx + 2:.1f}" y="{top_islands + lane * _LANE_H + 11}" font-size="10">{esc(isl.name)}</text></g>'
+            f'<rect x="{at.x(step)}" y="{at.top_islands}" width="{round(max(at.step_w, 2), 2)}" '
+            f'height="{at.bottom - at.top_islands:.0f}" fill="{fill}"/>'
+            f'<text x="{lx + 2:.1f}" y="{at.top_islands + lane * _LANE_H + 11}" font-size="10">{esc(isl.name)}</text></g>'
         )
-    every = _tick(n, step_w)
-    ticks = [f'<text x="4" y="{top_axis + 12}" font-size="10">step</text>',
-             f'<path d="M{left} {top_axis + 16}H{right:.2f}" stroke="{_INK}"/>']
-    for s in range(0, n, every):
-        ticks.append(f'<path d="M{x(s + 0.5)} {top_axis + 13}V{top_axis + 19}" stroke="{_INK}"/>'
-                     f'<text x="{x(s + 0.5)}" y="{top_axis + 11}" font-size="10" text-anchor="middle">{s}</text>')
-    out.append(f'<g class="tnb-axis">{"".join(ticks)}</g>')
-    for i, r in enumerate(rows):
-        y = top + i * _ROW_H
-        v = r.value
-        flagged = bool(r.defects or r.late_uses)
-        tip = f"{v.name} {type_label(v)}: {_row_note(r, axis)}" + (f" [{', '.join(r.defects)}]" if r.defects else "")
-        color = SCALAR_COLOR if v.is_scalar else _LIVE
-        fill = DEFECT_COLOR if flagged else _INK
-        parts = [f'<g class="tnb-row"><title>{esc(tip)}</title>',
-                 f'<text x="4" y="{y + 13}" fill="{fill}">{esc(v.name)}</text>',
-                 f'<rect x="{x(r.start)}" y="{y + 4}" width="{round(max((r.last_use - r.start + 1) * step_w, 1), 2)}" '
-                 f'height="10" fill="{color}"/>']
-        if r.end > r.last_use:
-            held = _NEVER if r.never_freed else _HELD
-            parts.append(f'<rect class="tnb-held" x="{x(r.last_use + 1)}" y="{y + 8}" '
-                         f'width="{round((r.end - r.last_use) * step_w, 2)}" height="2" fill="{held}"/>')
-        for d in r.dels:
-            cx, w = x(d + 0.5), round(max(min(step_w, 10), 6) / 2, 2)
-            cross = f"M{cx - w} {y + 3}L{cx + w} {y + 15}M{cx + w} {y + 3}L{cx - w} {y + 15}"
-            parts.append(f'<path class="tnb-del" d="{cross}" stroke="{_INK}" stroke-width="1.5"/>')
-        for u in r.late_uses:
-            parts.append(f'<circle class="tnb-use-after-del" cx="{x(u + 0.5)}" cy="{y + 9}" r="4.5" '
-                         f'fill="{DEFECT_COLOR}"/>')
-        if notes[id(r)]:
-            note = esc(", ".join(notes[id(r)]))
-            parts.append(f'<text x="{right + 8:.2f}" y="{y + 13}" fill="{DEFECT_COLOR}">{note}</text>')
-        parts.append("</g>")
-        out.append("".join(parts))
-    if more:
-        out.append(f'<text x="4" y="{bottom - 5}">{esc(f"… {more} more values")}</text>')
-    out += key
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
+
+
+def _axis_svg(n: int, at: _Layout) -> str:
+    """The step axis: a line with a numbered tick every few steps."""
+    y = at.top_axis
+    ticks = [f'<text x="4" y="{y + 12}" font-size="10">step</text>',
+             f'<path d="M{at.left} {y + 16}H{at.right:.2f}" stroke="{_INK}"/>']
+    for s in range(0, n, _tick(n, at.step_w)):
+        ticks.append(f'<path d="M{at.x(s + 0.5)} {y + 13}V{y + 19}" stroke="{_INK}"/>'
+                     f'<text x="{at.x(s + 0.5)}" y="{y + 11}" font-size="10" text-anchor="middle">{s}</text>')
+    return f'<g class="tnb-axis">{"".join(ticks)}</g>'
+
+
+def _row_svg(r: _Row, y: float, note: list[str], axis: _Axis, at: _Layout) -> str:
+    """One value's row at ``y``: its name, live bar, held bar, del crosses, uses after a del, and its note."""
+    v = r.value
+    tip = f"{v.name} {type_label(v)}: {_row_note(r, axis)}" + (f" [{', '.join(r.defects)}]" if r.defects else "")
+    color = SCALAR_COLOR if v.is_scalar else _LIVE
+    fill = DEFECT_COLOR if r.defects or r.late_uses else _INK
+    parts = [f'<g class="tnb-row"><title>{esc(tip)}</title>',
+             f'<text x="4" y="{y + 13}" fill="{fill}">{esc(v.name)}</text>',
+             f'<rect x="{at.x(r.start)}" y="{y + 4}" width="{round(max((r.last_use - r.start + 1) * at.step_w, 1), 2)}" '
+             f'height="10" fill="{color}"/>']
+    if r.end > r.last_use:
+        held = _NEVER if r.never_freed else _HELD
+        parts.append(f'<rect class="tnb-held" x="{at.x(r.last_use + 1)}" y="{y + 8}" '
+                     f'width="{round((r.end - r.last_use) * at.step_w, 2)}" height="2" fill="{held}"/>')
+    for d in r.dels:
+        cx, w = at.x(d + 0.5), round(max(min(at.step_w, 10), 6) / 2, 2)
+        cross = f"M{cx - w} {y + 3}L{cx + w} {y + 15}M{cx + w} {y + 3}L{cx - w} {y + 15}"
+        parts.append(f'<path class="tnb-del" d="{cross}" stroke="{_INK}" stroke-width="1.5"/>')
+    for u in r.late_uses:
+        parts.append(f'<circle class="tnb-use-after-del" cx="{at.x(u + 0.5)}" cy="{y + 9}" r="4.5" '
+                     f'fill="{DEFECT_COLOR}"/>')
+    if note:
+        parts.append(f'<text x="{at.right + 8:.2f}" y="{y + 13}" fill="{DEFECT_COLOR}">{esc(", ".join(note))}</text>')
+    parts.append("</g>")
+    return "".join(parts)

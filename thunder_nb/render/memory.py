@@ -119,9 +119,9 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         entries.append(Entry("instances", (), f"{stats.instances} graph instances (a forward ran again while the "
                                               "previous one's saved tensors were held)"))
     if stats.demoted:
-        entries.append(Entry("demoted", (), "; ".join(stats.demoted)))
+        entries.append(Entry("demoted", (), "; ".join(map(str, stats.demoted))))
     if stats.rebound:
-        entries.append(Entry("rebound", (), "; ".join(stats.rebound), flagged=True))
+        entries.append(Entry("rebound", (), "; ".join(map(str, stats.rebound)), flagged=True))
     if stats.copied and stats.replays:
         entries.append(Entry("copied at the last replay", stats.copied, "not in any graph's memory, nor a parameter "
                                                                     "or module buffer"))
