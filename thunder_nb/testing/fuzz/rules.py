@@ -72,7 +72,8 @@ SHOWING: dict[str, Showing] = {s.rule: s for s in (
             "backward's gradient in graph memory (`kinds_of`: gradient only) is overwritten by the backward "
             "of another forward in the same pass: under real capture that replay can run before autograd's "
             "device thread accumulates the gradient (thunder's backward runs on the CPU thread), so which "
-            "gradient comes out wrong, if any, depends on timing; emulated, one thread runs both in order"),
+            "gradient comes out wrong, if any, depends on timing; on the CPU one thread accumulates it "
+            "first (`shows`: never; torch.autograd.grad, outside the protocol, would see it)"),
     Showing("saved-graph-memory", "never", "may", "may", frozenset({"gradient", "error"}),
             "call 1's forward overwrites what call 0 saved for the backward when it replays the same "
             "graph (not when it records a new one), and call 0's gradients are wrong where the backward "
@@ -108,6 +109,10 @@ def shows(defect: Any, capture: CaptureMode) -> str:
         # NOTE: a backward's static input is a forward graph's output; what the copy into it spoils is
         # only read again if that older graph replays, or someone kept its output
         how = "may"
+    if defect.rule == "returned-graph-memory" and defect.trace == "backward" and mode_name(capture) != "real":
+        # NOTE: on the CPU one autograd thread runs each leaf's AccumulateGrad (which copies a gradient
+        # others hold) before the next backward node: the protocol's backward() never sees the overwrite
+        how = "never"
     return how
 
 
