@@ -118,11 +118,11 @@ def shows(defect: Any, capture: CaptureMode) -> str:
 
 def kinds_of(defect: Any) -> frozenset[str]:
     """The failure kinds ``defect`` can cause (`SHOWING`, refined per defect)."""
-    if defect.rule == "returned-graph-memory" and defect.trace == "backward":
-        return frozenset({"gradient"})  # NOTE: a gradient handed to autograd, not a result the caller keeps
+    kinds = SHOWING[defect.rule].kinds
     if defect.rule == "returned-graph-memory":
-        return frozenset({"kept", "alias"})
-    return SHOWING[defect.rule].kinds
+        # NOTE: a forward returns results the caller keeps; a backward, gradients for autograd
+        return kinds & {"gradient"} if defect.trace == "backward" else kinds - {"gradient"}
+    return kinds
 
 
 def observable_rules(capture: CaptureMode) -> frozenset[str]:
