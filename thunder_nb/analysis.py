@@ -231,8 +231,24 @@ def _sync_outputs(bsyms: Iterable[Any]) -> set[str]:
     return out
 
 
-def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
-    """Build a `TraceReport` from one thunder trace (fused by a CUDA-graph transform or not)."""
+def _argument_names(prologue: Any) -> frozenset[str]:
+    """Names a prologue trace takes from the call's arguments, through any unpacking (not from globals,
+    closures or a jitted module's own tensors): the computation inputs a call can fill with another tensor."""
+    from thunder.core.prims import PrimIDs
+
+    roots = {p.name for b in prologue.bound_symbols if b.sym.id == PrimIDs.UNPACK_TRIVIAL for p in b.flat_proxy_outs}
+    derived = set(roots)
+    for b in prologue.bound_symbols:
+        if any(getattr(p, "name", None) in derived for p in b.flat_proxy_args):
+            derived.update(p.name for p in b.flat_proxy_outs)
+    return frozenset(derived - roots)
+
+
+def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[str] | None = None) -> TraceReport:
+    """Build a `TraceReport` from one thunder trace (fused by a CUDA-graph transform or not).
+
+    ``arguments``: the computation inputs that come from the call's arguments (`_argument_names`), if known.
+    """
     from thunder.core.proxies import Proxy
 
     from . import internals
@@ -244,6 +260,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None) -> TraceReport:
     if kind is None:
         kind = "backward" if trace.siginfo().name == "backward_fn" else "forward"
     facts = TraceFacts(kind, top.name if top else trace.siginfo().name, _provenance(trace), top, {}, {})
+    facts.arguments = arguments
     for a in trace.args:
         if isinstance(a, Proxy):
             facts.types[a.name] = type_of_proxy(a)
@@ -326,11 +343,13 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
         notes.extend(dict.fromkeys(getattr(t, "notes", ())))
         for number, why in getattr(t, "handoff_refusals", {}).items():
             notes.append(f"{number} stays a Python number: {why}")
+    prologues = thunder.last_prologue_traces(jfn)
+    arguments = _argument_names(prologues[-1]) if prologues else None
     return Report(
         function=fname,
         transform=_transform_label(jfn),
-        forward=analyze_trace(fwd[-1], kind="forward"),
-        backward=analyze_trace(bwd[-1], kind="backward") if bwd else None,
+        forward=analyze_trace(fwd[-1], kind="forward", arguments=arguments),
+        backward=analyze_trace(bwd[-1], kind="backward", arguments=arguments) if bwd else None,
         error=error,
         notes=tuple(notes),
     )

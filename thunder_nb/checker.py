@@ -33,6 +33,9 @@ class TraceFacts:
     saved: frozenset[str] = frozenset()  # tensors saved for the backward (from the live trace)
     aliases: frozenset[str] = frozenset()  # results of in-place copies: the destination's memory, not new memory
     hand_out_stats: HandOutStats = HandOutStats()
+    # NOTE: top-level inputs the caller passes as arguments (not globals, closures or a jitted module's own
+    # tensors); None when unknown (source text). A static slot filled from an argument can get another tensor.
+    arguments: frozenset[str] | None = None
 
     def handed_over(self, region: str) -> frozenset[str]:
         """Numbers handed to ``region`` on the device."""
@@ -215,38 +218,77 @@ def _memory_of(name: str, owner: dict[str, str], made_in: dict[str, str]) -> str
 
 
 def _check_graph_memory(facts: TraceFacts) -> list[Defect]:
-    """What leaves a forward trace in graph memory and is not handled at its hand-out; static inputs rebound."""
+    """What leaves a trace in graph memory and is not handled at its hand-out."""
     out: list[Defect] = []
     top = facts.top
-    if top is not None and facts.kind == "forward":
-        owner = graph_derived(top)
-        ret = next((op for op in top.ops if op.kind == "return"), None)
-        line = ret.line if ret is not None else None
-        made_in = {n: op.callee for op in top.ops if op.kind == "region" for n in op.outputs}
-        copies = facts.hand_out is not None and facts.hand_out.copy_outputs
-        for n in sorted(facts.returned & owner.keys()):
-            if copies:
-                continue
-            what = _memory_of(n, owner, made_in)
+    if top is None:
+        return out
+    owner = graph_derived(top)
+    ret = next((op for op in top.ops if op.kind == "return"), None)
+    line = ret.line if ret is not None else None
+    made_in = {n: op.callee for op in top.ops if op.kind == "region" for n in op.outputs}
+    copies = facts.hand_out is not None and facts.hand_out.copy_outputs
+    for n in sorted(facts.returned & owner.keys()):
+        if copies:
+            continue
+        what = _memory_of(n, owner, made_in)
+        if facts.kind == "backward":
+            # NOTE: thunder's backward runs on autograd's CPU thread (its input is a meta-device placeholder),
+            # a CUDA leaf's AccumulateGrad on the device thread: the next backward of the same pass can
+            # replay before the gradient is accumulated. torch.autograd.grad and hooks get the buffer itself.
             out.append(Defect("returned-graph-memory", facts.kind, None, n, line,
-                              f"{n} is returned as {what}: the next call's replay overwrites it in place, "
-                              "so a result kept from an earlier call changes silently",
-                              "copy returned tensors out of graph memory (FixedCUDAGraphTransform does, "
-                              "unless copy_outputs=False)"))
-        if facts.hand_out is None:
-            for n in sorted(facts.saved & owner.keys()):
-                what = _memory_of(n, owner, made_in)
-                out.append(Defect("saved-graph-memory", facts.kind, None, n, line,
-                                  f"{n} is saved for the backward as {what}: a second forward before this "
-                                  "backward overwrites it, and the gradients come out wrong without an error",
-                                  "guard saved tensors in graph memory (FixedCUDAGraphTransform replays "
-                                  "another graph instance while they are held)"))
-    for region, stats in facts.stats.items():
-        fn = facts.regions.get(region)
-        for change in stats.rebound:
-            out.append(Defect("static-input-rebound", facts.kind, region, change.name, fn.first_line if fn else None,
-                              f"{region}: {change}, so the tensor it was captured with is overwritten",
-                              "key static inputs by address (FixedCUDAGraphTransform gives each its own graph)"))
+                              f"{n} is handed to autograd as a gradient in {what}: the backward of another "
+                              "forward replays the same graph and overwrites it in place, possibly before "
+                              "autograd has accumulated it (and a gradient that torch.autograd.grad or a hook "
+                              "hands out changes with it)",
+                              "copy gradients out of graph memory (FixedCUDAGraphTransform does)"))
+            continue
+        out.append(Defect("returned-graph-memory", facts.kind, None, n, line,
+                          f"{n} is returned as {what}: the next call's replay overwrites it in place, "
+                          "so a result kept from an earlier call changes silently",
+                          "copy returned tensors out of graph memory (FixedCUDAGraphTransform does, "
+                          "unless copy_outputs=False)"))
+    if facts.hand_out is None and facts.kind == "forward":
+        for n in sorted(facts.saved & owner.keys()):
+            what = _memory_of(n, owner, made_in)
+            out.append(Defect("saved-graph-memory", facts.kind, None, n, line,
+                              f"{n} is saved for the backward as {what}: a second forward before this "
+                              "backward overwrites it, and the gradients come out wrong without an error",
+                              "guard saved tensors in graph memory (FixedCUDAGraphTransform replays "
+                              "another graph instance while they are held)"))
+    return out
+
+
+def _check_static_inputs(facts: TraceFacts) -> list[Defect]:
+    """Static region inputs that a call can fill with another tensor, and those the runner saw rebound.
+
+    thunder's runner keys a static input by its position only: a call that passes another tensor
+    there (another layer's parameters) has it copied into the memory of the tensor the graph was
+    captured with. Predicted from the traces where the static input is one of the function's
+    arguments (the transform's hand-out plan is None: thunder's own transform), and recorded by a
+    runner that saw it happen.
+    """
+    out: list[Defect] = []
+    hint = "key static inputs by address (FixedCUDAGraphTransform gives each its own graph)"
+    for region in dict.fromkeys([*facts.regions, *facts.stats]):
+        fn, stats = facts.regions.get(region), facts.stats.get(region)
+        line = fn.first_line if fn else None
+        seen = {change.name: change for change in (stats.rebound if stats else ())}
+        predicted: set[str] = set()
+        if fn is not None and facts.hand_out is None and facts.arguments:
+            mask = facts.static_masks.get(region, ())
+            for p in (p for p, m in zip(fn.params, mask) if m and p in facts.arguments):
+                predicted.add(p)
+                done = f" (the runner did so: {seen[p]})" if p in seen else ""
+                out.append(Defect("static-input-rebound", facts.kind, region, p, line,
+                                  f"{region}: {p} is a static input and an argument of the function: thunder's "
+                                  "runner keys static inputs by position, so a call with another tensor here "
+                                  f"(another layer's weights) copies it into the tensor {region} was captured "
+                                  f"with{done}", hint))
+        for name, entry in seen.items():
+            if name not in predicted:
+                out.append(Defect("static-input-rebound", facts.kind, region, name, line,
+                                  f"{region}: {entry}, so the tensor it was captured with is overwritten", hint))
     return out
 
 
@@ -258,4 +300,4 @@ def check_trace(facts: TraceFacts) -> list[Defect]:
         out += _check_fn(facts.top, facts, region=False, cuda=cuda)
     for fn in facts.regions.values():
         out += _check_fn(fn, facts, region=True, cuda=cuda)
-    return out + _check_graph_memory(facts)
+    return out + _check_graph_memory(facts) + _check_static_inputs(facts)

@@ -371,7 +371,7 @@ _PHRASES = {
     "scalar-region-input": "number {value} into {where} (a graph per value)",
     "returned-graph-memory": "wrong result: {value} returned in graph memory (the next call overwrites it)",
     "saved-graph-memory": "wrong result: {value} saved for the backward in graph memory (a second forward overwrites it)",
-    "static-input-rebound": "wrong result: {where} copies another tensor into its static input {value}",
+    "static-input-rebound": "wrong result: {where} copies any other tensor passed as {value} into its static input",
 }
 
 

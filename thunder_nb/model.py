@@ -47,7 +47,7 @@ RULES: dict[str, str] = {
     "double-del": "a name deleted twice",
     "returned-graph-memory": "a returned tensor lives in a graph's memory (the next replay overwrites it)",
     "saved-graph-memory": "a tensor saved for the backward lives in a graph's memory (a second forward overwrites it)",
-    "static-input-rebound": "a static region input received another tensor (copied into the captured one's memory)",
+    "static-input-rebound": "a static region input is an argument, or received another tensor (copied into the captured one's memory)",
 }
 
 #: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.

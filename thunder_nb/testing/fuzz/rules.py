@@ -14,6 +14,7 @@ __all__ = [
     "Showing",
     "SHOWING",
     "shows",
+    "kinds_of",
     "observable_rules",
     "explaining_rules",
     "Prediction",
@@ -64,19 +65,26 @@ SHOWING: dict[str, Showing] = {s.rule: s for s in (
     Showing("region-updates-input", "never", "may", "may", _VALUES,
             "the update lands in the runner's static copy: wrong only where the caller's tensor, or a "
             "later reader of it, reads the update (not for an intermediate nobody reads again)"),
-    Showing("returned-graph-memory", "never", "may", "may", frozenset({"kept", "alias"}),
+    Showing("returned-graph-memory", "never", "may", "may", frozenset({"kept", "alias", "gradient"}),
             "a kept result changes when a later call replays the same graph with other values (not when "
             "the region records a new graph per call, e.g. per Python number, nor when the value is the "
-            "same for every input); a returned view of an input is a view of the runner's copy"),
+            "same for every input); a returned view of an input is a view of the runner's copy. A "
+            "backward's gradient in graph memory (`kinds_of`: gradient only) is overwritten by the backward "
+            "of another forward in the same pass: under real capture that replay can run before autograd's "
+            "device thread accumulates the gradient (thunder's backward runs on the CPU thread), so which "
+            "gradient comes out wrong, if any, depends on timing; on the CPU one thread accumulates it "
+            "first (`shows`: never; torch.autograd.grad, outside the protocol, would see it)"),
     Showing("saved-graph-memory", "never", "may", "may", frozenset({"gradient", "error"}),
             "call 1's forward overwrites what call 0 saved for the backward when it replays the same "
             "graph (not when it records a new one), and call 0's gradients are wrong where the backward "
             "reads the overwritten values; where the saved tensor is a view of the runner's copy of an "
             "input, the copy before call 1's replay bumps its version and call 0's backward raises"),
     Showing("static-input-rebound", "never", "must", "must", frozenset({"error"}) | _VALUES,
-            "recorded during the run (the runner copied parameter set 1 into set 0's memory), so set 0 "
-            "differs from eager's after the calls, or, where call 0 saved set 0 for the backward, the "
-            "copy's version bump makes that backward raise; a rebound backward input is a may-show (`shows`)"),
+            "a static input that is an argument of the function (predicted from the traces), or one the "
+            "runner saw receive another tensor: the calls with parameter set 1 copy it into set 0's "
+            "memory, so set 0 differs from eager's after the calls, or, where call 0 saved set 0 for the "
+            "backward, the copy's version bump makes that backward raise; a may-show in a backward "
+            "(`shows`), and where the calls' parameter sets end up equal (the oracle's hidden rules)"),
 )}
 
 
@@ -101,7 +109,20 @@ def shows(defect: Any, capture: CaptureMode) -> str:
         # NOTE: a backward's static input is a forward graph's output; what the copy into it spoils is
         # only read again if that older graph replays, or someone kept its output
         how = "may"
+    if defect.rule == "returned-graph-memory" and defect.trace == "backward" and mode_name(capture) != "real":
+        # NOTE: on the CPU one autograd thread runs each leaf's AccumulateGrad (which copies a gradient
+        # others hold) before the next backward node: the protocol's backward() never sees the overwrite
+        how = "never"
     return how
+
+
+def kinds_of(defect: Any) -> frozenset[str]:
+    """The failure kinds ``defect`` can cause (`SHOWING`, refined per defect)."""
+    kinds = SHOWING[defect.rule].kinds
+    if defect.rule == "returned-graph-memory":
+        # NOTE: a forward returns results the caller keeps; a backward, gradients for autograd
+        return kinds & {"gradient"} if defect.trace == "backward" else kinds - {"gradient"}
+    return kinds
 
 
 def observable_rules(capture: CaptureMode) -> frozenset[str]:
@@ -151,18 +172,21 @@ def predict(defects: Any, failed: set[str] | frozenset[str], capture: CaptureMod
             ``static-input-rebound`` where both parameter sets end up equal): may-show here.
     """
     errors = [d for d in defects if d.is_error]
-    how = {(d.rule, "may" if d.rule in hidden and shows(d, capture) == "must" else shows(d, capture)) for d in errors}
-    must = sorted({r for r, h in how if h == "must"})
-    may = sorted({r for r, h in how if h == "may"} - set(must))
-    covered = {k for r in must + may for k in SHOWING[r].kinds}
+    rated = [(d, "may" if d.rule in hidden and shows(d, capture) == "must" else shows(d, capture)) for d in errors]
+    must = sorted({d.rule for d, h in rated if h == "must"})
+    may = sorted({d.rule for d, h in rated if h == "may"} - set(must))
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for d, h in rated:
+        kinds.setdefault((d.rule, h), set()).update(kinds_of(d))
+    covered = {k for (_, h), ks in kinds.items() if h != "never" for k in ks}
     return Prediction(
         errors=tuple(sorted({d.rule for d in errors})),
         must=tuple(must),
         may=tuple(may),
         failed=tuple(k for k in FAILURE_KINDS if k in failed),
         unexplained=tuple(k for k in FAILURE_KINDS if k in failed and k not in covered),
-        not_shown=tuple(r for r in must if not SHOWING[r].kinds & failed),
-        may_shown=tuple(r for r in may if SHOWING[r].kinds & failed),
+        not_shown=tuple(r for r in must if not kinds[(r, "must")] & failed),
+        may_shown=tuple(r for r in may if kinds[(r, "may")] & failed),
     )
 
 
