@@ -14,8 +14,8 @@ __all__ = [
     "build_traces",
     "has_traces",
     "saved_for_backward",
-    "arg_descriptor",
     "clear_cublas_workspaces",
+    "copy_all",
     "storage_use_count",
     "recover_generators",
     "compile_option",
@@ -91,11 +91,20 @@ def saved_for_backward(trace: Any) -> tuple[Any, ...]:
     return tuple(vjp_utils.get_saved_for_backward_tensors(trace))
 
 
-def arg_descriptor(args: Sequence[Any]) -> Any:
-    """thunder's cache-key part for region arguments: dtypes, sizes, strides and non-tensor values."""
-    from thunder.transforms.cudagraph import to_arg_descriptor
+def copy_all(tensors: Sequence[Any]) -> list[Any]:
+    """Copies of ``tensors``, each laid out as ``clone()`` lays it out, made by one ``torch._foreach_copy_``.
 
-    return to_arg_descriptor(*args)
+    One call copies them all (a few kernel launches on a GPU, not one per tensor). Tensor subclasses,
+    and tensors whose copies autograd would record, are ``clone()``d.
+    """
+    import torch
+
+    if len(tensors) < 2 or any(type(t) is not torch.Tensor for t in tensors) or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return [t.clone() for t in tensors]
+    out = [torch.empty_like(t) for t in tensors]  # NOTE: preserve_format: clone's strides, dense or not
+    torch._foreach_copy_(out, list(tensors))
+    return out
 
 
 def compile_option(name: str, description: str) -> Any:
