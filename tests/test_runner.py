@@ -186,3 +186,15 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
     # NOTE: every gradient leaves graph memory as a copy (the tied embedding/head weight gets two)
     assert backward.calls == 4 and backward.guarded == 0
     assert backward.copied == 4 * len(report.backward.hand_out.graph_memory) >= 4 * len(list(case.model.parameters()))
+
+
+def test_copy_into_copies_each_pair_whatever_their_dtypes_and_layouts():
+    sources = [torch.randn(3, 4).t(), torch.randint(0, 9, (5,)), torch.randn(2, 2, dtype=torch.float64)]
+    targets = [torch.empty_like(s) for s in sources]
+    internals.copy_into(targets, sources)
+    assert all(torch.equal(t, s) and t.stride() == s.stride() for t, s in zip(targets, sources))
+    x = torch.randn(3, requires_grad=True)
+    targets = [torch.zeros(3), torch.zeros(3)]
+    internals.copy_into(targets, [x * 2, x.detach()])
+    targets[0].sum().backward()  # NOTE: autograd recorded the copy, as with copy_
+    assert torch.equal(x.grad, torch.full((3,), 2.0))

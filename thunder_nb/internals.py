@@ -16,6 +16,7 @@ __all__ = [
     "saved_for_backward",
     "clear_cublas_workspaces",
     "copy_all",
+    "copy_into",
     "storage_use_count",
     "recover_generators",
     "compile_option",
@@ -92,10 +93,9 @@ def saved_for_backward(trace: Any) -> tuple[Any, ...]:
 
 
 def copy_all(tensors: Sequence[Any]) -> list[Any]:
-    """Copies of ``tensors``, each laid out as ``clone()`` lays it out, made by one ``torch._foreach_copy_``.
+    """Copies of ``tensors``, each laid out as ``clone()`` lays it out, made by one `copy_into`.
 
-    One call copies them all (a few kernel launches on a GPU, not one per tensor). Tensor subclasses,
-    and tensors whose copies autograd would record, are ``clone()``d.
+    Tensor subclasses, and tensors whose copies autograd would record, are ``clone()``d.
     """
     import torch
 
@@ -103,8 +103,22 @@ def copy_all(tensors: Sequence[Any]) -> list[Any]:
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         return [t.clone() for t in tensors]
     out = [torch.empty_like(t) for t in tensors]  # NOTE: preserve_format: clone's strides, dense or not
-    torch._foreach_copy_(out, list(tensors))
+    copy_into(out, tensors)
     return out
+
+
+def copy_into(targets: Sequence[Any], sources: Sequence[Any]) -> None:
+    """``targets[i].copy_(sources[i])`` for each i, in one ``torch._foreach_copy_`` (a few kernel launches, not one each).
+
+    Where autograd would record a copy, each is a ``copy_`` of its own.
+    """
+    import torch
+
+    if len(targets) < 2 or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
+        for t, s in zip(targets, sources):
+            t.copy_(s)
+        return
+    torch._foreach_copy_(list(targets), list(sources))
 
 
 def compile_option(name: str, description: str) -> Any:

@@ -85,6 +85,7 @@ class _Instance:
     copied: tuple[int, ...] = ()  # input positions copied into the runner's buffers before each replay
     write_back: tuple[int, ...] = ()  # copied inputs the region updates in place: copied back after each replay
     passthrough: tuple[tuple[int, int], ...] = ()  # (output, input) positions: outputs that are an input
+    copy_targets: tuple[Any, ...] = ()  # the runner's buffers of the copied inputs, in `copied`'s order
     guards: list[weakref.ref] = field(default_factory=list)  # handed-out tensors in this instance's memory
 
     def held(self) -> bool:
@@ -316,7 +317,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         inst = _Instance(graph, static_inputs, tuple(static_outputs),
                          _view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
                          tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
-                         self.passthrough.get(fn_name, ()))
+                         self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
         inputs_memory = {_storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
         for s, a, m in zip(static_inputs, args, mask):
             if isinstance(s, torch.Tensor) and not m:
@@ -488,8 +489,8 @@ _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 def _replay(inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
     """Replay ``inst`` on ``args`` (the key already matched): copy the copied inputs in, write back, re-make views."""
     static_inputs = inst.static_inputs
-    for pos in inst.copied:
-        static_inputs[pos].copy_(args[pos])
+    if inst.copied:
+        internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copied])
     inst.guards.clear()  # NOTE: chosen because none of them is alive
     inst.graph.replay()
     for pos in inst.write_back:
