@@ -1,30 +1,42 @@
-"""Where the host time of one training step goes: thunder's prologue and glue, the runner, replays, hand-outs, backward.
+"""Where the host time of one training step goes: thunder's prologue and glue, the runner, replays, hand-outs, autograd.
 
-    python bench/host_profile.py [--emulated] [--steps 200] [--models nanoGPT,llama2] [--log-loss] [--cprofile]
+    python bench/host_profile.py [--steps 200] [--models nanoGPT,llama2] [--log-loss] [--config SUBSTRING] [--cprofile]
+    python bench/host_profile.py --emulated --skip-replay --cpu-time [...]      # on a CPU
 
-Runs thunder's bundled nanoGPT and llama2 training steps (2 layers, width 128, batch 8x64; forward
-and cross-entropy jitted, backward through autograd; a fresh batch every step) under each
-configuration, and prints microseconds of host time per step and phase (median over ``--steps``
-steps after a warm-up). Real capture on a GPU; ``--emulated`` runs on the CPU with emulated capture
-(`thunder_nb.testing.emulated_capture`), where a "replay" re-runs the region's Python function, so
-its replay column is not a GPU's, but every other column is the same host work.
+Runs thunder's bundled nanoGPT and llama2 training steps (`thunder_nb.testing.models`: 2 layers,
+width 128, batch 8x64; forward and cross-entropy jitted, backward through autograd, gradients
+reset) under thunder's CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform, and the fixed
+transform's trace run by thunder's own runner code (its regions' static inputs as thunder's
+static mask, no hand-out: thunder's call path at its best on the same trace, unsafe, for
+comparison only). Prints host microseconds per step and phase (median over ``--steps`` steps
+after a warm-up). On a GPU (real capture) each case runs in a process of its own.
 
-Phases (columns): ``step`` = ``fw`` + ``bw``. Within the forward call (``fw``): ``prologue``
-(thunder's input checks), ``fw runner`` (the runner's own work per region call: ``call_cuda_graph``
-minus the replay), ``fw replay``, ``fw hand-out``, ``fw trace`` (the rest of the computation
-function: ops outside regions, dels) and ``fw glue`` (the rest: cache lookup, autograd
-connection, epilogue). Within ``loss.backward()`` (``bw``): ``bw runner``, ``bw replay``,
-``bw hand-out`` and ``bw rest`` (thunder's backward function around them and torch's autograd).
+``--emulated`` runs on the CPU with emulated capture (`thunder_nb.testing.emulated_capture`);
+``--skip-replay`` then makes replays do nothing (re-running a region would drown the host work
+around it; values go stale, timing only), and ``--cpu-time`` times by the thread's CPU time with
+one torch thread (steadier on a CPU shared with other work). A CPU copies memory where a GPU
+launches a kernel, so copies weigh more there.
+
+Columns: ``step`` = ``fw`` + ``bw``. Within the forward call (``fw``): ``prologue`` (thunder's input
+checks), ``fw runner`` (the runner's own work per region call: ``call_cuda_graph`` minus the
+replay), ``fw replay``, ``fw hand-out``, ``fw trace`` (the rest of the computation function: ops
+outside regions, an island's sync) and ``fw glue`` (cache lookup, autograd connection, epilogue).
+Within ``loss.backward()`` (``bw``): ``bw runner``, ``bw replay``, ``bw hand-out``, ``bw trace``
+(the rest of thunder's backward function) and ``bw autograd`` (torch's engine around it,
+gradient accumulation included).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import functools
 import gc
+import json
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -224,6 +236,25 @@ def table(rows: list[tuple[str, str, dict, tuple[int, int]]]) -> str:
     return "\n".join(lines)
 
 
+def run_case(a: argparse.Namespace, name: str, log: bool, config: str) -> dict | None:
+    """One program under one configuration, in this process: its row, or None when it fails (printed)."""
+    device = "cpu" if a.emulated else "cuda"
+    program = f"{name} training step" + (", loss.item() logged" if log else "")
+    make = dict(configs(a.emulated))[config]
+    with emulated_capture() if a.emulated else contextlib.nullcontext():
+        try:
+            row, regions, prof = profile(name, make, device, a.steps, a.warmup, log, cprofile=a.cprofile,
+                                         skip_replay=a.skip_replay and a.emulated, cpu_time=a.cpu_time)
+        except Exception as e:  # NOTE: thunder's own transform fails at capture where loss.item() is inside
+            print(f"{program} / {config}: fails: {type(e).__name__}: {str(e).strip()[:100]}", file=sys.stderr)
+            return None
+    print(f"{program} / {config}: step {row['step']:.0f} us", file=sys.stderr)
+    if prof:
+        print(f"\n## cProfile: {program} / {config} ({a.steps} steps)", file=sys.stderr)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    return {"program": program, "config": config, "row": row, "regions": regions}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--emulated", action="store_true", help="CPU, emulated capture (no GPU needed)")
@@ -236,46 +267,39 @@ def main() -> int:
                     help="with --emulated: replays do nothing (the region's re-run would drown the host work around it)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time by the thread's CPU time (a CPU shared with other work; one torch thread)")
-    ap.add_argument("--cprofile", action="store_true", help="print cProfile's top functions per run")
+    ap.add_argument("--cprofile", action="store_true", help="print cProfile's top functions per run (to stderr)")
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # NOTE: "model|log|config": one case, its row as JSON
     a = ap.parse_args()
     if not a.emulated and not torch.cuda.is_available():
         print("host_profile: needs a CUDA GPU (torch sees none); --emulated runs on the CPU", file=sys.stderr)
         return 2
-    device = "cpu" if a.emulated else "cuda"
     if a.cpu_time:
         torch.set_num_threads(1)  # NOTE: the thread's CPU time then covers every op's work
-    rows = []
+    if a.case:
+        name, log, config = a.case.split("|")
+        print(json.dumps(run_case(a, name, log == "1", config)))
+        return 0
+    results = []
     for name in a.models.split(","):
         for log in (False, True) if a.log_loss else (False,):
-            program = f"{name} training step" + (", loss.item() logged" if log else "")
-            for config, make in configs(a.emulated):
+            for config, _ in configs(a.emulated):
                 if a.config not in config:
                     continue
-                with emulated_capture() if a.emulated else _nothing():
-                    try:
-                        row, regions, prof = profile(name, make, device, a.steps, a.warmup, log, cprofile=a.cprofile,
-                                                     skip_replay=a.skip_replay and a.emulated, cpu_time=a.cpu_time)
-                    except Exception as e:  # NOTE: thunder's own transform fails at capture on loss.item()
-                        print(f"{program} / {config}: fails: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
-                        continue
-                rows.append((program, config, row, regions))
-                print(f"{program} / {config}: step {row['step']:.0f} us", file=sys.stderr)
-                if prof:
-                    print(f"\n## cProfile: {program} / {config} ({a.steps} steps)")
-                    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+                if a.emulated:
+                    results.append(run_case(a, name, log, config))
+                    continue
+                # NOTE: on a GPU each case runs in a process of its own: a failed capture can leave CUDA unusable
+                done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", f"{name}|{int(log)}|{config}"],
+                                      stdout=subprocess.PIPE, text=True, timeout=900)
+                lines = done.stdout.strip().splitlines()
+                results.append(json.loads(lines[-1]) if done.returncode == 0 and lines else None)
+    rows = [(r["program"], r["config"], r["row"], r["regions"]) for r in results if r]
     where = torch.cuda.get_device_name() if not a.emulated else "CPU, emulated capture, " + (
         "replays skipped" if a.skip_replay else "replay = re-running the region")
-    print(f"\nHost microseconds per step, median of {a.steps} steps after {a.warmup} warm-up steps; {where}\n")
+    clock = "the thread's CPU time" if a.cpu_time else "wall time"
+    print(f"\nHost microseconds per step ({clock}), median of {a.steps} steps after {a.warmup} warm-up steps; {where}\n")
     print(table(rows))
     return 0
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":
