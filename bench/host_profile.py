@@ -181,7 +181,6 @@ def _profile(case, transform, clock: Clock, device: str, steps: int, warmup: int
     batches = [case.make_batch(seed) for seed in range(16)]
     prof = cProfile.Profile() if cprofile else None
     rows: list[dict[str, float]] = []
-    calls: dict[str, int] = {}
 
     def one(i: int) -> None:
         idx, targets = batches[i % len(batches)]
