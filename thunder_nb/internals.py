@@ -16,8 +16,9 @@ __all__ = [
     "build_traces",
     "has_traces",
     "saved_for_backward",
-    "arg_descriptor",
     "clear_cublas_workspaces",
+    "copy_all",
+    "copy_into",
     "storage_use_count",
     "recover_generators",
     "compile_option",
@@ -97,11 +98,33 @@ def saved_for_backward(trace: Any) -> tuple[Any, ...]:
     return tuple(vjp_utils.get_saved_for_backward_tensors(trace))
 
 
-def arg_descriptor(args: Sequence[Any]) -> Any:
-    """thunder's cache-key part for region arguments: dtypes, sizes, strides and non-tensor values."""
-    from thunder.transforms.cudagraph import to_arg_descriptor
+def copy_all(tensors: Sequence[Any]) -> list[Any]:
+    """Copies of ``tensors``, each laid out as ``clone()`` lays it out, made by one `copy_into`.
 
-    return to_arg_descriptor(*args)
+    Tensor subclasses, and tensors whose copies autograd would record, are ``clone()``d.
+    """
+    import torch
+
+    if len(tensors) < 2 or any(type(t) is not torch.Tensor for t in tensors) or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return [t.clone() for t in tensors]
+    out = [torch.empty_like(t) for t in tensors]  # NOTE: preserve_format: clone's strides, dense or not
+    copy_into(out, tensors)
+    return out
+
+
+def copy_into(targets: Sequence[Any], sources: Sequence[Any]) -> None:
+    """``targets[i].copy_(sources[i])`` for each i, in one ``torch._foreach_copy_`` (a few kernel launches, not one each).
+
+    Where autograd would record a copy, each is a ``copy_`` of its own.
+    """
+    import torch
+
+    if len(targets) < 2 or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
+        for t, s in zip(targets, sources):
+            t.copy_(s)
+        return
+    torch._foreach_copy_(list(targets), list(sources))
 
 
 def compile_option(name: str, description: str) -> Any:

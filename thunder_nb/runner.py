@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from thunder.transforms.cudagraph import CUDAGraphRunner
+from thunder.transforms.cudagraph import ArgsDescriptor, CUDAGraphRunner
 
 from . import internals
 from .model import GraphRecord, HandOutStats, RegionPlan, RegionStats, StaticInputChange
@@ -84,11 +84,16 @@ class _Instance:
     index: int
     copied: tuple[int, ...] = ()  # input positions copied into the runner's buffers before each replay
     write_back: tuple[int, ...] = ()  # copied inputs the region updates in place: copied back after each replay
+    passthrough: tuple[tuple[int, int], ...] = ()  # (output, input) positions: outputs that are an input
+    copy_targets: tuple[Any, ...] = ()  # the runner's buffers of the copied inputs, in `copied`'s order
     guards: list[weakref.ref] = field(default_factory=list)  # handed-out tensors in this instance's memory
 
     def held(self) -> bool:
         """Whether a tensor saved for a backward still lives in memory the next replay writes."""
-        return any(r() is not None for r in self.guards)
+        for r in self.guards:
+            if r() is not None:
+                return True
+        return False
 
 
 @dataclass(slots=True)
@@ -148,6 +153,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         self.stable_inputs: dict[str, frozenset[int]] = {}  # fn_name -> input positions of module buffers
         self._counts: dict[str, _Counts] = {}
         self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
+        self._hand_out_plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # `_hand_out_plan`s
         self._warned = False
         self._warned_held = False
 
@@ -189,8 +195,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             return self.python_callables[fn_name][0](*args)
         if self.stock:
             return self._call_stock(fn_name, counts, args)
-        mask, addresses = self._static_mask(fn_name, counts, args)
-        key = (fn_name, mask, internals.arg_descriptor(args), addresses)
+        mask, key = self._key(fn_name, counts, args)
         instances = self.cuda_graph_cache.get(key)
         if instances is None:
             if self._too_many_values(fn_name, counts, key):
@@ -212,72 +217,62 @@ class ThunderNBRunner(CUDAGraphRunner):
             inst = self._record(fn_name, fn, args, mask, cause, len(instances))
             instances.append(inst)
         counts.last_key, counts.last = key, inst
-        return self._replay(fn_name, inst, args)
-
-    def _replay(self, fn_name: str, inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
-        for pos in inst.copied:
-            inst.static_inputs[pos].copy_(args[pos])
-        inst.guards.clear()  # NOTE: chosen because none of them is alive
-        inst.graph.replay()
-        self._counts[fn_name].replays += 1
-        for pos in inst.write_back:
-            # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
-            args[pos].copy_(inst.static_inputs[pos])
-        if not inst.views and fn_name not in self.passthrough:
-            return list(inst.static_outputs)
-        outputs = list(inst.static_outputs)
-        for out_pos, in_pos, size, stride, delta in inst.views:
-            # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
-            # must get the same view of its own tensor (in-place updates through it must reach the caller)
-            a = args[in_pos]
-            outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
-        for out_pos, in_pos in self.passthrough.get(fn_name, ()):
-            outputs[out_pos] = args[in_pos]
+        outputs = _replay(inst, args)
+        counts.replays += 1
         return outputs
 
-    def _static_mask(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple[int, ...]]:
-        """Per call: which inputs the graph reads where they lie, and their addresses (part of the cache key).
+    def _key(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple]:
+        """Per call, in one pass over the inputs: which the graph reads where they lie, and the cache key.
 
         Static: a parameter, a module buffer or a view of one, or memory a graph of this runner owns. Anything else
-        is copied into the graph's own buffer. An input past `max_addresses` is copied too.
+        is copied into the graph's own buffer. An input past `max_addresses` is copied too. The key is
+        ``(fn_name, mask, entries, addresses)``: per input ``(dtype, size, stride)`` of a tensor or
+        ``(type, value)`` of anything else (thunder's descriptor, `_descriptor`), and the addresses of
+        the static inputs.
         """
         owner, stable, demoted = self._owner, self._stable, counts.demoted
         buffers = self.stable_inputs.get(fn_name, ())
-        mask, addresses = [], []
+        entries, mask, addresses = [], [], []
+        entry, static_of, address = entries.append, mask.append, addresses.append
         for i, a in enumerate(args):
-            if type(a) is torch.Tensor:
+            cls = type(a)
+            if cls is _Tensor:
                 ptr = a.untyped_storage().data_ptr()
-                if i in buffers:
+                if buffers and i in buffers:
                     stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
                     static = True
                 else:
                     static = ptr in owner or ptr in stable
-            elif isinstance(a, torch.Tensor):
+            elif cls is _Parameter or isinstance(a, _Tensor):
                 ptr = a.untyped_storage().data_ptr()
-                if isinstance(a, torch.nn.Parameter):
+                if cls is _Parameter or isinstance(a, _Parameter):
                     stable.add(ptr)  # NOTE: views of it (a transposed weight saved for the backward) are static too
                     static = True
                 else:
                     static = ptr in owner or ptr in stable
             else:
-                mask.append(False)
+                entry((cls, a))
+                static_of(False)
                 continue
+            entry((a.dtype, a.size(), a.stride()))
             if static and demoted and i in demoted:
                 static = False
-            mask.append(static)
+            static_of(static)
             if static:
-                addresses.append(a.data_ptr())
-        return tuple(mask), tuple(addresses)
+                address(a.data_ptr())
+        mask = tuple(mask)
+        return mask, (fn_name, mask, tuple(entries), tuple(addresses))
 
     def _too_many_values(self, fn_name: str, counts: _Counts, key: tuple) -> bool:
         """Past `max_values` values of the region's Python numbers, run it without a graph from now on."""
-        values = tuple(v for v in (key[2].non_tensor_args or ()) if isinstance(v, (int, float, complex)))
+        values = tuple(v for v in (_descriptor(key[2]).non_tensor_args or ()) if isinstance(v, (int, float, complex)))
         if not values:
             return False
         counts.values.add(values)
         if len(counts.values) <= self.max_values:
             return False
-        names = [n for n, v in zip(self.trace_symbols[fn_name][1], key[2].non_tensor_args) if isinstance(v, (int, float, complex))]
+        names = [n for n, v in zip(self.trace_symbols[fn_name][1], _descriptor(key[2]).non_tensor_args)
+                 if isinstance(v, (int, float, complex))]
         counts.eager_reason = (f"{', '.join(getattr(n, 'name', '?') for n in names)} took more than {self.max_values} values "
                                "(each would capture a new graph): the region runs without a graph from now on")
         warnings.warn(f"thunder-nb: {fn_name}: {counts.eager_reason}", RecaptureWarning, stacklevel=4)
@@ -297,8 +292,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                 counts.demoted[i] = StaticInputChange(name, i, "demoted", limit=self.max_addresses)
                 demote.append(i)
         if demote:
-            mask, addresses = self._static_mask(fn_name, counts, args)
-            key = (fn_name, mask, key[2], addresses)
+            mask, key = self._key(fn_name, counts, args)
         counts.keys.add(key[3])
         return mask, key
 
@@ -321,7 +315,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
         inst = _Instance(graph, static_inputs, tuple(static_outputs),
                          _view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
-                         tuple(i for i in self.write_back.get(fn_name, ()) if i in copied))
+                         tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
+                         self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
         inputs_memory = {_storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
         for s, a, m in zip(static_inputs, args, mask):
             if isinstance(s, torch.Tensor) and not m:
@@ -400,30 +395,56 @@ class ThunderNBRunner(CUDAGraphRunner):
         instance watches: while it lives, that instance does not replay. Anything else goes out as it is.
         """
         out = list(tensors)
-        groups: dict[int, list[int]] = {}
-        counts = self._hand_out_counts.setdefault(kind, {"calls": 0, "copied": 0, "guarded": 0})
+        counts = self._hand_out_counts.get(kind)
+        if counts is None:
+            counts = self._hand_out_counts[kind] = {"calls": 0, "copied": 0, "guarded": 0}
         counts["calls"] += 1
+        which = (actions if type(actions) is tuple else tuple(actions), len(tensors))
+        plan = self._hand_out_plans.get(which)
+        if plan is None:
+            plan = self._hand_out_plans[which] = _hand_out_plan(*which)
+        guard, copy = plan
+        owner_of, ref = self._owner, weakref.ref
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
         # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
-        saved = {_storage(t) for a, t in zip(actions, tensors) if a == "guard" and isinstance(t, torch.Tensor)}
-        for j, (action, t) in enumerate(zip(actions, tensors)):
-            if not isinstance(t, torch.Tensor) or action == "as-is":
-                continue
-            ptr = _storage(t)
-            owner = self._owner.get(ptr)
-            if owner is None:
-                continue
-            if action == "guard" or ptr in saved:
-                alias = t.detach()
-                owner.guards.append(weakref.ref(alias))
-                out[j] = alias
-                counts["guarded"] += 1
-            else:
-                groups.setdefault(ptr, []).append(j)
-        for js in groups.values():
-            for j, c in zip(js, _copy_together([tensors[j] for j in js])):
+        saved: set[int] = set()
+        guarded = 0
+        for j in guard:
+            t = tensors[j]
+            if isinstance(t, _Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                saved.add(ptr)
+                owner = owner_of.get(ptr)
+                if owner is not None:
+                    alias = t.detach()
+                    owner.guards.append(ref(alias))
+                    out[j] = alias
+                    guarded += 1
+        groups: dict[int, list[int]] = {}
+        for j in copy:
+            t = tensors[j]
+            if isinstance(t, _Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                owner = owner_of.get(ptr)
+                if owner is None:
+                    continue
+                if ptr in saved:
+                    alias = t.detach()
+                    owner.guards.append(ref(alias))
+                    out[j] = alias
+                    guarded += 1
+                else:
+                    groups.setdefault(ptr, []).append(j)
+        counts["guarded"] += guarded
+        if groups:
+            singles = [js[0] for js in groups.values() if len(js) == 1]
+            for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
                 out[j] = c
-            counts["copied"] += len(js)
+            for js in groups.values():
+                if len(js) > 1:
+                    for j, c in zip(js, _copy_together([tensors[j] for j in js])):
+                        out[j] = c
+                counts["copied"] += len(js)
         return out
 
     # --- records ----------------------------------------------------------------------------------
@@ -458,6 +479,37 @@ class ThunderNBRunner(CUDAGraphRunner):
 
 # ---------------------------------------------------------------------------------------------------
 # Memory helpers
+
+
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+
+
+def _replay(inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
+    """Replay ``inst`` on ``args`` (the key already matched): copy the copied inputs in, write back, re-make views."""
+    static_inputs = inst.static_inputs
+    if inst.copied:
+        internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copied])
+    inst.guards.clear()  # NOTE: chosen because none of them is alive
+    inst.graph.replay()
+    for pos in inst.write_back:
+        # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
+        args[pos].copy_(static_inputs[pos])
+    outputs = list(inst.static_outputs)
+    for out_pos, in_pos, size, stride, delta in inst.views:
+        # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
+        # must get the same view of its own tensor (in-place updates through it must reach the caller)
+        a = args[in_pos]
+        outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
+    for out_pos, in_pos in inst.passthrough:
+        outputs[out_pos] = args[in_pos]
+    return outputs
+
+
+def _hand_out_plan(actions: tuple[str, ...], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The positions a hand-out of ``n`` tensors guards, and those it copies (any action but "guard" and "as-is")."""
+    actions = actions[:n]
+    return (tuple(j for j, a in enumerate(actions) if a == "guard"),
+            tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"))
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -536,11 +588,22 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+def _descriptor(entries: Any) -> ArgsDescriptor:
+    """thunder's ``ArgsDescriptor`` of a key's inputs: as it is (thunder's key), or made of `ThunderNBRunner._key`'s entries."""
+    if isinstance(entries, ArgsDescriptor):
+        return entries
+    if not entries:
+        return ArgsDescriptor(None, None, None, None)
+    full = [e if len(e) == 3 else (e[0], None, None) for e in entries]
+    dtypes, sizes, strides = zip(*full)
+    return ArgsDescriptor(dtypes, sizes, strides, tuple(None if len(e) == 3 else e[1] for e in entries))
+
+
 def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any]) -> str:
     """Why a new cache key was made: the first input whose value, dtype, shape, strides or address changed."""
     if old is None:
         return "first call"
-    old_args, new_args = old[2], new[2]
+    old_args, new_args = _descriptor(old[2]), _descriptor(new[2])
     for i in range(len(inputs)):
         name = _input_name(inputs, i)
         for attr, label in (("non_tensor_args", "value"), ("dtypes", "dtype"), ("sizes", "shape"), ("strides", "strides")):

@@ -1,0 +1,305 @@
+"""Where the host time of one training step goes: thunder's prologue and glue, the runner, replays, hand-outs, autograd.
+
+    python bench/host_profile.py [--steps 200] [--models nanoGPT,llama2] [--log-loss] [--config SUBSTRING] [--cprofile]
+    python bench/host_profile.py --emulated --skip-replay --cpu-time [...]      # on a CPU
+
+Runs thunder's bundled nanoGPT and llama2 training steps (`thunder_nb.testing.models`: 2 layers,
+width 128, batch 8x64; forward and cross-entropy jitted, backward through autograd, gradients
+reset) under thunder's CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform, and the fixed
+transform's trace run by thunder's own runner code (its regions' static inputs as thunder's
+static mask, no hand-out: thunder's call path at its best on the same trace, unsafe, for
+comparison only). Prints host microseconds per step and phase (median over ``--steps`` steps
+after a warm-up). On a GPU (real capture) each case runs in a process of its own.
+
+``--emulated`` runs on the CPU with emulated capture (`thunder_nb.testing.emulated_capture`);
+``--skip-replay`` then makes replays do nothing (re-running a region would drown the host work
+around it; values go stale, timing only), and ``--cpu-time`` times by the thread's CPU time with
+one torch thread (steadier on a CPU shared with other work). A CPU copies memory where a GPU
+launches a kernel, so copies weigh more there.
+
+Columns: ``step`` = ``fw`` + ``bw``. Within the forward call (``fw``): ``prologue`` (thunder's input
+checks), ``fw runner`` (the runner's own work per region call: ``call_cuda_graph`` minus the
+replay), ``fw replay``, ``fw hand-out``, ``fw trace`` (the rest of the computation function: ops
+outside regions, an island's sync) and ``fw glue`` (cache lookup, autograd connection, epilogue).
+Within ``loss.backward()`` (``bw``): ``bw runner``, ``bw replay``, ``bw hand-out``, ``bw trace``
+(the rest of thunder's backward function) and ``bw autograd`` (torch's engine around it,
+gradient accumulation included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import functools
+import gc
+import json
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections import defaultdict
+
+import thunder
+import torch
+from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
+
+from thunder_nb.fix import FixedCUDAGraphTransform
+from thunder_nb.testing import EmulatedGraph, emulated_capture
+from thunder_nb.testing.models import model_case
+
+warnings.filterwarnings("ignore")
+
+COLUMNS = ("step", "fw", "prologue", "fw runner", "fw replay", "fw hand-out", "fw trace", "fw glue",
+           "bw", "bw runner", "bw replay", "bw hand-out", "bw trace", "bw autograd")
+
+
+class Clock:
+    """Per-phase host time of the current step; ``now`` is wall time, or the thread's CPU time on a busy CPU."""
+
+    def __init__(self, now=time.perf_counter):
+        self.now = now
+        self.step: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.side = "fw"  # "bw" inside loss.backward()
+        self.replay = 0.0  # replay time inside the current region call
+
+    def add(self, phase: str, seconds: float, calls: int = 0) -> None:
+        self.step[phase] += seconds
+        self.calls[phase] += calls
+
+    def timed(self, phase: str, fn):
+        """``fn``, its time added to ``phase``."""
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            t0 = self.now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(phase, self.now() - t0, 1)
+
+        return wrapped
+
+
+def _skip(graph) -> None:
+    """A replay that does nothing (``--skip-replay``): the host work around it stays, the region's values go stale."""
+
+
+def instrument(clock: Clock, runner: CUDAGraphRunner, thunder_path: bool = False) -> None:
+    """Time ``runner``'s region calls (replay apart) and hand-outs; ``thunder_path``: call thunder's own runner code."""
+    call = functools.partial(CUDAGraphRunner.call_cuda_graph, runner) if thunder_path else runner.call_cuda_graph
+    masked: set[str] = set()
+    if thunder_path:
+        # NOTE: thunder's code reads an input in place when its mask says so and the caller passes the very tensor
+        # it captured with; the fixed trace's static inputs (its plan) as the mask, and no hand-out (no fresh
+        # aliases), give thunder's code its best case on this trace: no copies but those of real inputs
+        runner.hand_out = lambda kind, actions, *tensors: list(tensors)
+
+    def call_cuda_graph(fn_name, *args):
+        if thunder_path and fn_name not in masked:
+            masked.add(fn_name)
+            mask = tuple(p.role == "static" for p in runner.plans[fn_name].inputs)
+            runner.python_callables[fn_name] = (runner.python_callables[fn_name][0], mask)
+        clock.replay = 0.0
+        t0 = clock.now()
+        out = call(fn_name, *args)
+        dt = clock.now() - t0
+        clock.add(f"{clock.side} runner", dt - clock.replay, 1)
+        clock.add(f"{clock.side} replay", clock.replay)
+        return out
+
+    runner.call_cuda_graph = call_cuda_graph
+    if hasattr(runner, "hand_out"):  # NOTE: before the first call: the transform binds it into the trace then
+        hand_out = runner.hand_out
+        runner.hand_out = lambda kind, actions, *tensors: clock.timed("fw hand-out" if kind == "forward" else "bw hand-out", hand_out)(
+            kind, actions, *tensors)
+
+
+def instrument_entries(clock: Clock, jfn) -> None:
+    """Time the prologue, computation and backward functions of ``jfn``'s cache entries."""
+    cache = thunder.compile_stats(jfn).interpreter_cache
+    for i, entry in enumerate(cache):
+        cache[i] = entry._replace(
+            prologue_fn=clock.timed("prologue", entry.prologue_fn),
+            computation_fn=clock.timed("fw computation", entry.computation_fn),
+            backward_fn=clock.timed("bw computation", entry.backward_fn) if entry.backward_fn else None,
+        )
+
+
+def configs(emulated: bool):
+    """(name, make) for thunder's transform, the fixed one, and the fixed trace on thunder's runner code."""
+
+    def fixed():
+        t = FixedCUDAGraphTransform(capture=not emulated)
+        t.cuda_graph_runner.capture = True  # NOTE: the capture path, on emulated graphs on the CPU
+        return t, t.cuda_graph_runner, False
+
+    def fixed_thunder_path():
+        t, runner, _ = fixed()
+        return t, runner, True
+
+    def stock():
+        t = CUDAGraphTransform()
+        return t, t.cuda_graph_runner, False
+
+    return [
+        ("thunder CUDAGraphTransform", stock),
+        ("thunder-nb FixedCUDAGraphTransform", fixed),
+        ("fixed trace, thunder's runner code", fixed_thunder_path),
+    ]
+
+
+def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: bool, *,
+            cprofile: bool = False, skip_replay: bool = False, cpu_time: bool = False):
+    """Median microseconds per step and phase (and the region calls per step) of ``name``'s training step."""
+    case = model_case(name, device, log_loss=log_loss)
+    transform, runner, thunder_path = make()
+    clock = Clock(time.thread_time if cpu_time else time.perf_counter)
+    instrument(clock, runner, thunder_path)
+    graph_class = EmulatedGraph if device == "cpu" else torch.cuda.CUDAGraph
+    replay = graph_class.replay
+
+    def timed_replay(graph):
+        t0 = clock.now()
+        try:
+            return (_skip if skip_replay else replay)(graph)
+        finally:
+            clock.replay += clock.now() - t0
+
+    graph_class.replay = timed_replay
+    try:
+        return _profile(case, transform, clock, device, steps, warmup, cprofile)
+    finally:
+        graph_class.replay = replay
+
+
+def _profile(case, transform, clock: Clock, device: str, steps: int, warmup: int, cprofile: bool):
+    jfn = thunder.jit(case.step, transforms=[transform])
+    batches = [case.make_batch(seed) for seed in range(16)]
+    prof = cProfile.Profile() if cprofile else None
+    rows: list[dict[str, float]] = []
+
+    def one(i: int) -> None:
+        idx, targets = batches[i % len(batches)]
+        clock.step.clear()
+        clock.side = "fw"
+        t0 = clock.now()
+        out = jfn(idx, targets)
+        t1 = clock.now()
+        loss = out[0] if isinstance(out, tuple) else out
+        clock.side = "bw"
+        loss.backward()
+        t2 = clock.now()
+        clock.side = "fw"
+        for p in case.model.parameters():
+            p.grad = None
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = {k: v * 1e6 for k, v in clock.step.items()}
+        row = {c: t.get(c, 0.0) for c in COLUMNS}
+        row["fw"], row["bw"] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
+        row["step"] = row["fw"] + row["bw"]
+        row["fw trace"] = t.get("fw computation", 0.0) - row["fw runner"] - row["fw replay"] - row["fw hand-out"]
+        row["fw glue"] = row["fw"] - row["prologue"] - t.get("fw computation", 0.0)
+        row["bw trace"] = t.get("bw computation", 0.0) - row["bw runner"] - row["bw replay"] - row["bw hand-out"]
+        row["bw autograd"] = row["bw"] - t.get("bw computation", 0.0)
+        rows.append(row)
+
+    one(0)
+    instrument_entries(clock, jfn)
+    for i in range(1, warmup):
+        one(i)
+    rows.clear()
+    clock.calls.clear()
+    gc.collect()
+    if prof:
+        prof.enable()
+    for i in range(steps):
+        one(i)
+    if prof:
+        prof.disable()
+    row = {c: statistics.median(r[c] for r in rows) for c in COLUMNS}
+    regions = (clock.calls["fw runner"] // steps, clock.calls["bw runner"] // steps)
+    return row, regions, prof
+
+
+def table(rows: list[tuple[str, str, dict, tuple[int, int]]]) -> str:
+    head = ["program", "configuration", "regions fw/bw"] + list(COLUMNS)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * len(COLUMNS)]
+    for program, config, row, regions in rows:
+        cells = [program, config, f"{regions[0]}/{regions[1]}"] + [f"{row[c]:.0f}" for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_case(a: argparse.Namespace, name: str, log: bool, config: str) -> dict | None:
+    """One program under one configuration, in this process: its row, or None when it fails (printed)."""
+    device = "cpu" if a.emulated else "cuda"
+    program = f"{name} training step" + (", loss.item() logged" if log else "")
+    make = dict(configs(a.emulated))[config]
+    with emulated_capture() if a.emulated else contextlib.nullcontext():
+        try:
+            row, regions, prof = profile(name, make, device, a.steps, a.warmup, log, cprofile=a.cprofile,
+                                         skip_replay=a.skip_replay and a.emulated, cpu_time=a.cpu_time)
+        except Exception as e:  # NOTE: thunder's own transform fails at capture where loss.item() is inside
+            print(f"{program} / {config}: fails: {type(e).__name__}: {str(e).strip()[:100]}", file=sys.stderr)
+            return None
+    print(f"{program} / {config}: step {row['step']:.0f} us", file=sys.stderr)
+    if prof:
+        print(f"\n## cProfile: {program} / {config} ({a.steps} steps)", file=sys.stderr)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    return {"program": program, "config": config, "row": row, "regions": regions}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--emulated", action="store_true", help="CPU, emulated capture (no GPU needed)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--models", default="nanoGPT,llama2")
+    ap.add_argument("--log-loss", action="store_true", help="also the steps that take loss.item() inside")
+    ap.add_argument("--config", default="", help="only configurations whose name contains this")
+    ap.add_argument("--skip-replay", action="store_true",
+                    help="with --emulated: replays do nothing (the region's re-run would drown the host work around it)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the thread's CPU time (a CPU shared with other work; one torch thread)")
+    ap.add_argument("--cprofile", action="store_true", help="print cProfile's top functions per run (to stderr)")
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # NOTE: "model|log|config": one case, its row as JSON
+    a = ap.parse_args()
+    if not a.emulated and not torch.cuda.is_available():
+        print("host_profile: needs a CUDA GPU (torch sees none); --emulated runs on the CPU", file=sys.stderr)
+        return 2
+    if a.cpu_time:
+        torch.set_num_threads(1)  # NOTE: the thread's CPU time then covers every op's work
+    if a.case:
+        name, log, config = a.case.split("|")
+        print(json.dumps(run_case(a, name, log == "1", config)))
+        return 0
+    results = []
+    for name in a.models.split(","):
+        for log in (False, True) if a.log_loss else (False,):
+            for config, _ in configs(a.emulated):
+                if a.config not in config:
+                    continue
+                if a.emulated:
+                    results.append(run_case(a, name, log, config))
+                    continue
+                # NOTE: on a GPU each case runs in a process of its own: a failed capture can leave CUDA unusable
+                done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", f"{name}|{int(log)}|{config}"],
+                                      stdout=subprocess.PIPE, text=True, timeout=900)
+                lines = done.stdout.strip().splitlines()
+                results.append(json.loads(lines[-1]) if done.returncode == 0 and lines else None)
+    rows = [(r["program"], r["config"], r["row"], r["regions"]) for r in results if r]
+    where = torch.cuda.get_device_name() if not a.emulated else "CPU, emulated capture, " + (
+        "replays skipped" if a.skip_replay else "replay = re-running the region")
+    clock = "the thread's CPU time" if a.cpu_time else "wall time"
+    print(f"\nHost microseconds per step ({clock}), median of {a.steps} steps after {a.warmup} warm-up steps; {where}\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The runner's per-call work: its cache key against thunder's, the batched copy-out, hand-out plans, recapture causes."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import thunder
+import torch
+from thunder.transforms.cudagraph import to_arg_descriptor
+
+import thunder_nb
+from thunder_nb import internals
+from thunder_nb.fix import FixedCUDAGraphTransform
+from thunder_nb.runner import ThunderNBRunner, _descriptor
+from thunder_nb.testing import emulated_capture
+from thunder_nb.testing.models import model_case
+
+
+def emulated(**options) -> FixedCUDAGraphTransform:
+    t = FixedCUDAGraphTransform(capture=False, **options)
+    t.cuda_graph_runner.capture = True  # NOTE: the capture path, on emulated graphs
+    return t
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def args_of_every_kind() -> tuple:
+    base = torch.arange(24.0).reshape(4, 6)
+    return (
+        base,
+        base.t(),  # transposed view
+        base[1:, ::2],  # strided view with an offset
+        torch.nn.Parameter(torch.ones(3)),
+        torch.zeros(2, dtype=torch.int64),
+        torch.tensor(2.5),  # 0-d
+        torch.empty(0, 3),  # no elements
+        3, 2.0, True, None, "s", (1, 2),
+    )
+
+
+def test_the_key_describes_inputs_as_thunders_descriptor_does():
+    runner = ThunderNBRunner(capture=True)
+    args = args_of_every_kind()
+    mask, key = runner._key("CUDAGraph1", runner._count("CUDAGraph1"), args)
+    assert _descriptor(key[2]) == to_arg_descriptor(*args)
+    assert _descriptor(runner._key("CUDAGraph1", runner._count("CUDAGraph1"), ())[1][2]) == to_arg_descriptor()
+    # NOTE: a parameter is read in place (and views of its memory from then on); plain tensors are copied
+    assert mask == (False, False, False, True) + (False,) * 9
+    assert key[3] == (args[3].data_ptr(),)
+
+
+def test_the_key_reads_module_buffers_parameter_views_and_graph_memory_in_place_and_demoted_inputs_not():
+    runner = ThunderNBRunner(capture=True)
+    counts = runner._count("CUDAGraph1")
+    weight = torch.nn.Parameter(torch.randn(4, 4))
+    buffer, plain, owned = torch.randn(4), torch.randn(4), torch.randn(8)
+    runner.stable_inputs["CUDAGraph1"] = frozenset({1})
+    runner._owner[owned.untyped_storage().data_ptr()] = object()
+    args = (weight.detach().t(), buffer, plain, owned[2:], weight)
+    mask, key = runner._key("CUDAGraph1", counts, args)
+    # NOTE: the transposed weight comes before the weight itself: not yet known, so copied on this first call
+    assert mask == (False, True, False, True, True)
+    mask, key = runner._key("CUDAGraph1", counts, args)
+    assert mask == (True, True, False, True, True)
+    assert key[3] == tuple(a.data_ptr() for a, m in zip(args, mask) if m)
+    counts.demoted[3] = "owned: took too many addresses"
+    assert runner._key("CUDAGraph1", counts, args)[0] == (True, True, False, False, True)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(5, 7),
+    lambda: torch.randn(7, 5).t(),
+    lambda: torch.randn(4, 6)[:, ::2],
+    lambda: torch.randn(3, 1).expand(3, 4),  # overlapping: clone makes it dense
+    lambda: torch.randn(2, 3, 4).permute(2, 0, 1),
+    lambda: torch.randn(0, 3),
+    lambda: torch.tensor(float("nan")),
+    lambda: torch.randint(0, 9, (6,), dtype=torch.int32),
+    lambda: torch.randn(4, dtype=torch.bfloat16),
+], ids=["dense", "transposed", "strided", "expanded", "permuted", "empty", "0-d nan", "int32", "bf16"])
+def test_copy_all_lays_out_and_copies_each_tensor_as_clone_does(make):
+    tensors = [make(), make(), torch.randn(3)]
+    copies = internals.copy_all(tensors)
+    for t, c in zip(tensors, copies):
+        ref = t.clone()
+        assert c.dtype == ref.dtype and c.shape == ref.shape and c.stride() == ref.stride()
+        assert c.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() or t.numel() == 0
+        assert torch.equal(bits(c), bits(ref))
+    assert all(c.untyped_storage().data_ptr() != d.untyped_storage().data_ptr()
+               for c, d in zip(copies, copies[1:]) if c.numel() and d.numel())
+
+
+def test_copy_all_clones_where_autograd_records_the_copy_and_keeps_subclasses():
+    a = torch.randn(3, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    x, y = internals.copy_all([a * 2, b * 3])
+    assert x.grad_fn is not None and y.grad_fn is not None
+    (x.sum() + y.sum()).backward()
+    assert torch.equal(a.grad, torch.full((3,), 2.0)) and torch.equal(b.grad, torch.full((3,), 3.0))
+    p = torch.nn.Parameter(torch.randn(2))
+    with torch.no_grad():
+        copies = internals.copy_all([p, torch.randn(2)])
+    assert type(copies[0]) is type(p.clone()) and torch.equal(copies[0], p.detach())
+
+
+def test_hand_out_takes_actions_as_any_sequence_and_plans_each_length_apart():
+    with emulated_capture():  # NOTE: a real recording of a region, so that its outputs lie in memory the runner owns
+        t = emulated()
+        jfn = thunder.jit(lambda x: (x.exp(), x.sin()), transforms=[t])
+        jfn(torch.randn(4))
+    runner = t.cuda_graph_runner
+    (inst,) = runner.cuda_graph_cache[runner._count("CUDAGraph1").last_key]
+    out0, out1 = inst.static_outputs
+    before = runner.hand_out_stats("forward")
+    elsewhere = torch.randn(4)
+    handed = runner.hand_out("forward", ["copy", "guard", "as-is"], out0, out1, elsewhere)
+    assert handed[2] is elsewhere
+    assert torch.equal(handed[0], out0) and handed[0].untyped_storage().data_ptr() != out0.untyped_storage().data_ptr()
+    assert handed[1] is not out1 and handed[1].data_ptr() == out1.data_ptr() and inst.held()
+    # NOTE: the same actions over fewer tensors: a plan of its own (the first two actions only)
+    handed = runner.hand_out("forward", ("copy", "guard", "as-is"), out0, out1)
+    assert len(handed) == 2 and handed[1] is not out1
+    # NOTE: a returned tensor sharing memory with a saved one is guarded with it, not copied
+    handed = runner.hand_out("forward", ("copy", "guard"), out0[1:], out0)
+    assert handed[0].data_ptr() == out0[1:].data_ptr() and handed[1].data_ptr() == out0.data_ptr()
+    stats = runner.hand_out_stats("forward")
+    assert (stats.calls - before.calls, stats.copied - before.copied, stats.guarded - before.guarded) == (3, 2, 4)
+
+
+def test_recapture_causes_name_the_input_and_what_changed():
+    def island(x):
+        y = x.sin().cos()
+        s = y.sum().item()
+        return (y * s).exp()
+
+    def layer(x, w):
+        return (x @ w).tanh()
+
+    t = emulated(scalar_handoff=False)
+    jfn = thunder.jit(island, transforms=[t])
+    u = emulated()
+    jlayer = thunder.jit(layer, transforms=[u])
+    with emulated_capture(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(3):
+            jfn(torch.randn(8, generator=torch.Generator().manual_seed(i)))
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            for w in (torch.nn.Parameter(torch.randn(4, 4)), torch.nn.Parameter(torch.randn(4, 4))):
+                jlayer(x, w)
+    second = thunder_nb.analyze(jfn).forward.regions[1]
+    causes = [g.cause for g in second.graphs]
+    assert len(causes) == 3 and causes[0] == "first call", causes
+    assert all(re.fullmatch(r"\w+: value -?\d+\.\d+(e-?\d+)? -> -?\d+\.\d+(e-?\d+)?", c) for c in causes[1:]), causes
+    (region,) = thunder_nb.analyze(jlayer).forward.regions
+    assert [g.cause for g in region.graphs] == [
+        "first call", "a static input lies at another address (another tensor, e.g. another layer's weights)"]
+
+
+def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step():
+    """Steady state of a real training step: one graph per region, every saved tensor guarded, every gradient copied."""
+    case = model_case("nanoGPT", "cpu", batch=2, seq=16, width=32)
+    t = emulated()
+    jfn = thunder.jit(case.step, transforms=[t])
+    with emulated_capture():
+        for seed in range(4):
+            jfn(*case.make_batch(seed)).backward()
+            grads = [p.grad for p in case.model.parameters()]
+            runner = t.cuda_graph_runner
+            assert all(g.untyped_storage().data_ptr() not in runner._owner for g in grads)
+            for p in case.model.parameters():
+                p.grad = None
+    report = thunder_nb.analyze(jfn)
+    for region in report.forward.regions + report.backward.regions:
+        assert len(region.graphs) == 1 and region.stats.replays == 4
+    forward, backward = t.cuda_graph_runner.hand_out_stats("forward"), t.cuda_graph_runner.hand_out_stats("backward")
+    plan = report.forward.hand_out
+    in_graph = set(plan.saved) & set(plan.graph_memory)
+    # NOTE: names that may lie in graph memory; those that do are guarded, the same ones at every step
+    assert forward.calls == 4 and forward.guarded % 4 == 0 and 20 < forward.guarded // 4 <= len(in_graph)
+    assert forward.copied == 4  # the loss
+    # NOTE: every gradient leaves graph memory as a copy (the tied embedding/head weight gets two)
+    assert backward.calls == 4 and backward.guarded == 0
+    assert backward.copied == 4 * len(report.backward.hand_out.graph_memory) >= 4 * len(list(case.model.parameters()))
+
+
+def test_copy_into_copies_each_pair_whatever_their_dtypes_and_layouts():
+    sources = [torch.randn(3, 4).t(), torch.randint(0, 9, (5,)), torch.randn(2, 2, dtype=torch.float64)]
+    targets = [torch.empty_like(s) for s in sources]
+    internals.copy_into(targets, sources)
+    assert all(torch.equal(t, s) and t.stride() == s.stride() for t, s in zip(targets, sources))
+    x = torch.randn(3, requires_grad=True)
+    targets = [torch.zeros(3), torch.zeros(3)]
+    internals.copy_into(targets, [x * 2, x.detach()])
+    targets[0].sum().backward()  # NOTE: autograd recorded the copy, as with copy_
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
