@@ -252,7 +252,9 @@ class Timings:
             self.spread[key] = (samples[0], samples[0])
         else:
             deciles = statistics.quantiles(samples, n=10, method="inclusive")
-            self.spread[key] = (deciles[0], deciles[-1])
+            # NOTE: interpolated deciles can miss the median by a rounding error (9.374 against 9.373999...)
+            median = self.medians[key]
+            self.spread[key] = (min(deciles[0], median), max(deciles[-1], median))
 
 
 def params(run: Run) -> dict[str, Any]:
