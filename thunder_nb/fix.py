@@ -143,7 +143,10 @@ class _BaseTransform(CUDAGraphTransform):
         producers, consumers = utils.producers_and_consumers(trace)
         out: list[BoundSymbol] = []
         for bsyms in groups:
-            if len(bsyms) == 1 or not self.can_fuse(bsyms[0]):
+            # NOTE: one op alone is not worth a graph, but one fusion of another executor (inductor's
+            # TorchCompile: a whole forward) is
+            lone = len(bsyms) == 1 and not _foreign_fusion(bsyms[0], self)
+            if lone or not self.can_fuse(bsyms[0]):
                 out.extend(bsyms)
                 continue
             out.append(self.fuse(Region(producers, consumers, bsyms), 0))
@@ -265,6 +268,14 @@ def _tensors(x: Any) -> list[TensorProxy]:
         if isinstance(p, TensorProxy):
             found.setdefault(p.name, p)
     return list(found.values())
+
+
+def _foreign_fusion(bsym: BoundSymbol, owner: Any) -> bool:
+    """Whether ``bsym`` is a fusion made by another fusion executor (e.g. thunder's torch_compile_ex)."""
+    from thunder.extend import FusionExecutor
+
+    ex = getattr(bsym.sym, "executor", None)
+    return bool(getattr(bsym.sym, "is_fusion", False)) and ex is not owner and isinstance(ex, FusionExecutor)
 
 
 def _graph_derived(bsyms: Sequence[BoundSymbol]) -> set[str]:
