@@ -213,7 +213,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                 self._warn_held(fn_name)
                 return fn(*args)
             cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]) if not instances else (
-                f"outputs of {_plural(len(instances), 'instance')} still held for a backward")
+                f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held for a backward")
             inst = self._record(fn_name, fn, args, mask, cause, len(instances))
             instances.append(inst)
         counts.last_key, counts.last = key, inst
@@ -582,10 +582,6 @@ def _view_plan(
 
 def _input_name(inputs: Sequence[Any], i: int) -> str:
     return getattr(inputs[i], "name", f"input {i}") if i < len(inputs) else f"input {i}"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _descriptor(entries: Any) -> ArgsDescriptor:
