@@ -264,14 +264,33 @@ def _markdown(summary: str, argv: list[str], device: str, capture: bool | str) -
         machine = f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), no GPU"
     mode = {"real": "real CUDA-graph capture", "eager": "regions run eagerly",
             "emulated": "emulated capture"}[mode_name(capture)]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-        where = f"Code at commit {commit}. "
-    except (OSError, subprocess.CalledProcessError):
-        where = ""  # NOTE: a copy of the tree without its git directory (the GPU machine's)
+    where = _code_version()
     return (f"# Differential fuzzing, {mode}, {datetime.date.today().isoformat()}, {machine}\n\n"
             f"{where}Command: `python bench/fuzz.py {' '.join(argv)}`\n\n```\n{summary}\n```\n")
+
+
+def _code_version() -> str:
+    """Which code ran: the commit where git says the tree is clean, and always a hash of thunder_nb's sources.
+
+    The GPU machine's copy of the tree can carry a stale git directory, so the commit alone may be wrong.
+    """
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted((root / "thunder_nb").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    sources = f"thunder_nb sources sha256 {digest.hexdigest()[:12]}"
+    try:
+        def git(*a: str) -> str:
+            return subprocess.run(["git", *a], capture_output=True, text=True, cwd=root, check=True).stdout.strip()
+
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", "thunder_nb", "bench")
+    except (OSError, subprocess.CalledProcessError):
+        return f"Code: {sources}. "  # NOTE: a copy of the tree without its git directory
+    return f"Code at commit {commit}{' with local changes' if changed else ''} ({sources}). "
 
 
 def _consume(outcomes, work, tally: Tally, show: bool) -> None:
