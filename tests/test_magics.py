@@ -361,6 +361,9 @@ def test_thunders_first_import_is_a_progress_line(tmp_path):
         ("-f nothing f(x)", SEED, "no function 'nothing' in the namespace (the cell defines: f)"),
         ("--train f(x)", SEED, "training needs a tensor that requires grad: an input of f, or a parameter of a module"),
         ("--lr 0.1 f(x)", SEED, "--lr needs --train"),
+        ("--executors inductor f(x)", SEED,
+         "unknown executor: 'inductor' (must be one of ['torchcompile', 'torchcompile_cat', 'nvfuser'])"),
+        ("--executors nvfuser f(x)", SEED, "executor 'nvfuser' is not available: no nvFuser wheel matches this torch"),
         ("--train --lr -1 f(x)", SEED, "--lr must be a positive number, not -1.0"),
         ("-f x f(x)", SEED, "'x' is a Tensor, not a function"),
         ("-f n f(x)", "n = 3\n", "'n' is an int, not a function"),
@@ -434,3 +437,27 @@ def test_gpu_magic_captures(ip):
     c = ip.user_ns["gpu_island"]
     assert c.results["fixed"].ok and c.graphs["fixed"] >= 1 and c.on_cuda
     assert "eager mode" not in outs[0]["text/plain"]
+
+
+@pytest.mark.slow
+def test_executors_torchcompile_puts_inductor_fusions_inside_the_fixed_regions(ip):
+    """``--executors torchcompile``: both sides compiled with thunder's torch_compile_ex, the fixed one equal to eager."""
+    cell = textwrap.dedent(
+        """
+        import torch
+        xs = torch.randn(64, 64)
+        def g(x):
+            y = torch.tanh(x * 1.5 + 0.25)
+            s = y.sum().item()
+            return torch.sigmoid(y) * s
+        """
+    )
+    with capture_output():
+        ip.run_cell_magic("thunder_cudagraph", "--executors torchcompile --repeats 2 -o cmp_tc g(xs)", cell)
+    cmp = ip.user_ns["cmp_tc"]
+    assert cmp.results["fixed"].ran and cmp.results["fixed"].matches, cmp.results["fixed"]
+    import thunder
+
+    fused = [b.sym.name for b in thunder.last_traces(cmp.functions["fixed"])[-1].bound_symbols
+             for b in ([b] + list(b.subsymbols)) if b.sym.name.startswith("TorchCompile")]
+    assert fused, "no inductor fusion in the fixed trace"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -471,6 +471,7 @@ def compare(
     repeats: int = 20,
     execute: bool = True,
     capture: bool | str = "auto",
+    executors: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Compile ``fn`` with the original and the fixed CUDA-graph transform, run both and check them against eager.
@@ -496,6 +497,9 @@ def compare(
         execute: False builds and analyses the traces only (nothing runs, nothing is timed).
         capture: ``"auto"`` (capture on CUDA, eager regions otherwise), True (capture; needs CUDA
             inputs), False (regions run eagerly).
+        executors: fusion executors to put before thunder's defaults, for both transforms, by name
+            (`thunder_nb.internals.EXECUTOR_NAMES`: ``"torchcompile"`` fuses with inductor; its first
+            call compiles, which can take tens of seconds).
         progress: called with a short status line ("tracing…", "running…") as work proceeds.
 
     Returns:
@@ -511,6 +515,9 @@ def compare(
     _check_options(original, capture, repeats, training, lr)
     say = progress or (lambda message: None)
     _import_thunder(say)
+    from . import internals
+
+    chosen = internals.executors(tuple(executors))
     import torch
 
     from . import runs
@@ -536,7 +543,7 @@ def compare(
         warnings.filterwarnings("ignore", category=EagerFallbackWarning)
         warnings.filterwarnings("ignore", message=r"torch\.is_autocast_cpu_enabled")
 
-        orig, fixed = runs.compile_both(fn, args, kwargs, original, capture, plan, say)
+        orig, fixed = runs.compile_both(fn, args, kwargs, original, capture, plan, say, chosen)
         functions = {"original": orig.jfn, "fixed": fixed.jfn}
         if not execute:
             orig_failed = Outcome(False, Failure.of(orig.trace_error, "trace")) if orig.trace_error else Outcome(False)

@@ -23,6 +23,8 @@ __all__ = [
     "recover_generators",
     "compile_option",
     "fusion_symbol",
+    "EXECUTOR_NAMES",
+    "executors",
     "raised_by_cuda_init",
     "raised_by_graph_capture",
     "untraceable_op",
@@ -271,3 +273,36 @@ def _registration_reason(cause: BaseException | None, op: str) -> str | None:
     if op in ("tolist", "numpy"):  # NOTE: a plain RuntimeError from the fake tensor: these never trace
         return "to-python"
     return None
+
+
+# --- executors --------------------------------------------------------------------------------------
+
+#: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``).
+EXECUTOR_NAMES = ("torchcompile", "torchcompile_cat", "nvfuser")
+
+
+def executors(names: Sequence[str]) -> list[Any] | None:
+    """thunder's executor list with the named fusion executors first; None (thunder's defaults) for no names.
+
+    Raises:
+        ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
+    """
+    if not names:
+        return None
+    import thunder
+
+    chosen = []
+    for name in names:
+        if name not in EXECUTOR_NAMES:
+            raise ValueError(f"unknown executor: {name!r} (must be one of {list(EXECUTOR_NAMES)})")
+        if name.startswith("torchcompile"):
+            from thunder.executors import torch_compile
+
+            chosen.append(torch_compile.torch_compile_ex if name == "torchcompile" else torch_compile.torch_compile_cat_ex)
+        else:
+            ex = thunder.get_executor("nvfuser")
+            if ex is None:
+                raise ValueError("executor 'nvfuser' is not available: no nvFuser wheel matches this torch "
+                                 "(see the README's development notes)")
+            chosen.append(ex)
+    return chosen + [ex for ex in thunder.get_default_executors() if ex not in chosen]

@@ -77,6 +77,14 @@ class ThunderCUDAGraphMagics(Magics):
         help="auto: capture CUDA graphs when the inputs are on a GPU, else run regions eagerly; "
         "on: always capture (needs a GPU); off: never capture",
     )
+    @argument(
+        "--executors",
+        default="",
+        metavar="LIST",
+        help="comma-separated fusion executors put before thunder's defaults, for both transforms: "
+        "torchcompile (inductor fuses ops inside regions; its first call compiles for a while), "
+        "torchcompile_cat, nvfuser; default: none (thunder's defaults)",
+    )
     @cell_magic
     def thunder_cudagraph(self, line: str, cell: str) -> None:
         """Run the cell, then compile the call on the magic line with the original and the fixed CUDA-graph transform.
@@ -95,6 +103,7 @@ class ThunderCUDAGraphMagics(Magics):
 
         args, call_text = _parse_line(self.thunder_cudagraph, line)
         views = _check_arguments(args)
+        executors = _check_executors(args.executors)
         call = _parse_call(call_text)
 
         defined = self._run_cell(cell)
@@ -113,6 +122,7 @@ class ThunderCUDAGraphMagics(Magics):
                 repeats=args.repeats,
                 execute=not args.no_run,
                 capture=CAPTURE_CHOICES[args.capture],
+                executors=executors,
                 progress=progress,
             )
         except CompareError as e:
@@ -270,6 +280,26 @@ def _check_arguments(args: Any) -> list[str]:
     if args.output is not None and not args.output.isidentifier():
         raise UsageError(f"-o needs a Python name, not {args.output!r}")
     return views
+
+
+def _check_executors(text: str) -> tuple[str, ...]:
+    """The ``--executors`` names, checked.
+
+    Raises:
+        UsageError: an unknown name, or one thunder cannot use here.
+    """
+    from .internals import EXECUTOR_NAMES, executors
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for n in names:
+        if n not in EXECUTOR_NAMES:
+            raise UsageError(f"unknown executor: {n!r} (must be one of {list(EXECUTOR_NAMES)})")
+    if "nvfuser" in names:
+        try:
+            executors(names)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return names
 
 
 def _parse_call(text: str) -> ast.Call:

@@ -128,8 +128,10 @@ def _untraceable(name: str, fn: Any, args: tuple, kwargs: dict, error: BaseExcep
 
 
 def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any, plan: Plan,
-                 say: Callable[[str], None]) -> tuple[Run, Run]:
+                 say: Callable[[str], None], executors: list[Any] | None = None) -> tuple[Run, Run]:
     """Jit ``fn`` with the original and the fixed transform, each on its own copies, and build their traces.
+
+    ``executors``: thunder's executor list for both (None: thunder's defaults).
 
     Returns:
         (original, fixed); the original failing to trace is kept in its ``trace_error``.
@@ -145,7 +147,8 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
     fixed = Run("fixed", bind(fn, args, kwargs), FixedCUDAGraphTransform(capture=capture))
     orig = Run(original, bind(fn, args, kwargs), _original_transform(original, capture))
     for run in (fixed, orig):
-        run.jfn = thunder.jit(run.bound.fn, transforms=[run.transform])
+        run.jfn = thunder.jit(run.bound.fn, transforms=[run.transform],
+                              **({"executors": executors} if executors is not None else {}))
 
     say(f"tracing {plan.name} with the fixed transform…")
     try:
