@@ -292,7 +292,7 @@ def executors(names: Sequence[str]) -> list[Any] | None:
     import thunder
 
     chosen = []
-    for name in names:
+    for name in dict.fromkeys(names):  # NOTE: a name given twice is one executor
         if name not in EXECUTOR_NAMES:
             raise ValueError(f"unknown executor: {name!r} (must be one of {list(EXECUTOR_NAMES)})")
         if name.startswith("torchcompile"):
