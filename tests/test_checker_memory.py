@@ -7,8 +7,6 @@ capture on the CPU, or real capture on the GPU), then the checker must name it w
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import thunder
 import torch
@@ -17,32 +15,30 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 import thunder_nb
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.model import Defect
-from thunder_nb.runner import ThunderNBRunner
-from thunder_nb.testing import emulated_capture, fuzz
+from thunder_nb.testing import fuzz, modes
 
 MODES = ["emulated", pytest.param("gpu", marks=pytest.mark.gpu)]
+#: Each test mode as a `thunder_nb.testing.modes` capture mode.
+CAPTURE = {"emulated": "emulated", "gpu": True}
 
 
 def device_of(mode: str) -> str:
     return "cuda" if mode == "gpu" else "cpu"
 
 
-@contextlib.contextmanager
 def capturing(mode: str):
-    with emulated_capture() if mode == "emulated" else contextlib.nullcontext():
-        yield
+    """Real capture on the GPU; on the CPU, the emulated one."""
+    return modes.capturing(CAPTURE[mode])
 
 
-def fixed(mode: str) -> FixedCUDAGraphTransform:
-    t = FixedCUDAGraphTransform(capture=mode == "gpu")
-    t.cuda_graph_runner.capture = True
-    return t
+def fixed(mode: str, **options) -> FixedCUDAGraphTransform:
+    """A fixed transform that takes the capture path in ``mode``."""
+    return modes.make_transform(FixedCUDAGraphTransform, CAPTURE[mode], **options)
 
 
 def stock(mode: str) -> CUDAGraphTransform:
-    t = CUDAGraphTransform()
-    t.cuda_graph_runner = ThunderNBRunner(capture=True, stock=True)
-    return t
+    """thunder's own transform, its runner behaving as thunder's and recording what it does."""
+    return modes.stock_transform(CAPTURE[mode])
 
 
 def randn(*shape, seed: int, device: str, grad: bool = False) -> torch.Tensor:

@@ -7,7 +7,6 @@ replay does: a tensor that still points at graph memory sees the next call's val
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gc
 import warnings
@@ -19,36 +18,31 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
 from thunder_nb.fix import FixedCUDAGraphTransform, HeldOutputsWarning
-from thunder_nb.runner import ThunderNBRunner
-from thunder_nb.testing import emulated_capture
+from thunder_nb.testing import modes
 from thunder_nb.testing.models import model_case
 
 MODES = ["emulated", pytest.param("gpu", marks=pytest.mark.gpu)]
+#: Each test mode as a `thunder_nb.testing.modes` capture mode.
+CAPTURE = {"emulated": "emulated", "gpu": True}
 
 
 def device_of(mode: str) -> str:
     return "cuda" if mode == "gpu" else "cpu"
 
 
-@contextlib.contextmanager
 def capturing(mode: str):
     """Real capture on the GPU; on the CPU, the emulated one."""
-    with emulated_capture() if mode == "emulated" else contextlib.nullcontext():
-        yield
+    return modes.capturing(CAPTURE[mode])
 
 
 def fixed(mode: str, **options) -> FixedCUDAGraphTransform:
     """A fixed transform that takes the capture path in ``mode``."""
-    t = FixedCUDAGraphTransform(capture=mode == "gpu", **options)
-    t.cuda_graph_runner.capture = True
-    return t
+    return modes.make_transform(FixedCUDAGraphTransform, CAPTURE[mode], **options)
 
 
 def stock(mode: str) -> CUDAGraphTransform:
     """thunder's own transform, its runner behaving as thunder's and recording what it does."""
-    t = CUDAGraphTransform()
-    t.cuda_graph_runner = ThunderNBRunner(capture=True, stock=True)
-    return t
+    return modes.stock_transform(CAPTURE[mode])
 
 
 def randn(*shape, seed: int, device: str) -> torch.Tensor:
