@@ -24,6 +24,7 @@ __all__ = [
     "compile_option",
     "fusion_symbol",
     "EXECUTOR_NAMES",
+    "executor_names",
     "executors",
     "raised_by_cuda_init",
     "raised_by_graph_capture",
@@ -281,6 +282,18 @@ def _registration_reason(cause: BaseException | None, op: str) -> str | None:
 EXECUTOR_NAMES = ("torchcompile", "torchcompile_cat", "nvfuser")
 
 
+def executor_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` checked, each once (no thunder import).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    for name in names:
+        if name not in EXECUTOR_NAMES:
+            raise ValueError(f"unknown executor: {name!r} (must be one of {list(EXECUTOR_NAMES)})")
+    return tuple(dict.fromkeys(names))  # NOTE: a name given twice is one executor
+
+
 def executors(names: Sequence[str]) -> list[Any] | None:
     """thunder's executor list with the named fusion executors first; None (thunder's defaults) for no names.
 
@@ -292,9 +305,7 @@ def executors(names: Sequence[str]) -> list[Any] | None:
     import thunder
 
     chosen = []
-    for name in dict.fromkeys(names):  # NOTE: a name given twice is one executor
-        if name not in EXECUTOR_NAMES:
-            raise ValueError(f"unknown executor: {name!r} (must be one of {list(EXECUTOR_NAMES)})")
+    for name in executor_names(names):
         if name.startswith("torchcompile"):
             from thunder.executors import torch_compile
 
