@@ -42,6 +42,7 @@ class Row:
     peak_mib: float | None = None
     matches: str = ""
     note: str = ""
+    first_s: float | None = None  # the first call: tracing, compiling (inductor where asked) and capture
 
 
 def _inductor_graphs() -> int | None:
@@ -57,12 +58,17 @@ def _inductor_graphs() -> int | None:
         return None
 
 
+#: thunder-nb's recommended configuration for speed: inductor's fused kernels inside the fixed transform's regions
+FUSED = "thunder-nb Fixed + torchcompile"
+
+
 def configs(fn):
     """Yield (name, factory) where factory() -> (callable, graphs_counter)."""
     import thunder
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
     from thunder_nb.fix import FixedCUDAGraphTransform
+    from thunder_nb.internals import executors
 
     if isinstance(fn, TrainingStep):
         # NOTE: the compiled part is the forward and loss; backward runs through autograd as in a training loop
@@ -88,6 +94,10 @@ def configs(fn):
             t = FixedCUDAGraphTransform(capture=True)
             return thunder.jit(step, transforms=[t]), lambda: str(t.graphs_captured)
 
+        def fused_t(step):
+            t = FixedCUDAGraphTransform(capture=True)
+            return thunder.jit(step, transforms=[t], executors=executors(["torchcompile"])), lambda: str(t.graphs_captured)
+
         def compiled_t(step):
             torch._dynamo.reset()
             before = _inductor_graphs() or 0
@@ -97,6 +107,7 @@ def configs(fn):
         yield "thunder (no graphs)", wrap(jit_plain)
         yield "thunder CUDAGraphTransform", wrap(stock)
         yield "thunder-nb FixedCUDAGraphTransform", wrap(fixed_t)
+        yield FUSED, wrap(fused_t)
         yield 'torch.compile(mode="reduce-overhead")', wrap(compiled_t)
         return
 
@@ -114,6 +125,10 @@ def configs(fn):
         t = FixedCUDAGraphTransform(capture=True)
         return thunder.jit(fn, transforms=[t]), lambda: str(t.graphs_captured)
 
+    def fused():
+        t = FixedCUDAGraphTransform(capture=True)
+        return thunder.jit(fn, transforms=[t], executors=executors(["torchcompile"])), lambda: str(t.graphs_captured)
+
     def compiled():
         torch._dynamo.reset()
         before = _inductor_graphs() or 0
@@ -129,6 +144,7 @@ def configs(fn):
     yield "thunder (no graphs)", thunder_plain
     yield "thunder CUDAGraphTransform", thunder_stock
     yield "thunder-nb FixedCUDAGraphTransform", fixed
+    yield FUSED, fused
     yield 'torch.compile(mode="reduce-overhead")', compiled
 
 
@@ -159,7 +175,10 @@ def measure(program: str, fn, make_inputs, calls: int, cfg: str, factory) -> Row
     try:
         f, graphs = factory()
         ref = fn(*inputs[0])
+        t0 = time.perf_counter()
         first = f(*inputs[0])
+        torch.cuda.synchronize()
+        row.first_s = time.perf_counter() - t0
         row.matches = "yes" if _same(first, ref) else "NO"
         del first
         warm_up(f, inputs[0])
@@ -238,6 +257,7 @@ def benchmarks(device: str):
 
 
 PROGRAM_FILTER: str | None = None  # --programs: a regular expression the program name must match
+CONFIG_FILTER: str | None = None  # --configs: a regular expression the configuration name must match
 NO_INTERLEAVED = False
 
 
@@ -252,7 +272,8 @@ def _cases():
         if PROGRAM_FILTER and not re.search(PROGRAM_FILTER, program):
             continue
         for cfg, factory in configs(fn):
-            yield program, fn, make, cfg, factory
+            if not CONFIG_FILTER or re.search(CONFIG_FILTER, cfg):
+                yield program, fn, make, cfg, factory
         if fn is programs.island:
 
             def handwritten():
@@ -268,10 +289,14 @@ def _cases():
                 t = FixedCUDAGraphTransform(capture=True, scalar_handoff=False)
                 return thunder.jit(programs.island, transforms=[t]), lambda: str(t.graphs_captured)
 
-            yield (program, programs.island_device_scalar, make,
-                   "hand-written device scalar, thunder CUDAGraphTransform", handwritten)
-            yield program, programs.island, make, "thunder-nb Fixed, copy_outputs=False", fixed_no_copy
-            yield program, programs.island, make, "thunder-nb Fixed, scalar_handoff=False", fixed_no_handoff
+            extras = (
+                ("hand-written device scalar, thunder CUDAGraphTransform", programs.island_device_scalar, handwritten),
+                ("thunder-nb Fixed, copy_outputs=False", programs.island, fixed_no_copy),
+                ("thunder-nb Fixed, scalar_handoff=False", programs.island, fixed_no_handoff),
+            )
+            for cfg, f, factory in extras:
+                if not CONFIG_FILTER or re.search(CONFIG_FILTER, cfg):
+                    yield program, f, make, cfg, factory
 
 
 def run_one(index: int, calls: int) -> Row:
@@ -293,8 +318,12 @@ INTERLEAVED = (
 ) + tuple(
     (f"{model} training step", 200, [
         (f"{model} training step", "thunder CUDAGraphTransform"),
+        (f"{model} training step", 'torch.compile(mode="reduce-overhead")'),  # NOTE: first: it resets dynamo
+        (f"{model} training step", "thunder CUDAGraphTransform"),
         (f"{model} training step", "thunder-nb FixedCUDAGraphTransform"),
         (f"{model} training step, loss.item() logged", "thunder-nb FixedCUDAGraphTransform"),
+        (f"{model} training step", FUSED),
+        (f"{model} training step, loss.item() logged", FUSED),
     ], (f"{model} training step", "thunder CUDAGraphTransform"))
     for model in ("nanoGPT", "llama2")
 )
@@ -383,7 +412,8 @@ def run(calls: int, out: Path | None = None) -> tuple[list[Row], str]:
     for i in range(n):
         proc = subprocess.run(
             [sys.executable, __file__, "--one", str(i), "--calls", str(calls)]
-            + (["--programs", PROGRAM_FILTER] if PROGRAM_FILTER else []),
+            + (["--programs", PROGRAM_FILTER] if PROGRAM_FILTER else [])
+            + (["--configs", CONFIG_FILTER] if CONFIG_FILTER else []),
             capture_output=True, text=True, timeout=600,
         )
         sys.stderr.write(proc.stderr[-2000:])
@@ -425,15 +455,19 @@ def table(rows: list[Row], calls: int) -> str:
         f"Each row in its own process: a 0.5 s warm-up on one input, then {calls} calls (50 for the matmul chain) "
         "with a fresh random input on every call; "
         "median time per call with a device synchronise around each call; graphs captured after all calls; "
-        "peak memory allocated during the calls beyond the inputs. Command: `python bench/bench_cudagraphs.py`.",
+        "peak memory allocated during the calls beyond the inputs; first call: its seconds (tracing, compiling "
+        "with inductor where the configuration fuses, capture), the compile time a user waits once. "
+        "Command: `python bench/bench_cudagraphs.py`.",
         "",
-        "| program | configuration | median µs/call | graphs | peak MiB | matches eager | note |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| program | configuration | median µs/call | graphs | peak MiB | matches eager | first call s | note |",
+        "|---|---|---:|---:|---:|---|---:|---|",
     ]
     for r in rows:
         us = f"{r.median_us:.1f}" if r.median_us is not None else "-"
         mib = f"{r.peak_mib:.1f}" if r.peak_mib is not None else "-"
-        lines.append(f"| {r.program} | {r.config} | {us} | {r.graphs or '-'} | {mib} | {r.matches or '-'} | {r.note} |")
+        first = f"{r.first_s:.1f}" if r.first_s is not None else "-"
+        lines.append(f"| {r.program} | {r.config} | {us} | {r.graphs or '-'} | {mib} | {r.matches or '-'} | {first} "
+                     f"| {r.note} |")
     return "\n".join(lines) + "\n"
 
 
@@ -442,12 +476,13 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     ap.add_argument("--programs", metavar="REGEX", help="only the programs whose name matches")
+    ap.add_argument("--configs", metavar="REGEX", help="only the configurations whose name matches")
     ap.add_argument("--no-interleaved", action="store_true", help="skip the tables of configurations taking turns")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one case, print JSON
     ap.add_argument("--interleaved", type=int, help=argparse.SUPPRESS)  # internal: time group N, print JSON
     a = ap.parse_args()
-    global PROGRAM_FILTER, NO_INTERLEAVED
-    PROGRAM_FILTER, NO_INTERLEAVED = a.programs, a.no_interleaved
+    global PROGRAM_FILTER, CONFIG_FILTER, NO_INTERLEAVED
+    PROGRAM_FILTER, CONFIG_FILTER, NO_INTERLEAVED = a.programs, a.configs, a.no_interleaved
     if not torch.cuda.is_available():
         print("bench_cudagraphs: needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2

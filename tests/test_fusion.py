@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import thunder
+from thunder.core.proxies import NumberProxy
+from thunder_nb import internals, ops
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing.emulate import emulated_capture
 from thunder_nb.testing.models import model_case
@@ -15,21 +17,27 @@ from thunder_nb.testing.models import model_case
 torch_compile = pytest.importorskip("thunder.executors.torch_compile", reason="thunder's torch_compile executor")
 
 
-def _compare_steps(device: str, capture: bool) -> tuple[FixedCUDAGraphTransform, object]:
-    """Three nanoGPT training steps under the fixed transform with inductor fusions, checked against eager."""
-    case = model_case("nanoGPT", device)
-    ref = model_case("nanoGPT", device, model=copy.deepcopy(case.model))
+def _compare_steps(device: str, capture: bool, *, executors=None, log_loss: bool = False):
+    """Three nanoGPT training steps under the fixed transform with inductor fusions, checked against eager.
+
+    ``executors`` defaults to thunder's own torch_compile executor before thunder's defaults.
+    """
+    case = model_case("nanoGPT", device, log_loss=log_loss)
+    ref = model_case("nanoGPT", device, model=copy.deepcopy(case.model), log_loss=log_loss)
     t = FixedCUDAGraphTransform(capture=capture if device == "cuda" else False)
     if device != "cuda":
         t.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
-    executors = [torch_compile.torch_compile_ex, *thunder.get_default_executors()]
+    executors = executors or [torch_compile.torch_compile_ex, *thunder.get_default_executors()]
     j = thunder.jit(case.step, transforms=[t], executors=executors)
     for i in range(3):
         batch = case.make_batch(i)
-        loss, expected = j(*batch), ref.step(*batch)
-        loss.backward()
+        out, expected = j(*batch), ref.step(*batch)
+        if log_loss:
+            assert out[1] == pytest.approx(expected[1], rel=1e-5)  # the logged number, a Python float
+            out, expected = out[0], expected[0]
+        out.backward()
         expected.backward()
-        torch.testing.assert_close(loss, expected)
+        torch.testing.assert_close(out, expected)
         for (name, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
             torch.testing.assert_close(p.grad, q.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
             p.grad = q.grad = None
@@ -57,3 +65,42 @@ def test_a_lone_inductor_fusion_is_a_region_and_replays_equal_to_eager():
 def test_gpu_inductor_fusion_is_captured_and_equal_to_eager():
     t, _ = _compare_steps("cuda", capture=True)
     assert t.graphs_captured == 2
+
+
+@pytest.mark.slow
+def test_thunder_nb_torchcompile_leaves_the_logged_item_out_so_the_forward_is_still_captured():
+    """thunder's torch_compile_ex fuses ``loss.item()`` into the forward's one fusion, which then cannot be
+    captured; thunder-nb's ``torchcompile`` keeps the island out: a region, the island, 2 graphs in all."""
+    with emulated_capture():
+        t, j = _compare_steps("cpu", capture=True, executors=internals.executors(["torchcompile"]), log_loss=True)
+    forward = thunder.last_traces(j)[-1]
+    names = [b.sym.name for b in forward.bound_symbols]
+    assert len(_region_names(forward)) == 1 and names.index("item") > names.index(_region_names(forward)[0])
+    assert t.graphs_captured == 2
+
+    with emulated_capture():  # thunder's own executor: the island is inside its fusion, the forward runs uncaptured
+        t, j = _compare_steps("cpu", capture=True, log_loss=True)
+    assert _region_names(thunder.last_traces(j)[-1]) == [] and t.graphs_captured == 1
+
+
+def test_thunder_nb_torchcompile_keeps_an_islands_number_out_of_fusions_so_one_graph_serves_every_value():
+    """``x * s`` with ``s`` from ``.item()``: fused by inductor, ``s`` would be a number baked into the graph."""
+
+    def f(x):
+        s = x.sum().item()
+        return torch.tanh(torch.sin(x) * s + 1.0)
+
+    t = FixedCUDAGraphTransform(capture=False)
+    t.cuda_graph_runner.capture = True
+    j = thunder.jit(f, transforms=[t], executors=internals.executors(["torchcompile"]))
+    with emulated_capture():
+        for _ in range(4):
+            x = torch.randn(64)
+            torch.testing.assert_close(j(x), f(x))
+    assert t.graphs_captured == 1
+    fusions = [s for b in thunder.last_traces(j)[-1].bound_symbols for s in b.subsymbols
+               if s.sym.name.startswith("TorchCompile")]
+    assert fusions, "expected inductor fusions inside the region"
+    for fusion in fusions:
+        assert not any(isinstance(a, NumberProxy) for a in fusion.flat_proxy_args), fusion.sym.name
+        assert all(ops.classify_bsym(s) is None for s in fusion.subsymbols), fusion.sym.name

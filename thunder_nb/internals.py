@@ -294,6 +294,38 @@ def executor_names(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))  # NOTE: a name given twice is one executor
 
 
+_TORCH_COMPILE: dict[str, Any] = {}
+
+
+def _island_aware_torch_compile(name: str) -> Any:
+    """thunder's torch_compile executor ``name`` that leaves islands, and arithmetic on numbers, out of its fusions.
+
+    thunder's own fuses ``.item()`` into the kernel group in front of it, and an island's number into the
+    ops that read it. A fusion holding an island cannot be captured; one reading an island's number
+    would bake the number into the graph (thunder-nb's scalar hand-off rewrites the ops that read it,
+    which it cannot do inside a compiled fusion). So those stay plain symbols between fusions.
+    """
+    if name in _TORCH_COMPILE:
+        return _TORCH_COMPILE[name]
+    from thunder.core.proxies import NumberProxy
+    from thunder.executors import torch_compile
+
+    from thunder_nb.ops import classify_bsym
+
+    original = torch_compile.torch_compile_ex if name == "torchcompile" else torch_compile.torch_compile_cat_ex
+
+    class IslandAwareTorchCompile(torch_compile.TorchCompileExecutor):
+        def can_fuse(self, bsym: Any) -> bool:
+            if classify_bsym(bsym) is not None or any(isinstance(a, NumberProxy) for a in bsym.flat_proxy_args):
+                return False
+            return super().can_fuse(bsym)
+
+    ex = IslandAwareTorchCompile(f"thunder_nb_{name}", original.required_ops, mode=original.mode)
+    ex._implmap = dict(original._implmap)
+    _TORCH_COMPILE[name] = ex
+    return ex
+
+
 def executors(names: Sequence[str]) -> list[Any] | None:
     """thunder's executor list with the named fusion executors first; None (thunder's defaults) for no names.
 
@@ -307,9 +339,7 @@ def executors(names: Sequence[str]) -> list[Any] | None:
     chosen = []
     for name in executor_names(names):
         if name.startswith("torchcompile"):
-            from thunder.executors import torch_compile
-
-            chosen.append(torch_compile.torch_compile_ex if name == "torchcompile" else torch_compile.torch_compile_cat_ex)
+            chosen.append(_island_aware_torch_compile(name))
         else:
             ex = thunder.get_executor("nvfuser")
             if ex is None:
