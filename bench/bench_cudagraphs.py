@@ -309,12 +309,19 @@ def run_one(index: int, calls: int) -> Row:
 #: Configurations timed in turns within one process: (title, calls, [(program, configuration)], reference).
 INTERLEAVED = (
     ("Island program", 1000, [("island: 16 steps, item, 16 steps", cfg) for cfg in (
+        'torch.compile(mode="reduce-overhead")',  # NOTE: first: it resets dynamo
         "eager PyTorch",
         "thunder-nb FixedCUDAGraphTransform",
         "thunder-nb Fixed, copy_outputs=False",
+        FUSED,
         "hand-written device scalar, thunder CUDAGraphTransform",
-        'torch.compile(mode="reduce-overhead")',
     )], ("island: 16 steps, item, 16 steps", "hand-written device scalar, thunder CUDAGraphTransform")),
+    ("Chain", 1000, [("chain: 32 steps, no island", cfg) for cfg in (
+        'torch.compile(mode="reduce-overhead")',  # NOTE: first: it resets dynamo
+        "thunder CUDAGraphTransform",
+        "thunder-nb FixedCUDAGraphTransform",
+        FUSED,
+    )], ("chain: 32 steps, no island", "thunder CUDAGraphTransform")),
 ) + tuple(
     (f"{model} training step", 200, [
         (f"{model} training step", "thunder CUDAGraphTransform"),

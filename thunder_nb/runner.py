@@ -149,6 +149,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         self.cuda_regions: dict[str, bool] = {}  # fn_name -> the region computes on a CUDA device (set by the transform)
         self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
         self._owner: dict[int, Any] = {}  # storage address -> the `_Instance` whose replay writes it
+        # id of a graph's own output tensor -> (that tensor, its storage address, its `_Instance`): the hand-out's
+        # lookup without making a storage object per tensor (the tensor is checked by identity, ids are reused)
+        self._own_outputs: dict[int, tuple[torch.Tensor, int, Any]] = {}
         self._stable: set[int] = set()  # storage addresses of parameters and module buffers seen (views read in place)
         self.stable_inputs: dict[str, frozenset[int]] = {}  # fn_name -> input positions of module buffers
         self._counts: dict[str, _Counts] = {}
@@ -324,6 +327,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         for o in static_outputs:
             if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and _storage(o) not in inputs_memory:
                 self._owner[_storage(o)] = inst
+                self._own_outputs[id(o)] = (o, _storage(o), inst)
         counts = self._count(fn_name)
         counts.graphs.append(GraphRecord(
             index=len(counts.graphs),
@@ -404,7 +408,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         if plan is None:
             plan = self._hand_out_plans[which] = _hand_out_plan(*which)
         guard, copy = plan
-        owner_of, ref = self._owner, weakref.ref
+        owner_of, own, ref = self._owner, self._own_outputs, weakref.ref
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
         # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
         saved: set[int] = set()
@@ -412,9 +416,13 @@ class ThunderNBRunner(CUDAGraphRunner):
         for j in guard:
             t = tensors[j]
             if isinstance(t, _Tensor):
-                ptr = t.untyped_storage().data_ptr()
+                hit = own.get(id(t))
+                if hit is not None and hit[0] is t:
+                    _, ptr, owner = hit
+                else:
+                    ptr = t.untyped_storage().data_ptr()
+                    owner = owner_of.get(ptr)
                 saved.add(ptr)
-                owner = owner_of.get(ptr)
                 if owner is not None:
                     alias = t.detach()
                     owner.guards.append(ref(alias))
@@ -424,8 +432,12 @@ class ThunderNBRunner(CUDAGraphRunner):
         for j in copy:
             t = tensors[j]
             if isinstance(t, _Tensor):
-                ptr = t.untyped_storage().data_ptr()
-                owner = owner_of.get(ptr)
+                hit = own.get(id(t))
+                if hit is not None and hit[0] is t:
+                    _, ptr, owner = hit
+                else:
+                    ptr = t.untyped_storage().data_ptr()
+                    owner = owner_of.get(ptr)
                 if owner is None:
                     continue
                 if ptr in saved:
