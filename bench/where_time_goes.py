@@ -106,7 +106,7 @@ def picture(program: str, rows: list[dict], machine: str) -> str:
     label_w, bar_w, row_h, top = 330, 520, 34, 58
     scale = bar_w / max(r["step_us"] for r in rows)
     h = top + row_h * len(rows) + 60
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 90}" height="{h}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 190}" height="{h}" '
            'font-family="sans-serif" font-size="13">',
            '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="10" y="22" font-size="15" font-weight="bold">{escape(program)}: where one step\'s time goes</text>',

@@ -17,14 +17,14 @@ from thunder_nb.testing.models import model_case
 torch_compile = pytest.importorskip("thunder.executors.torch_compile", reason="thunder's torch_compile executor")
 
 
-def _compare_steps(device: str, capture: bool, *, executors=None, log_loss: bool = False):
+def _compare_steps(device: str, capture: bool, *, executors=None, log_loss: bool = False, defer_items: bool = True):
     """Three nanoGPT training steps under the fixed transform with inductor fusions, checked against eager.
 
     ``executors`` defaults to thunder's own torch_compile executor before thunder's defaults.
     """
     case = model_case("nanoGPT", device, log_loss=log_loss)
     ref = model_case("nanoGPT", device, model=copy.deepcopy(case.model), log_loss=log_loss)
-    t = FixedCUDAGraphTransform(capture=capture if device == "cuda" else False)
+    t = FixedCUDAGraphTransform(capture=capture if device == "cuda" else False, defer_items=defer_items)
     if device != "cuda":
         t.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
     executors = executors or [torch_compile.torch_compile_ex, *thunder.get_default_executors()]
@@ -70,16 +70,18 @@ def test_gpu_inductor_fusion_is_captured_and_equal_to_eager():
 @pytest.mark.slow
 def test_thunder_nb_torchcompile_leaves_the_logged_item_out_so_the_forward_is_still_captured():
     """thunder's torch_compile_ex fuses ``loss.item()`` into the forward's one fusion, which then cannot be
-    captured; thunder-nb's ``torchcompile`` keeps the island out: a region, the island, 2 graphs in all."""
+    captured; thunder-nb's ``torchcompile`` keeps the island out: a region, the island, 2 graphs in all.
+    (``defer_items=False``: by default the logged item runs in thunder's epilogue, out of the forward.)"""
     with emulated_capture():
-        t, j = _compare_steps("cpu", capture=True, executors=internals.executors(["torchcompile"]), log_loss=True)
+        t, j = _compare_steps("cpu", capture=True, executors=internals.executors(["torchcompile"]), log_loss=True,
+                              defer_items=False)
     forward = thunder.last_traces(j)[-1]
     names = [b.sym.name for b in forward.bound_symbols]
     assert len(_region_names(forward)) == 1 and names.index("item") > names.index(_region_names(forward)[0])
     assert t.graphs_captured == 2
 
     with emulated_capture():  # thunder's own executor: the island is inside its fusion, the forward runs uncaptured
-        t, j = _compare_steps("cpu", capture=True, log_loss=True)
+        t, j = _compare_steps("cpu", capture=True, log_loss=True, defer_items=False)
     assert _region_names(thunder.last_traces(j)[-1]) == [] and t.graphs_captured == 1
 
 

@@ -18,6 +18,7 @@ from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
 from . import internals
+from .defer import defer_returned_items
 from .model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .ops import IN_PLACE_NAMES, classify_bsym
 from .passes import has_in_place, in_place_plan, is_cuda_trace, region_del_pass, returned_names, strip_top_level_dels
@@ -315,6 +316,10 @@ class FixedCUDAGraphTransform(_BaseTransform):
         max_addresses: addresses one static input may take (one per layer is normal) before it is copied.
         max_values: values of a Python number a region still bakes in (no exact hand-off, not from an
             island) before the region runs without a graph (default 8; `RecaptureWarning`).
+        defer_items: run an ``.item()`` whose number is only returned (``return loss, loss.item()``) in
+            thunder's epilogue, after the outputs are connected to autograd, instead of in the forward:
+            the host then waits for the forward graph later, having done that work meanwhile (default
+            True; see `thunder_nb.defer`).
     """
 
     label = "fixed"
@@ -329,10 +334,24 @@ class FixedCUDAGraphTransform(_BaseTransform):
         max_instances: int = 2,
         max_addresses: int = 32,
         max_values: int = 8,
+        defer_items: bool = True,
     ):
         super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool,
                          max_instances=max_instances, max_addresses=max_addresses, max_values=max_values)
         self.scalar_handoff = scalar_handoff
+        self.defer_items = defer_items
+
+    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
+        """As the base transform; then move each ``.item()`` whose number is only returned into the epilogue."""
+        prologue_trace, computation_trace, epilogue_trace = super().transform_traces_pre_prologue(
+            prologue_trace, computation_trace, epilogue_trace, **kwargs)
+        moved = defer_returned_items(computation_trace, epilogue_trace) if self.defer_items else None
+        if moved is None:
+            return prologue_trace, computation_trace, epilogue_trace
+        computation_trace, epilogue_trace, names = moved
+        self.notes.append(f"{', '.join(names)} = .item() of a returned tensor: run after the call's autograd "
+                          "connection (thunder's epilogue), not in the forward")
+        return prologue_trace, computation_trace, epilogue_trace
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
         """Whether ``bsym`` may join a region: never a del, a host sync, a transfer or a CPU op of a CUDA trace."""
