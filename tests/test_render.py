@@ -704,3 +704,96 @@ def test_side_by_side_of_stock_and_fixed_transforms(thunder_mod, stock_g):
     assert_in_order(markup, "(transform: stock)", "verdict: fails or computes wrong values",
                     f"(transform: {fixed.transform})", f"verdict: {render.common.verdict(fixed.defects)}",
                     "forward trace <code>computation</code>", "forward trace <code>computation</code>")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fused groups (inductor fusions inside a fixed region, emulated capture on the CPU)
+
+
+@pytest.fixture(scope="module")
+def fused(thunder_mod) -> Report:
+    """The fixed transform with thunder-nb's torchcompile: three inductor fusions and a plain mul in one region."""
+    thunder, torch = thunder_mod
+
+    def hand_off_then_fuse(x):
+        s = x.sum().item()
+        y = torch.cos(torch.sin(x) * 2.0).reshape(-1)
+        return torch.tanh(y * s + 1.0)
+
+    from thunder_nb import internals
+    from thunder_nb.fix import FixedCUDAGraphTransform
+    from thunder_nb.testing.emulate import emulated_capture
+
+    transform = FixedCUDAGraphTransform(capture=False)
+    transform.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
+    jfn = thunder.jit(hand_off_then_fuse, transforms=[transform], executors=internals.executors(["torchcompile"]))
+    g = torch.Generator().manual_seed(0)
+    with emulated_capture():
+        for _ in range(3):
+            x = torch.randn(64, generator=g)
+            torch.testing.assert_close(jfn(x), hand_off_then_fuse(x))
+    return analysis.analyze(jfn)
+
+
+@pytest.mark.slow
+def test_report_text_of_a_fused_trace_gives_kernels_fused_groups_and_launch_time(fused):
+    (region,) = fused.forward.regions
+    # NOTE: the mul reads the island's number (handed off as t2): thunder-nb's torchcompile leaves it unfused
+    assert [g.ops for g in region.fusions] == [("sum",), ("sin", "mul", "cos", "reshape"), ("add", "tanh")]
+    assert region.kernels == 4
+    assert_in_order(
+        render.report_text(fused),
+        "verdict: no defects found",
+        "launches: ≈4 kernels in 1 region per call, replayed as 1 graph launch: ≈12 µs of host time saved per call "
+        "(estimate: 4 µs per kernel launch removed, measured on an H200)",
+        "CUDAGraph1 @0: 4 ops, ≈4 kernels, captured, 3 replays",
+        "TorchCompile0: 1 op fused (inductor): sum",
+        "TorchCompile1: 4 ops fused (inductor): sin, mul, cos, reshape",
+        "TorchCompile2: 2 ops fused (inductor): add, tanh",
+        "inputs:  x f32[64]",
+    )
+
+
+@pytest.mark.slow
+def test_region_diagram_golden_fused_trace(fused):
+    assert_golden("fused_fixed_forward.gv", render.region_diagram(fused.forward).source)
+
+
+@pytest.mark.slow
+def test_region_diagram_collapsed_names_fused_groups_and_kernels(fused):
+    source = render.region_diagram(fused.forward, collapse=True).source
+    assert_in_order(source, 'CUDAGraph1 [label="CUDAGraph1\\n4 ops · ≈4 kernels · captured',
+                    "TorchCompile0: 1 op fused (inductor)\\nTorchCompile1: 4 ops fused (inductor)\\n"
+                    "TorchCompile2: 2 ops fused (inductor)")
+
+
+@pytest.mark.slow
+@pytest.mark.dot
+@needs_dot
+def test_region_diagram_of_a_fused_trace_draws_fused_groups_inside_their_region(fused):
+    image = render.svg(render.region_diagram(fused.forward))
+    root = ET.fromstring(image)
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [t.text or "" for t in root.iter(f"{ns}text")]
+    clusters = [g for g in root.iter(f"{ns}g") if g.get("class") == "cluster"]
+    (cluster,) = [c for c in clusters if (c.findtext(f"{ns}title") or "") == "cluster_CUDAGraph1"]
+    assert "CUDAGraph1 · 4 ops · ≈4 kernels · captured" in texts
+    # each fused group is a node drawn inside the region's cluster box
+    box = _bbox(next(e for e in cluster.iter() if e.tag in (f"{ns}path", f"{ns}polygon")))
+    for node_name, lines in (("y", ["y = TorchCompile1", "4 ops fused (inductor)", "sin, mul, cos, reshape"]),
+                             ("t10", ["t10 = TorchCompile2", "2 ops fused (inductor)", "add, tanh"])):
+        node = next(g for g in root.iter(f"{ns}g") if g.get("class") == "node" and g.findtext(f"{ns}title") == node_name)
+        assert [t.text for t in node.iter(f"{ns}text")] == lines
+        inner = _bbox(next(node.iter(f"{ns}polygon")))
+        assert box[0] <= inner[0] and inner[2] <= box[2] and box[1] <= inner[1] and inner[3] <= box[3], node_name
+    assert "double box: ops a fusion executor compiles together" in " ".join(texts)
+
+
+def _bbox(shape) -> tuple[float, float, float, float]:
+    """(min x, min y, max x, max y) of an SVG polygon's points or a path's coordinates."""
+    import re
+
+    text = shape.get("points") or shape.get("d") or ""
+    nums = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", text)]
+    xs, ys = nums[0::2], nums[1::2]
+    return min(xs), min(ys), max(xs), max(ys)
