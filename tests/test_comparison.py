@@ -410,17 +410,16 @@ def test_peers_training_compares_torch_compiles_gradients_and_parameters():
     assert "torch.compile reduce-overhead: matches eager, grads match, params match" in c.verdict()
 
 
-def test_a_torch_compile_that_fails_is_said_in_the_verdict_and_nothing_else_is_lost(monkeypatch):
+def test_a_torch_compile_that_fails_is_said_in_the_verdict_and_nothing_else_is_lost():
     """inductor without a working C++ compiler (a CPU machine without one): the peer fails, the rest stands."""
     import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("/nonexistent/c++",))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # NOTE: a cached kernel would need no compiler
 
     def fresh(x):  # NOTE: a function torch.compile has not seen, so it compiles now
         return torch.cos(x) * 3.25 - 0.5
 
-    c = compare(fresh, (programs.vec(64),), peers=True, **FAST)
+    # NOTE: inductor's own config.patch (pytest's monkeypatch breaks inductor's config on undo); no cached kernel
+    with inductor_config.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
+        c = compare(fresh, (programs.vec(64),), peers=True, **FAST)
     assert c.results["fixed"].ok and "fixed" in c.timings and "eager" in c.timings
     peer = c.results["peer"]
     assert not peer.ran and peer.failure is not None and "peer" not in c.timings
