@@ -84,7 +84,6 @@ def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
     return kernels
 
 
-
 def _executor_label(name: str) -> str:
     """``inductor`` for thunder's (and thunder-nb's) torch_compile executors, ``nvFuser``, else the executor's name."""
     if "torchcompile" in name or "torch_compile" in name:

@@ -508,7 +508,8 @@ def _hand_out_label(trace: TraceReport) -> str:
 
 def _region_counts(r: Region) -> list[str]:
     """``["3 ops"]``; with fused groups also the kernel estimate: ``["1 op", "≈1 kernel"]``."""
-    # NOTE: the kernel count only where fusions make it differ from the ops: unfused diagrams stay as they were
+    # NOTE: only regions with fused groups show their kernels here (the text report gives every region's),
+    # so unfused diagrams stay as compact as they were
     return [plural(len(r.compute_ops), "op")] + ([kernels(r)] if r.fusions else [])
 
 

@@ -259,7 +259,6 @@ def pane_html(report: Report, views: Iterable[str] = SIDE_VIEWS, *, title: str |
     if report.error:
         parts.append(f'<div class="tnb-error">error: {esc(report.error)}</div>')
     parts += [f"<div>note: {esc(n)}</div>" for n in report.notes]
-    parts.append(_launch_html(report))
     all_drawn = True
     for trace in report.traces:
         body, drawn = _pane_trace_html(trace, views)
