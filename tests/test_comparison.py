@@ -425,3 +425,20 @@ def test_a_torch_compile_that_fails_is_said_in_the_verdict_and_nothing_else_is_l
     assert not peer.ran and peer.failure is not None and "peer" not in c.timings
     assert f"torch.compile reduce-overhead: fails ({peer.failure.error_type}), so no speed compared with it" in c.verdict()
     assert "No working C++ compiler" in dict(c.run_rows())["check torch.compile reduce-overhead"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_peers_give_the_fixed_sides_speed_against_eager_and_torch_compile():
+    import re
+
+    c = compare(_chain, (programs.vec(4096, device="cuda"),), peers=True, repeats=20)
+    print("GPU peers:", c.verdict())
+    assert c.results["fixed"].ok and c.results["peer"].ok and c.graphs["fixed"] >= 1
+    speed = r"\d+\.\dx (faster|slower) than"
+    assert re.search(rf"fixed: .*, {speed} eager, {speed} torch\.compile reduce-overhead", c.verdict())
+    assert re.search(rf"torch\.compile reduce-overhead: matches eager, {speed} eager", c.verdict())
+    # training steps through reduce-overhead's CUDA graph trees (a new step marked before each call)
+    t = compare(programs.mlp, programs.mlp_inputs("cuda"), training=True, lr=0.1, peers=True, repeats=5)
+    print("GPU peers, training:", t.verdict())
+    assert t.results["peer"].ok, t.results["peer"]
