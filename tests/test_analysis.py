@@ -11,7 +11,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import programs
 import thunder_nb
-from thunder_nb.analysis import analyze_source, classify_op, parse_type
+from thunder_nb.analysis import analyze_source, classify_op, estimate_kernels, parse_type
 from thunder_nb.model import TypeInfo
 
 
@@ -274,3 +274,67 @@ def test_analyze_trace_gives_a_report_of_one_trace():
     assert isinstance(report, thunder_nb.Report) and report.transform == "stock"
     assert report.forward.regions[0].name == "CUDAGraph1" and "host-sync-in-region" in report.rules
     assert thunder_nb.check(report) == list(report.defects)
+
+
+# --- kernels per region ------------------------------------------------------------------------
+
+
+def five_and_a_view(x):
+    """Five elementwise ops and a view: five kernels."""
+    a = torch.sin(x) * 2.0
+    b = torch.cos(a).reshape(-1)
+    return torch.tanh(b + 1.0)
+
+
+def test_kernels_count_ops_that_launch_work_and_not_views():
+    jfn, _ = jit_and_call(five_and_a_view, programs.vec())
+    (region,) = thunder_nb.analyze(jfn).forward.regions
+    bases = [o.callee.rsplit(".", 1)[-1] for o in region.compute_ops]
+    assert sorted(bases) == sorted(["sin", "mul", "cos", "reshape", "add", "tanh"])
+    assert region.kernels == 5 and region.launches_saved == 4 and region.fusions == ()
+
+
+def test_estimate_kernels_leaves_out_number_arithmetic_and_same_dtype_conversions():
+    source = textwrap.dedent(
+        '''\
+        def CUDAGraph1(x, f1):
+          # x: "cuda:0 f32[8]"
+          # f1: "float ?"
+          f2 = operator.mul(f1, 2.0)  # f2: "float ?"
+          t3 = Tensor.to(x, torch.float32)  # t3: "cuda:0 f32[8]"
+          t4 = Tensor.to(t3, torch.bfloat16)  # t4: "cuda:0 bf16[8]"
+          t5 = torch.mul(t4, f2)  # t5: "cuda:0 bf16[8]"
+          t6 = TorchCompile0(t5)  # t6: "cuda:0 bf16[8]"
+          del t3
+          return [t6]
+        '''
+    )
+    (region,) = analyze_source(source).regions
+    assert [g.name for g in region.fusions] == ["TorchCompile0"] and region.fusions[0].ops == ()
+    # the bf16 conversion, the mul and the fusion; not the number arithmetic, the same-dtype `to` or the del
+    assert region.kernels == 3
+    ops = region.ops
+    assert estimate_kernels(ops, {}) == 5  # NOTE: without types every call but the del counts
+    assert estimate_kernels(ops[:1], {"f1": TypeInfo("number"), "f2": TypeInfo("number")}) == 0
+
+
+@pytest.mark.slow
+def test_kernels_of_a_region_with_an_inductor_fusion():
+    from thunder_nb import internals
+    from thunder_nb.fix import FixedCUDAGraphTransform
+    from thunder_nb.testing.emulate import emulated_capture
+
+    transform = FixedCUDAGraphTransform(capture=False)
+    transform.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
+    jfn = thunder.jit(five_and_a_view, transforms=[transform], executors=internals.executors(["torchcompile"]))
+    with emulated_capture():
+        x = programs.vec()
+        torch.testing.assert_close(jfn(x), five_and_a_view(x))
+    report = thunder_nb.analyze(jfn)
+    (region,) = report.forward.regions
+    (group,) = region.fusions
+    assert group.name.startswith("TorchCompile") and group.executor == "inductor"
+    assert group.ops == ("sin", "mul", "cos", "reshape", "add", "tanh")
+    assert [o.callee for o in region.compute_ops] == [group.name]
+    assert region.kernels == 1 and region.launches_saved == 0 and report.launch_us_saved == 0
+    assert str(group) == f"{group.name}: 6 ops fused (inductor)"

@@ -272,6 +272,7 @@ def test_training_needs_grad_inputs_and_a_scalar():
         (dict(original="nightly"), r"unknown original: 'nightly' \(must be one of \['stock', 'legacy'\]\)"),
         (dict(capture="yes"), r"unknown capture: 'yes'"),
         (dict(repeats=0), "repeats must be at least 1"),
+        (dict(peers=True, execute=False), r"peers needs a run \(torch.compile is timed\): not with execute=False"),
     ],
 )
 def test_bad_options(option, message):
@@ -380,3 +381,64 @@ def test_ops_thunder_cannot_trace_are_named(fn, op, why):
     named, said = diagnose.untraceable(info.value)
     assert named == op and said.startswith(why)
     assert diagnose.untraceable(ValueError("Trying to call function torch.foo, but it is not yet supported")) is None
+
+
+# --- peers: torch.compile reduce-overhead -----------------------------------------------------------
+
+
+def _chain(x):
+    return torch.tanh(torch.sin(x) * 2.0 + 1.0)
+
+
+@no_gpu
+def test_peers_check_and_time_torch_compile_reduce_overhead_on_cpu():
+    c = compare(_chain, (programs.vec(64),), peers=True, **FAST)
+    assert c.peers and c.results["peer"].ok and "peer" in c.timings
+    assert "torch.compile reduce-overhead: matches eager" in c.verdict()
+    # NOTE: on the CPU no speed is claimed, neither against eager nor against torch.compile
+    assert "faster" not in c.verdict() and "slower" not in c.verdict()
+    rows = dict(c.run_rows())
+    assert rows["check torch.compile reduce-overhead"].startswith("matches eager")
+    assert "torch.compile reduce-overhead " in rows["timings"] and "; torch.compile tensor" in rows["value"]
+    assert "torch.compile" not in compare(_chain, (programs.vec(64),), **FAST).verdict()
+
+
+def test_peers_training_compares_torch_compiles_gradients_and_parameters():
+    c = compare(programs.mlp, programs.mlp_inputs(), training=True, lr=0.1, peers=True, **FAST)
+    peer = c.results["peer"]
+    assert peer.ok and peer.grads_match and peer.params_match, peer
+    assert "torch.compile reduce-overhead: matches eager, grads match, params match" in c.verdict()
+
+
+def test_a_torch_compile_that_fails_is_said_in_the_verdict_and_nothing_else_is_lost():
+    """inductor without a working C++ compiler (a CPU machine without one): the peer fails, the rest stands."""
+    import torch._inductor.config as inductor_config
+
+    def fresh(x):  # NOTE: a function torch.compile has not seen, so it compiles now
+        return torch.cos(x) * 3.25 - 0.5
+
+    # NOTE: inductor's own config.patch (pytest's monkeypatch breaks inductor's config on undo); no cached kernel
+    with inductor_config.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
+        c = compare(fresh, (programs.vec(64),), peers=True, **FAST)
+    assert c.results["fixed"].ok and "fixed" in c.timings and "eager" in c.timings
+    peer = c.results["peer"]
+    assert not peer.ran and peer.failure is not None and "peer" not in c.timings
+    assert f"torch.compile reduce-overhead: fails ({peer.failure.error_type}), so no speed compared with it" in c.verdict()
+    assert "No working C++ compiler" in dict(c.run_rows())["check torch.compile reduce-overhead"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_peers_give_the_fixed_sides_speed_against_eager_and_torch_compile():
+    import re
+
+    c = compare(_chain, (programs.vec(4096, device="cuda"),), peers=True, repeats=20)
+    print("GPU peers:", c.verdict())
+    assert c.results["fixed"].ok and c.results["peer"].ok and c.graphs["fixed"] >= 1
+    speed = r"\d+\.\dx (faster|slower) than"
+    assert re.search(rf"fixed: .*, {speed} eager, {speed} torch\.compile reduce-overhead", c.verdict())
+    assert re.search(rf"torch\.compile reduce-overhead: matches eager, {speed} eager", c.verdict())
+    # training steps through reduce-overhead's CUDA graph trees (a new step marked before each call)
+    t = compare(programs.mlp, programs.mlp_inputs("cuda"), training=True, lr=0.1, peers=True, repeats=5)
+    print("GPU peers, training:", t.verdict())
+    assert t.results["peer"].ok, t.results["peer"]

@@ -365,6 +365,9 @@ def test_thunders_first_import_is_a_progress_line(tmp_path):
          "unknown executor: 'inductor' (must be one of ['torchcompile', 'torchcompile_cat', 'nvfuser'])"),
         ("--executors nvfuser f(x)", SEED, "executor 'nvfuser' is not available: no nvFuser wheel matches this torch"),
         ("--train --lr -1 f(x)", SEED, "--lr must be a positive number, not -1.0"),
+        ("--peers=3 f(x)", SEED, "argument --peers: ignored explicit argument '3'"),
+        ("--peers 3 f(x)", SEED, "unexpected words before the call: 3"),
+        ("--peers --no-run f(x)", SEED, "--peers needs a run (it times torch.compile): not with --no-run"),
         ("-f x f(x)", SEED, "'x' is a Tensor, not a function"),
         ("-f n f(x)", "n = 3\n", "'n' is an int, not a function"),
         ("bad(x)", "import torch\nx = torch.randn(3)\ndef bad(x):\n    return float(x.sum())\n",
@@ -376,6 +379,25 @@ def test_mistakes_raise_one_usage_error(ip, line, cell, message):
         ip.run_cell_magic("thunder_cudagraph", line, cell)
     assert message in str(info.value)
     assert all(not o.get("text/plain") for o in final_outputs(cap))  # no half report left behind
+
+
+def test_peers_times_torch_compile_reduce_overhead_too(ip):
+    outs, _ = run_magic(ip, "--peers --repeats 2 -o cmp_peers g(x)", ISLAND)
+    cmp = ip.user_ns["cmp_peers"]
+    verdict, _, run = outs
+    assert cmp.peers and cmp.results["peer"].ok
+    assert "torch.compile reduce-overhead: matches eager" in verdict["text/plain"]
+    assert "check torch.compile reduce-overhead  matches eager" in run["text/plain"]
+    assert "torch.compile reduce-overhead " in run["text/plain"].split("timings", 1)[1]
+
+
+def test_a_bad_peers_is_one_usage_error_and_the_namespace_survives(ip):
+    ip.run_cell("import torch\nkept = torch.arange(3)\n")
+    with capture_output() as cap:
+        ip.run_cell("%%thunder_cudagraph --peers=3 f(kept)\nkept = None\n")
+    shown = cap.stdout + cap.stderr
+    assert shown.count("UsageError") == 1 and "ignored explicit argument '3'" in shown and "Traceback" not in shown
+    assert torch.equal(ip.user_ns["kept"], torch.arange(3))  # NOTE: the cell did not run, nothing was rebound
 
 
 def test_without_a_named_function_the_last_one_the_cell_defines_is_compiled(ip):

@@ -533,13 +533,14 @@ def test_report_text_of_generated_source():
         thunder-nb report: prog (transform: fixed)
         verdict: runs, but wastes time or memory (2 warnings)
         note: a note
+        launches: ≈3 kernels in 2 regions per call, replayed as 2 graph launches: ≈4 µs of host time saved per call (estimate: 4 µs per kernel launch removed, measured on an H200)
 
         forward trace `computation`: 2 regions (3 ops), 1 user island
           regions:
-            CUDAGraph1 @0: 2 ops, not run
+            CUDAGraph1 @0: 2 ops, ≈2 kernels, not run
               inputs:  x f32[8]
               outputs: t1 f32[8], t2 f32[]
-            CUDAGraph2 @3: 1 op, not run
+            CUDAGraph2 @3: 1 op, ≈1 kernel, not run
               inputs:  t1 f32[8], f3 float (Python number)
               outputs: t4 f32[8]
           islands:
@@ -567,11 +568,12 @@ def test_report_text_of_a_real_trace(stock_f):
         thunder-nb report: f (transform: stock)
         verdict: fails or computes wrong values (1 error, 1 warning)
         error: RuntimeError: no GPU
+        launches: ≈2 kernels in 1 region per call, replayed as 1 graph launch: ≈4 µs of host time saved per call (estimate: 4 µs per kernel launch removed, measured on an H200)
 
         forward trace `computation`: 1 region (2 ops), 0 user islands
           constructed by: Unwrap the actual return value
           regions:
-            CUDAGraph1 @0: 2 ops, not run
+            CUDAGraph1 @0: 2 ops, ≈2 kernels, not run
               inputs:  x f32[3]
               outputs: f10 float (Python number)
               copied in: x (copied into the graph's static buffer before each replay)
@@ -602,7 +604,7 @@ def test_report_text_lists_both_traces_and_graphs(stock_mlp):
         text,
         "thunder-nb report: mlp (transform: stock)",
         "forward trace `computation`: 1 region",
-        "CUDAGraph1 @0: 5 ops, captured",
+        "CUDAGraph1 @0: 5 ops, ≈5 kernels, captured",
         "graphs: #0 first call (static 1.5 KiB); #1 x: shape (2, 3) -> (4, 3) (static 96 B, pool 2.0 MiB)",
         "backward trace `backward_fn`: 1 region",
         "inputs:  t27 f32[], w2 f32[4,2], t50 f32[2,4], t49 b8[2,4], w1 f32[3,4], x f32[2,3]",
@@ -660,6 +662,11 @@ def test_side_by_side_html(stock_g, split_g):
                     "forward trace <code>computation</code>: 1 region, 0 user islands",
                     "forward trace <code>computation</code>: 2 regions, 1 user island")
     assert "no backward trace" not in markup
+    # each report's header says what graph replays save
+    assert_in_order(markup, "(transform: stock)", f"launches: {render.common.launch_line(stock_g)}",
+                    "(transform: SplitAtHostSync)", f"launches: {render.common.launch_line(split_g)}")
+    # NOTE: the widget's panes stay as short as they were: a notebook column holds them
+    assert "launches:" not in render.html.pane_html(split_g)
 
 
 def test_side_by_side_html_with_a_missing_trace(stock_mlp):
@@ -702,3 +709,96 @@ def test_side_by_side_of_stock_and_fixed_transforms(thunder_mod, stock_g):
     assert_in_order(markup, "(transform: stock)", "verdict: fails or computes wrong values",
                     f"(transform: {fixed.transform})", f"verdict: {render.common.verdict(fixed.defects)}",
                     "forward trace <code>computation</code>", "forward trace <code>computation</code>")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fused groups (inductor fusions inside a fixed region, emulated capture on the CPU)
+
+
+@pytest.fixture(scope="module")
+def fused(thunder_mod) -> Report:
+    """The fixed transform with thunder-nb's torchcompile: three inductor fusions and a plain mul in one region."""
+    thunder, torch = thunder_mod
+
+    def hand_off_then_fuse(x):
+        s = x.sum().item()
+        y = torch.cos(torch.sin(x) * 2.0).reshape(-1)
+        return torch.tanh(y * s + 1.0)
+
+    from thunder_nb import internals
+    from thunder_nb.fix import FixedCUDAGraphTransform
+    from thunder_nb.testing.emulate import emulated_capture
+
+    transform = FixedCUDAGraphTransform(capture=False)
+    transform.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
+    jfn = thunder.jit(hand_off_then_fuse, transforms=[transform], executors=internals.executors(["torchcompile"]))
+    g = torch.Generator().manual_seed(0)
+    with emulated_capture():
+        for _ in range(3):
+            x = torch.randn(64, generator=g)
+            torch.testing.assert_close(jfn(x), hand_off_then_fuse(x))
+    return analysis.analyze(jfn)
+
+
+@pytest.mark.slow
+def test_report_text_of_a_fused_trace_gives_kernels_fused_groups_and_launch_time(fused):
+    (region,) = fused.forward.regions
+    # NOTE: the mul reads the island's number (handed off as t2): thunder-nb's torchcompile leaves it unfused
+    assert [g.ops for g in region.fusions] == [("sum",), ("sin", "mul", "cos", "reshape"), ("add", "tanh")]
+    assert region.kernels == 4
+    assert_in_order(
+        render.report_text(fused),
+        "verdict: no defects found",
+        "launches: ≈4 kernels in 1 region per call, replayed as 1 graph launch: ≈12 µs of host time saved per call "
+        "(estimate: 4 µs per kernel launch removed, measured on an H200)",
+        "CUDAGraph1 @0: 4 ops, ≈4 kernels, captured, 3 replays",
+        "TorchCompile0: 1 op fused (inductor): sum",
+        "TorchCompile1: 4 ops fused (inductor): sin, mul, cos, reshape",
+        "TorchCompile2: 2 ops fused (inductor): add, tanh",
+        "inputs:  x f32[64]",
+    )
+
+
+@pytest.mark.slow
+def test_region_diagram_golden_fused_trace(fused):
+    assert_golden("fused_fixed_forward.gv", render.region_diagram(fused.forward).source)
+
+
+@pytest.mark.slow
+def test_region_diagram_collapsed_names_fused_groups_and_kernels(fused):
+    source = render.region_diagram(fused.forward, collapse=True).source
+    assert_in_order(source, 'CUDAGraph1 [label="CUDAGraph1\\n4 ops · ≈4 kernels · captured',
+                    "TorchCompile0: 1 op fused (inductor)\\nTorchCompile1: 4 ops fused (inductor)\\n"
+                    "TorchCompile2: 2 ops fused (inductor)")
+
+
+@pytest.mark.slow
+@pytest.mark.dot
+@needs_dot
+def test_region_diagram_of_a_fused_trace_draws_fused_groups_inside_their_region(fused):
+    image = render.svg(render.region_diagram(fused.forward))
+    root = ET.fromstring(image)
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [t.text or "" for t in root.iter(f"{ns}text")]
+    clusters = [g for g in root.iter(f"{ns}g") if g.get("class") == "cluster"]
+    (cluster,) = [c for c in clusters if (c.findtext(f"{ns}title") or "") == "cluster_CUDAGraph1"]
+    assert "CUDAGraph1 · 4 ops · ≈4 kernels · captured" in texts
+    # each fused group is a node drawn inside the region's cluster box
+    box = _bbox(next(e for e in cluster.iter() if e.tag in (f"{ns}path", f"{ns}polygon")))
+    for node_name, lines in (("y", ["y = TorchCompile1", "4 ops fused (inductor)", "sin, mul, cos, reshape"]),
+                             ("t10", ["t10 = TorchCompile2", "2 ops fused (inductor)", "add, tanh"])):
+        node = next(g for g in root.iter(f"{ns}g") if g.get("class") == "node" and g.findtext(f"{ns}title") == node_name)
+        assert [t.text for t in node.iter(f"{ns}text")] == lines
+        inner = _bbox(next(node.iter(f"{ns}polygon")))
+        assert box[0] <= inner[0] and inner[2] <= box[2] and box[1] <= inner[1] and inner[3] <= box[3], node_name
+    assert "double box: ops a fusion executor compiles together" in " ".join(texts)
+
+
+def _bbox(shape) -> tuple[float, float, float, float]:
+    """(min x, min y, max x, max y) of an SVG polygon's points or a path's coordinates."""
+    import re
+
+    text = shape.get("points") or shape.get("d") or ""
+    nums = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", text)]
+    xs, ys = nums[0::2], nums[1::2]
+    return min(xs), min(ys), max(xs), max(ys)

@@ -82,7 +82,7 @@ def test_report_text_shows_each_regions_memory_plan(held_mlp):
     assert_in_order(
         text,
         "forward trace `computation`",
-        "CUDAGraph1 @0: 5 ops, captured, 4 replays",
+        "CUDAGraph1 @0: 5 ops, ≈5 kernels, captured, 4 replays",
         "copied in: x, w1, w2 (an input of the function)",
         "guarded: t47, t48 (saved for the backward: left where the graph wrote it and guarded",
         "copied out: t52 (returned: copied out of graph memory",

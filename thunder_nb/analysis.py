@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
-from .model import Defect, Island, Op, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value
-from .ops import BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, classify_bsym, classify_op, parse_type, type_of_proxy
+from .model import Defect, FusedGroup, Island, Op, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value
+from .ops import (
+    BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, classify_bsym,
+    classify_op, parse_type, type_of_proxy,
+)
 from .source import REGION_NAME, ParsedFunction, comment_types, parse_functions
 
 #: The generated name of thunder-nb's hand-out call (`thunder_nb.fix.HAND_OUT_NAME`; fix imports thunder, this module does not).
@@ -20,11 +24,84 @@ __all__ = [
     "analyze_trace",
     "analyze_source",
     "check",
+    "estimate_kernels",
     "classify_op",
     "classify_bsym",
     "parse_type",
     "REGION_NAME",
 ]
+
+
+#: View-like ops that copy when they change the dtype or device (``to``, ``float``, ``type_as``).
+_CONVERSIONS = frozenset({"to", "float", "type_as"})
+#: Ops that launch no kernel: views (``contiguous`` aside: it may copy), metadata reads, bookkeeping, aliasing.
+_NO_KERNEL = (
+    (VIEW_NAMES - _CONVERSIONS - {"contiguous"}) | METADATA_NAMES | BOOKKEEPING_NAMES | COLLECTION_NAMES
+    | {"update_aliases", "del", "python_del"}
+)
+#: Fusion symbols by name, for source text (a live trace says so itself: ``sym.is_fusion``).
+_FUSION_NAME = re.compile(r"^(?:TorchCompile|nvFusion)\d+$")
+
+
+def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
+                     fusions: Mapping[str, FusedGroup] | None = None) -> int:
+    """Estimate the kernels one run of ``ops`` (a region's statements) launches: a static count, never measured.
+
+    Each call that launches work counts 1; these count 0: dels, the return and unpacking, views
+    (`thunder_nb.ops.VIEW_NAMES`), metadata reads (``METADATA_NAMES``), thunder's ``update_aliases``,
+    arithmetic on Python numbers alone (no tensor in or out), and ``to``/``float``/``type_as`` when the
+    dtype and device stay the same. A fusion symbol counts as its `FusedGroup.kernels`: 1 per fusion
+    symbol, because inductor and nvFuser decide their kernels when they compile, and thunder keeps no
+    count of them to read afterwards. So ``≈``: an op like ``cross_entropy`` launches several kernels and
+    counts 1; a fusion inductor splits counts 1.
+
+    Args:
+        ops: the statements (`Region.ops`).
+        types: the trace's value types by name (numbers and tensors told apart by them).
+        fusions: the fusion symbols among ``ops``, by name.
+    """
+    fusions = fusions or {}
+    kernels = 0
+    for op in ops:
+        if op.kind != "call":
+            continue
+        base = base_name(op.callee)
+        if base in fusions:
+            kernels += fusions[base].kernels
+            continue
+        if base in _NO_KERNEL:
+            continue
+        names = op.inputs + op.outputs
+        if names and all(n in types and types[n].kind == "number" for n in names):
+            continue  # NOTE: Python arithmetic on numbers runs on the host
+        tensors_in = [types[n] for n in op.inputs if n in types and types[n].kind == "tensor"]
+        tensors_out = [types[n] for n in op.outputs if n in types and types[n].kind == "tensor"]
+        if base in _CONVERSIONS and tensors_in and tensors_out and all(
+            (t.dtype, t.device) == (tensors_in[0].dtype, tensors_in[0].device) for t in tensors_out
+        ):
+            continue
+        kernels += 1
+    return kernels
+
+
+def _executor_label(name: str) -> str:
+    """``inductor`` for thunder's (and thunder-nb's) torch_compile executors, ``nvFuser``, else the executor's name."""
+    if "torchcompile" in name or "torch_compile" in name:
+        return "inductor"
+    return "nvFuser" if "nvfuser" in name else name
+
+
+def _fused_group(bsym: Any) -> FusedGroup:
+    """The `FusedGroup` of a fusion bound symbol: its name, executor and fused ops."""
+    ops = tuple(b.sym.name for b in bsym.subsymbols if base_name(b.sym.name) not in BOOKKEEPING_NAMES)
+    return FusedGroup(bsym.sym.name, _executor_label(getattr(bsym.sym.executor, "name", "") or ""), ops)
+
+
+def _named_fusions(fn: ParsedFunction) -> tuple[FusedGroup, ...]:
+    """The fusion calls of a region function known from its source alone (their ops are not in it)."""
+    names = dict.fromkeys(base_name(o.callee) for o in fn.ops if o.kind == "call")
+    return tuple(FusedGroup(n, "inductor" if n.startswith("TorchCompile") else "nvFuser", ())
+                 for n in names if _FUSION_NAME.match(n))
 
 
 def _island_for(op: Op, position: int, facts: TraceFacts, cuda: bool) -> Island | None:
@@ -68,7 +145,7 @@ class _Lifetimes:
             self.defined.setdefault(n, (site, where))
 
 
-def _region(facts: TraceFacts, op: Op, pos: int, life: _Lifetimes) -> Region:
+def _region(facts: TraceFacts, op: Op, pos: int, life: _Lifetimes, fusions: tuple[FusedGroup, ...]) -> Region:
     """The `Region` a top-level call of a region function makes, its statements' lifetimes recorded."""
     fn = facts.regions[op.callee]
     life.boundary.update(op.inputs)
@@ -94,10 +171,16 @@ def _region(facts: TraceFacts, op: Op, pos: int, life: _Lifetimes) -> Region:
         user_lines=tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line)),
         plan=facts.plans.get(fn.name),
         stats=facts.stats.get(fn.name, RegionStats()),
+        kernels=estimate_kernels(fn.ops, facts.types, {g.name: g for g in fusions}),
+        fusions=fusions,
     )
 
 
-def _build(facts: TraceFacts) -> TraceReport:
+def _build(facts: TraceFacts, fusions: Mapping[str, tuple[FusedGroup, ...]] | None = None) -> TraceReport:
+    """The `TraceReport` of a trace; ``fusions``: each region's fusion symbols (None: known by name only)."""
+    def fused(fn: ParsedFunction) -> tuple[FusedGroup, ...]:
+        return fusions.get(fn.name, ()) if fusions is not None else _named_fusions(fn)
+
     cuda = is_cuda(facts.types)
     defects = tuple(check_trace(facts))
     top = facts.top
@@ -109,7 +192,7 @@ def _build(facts: TraceFacts) -> TraceReport:
     for pos, op in enumerate(top.ops):
         site = Site(pos, None, None, op.line)
         if op.kind == "region" and op.callee in facts.regions:
-            regions.append(_region(facts, op, pos, life))
+            regions.append(_region(facts, op, pos, life, fused(facts.regions[op.callee])))
         elif op.kind == "del":
             life.delete(op.inputs, site)
         else:
@@ -121,7 +204,7 @@ def _build(facts: TraceFacts) -> TraceReport:
             life.use(op.inputs, site)
             life.define(op.outputs, site, isl.name if isl else "top")
     called = {r.name for r in regions}
-    regions += [_uncalled_region(fn) for name, fn in facts.regions.items() if name not in called]
+    regions += [_uncalled_region(fn, facts.types, fused(fn)) for name, fn in facts.regions.items() if name not in called]
     return TraceReport(
         kind=facts.kind,
         name=facts.name,
@@ -139,11 +222,12 @@ def _build(facts: TraceFacts) -> TraceReport:
     )
 
 
-def _uncalled_region(fn: ParsedFunction) -> Region:
+def _uncalled_region(fn: ParsedFunction, types: Mapping[str, TypeInfo], fusions: tuple[FusedGroup, ...]) -> Region:
     """A region function that no top-level statement calls (source text of region functions alone)."""
     rets = next((o.inputs for o in fn.ops if o.kind == "return"), ())
     return Region(fn.name, -1, tuple(fn.ops), fn.params, tuple(rets), tuple(False for _ in fn.params),
-                  fn.source, tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line)))
+                  fn.source, tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line)),
+                  kernels=estimate_kernels(fn.ops, types, {g.name: g for g in fusions}), fusions=fusions)
 
 
 def _values(params: tuple[str, ...], facts: TraceFacts, life: _Lifetimes) -> tuple[Value, ...]:
@@ -266,9 +350,11 @@ def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[s
             facts.types[a.name] = type_of_proxy(a)
     _gather_types(trace.bound_symbols, facts.types)
     transform = None
+    fusions: dict[str, tuple[FusedGroup, ...]] = {}
     for b in trace.bound_symbols:
         if not (getattr(b.sym, "is_fusion", False) and REGION_NAME.match(b.sym.name)):
             continue
+        fusions[b.sym.name] = tuple(_fused_group(s) for s in b.subsymbols if getattr(s.sym, "is_fusion", False))
         transform = b.sym.executor
         runner = getattr(transform, "cuda_graph_runner", None)
         if runner is None or b.sym.name not in runner.python_callables:
@@ -290,7 +376,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[s
         facts.hand_out_stats = runner.hand_out_stats(kind)
     facts.returned = frozenset(returned_names(trace))
     facts.saved = frozenset(p.name for p in internals.saved_for_backward(trace) if isinstance(p, Proxy))
-    return _build(facts)
+    return _build(facts, fusions)
 
 
 def _provenance(trace: Any) -> str:

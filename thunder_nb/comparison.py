@@ -15,6 +15,10 @@ from .model import Defect, Report
 from .render.common import plural
 from .values import short
 
+#: The ``torch.compile`` mode of the peer run (``peers``), and how the run section and the verdict name it.
+PEER_MODE = "reduce-overhead"
+PEER = f"torch.compile {PEER_MODE}"
+
 __all__ = [
     "compare",
     "Comparison",
@@ -26,6 +30,8 @@ __all__ = [
     "ORIGINALS",
     "CAPTURE_MODES",
     "EAGER_DEVICE",
+    "PEER",
+    "PEER_MODE",
 ]
 
 #: The transforms a fixed run can be compared against.
@@ -128,6 +134,7 @@ class Comparison:
     lr: float | None = None  # the SGD learning rate of each training step (None: no step taken)
     steps: int = 0  # training steps each run took (the checked call, warm-up and timed calls)
     trainable: tuple[str, ...] = ()  # the tensors whose gradients are compared, e.g. "model.0.weight", "w1"
+    peers: bool = False  # torch.compile reduce-overhead ran too: results["peer"], timings["peer"]
 
     @property
     def on_cuda(self) -> bool:
@@ -136,7 +143,8 @@ class Comparison:
 
     def verdict(self) -> str:
         """Return the one-line verdict, e.g. ``original (stock): capture fails, item inside CUDAGraph1; fixed: ...``."""
-        return "; ".join(p for p in (self._original_phrase(), self._fixed_phrase(), self._mode_phrase()) if p)
+        phrases = (self._original_phrase(), self._fixed_phrase(), self._peer_phrase(), self._mode_phrase())
+        return "; ".join(p for p in phrases if p)
 
     def _original_phrase(self) -> str:
         out = self.results["original"]
@@ -174,9 +182,24 @@ class Comparison:
             eager_us, fixed_us = self.timings.get("eager"), self.timings.get("fixed")
             # NOTE: a speed-up is only claimed for captured graphs; eager-mode timings say nothing about them
             if self.graphs.get("fixed", 0) > 0 and eager_us and fixed_us:
-                ratio = eager_us / fixed_us
-                parts.append(f"{ratio:.1f}x faster than eager" if ratio >= 1 else f"{1 / ratio:.1f}x slower than eager")
+                parts.append(_speed(eager_us, fixed_us, "eager"))
+                if self.timings.get("peer"):
+                    parts.append(_speed(self.timings["peer"], fixed_us, PEER))
         return "fixed: " + ", ".join(parts)
+
+    def _peer_phrase(self) -> str:
+        """``torch.compile reduce-overhead: matches eager, 2.1x faster than eager``, or how it failed, in words."""
+        out = self.results.get("peer")
+        if not self.peers or not self.executed or out is None:
+            return ""
+        if out.failure:
+            return f"{PEER}: fails ({out.failure.error_type}), so no speed compared with it"
+        parts = [_run_phrase(out, self)]
+        eager_us, peer_us = self.timings.get("eager"), self.timings.get("peer")
+        # NOTE: as for the fixed side, a speed only where CUDA graphs are captured (reduce-overhead's own, on CUDA)
+        if self.on_cuda and self.capture is not False and eager_us and peer_us:
+            parts.append(_speed(eager_us, peer_us, "eager"))
+        return f"{PEER}: " + ", ".join(parts)
 
     def _mode_phrase(self) -> str:
         if not self.executed:
@@ -196,9 +219,12 @@ class Comparison:
             return [("run", "not run (--no-run): traces only")]
         fixed, orig = self.results["fixed"], self.results["original"]
         rows = [("device", self.device)]
+        peer = self.results.get("peer") if self.peers else None
         rows.append(("value", f"eager {self.eager_value}; fixed {fixed.value or '-'}"
-                     + (f"; original {orig.value}" if orig.ran else "")))
-        for label, out in (("fixed", fixed), (f"original ({self.original_kind})", orig)):
+                     + (f"; original {orig.value}" if orig.ran else "")
+                     + (f"; torch.compile {peer.value}" if peer is not None and peer.ran else "")))
+        checks = [("fixed", fixed), (f"original ({self.original_kind})", orig)] + ([(PEER, peer)] if peer else [])
+        for label, out in checks:
             rows.append((f"check {label}", _check_text(out, self)))
         if self.training:
             shown = ", ".join(self.trainable[:6]) + (", …" if len(self.trainable) > 6 else "")
@@ -215,7 +241,7 @@ class Comparison:
         return rows
 
     def _timings_text(self) -> str:
-        order = [("eager", "eager"), ("fixed", "fixed"), ("original", f"original ({self.original_kind})")]
+        order = [("eager", "eager"), ("fixed", "fixed"), ("original", f"original ({self.original_kind})"), ("peer", PEER)]
         times = []
         for key, name in order:
             if key in self.timings:
@@ -277,6 +303,12 @@ class Comparison:
 
 # ---------------------------------------------------------------------------------------------------
 # Phrases
+
+
+def _speed(slower_us: float, us: float, than: str) -> str:
+    """``1.8x faster than eager`` (``us`` against ``slower_us``), or ``1.5x slower than ...``."""
+    ratio = slower_us / us
+    return f"{ratio:.1f}x faster than {than}" if ratio >= 1 else f"{1 / ratio:.1f}x slower than {than}"
 
 
 def _us(x: float, unit: bool = True) -> str:
@@ -392,7 +424,8 @@ def _defect_phrase(report: Report, d: Defect) -> str:
 # compare
 
 
-def _check_options(original: str, capture: Any, repeats: int, training: bool, lr: float | None) -> None:
+def _check_options(original: str, capture: Any, repeats: int, training: bool, lr: float | None,
+                   peers: bool = False, execute: bool = True) -> None:
     if original not in ORIGINALS:
         raise ValueError(f"unknown original: {original!r} (must be one of {list(ORIGINALS)})")
     if not (capture is True or capture is False or capture == "auto"):
@@ -403,6 +436,8 @@ def _check_options(original: str, capture: Any, repeats: int, training: bool, lr
         raise ValueError("lr needs training=True (an SGD step needs gradients)")
     if lr is not None and not lr > 0:
         raise ValueError(f"lr must be a positive number, not {lr!r}")
+    if peers and not execute:
+        raise ValueError("peers needs a run (torch.compile is timed): not with execute=False")
 
 
 def _check_capture(capture: Any, cuda: bool) -> None:
@@ -472,6 +507,7 @@ def compare(
     execute: bool = True,
     capture: bool | str = "auto",
     executors: Sequence[str] = (),
+    peers: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Comparison:
     """Compile ``fn`` with the original and the fixed CUDA-graph transform, run both and check them against eager.
@@ -500,6 +536,8 @@ def compare(
         executors: fusion executors to put before thunder's defaults, for both transforms, by name
             (`thunder_nb.internals.EXECUTOR_NAMES`: ``"torchcompile"`` fuses with inductor; its first
             call compiles, which can take tens of seconds).
+        peers: also check and time ``torch.compile(fn, mode="reduce-overhead")`` on its own copies; the
+            verdict then gives the fixed side's speed against it too. Its failing is recorded, not raised.
         progress: called with a short status line ("tracing…", "running…") as work proceeds.
 
     Returns:
@@ -512,7 +550,7 @@ def compare(
         CompareError: ``training=True`` without a tensor that requires grad, or without a scalar result.
         ValueError: an option has a value outside the documented ones.
     """
-    _check_options(original, capture, repeats, training, lr)
+    _check_options(original, capture, repeats, training, lr, peers, execute)
     say = progress or (lambda message: None)
     _import_thunder(say)
     from . import internals
@@ -537,7 +575,7 @@ def compare(
     plan = runs.Plan(name, training, lr, int(repeats), cuda)
     common = dict(function=name, original_kind=original, device="cuda" if cuda else EAGER_DEVICE,
                   gpu=torch.cuda.is_available(), capture=capture, training=training,
-                  trainable=tuple(eager.bound.trainable) if training else ())
+                  trainable=tuple(eager.bound.trainable) if training else (), peers=bool(peers))
     with warnings.catch_warnings():
         # NOTE: eager mode is stated in the Comparison (device, verdict); thunder's deprecation noise is not the user's
         warnings.filterwarnings("ignore", category=EagerFallbackWarning)
@@ -553,8 +591,9 @@ def compare(
                 timings={}, graphs={"original": 0, "fixed": 0}, executed=False, functions=functions, **common,
             )
 
-        # NOTE: the original runs last: a capture that fails must not disturb the fixed run's device state
-        reference, results, timings, notes = _run_all(eager, {"fixed": fixed, "original": orig}, plan, say)
+        # NOTE: the original runs last: a capture that fails must not disturb the other runs' device state
+        peer = {"peer": runs.peer(fn, args, kwargs)} if peers else {}
+        reference, results, timings, notes = _run_all(eager, {"fixed": fixed, **peer, "original": orig}, plan, say)
         say(f"analysing {name}…")
         return Comparison(
             original=analyze(orig.jfn, error=orig.error), fixed=analyze(fixed.jfn, error=fixed.error),

@@ -85,6 +85,12 @@ class ThunderCUDAGraphMagics(Magics):
         "torchcompile (inductor fuses ops inside regions; its first call compiles for a while), "
         "torchcompile_cat, nvfuser; default: none (thunder's defaults)",
     )
+    @argument(
+        "--peers",
+        action="store_true",
+        help='also check and time torch.compile(fn, mode="reduce-overhead") on the same inputs; the verdict '
+        "then gives the fixed side's speed against eager and against it (its failing is reported, not raised)",
+    )
     @cell_magic
     def thunder_cudagraph(self, line: str, cell: str) -> None:
         """Run the cell, then compile the call on the magic line with the original and the fixed CUDA-graph transform.
@@ -123,6 +129,7 @@ class ThunderCUDAGraphMagics(Magics):
                 execute=not args.no_run,
                 capture=CAPTURE_CHOICES[args.capture],
                 executors=executors,
+                peers=args.peers,
                 progress=progress,
             )
         except CompareError as e:
@@ -263,7 +270,7 @@ def _check_arguments(args: Any) -> list[str]:
     """Check the options that argparse cannot; return the views asked for.
 
     Raises:
-        UsageError: an option's value is out of range, or ``--lr`` without ``--train``.
+        UsageError: an option's value is out of range, ``--lr`` without ``--train``, or ``--peers`` with ``--no-run``.
     """
     from . import widget
 
@@ -277,6 +284,8 @@ def _check_arguments(args: Any) -> list[str]:
         raise UsageError("--lr needs --train (an SGD step needs gradients)")
     if args.lr is not None and not args.lr > 0:
         raise UsageError(f"--lr must be a positive number, not {args.lr}")
+    if args.peers and args.no_run:
+        raise UsageError("--peers needs a run (it times torch.compile): not with --no-run")
     if args.output is not None and not args.output.isidentifier():
         raise UsageError(f"-o needs a Python name, not {args.output!r}")
     return views

@@ -10,17 +10,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import diagnose, internals
-from .comparison import CompareError, EagerError, Outcome, TraceError
+from .comparison import PEER, PEER_MODE, CompareError, EagerError, Outcome, TraceError
 from .diagnose import Failure, error_line
 from .reach import Bound, bind
 from .values import compare_values, short
 
-__all__ = ["WARMUP", "Plan", "Ran", "Run", "Timings", "compile_both", "reference", "check_and_time", "params", "on_cuda", "detached"]
+__all__ = ["WARMUP", "Plan", "Ran", "Run", "Timings", "compile_both", "peer", "reference",
+           "check_and_time", "params", "on_cuda", "detached"]
 
 #: Calls made, untimed, before the timed ones.
 WARMUP = 2
 #: How value differences name eager PyTorch's value: ``result: 3, eager's 4``.
 EAGER = "eager's"
+#: `Timings` keys of each run's label (any other label is the original).
+_TIMING_KEYS = {"fixed": "fixed", PEER: "peer"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class Run:
     trace_error: BaseException | None = None
     ran: Ran | None = None
     steps: int = 0  # calls made (with training: training steps)
+    mark_step: bool = False  # tell torch.compile's CUDA graph trees that a new step begins before each call
 
     @classmethod
     def eager(cls, fn: Any, args: tuple, kwargs: dict) -> Run:
@@ -71,6 +75,11 @@ class Run:
     def call(self, training: bool) -> Any:
         """One call (and its backward, when training) on fresh inputs."""
         args, kwargs = self.bound.inputs()
+        if self.mark_step:
+            import torch
+
+            # NOTE: reduce-overhead's CUDA graph trees reuse their output memory only once a new step is marked
+            torch.compiler.cudagraph_mark_step_begin()
         out = self.jfn(*args, **kwargs)
         if training:
             out.backward()
@@ -165,6 +174,21 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
     return orig, fixed
 
 
+def peer(fn: Any, args: tuple, kwargs: dict) -> Run:
+    """``torch.compile(fn, mode="reduce-overhead")`` on its own copies: the peer a fixed run is timed against.
+
+    It compiles at its first call; a failure then (or here) is kept in the run, as a compiled version's is.
+    """
+    import torch
+
+    run = Run(PEER, bind(fn, args, kwargs), mark_step=True)
+    try:
+        run.jfn = torch.compile(run.bound.fn, mode=PEER_MODE)
+    except Exception as e:  # NOTE: torch.compile failing is a finding about the peer, reported in its Outcome
+        run.trace_error = e
+    return run
+
+
 # --- running ----------------------------------------------------------------------------------------
 
 
@@ -210,7 +234,9 @@ def _check(run: Run, plan: Plan) -> Ran:
 
 def _outcome(run: Run, eager: Ran, training: bool) -> Outcome:
     ran = run.ran
-    eager_regions = any(run.runner.region_stats(name).eager_calls for name in run.runner.python_callables)
+    eager_regions = run.transform is not None and any(
+        run.runner.region_stats(name).eager_calls for name in run.runner.python_callables
+    )
     if ran.error is not None:
         return Outcome(False, Failure.of(ran.error, "run"), eager_regions=eager_regions)
     value = detached(ran.value)
@@ -270,16 +296,18 @@ def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Tim
     """Check one compiled version against eager, time it, and (with ``lr``) compare its parameters after as many steps."""
     from .fix import recover_from_failed_capture
 
-    say(f"running {plan.name} with the {run.label} transform…")
+    thunder_run = run.transform is not None
+    what = f"the {run.label} transform" if thunder_run else run.label
+    say(f"running {plan.name} with {what}…" + ("" if thunder_run else " (its first call compiles)"))
     run.ran = _check(run, plan)
     if run.ran.error is not None and plan.cuda:
         recover_from_failed_capture()
     outcome = _outcome(run, eager, plan.training)
     if not outcome.ran:
         return outcome
-    say(f"timing {plan.name} with the {run.label} transform ({plan.repeats} calls)…")
+    say(f"timing {plan.name} with {what} ({plan.repeats} calls)…")
     try:
-        timings.add("fixed" if run.label == "fixed" else "original", time_calls(run, plan))
+        timings.add(_TIMING_KEYS.get(run.label, "original"), time_calls(run, plan))
     except Exception as e:  # NOTE: a later call failing is a finding too, not a crash of compare
         if plan.cuda:
             recover_from_failed_capture()

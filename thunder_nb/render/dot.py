@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import graphviz
 
-from ..model import ISLAND_REASONS, RULES, Defect, Island, Op, Region, Site, TraceReport, Value
+from ..model import ISLAND_REASONS, RULES, Defect, FusedGroup, Island, Op, Region, Site, TraceReport, Value
 from .common import (
-    DEFECT_COLOR, HANDOFF_COLOR, ISLAND_FILL, SCALAR_COLOR, STATE_FILL, WRONG_COLOR, has_region, plural, state,
-    type_label, values,
+    DEFECT_COLOR, FUSION_FILL, HANDOFF_COLOR, ISLAND_FILL, SCALAR_COLOR, STATE_FILL, WRONG_COLOR, fused_line,
+    has_region, kernels, plural, state, type_label, values,
 )
 from .memory import (
     ACTION_SHORT, ROLE_SHORT, Entry, hand_out_line, input_roles, inputs_summary, known,
@@ -261,13 +261,16 @@ class _DiagramBuilder:
         self.node(g, nid, lines, tips, attrs)
 
     def region_summary(self, r: Region) -> list[str]:
-        lines = [r.name, f"{plural(len(r.compute_ops), 'op')} · {state(r)}"]
+        lines = [r.name, " · ".join(_region_counts(r) + [state(r)])]
         ins, outs = inputs_summary(self.trace, r), outputs_summary(self.trace, r)
         lines += [ins, outs] if known(self.trace, r) else [f"{ins} · {outs}"]
         counts = Counter(o.callee for o in r.compute_ops)
         if counts:
             top = [f"{c} ×{n}" if n > 1 else c for c, n in counts.most_common(3)]
             lines.append(", ".join(top) + (f", +{len(counts) - 3} more" if len(counts) > 3 else ""))
+        lines += [str(group) for group in r.fusions[:3]]
+        if len(r.fusions) > 3:
+            lines.append(f"+{plural(len(r.fusions) - 3, 'fused group')}")
         if r.graphs:
             lines.append(plural(len(r.graphs), "graph"))
         if r.scalar_handoffs:
@@ -279,8 +282,11 @@ class _DiagramBuilder:
         self.node(g, node_id(r.name), self.region_summary(r), self.region_tips(r), attrs)
 
     def region_tips(self, r: Region) -> list[str]:
-        """The tooltip of a region: its state, then its memory plan line by line."""
+        """The tooltip of a region: its state (and its kernels and fused groups, when it has some), then its memory plan."""
         tips = [f"{r.name}: {state(r)}"]
+        if r.fusions:
+            tips[0] += f", {kernels(r)} per replay"
+            tips += [fused_line(group) for group in r.fusions]
         if known(self.trace, r):
             tips += [str(e) for e in region_memory(self.trace, r)]
         return tips
@@ -291,9 +297,16 @@ class _DiagramBuilder:
             plan = {n: e for e in region_memory(self.trace, r) for n in e.names} if known(self.trace, r) else {}
             self.draw_region_inputs(c, r, plan)
             producers = {n: node_id(r.name, "in", n) for n in r.inputs}
+            fusions = {group.name: group for group in r.fusions}
             for op in r.compute_ops:
                 nid = _op_node(r, op)
                 head = f"{', '.join(op.outputs)} = {op.callee}" if op.outputs else op.callee
+                group = fusions.get(op.callee.rsplit(".", 1)[-1])
+                if group is not None:
+                    self.keys.add("fusion")
+                    self.node(c, nid, [head, *_fused_label(group)], [fused_line(group, limit=40), op.text],
+                              {"fillcolor": FUSION_FILL, "peripheries": "2", "shape": "box", "style": "filled"})
+                    continue
                 self.node(c, nid, [head], [op.text], {"fillcolor": "white", "shape": "box", "style": "filled"})
                 for n in op.inputs:
                     if n in producers:
@@ -307,7 +320,7 @@ class _DiagramBuilder:
 
     def cluster_attrs(self, r: Region) -> dict[str, str]:
         """A drawn region's cluster: its label (ops, state, inputs and outputs, hand-offs, marks), fill and tooltip."""
-        label = [f"{r.name} · {plural(len(r.compute_ops), 'op')} · {state(r)}"]
+        label = [" · ".join([r.name, *_region_counts(r), state(r)])]
         if known(self.trace, r):
             label.append(f"{inputs_summary(self.trace, r)} · {outputs_summary(self.trace, r)}")
         if r.scalar_handoffs:
@@ -431,6 +444,8 @@ class _DiagramBuilder:
             lines.append("dashed orange edge: Python number")
         if "hand-off" in self.keys:
             lines.append("blue edge: scalar hand-off")
+        if "fusion" in self.keys:
+            lines += _wrap("double box: ops a fusion executor compiles together (counted ≈1 kernel)", "")
         if len(lines) == 1:
             return  # NOTE: nothing to explain (a region's colour is also said in its label: captured, eager, not run)
         attrs = {"fontsize": "9", "shape": "note"}
@@ -489,6 +504,25 @@ def _hand_out_label(trace: TraceReport) -> str:
         return "hand-out"
     counts = Counter(ACTION_SHORT[a] for a in (plan.action(n) for n in plan.graph_memory) if a is not None)
     return "hand-out: " + " · ".join(f"{w} {n}" for w, n in counts.items()) if counts else "hand-out"
+
+
+def _region_counts(r: Region) -> list[str]:
+    """``["3 ops"]``; with fused groups also the kernel estimate: ``["1 op", "≈1 kernel"]``."""
+    # NOTE: only regions with fused groups show their kernels here (the text report gives every region's),
+    # so unfused diagrams stay as compact as they were
+    return [plural(len(r.compute_ops), "op")] + ([kernels(r)] if r.fusions else [])
+
+
+def _fused_label(group: FusedGroup) -> list[str]:
+    """``7 ops fused (inductor)``, then the fused ops on up to two short lines."""
+    lines = [f"{group.ops_text()} fused ({group.executor})"]
+    if group.ops:
+        text = ", ".join(group.ops)
+        wrapped = textwrap.wrap(text, 28, break_on_hyphens=False)
+        lines += wrapped[:2]
+        if len(wrapped) > 2:
+            lines[-1] += " …"
+    return lines
 
 
 def _op_node(r: Region, op: Op) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from ..model import Report, TraceReport
 from .backend import svg, svg_size
-from .common import WRONG_COLOR, esc, plural, verdict
+from .common import WRONG_COLOR, esc, launch_line, plural, verdict
 from .dot import region_diagram
 from .lifetimes import lifetime_svg
 from .memory import known, region_memory
@@ -182,7 +182,12 @@ def _header_html(report: Report) -> str:
     if report.error:
         parts.append(f'<div class="tnb-error">error: {esc(report.error)}</div>')
     parts += [f"<div>note: {esc(n)}</div>" for n in report.notes]
-    return "".join(parts)
+    return "".join(parts) + _launch_html(report)
+
+
+def _launch_html(report: Report) -> str:
+    """The launch-time estimate as one line (nothing when the report has no region)."""
+    return f"<div>launches: {esc(launch_line(report))}</div>" if any(t.regions for t in report.traces) else ""
 
 
 def report_html(report: Report) -> str:

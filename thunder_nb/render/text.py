@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..model import Region, Report, TraceReport
-from .common import plural, provenance, size, state, type_label, values, verdict
+from .common import fused_line, kernels, launch_line, plural, provenance, size, state, type_label, values, verdict
 from .lifetimes import lifetime_text
 from .memory import hand_out_islands, hand_out_line, known, region_memory
 
@@ -28,7 +28,9 @@ def _value_list(trace: TraceReport, names: Iterable[str]) -> str:
 def _region_text(trace: TraceReport, r: Region) -> list[str]:
     where = f" @{r.position}" if r.position >= 0 else ""
     replays = f", {plural(r.stats.replays, 'replay')}" if r.stats.replays else ""
-    lines = [f"    {r.name}{where}: {plural(len(r.compute_ops), 'op')}, {state(r)}{replays}"]
+    lines = [f"    {r.name}{where}: {plural(len(r.compute_ops), 'op')}, {kernels(r)}, {state(r)}{replays}"]
+    for group in r.fusions:
+        lines.append(f"      {fused_line(group)}")
     lines.append(f"      inputs:  {_value_list(trace, r.inputs)}")
     lines.append(f"      outputs: {_value_list(trace, r.outputs)}")
     for e in region_memory(trace, r) if known(trace, r) else ():
@@ -91,6 +93,8 @@ def report_text(report: Report) -> str:
     if report.error:
         lines.append(f"error: {report.error}")
     lines += [f"note: {n}" for n in report.notes]
+    if any(t.regions for t in report.traces):
+        lines.append(f"launches: {launch_line(report)}")
     for t in report.traces:
         lines.append("")
         lines += trace_text(t)
