@@ -474,8 +474,10 @@ def test_executors_torchcompile_puts_inductor_fusions_inside_the_fixed_regions(i
             return torch.sigmoid(y) * s
         """
     )
-    with capture_output():
+    with capture_output() as out:
         ip.run_cell_magic("thunder_cudagraph", "--executors torchcompile --repeats 2 -o cmp_tc g(xs)", cell)
+    assert "inductor compiles each fused group at the first call" in out.stdout + out.stderr + "".join(
+        str(o.data) for o in out.outputs), "no progress line before inductor's compile"
     cmp = ip.user_ns["cmp_tc"]
     assert cmp.results["fixed"].ran and cmp.results["fixed"].matches, cmp.results["fixed"]
     import thunder
