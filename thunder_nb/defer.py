@@ -27,8 +27,8 @@ def defer_returned_items(computation: TraceCtx, epilogue: TraceCtx | None) -> tu
     a flat tuple or list whose items the epilogue receives as its own arguments (the shape thunder
     gives a function returning ``loss, loss.item()``). None when there is nothing to move.
     """
-    if epilogue is None or not computation.bound_symbols:
-        return None
+    if epilogue is None or getattr(epilogue, "_siginfo", None) is None or not computation.bound_symbols:
+        return None  # NOTE: an epilogue without thunder's signature record cannot be given new arguments
     ret = computation.bound_symbols[-1]
     if ret.sym.id is not prims.PrimIDs.RETURN or len(ret.args) != 1:
         return None
@@ -38,8 +38,11 @@ def defer_returned_items(computation: TraceCtx, epilogue: TraceCtx | None) -> tu
     if not isinstance(outputs, (tuple, list)):
         return None
     returned = {p.name for p in outputs if isinstance(p, TensorProxy)}
-    epi_args = [a for a in epilogue.args]
+    epi_args = list(epilogue.args)
     epi_names = [getattr(a, "name", None) for a in epi_args]
+    if len(epi_names) < len(outputs) or epi_names[len(epi_names) - len(outputs):] != [
+            getattr(o, "name", None) for o in outputs]:
+        return None  # NOTE: thunder calls epilogue(*pro_to_epi, *output): the outputs must be its last arguments, in order
     readers: dict[str, int] = {}
     for b in computation.bound_symbols:
         for p in b.flat_proxy_args:
@@ -60,7 +63,7 @@ def defer_returned_items(computation: TraceCtx, epilogue: TraceCtx | None) -> tu
 
     comp = from_trace(computation)
     kept = tuple(o for o in outputs if not (isinstance(o, NumberProxy) and o.name in gone))
-    comp.bound_symbols = [b for b in computation.bound_symbols[:-1] if b not in moved]
+    comp.bound_symbols = [b for b in computation.bound_symbols[:-1] if all(b is not m for m in moved)]
     comp.bound_symbols.append(ret.from_bsym(args=({**structure, "output": type(outputs)(kept)},)))
 
     epi = from_trace(epilogue)
