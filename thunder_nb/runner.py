@@ -408,7 +408,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         if plan is None:
             plan = self._hand_out_plans[which] = _hand_out_plan(*which)
         guard, copy = plan
-        owner_of, own, ref = self._owner, self._own_outputs, weakref.ref
+        where, ref = self._where, weakref.ref
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
         # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
         saved: set[int] = set()
@@ -416,12 +416,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         for j in guard:
             t = tensors[j]
             if isinstance(t, _Tensor):
-                hit = own.get(id(t))
-                if hit is not None and hit[0] is t:
-                    _, ptr, owner = hit
-                else:
-                    ptr = t.untyped_storage().data_ptr()
-                    owner = owner_of.get(ptr)
+                ptr, owner = where(t)
                 saved.add(ptr)
                 if owner is not None:
                     alias = t.detach()
@@ -432,12 +427,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         for j in copy:
             t = tensors[j]
             if isinstance(t, _Tensor):
-                hit = own.get(id(t))
-                if hit is not None and hit[0] is t:
-                    _, ptr, owner = hit
-                else:
-                    ptr = t.untyped_storage().data_ptr()
-                    owner = owner_of.get(ptr)
+                ptr, owner = where(t)
                 if owner is None:
                     continue
                 if ptr in saved:
@@ -458,6 +448,14 @@ class ThunderNBRunner(CUDAGraphRunner):
                         out[j] = c
                 counts["copied"] += len(js)
         return out
+
+    def _where(self, t: torch.Tensor) -> tuple[int, Any]:
+        """``t``'s storage address and the `_Instance` whose replay writes it (None: no graph's)."""
+        hit = self._own_outputs.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1], hit[2]
+        ptr = t.untyped_storage().data_ptr()
+        return ptr, self._owner.get(ptr)
 
     # --- records ----------------------------------------------------------------------------------
 

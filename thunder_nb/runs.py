@@ -159,7 +159,7 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
         run.jfn = thunder.jit(run.bound.fn, transforms=[run.transform],
                               **({"executors": executors} if executors is not None else {}))
 
-    fusing = [ex.name for ex in executors or () if getattr(ex, "name", "").startswith("thunder_nb_torchcompile")]
+    fusing = any(getattr(ex, "name", "").startswith("thunder_nb_torchcompile") for ex in executors or ())
     say(f"tracing {plan.name} with the fixed transform…" + (
         " (inductor compiles each fused group at the first call: seconds, tens of seconds for a model)"
         if fusing else ""))
