@@ -266,7 +266,79 @@ def test_a_view_of_a_strided_input_is_a_view_of_the_callers_tensor(mode):
         torch.testing.assert_close(v, x.t())
 
 
-# --- 5. several jitted models alive in one process ---------------------------------------------------
+# --- 5. gradients lent to autograd, kept by the caller -------------------------------------------------
+
+
+def mlp_loss(x, w1, w2):
+    h = torch.tanh(x @ w1)
+    return (h @ w2).pow(2).mean()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_kept_from_autograd_grad_and_hooks_are_not_overwritten(mode):
+    """A backward's gradients go to autograd as the graph wrote them; whoever keeps one keeps its values.
+
+    ``torch.autograd.grad`` returns the gradient itself and a hook receives it: both are kept over the
+    next backwards, which must replay another instance (or run without a graph) rather than write
+    them. Accumulation into ``.grad`` (autograd copies) keeps one instance.
+    """
+    device = device_of(mode)
+    w1, w2 = randn(16, 32, seed=0, device=device) / 4, randn(32, 8, seed=1, device=device) / 4
+    xs = [randn(4, 16, seed=10 + i, device=device) for i in range(4)]
+
+    def eager_grads(x):
+        a, b = w1.clone().requires_grad_(), w2.clone().requires_grad_()
+        return torch.autograd.grad(mlp_loss(x, a, b), [a, b])
+
+    expected = [eager_grads(x) for x in xs]
+    a, b = w1.clone().requires_grad_(), w2.clone().requires_grad_()
+    with capturing(mode):
+        jfn = thunder.jit(mlp_loss, transforms=[fixed(mode)])
+        torch.autograd.grad(jfn(xs[0], a, b), [a, b])  # capture
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HeldOutputsWarning)
+            kept = [torch.autograd.grad(jfn(x, a, b), [a, b]) for x in xs]
+            hooked = []
+            handle = b.register_hook(hooked.append)
+            for x in xs:
+                jfn(x, a, b).backward()
+            handle.remove()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    for got, want in zip(kept, expected):
+        torch.testing.assert_close(got, want)
+    for got, (_, want) in zip(hooked, expected):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(b.grad, sum(e[1] for e in expected))
+    (region,) = thunder_nb.analyze(jfn).backward.regions
+    assert region.stats.instances >= 2 and region.stats.held_calls > 0  # kept gradients held the instances
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_accumulated_into_grad_keep_one_backward_graph(mode):
+    device = device_of(mode)
+    w1, w2 = randn(16, 32, seed=0, device=device) / 4, randn(32, 8, seed=1, device=device) / 4
+    xs = [randn(4, 16, seed=10 + i, device=device) for i in range(5)]
+    ref1, ref2 = w1.clone().requires_grad_(), w2.clone().requires_grad_()
+    for x in xs:
+        mlp_loss(x, ref1, ref2).backward()
+    a, b = w1.clone().requires_grad_(), w2.clone().requires_grad_()
+    with capturing(mode):
+        jfn = thunder.jit(mlp_loss, transforms=[fixed(mode)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", HeldOutputsWarning)
+            for x in xs:
+                jfn(x, a, b).backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    torch.testing.assert_close((a.grad, b.grad), (ref1.grad, ref2.grad))
+    report = thunder_nb.analyze(jfn)
+    for region in report.forward.regions + report.backward.regions:
+        assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
+    assert report.backward.hand_out_stats.copied == 0 and report.backward.hand_out_stats.guarded > 0
+
+
+# --- 6. several jitted models alive in one process ---------------------------------------------------
 
 
 def train(case, jfn, steps: int, seed: int, *, compiled: bool = False) -> list[torch.Tensor]:

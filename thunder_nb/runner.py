@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +25,7 @@ __all__ = [
 
 
 class HeldOutputsWarning(UserWarning):
-    """A region ran without a graph: every instance's outputs saved for the backward were still held."""
+    """A region ran without a graph: every instance's outputs (saved for the backward, gradients) were still held."""
 
 
 class EagerFallbackWarning(UserWarning):
@@ -75,7 +75,15 @@ RECORDERS: dict[str, Callable[..., tuple[Any, Any]]] = {"record": record_graph}
 
 @dataclass(slots=True, eq=False)
 class _Instance:
-    """One recorded copy of a region's graph, with the memory its replays write."""
+    """One recorded copy of a region's graph, with the memory its replays write.
+
+    Whether a replay may write that memory again is read from reference counts, as torch.compile's
+    CUDA-graph trees do: when the instance is recorded (`settle`) the counts of its memory are taken,
+    with nothing outside the runner holding it; a tensor handed out in that memory (`watch`) is left
+    where it lies, and while any count it raised differs, the instance is held (`held`). A tensor
+    autograd saves raises its object's count (``_use_count``), a view made of it (thunder detaches
+    saved views) raises its storage's, a Python reference its object's refcount.
+    """
 
     graph: Any
     static_inputs: tuple[Any, ...]
@@ -86,12 +94,49 @@ class _Instance:
     write_back: tuple[int, ...] = ()  # copied inputs the region updates in place: copied back after each replay
     passthrough: tuple[tuple[int, int], ...] = ()  # (output, input) positions: outputs that are an input
     copy_targets: tuple[Any, ...] = ()  # the runner's buffers of the copied inputs, in `copied`'s order
-    guards: list[weakref.ref] = field(default_factory=list)  # handed-out tensors in this instance's memory
+    # storage address of the memory the replays write -> [StorageImpl pointer, use count with nothing outside holding it]
+    storages: dict[int, list[int]] = field(default_factory=dict)
+    # id of an own output -> [its position, its refcount, its use count], with nothing outside holding it
+    objects: dict[int, list[int]] = field(default_factory=dict)
+    watched_storages: list[list[int]] = field(default_factory=list)  # what `held` reads: storages handed out in
+    watched_objects: list[list[int]] = field(default_factory=list)  # own outputs handed out as they are
+    watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
+
+    def settle(self) -> None:
+        """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
+        for entry in self.storages.values():
+            entry[1] = _storage_use_count(entry[0])
+        outs = self.static_outputs
+        for i in range(len(outs)):
+            entry = self.objects.get(id(outs[i]))
+            if entry is not None and entry[0] == i:
+                o = outs[i]  # NOTE: read as `held` reads it (the same references alive)
+                entry[1], entry[2] = _getrefcount(o), o._use_count()
+                del o
+
+    def watch(self, t: torch.Tensor, ptr: int) -> None:
+        """``t``, in storage ``ptr`` of this instance, is handed out as it is (or as an alias): hold while it lives."""
+        if ptr not in self.watched:
+            self.watched.add(ptr)
+            entry = self.storages.get(ptr)
+            if entry is not None:
+                self.watched_storages.append(entry)
+        key = id(t)
+        if key not in self.watched:
+            known = self.objects.get(key)
+            if known is not None and self.static_outputs[known[0]] is t:
+                self.watched.add(key)
+                self.watched_objects.append(known)
 
     def held(self) -> bool:
-        """Whether a tensor saved for a backward still lives in memory the next replay writes."""
-        for r in self.guards:
-            if r() is not None:
+        """Whether a tensor handed out in memory the next replay writes is still referenced."""
+        for c, base in self.watched_storages:
+            if _storage_use_count(c) != base:
+                return True
+        outs = self.static_outputs
+        for i, refs, uses in self.watched_objects:
+            o = outs[i]  # NOTE: read as `settle` reads it
+            if _getrefcount(o) != refs or o._use_count() != uses:
                 return True
         return False
 
@@ -153,6 +198,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         # lookup without making a storage object per tensor (the tensor is checked by identity, ids are reused)
         self._own_outputs: dict[int, tuple[torch.Tensor, int, Any]] = {}
         self._stable: set[int] = set()  # storage addresses of parameters and module buffers seen (views read in place)
+        self._params: dict[int, int] = {}  # id of a parameter -> its data address when its storage was added to _stable
         self.stable_inputs: dict[str, frozenset[int]] = {}  # fn_name -> input positions of module buffers
         self._counts: dict[str, _Counts] = {}
         self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
@@ -207,7 +253,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             mask, key = self._new_key(fn_name, counts, args, mask, key)
             instances = self.cuda_graph_cache.setdefault(key, [])
         for inst in instances:
-            if not inst.guards or not inst.held():
+            if not inst.watched or not inst.held():
                 break
         else:
             fn = self.python_callables[fn_name][0]
@@ -217,7 +263,10 @@ class ThunderNBRunner(CUDAGraphRunner):
                 return fn(*args)
             cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]) if not instances else (
                 f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held for a backward")
+            before = _foreign_counts(self._foreign(args))
             inst = self._record(fn_name, fn, args, mask, cause, len(instances))
+            inst.settle()
+            _rebase(before)
             instances.append(inst)
         counts.last_key, counts.last = key, inst
         outputs = _replay(inst, args)
@@ -233,22 +282,32 @@ class ThunderNBRunner(CUDAGraphRunner):
         ``(type, value)`` of anything else (thunder's descriptor, `_descriptor`), and the addresses of
         the static inputs.
         """
-        owner, stable, demoted = self._owner, self._stable, counts.demoted
+        owner, stable, demoted, own, params = self._owner, self._stable, counts.demoted, self._own_outputs, self._params
         buffers = self.stable_inputs.get(fn_name, ())
         entries, mask, addresses = [], [], []
         entry, static_of, address = entries.append, mask.append, addresses.append
         for i, a in enumerate(args):
             cls = type(a)
             if cls is _Tensor:
-                ptr = a.untyped_storage().data_ptr()
-                if buffers and i in buffers:
-                    stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
-                    static = True
+                hit = own.get(id(a))
+                if hit is not None and hit[0] is a:
+                    static = True  # NOTE: a graph's own output (what a forward saved, read by its backward)
                 else:
-                    static = ptr in owner or ptr in stable
-            elif cls is _Parameter or isinstance(a, _Tensor):
+                    ptr = a.untyped_storage().data_ptr()
+                    if buffers and i in buffers:
+                        stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
+                        static = True
+                    else:
+                        static = ptr in owner or ptr in stable
+            elif cls is _Parameter:
+                d = a.data_ptr()
+                if params.get(id(a)) != d:  # NOTE: a parameter not seen yet at this address: its storage is stable
+                    stable.add(a.untyped_storage().data_ptr())
+                    params[id(a)] = d
+                static = True
+            elif isinstance(a, _Tensor):
                 ptr = a.untyped_storage().data_ptr()
-                if cls is _Parameter or isinstance(a, _Parameter):
+                if isinstance(a, _Parameter):  # NOTE: a subclass of either
                     stable.add(ptr)  # NOTE: views of it (a transposed weight saved for the backward) are static too
                     static = True
                 else:
@@ -324,10 +383,13 @@ class ThunderNBRunner(CUDAGraphRunner):
         for s, a, m in zip(static_inputs, args, mask):
             if isinstance(s, torch.Tensor) and not m:
                 self._owner[_storage(s)] = inst
-        for o in static_outputs:
+                inst.storages[_storage(s)] = [s.untyped_storage()._cdata, 0]
+        for i, o in enumerate(inst.static_outputs):
             if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and _storage(o) not in inputs_memory:
                 self._owner[_storage(o)] = inst
                 self._own_outputs[id(o)] = (o, _storage(o), inst)
+                inst.storages.setdefault(_storage(o), [o.untyped_storage()._cdata, 0])
+                inst.objects.setdefault(id(o), [i, 0, 0])
         counts = self._count(fn_name)
         counts.graphs.append(GraphRecord(
             index=len(counts.graphs),
@@ -354,9 +416,10 @@ class ThunderNBRunner(CUDAGraphRunner):
             return
         self._warned_held = True
         warnings.warn(
-            f"thunder-nb: {fn_name} runs without its CUDA graph on this call: tensors saved for the backward by "
-            f"each of its {self.max_instances} graph instances are still waiting for that backward, and a replay "
-            "would overwrite them (run each forward's backward before the next forward to keep the graph)",
+            f"thunder-nb: {fn_name} runs without its CUDA graph on this call: each of its {self.max_instances} graph "
+            "instances wrote tensors that are still referenced (saved for the backward and waiting for it, or "
+            "gradients still held), and a replay would overwrite them (run each forward's backward before the next "
+            "forward, and let gradients go, to keep the graph)",
             HeldOutputsWarning,
             stacklevel=4,
         )
@@ -391,12 +454,14 @@ class ThunderNBRunner(CUDAGraphRunner):
     # --- hand-out ---------------------------------------------------------------------------------
 
     def hand_out(self, kind: str, actions: Sequence[str], *tensors: Any) -> list[Any]:
-        """Check each tensor leaving a trace by its storage: copy out (``"copy"``) or guard (``"guard"``).
+        """Check each tensor leaving a trace by its storage: copy out (``"copy"``), or guard (``"guard"``, ``"lend"``).
 
         A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
         copied together so that they still share one copy. A tensor saved for the backward in such
-        memory (and a returned one sharing its memory) is handed out as a fresh alias that its graph
-        instance watches: while it lives, that instance does not replay. Anything else goes out as it is.
+        memory, or a gradient a backward hands to autograd (``"lend"``), goes out as it is, and its graph
+        instance watches it (`_Instance.watch`): while anything references it, that instance does not
+        replay. A returned tensor sharing memory with a saved one goes out as a fresh alias, watched
+        too. Anything else goes out as it is.
         """
         out = list(tensors)
         counts = self._hand_out_counts.get(kind)
@@ -408,21 +473,28 @@ class ThunderNBRunner(CUDAGraphRunner):
         if plan is None:
             plan = self._hand_out_plans[which] = _hand_out_plan(*which)
         guard, copy = plan
-        where, ref = self._where, weakref.ref
+        where, own, owners = self._where, self._own_outputs, self._owner
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
         # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
         saved: set[int] = set()
         guarded = 0
         for j in guard:
             t = tensors[j]
-            if isinstance(t, _Tensor):
-                ptr, owner = where(t)
-                saved.add(ptr)
-                if owner is not None:
-                    alias = t.detach()
-                    owner.guards.append(ref(alias))
-                    out[j] = alias
-                    guarded += 1
+            hit = own.get(id(t))
+            if hit is not None and hit[0] is t:  # NOTE: `_where` inlined: the common case, a graph's own output
+                ptr, owner = hit[1], hit[2]
+                if id(t) not in owner.watched:
+                    owner.watch(t, ptr)
+            elif isinstance(t, _Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                owner = owners.get(ptr)
+                if owner is not None and ptr not in owner.watched:
+                    owner.watch(t, ptr)
+            else:
+                continue
+            saved.add(ptr)
+            if owner is not None:
+                guarded += 1
         groups: dict[int, list[int]] = {}
         for j in copy:
             t = tensors[j]
@@ -431,8 +503,10 @@ class ThunderNBRunner(CUDAGraphRunner):
                 if owner is None:
                     continue
                 if ptr in saved:
+                    # NOTE: a fresh alias: autograd makes a returned tensor its function's output, and the graph's
+                    # own tensor must not become one
                     alias = t.detach()
-                    owner.guards.append(ref(alias))
+                    owner.watch(alias, ptr)
                     out[j] = alias
                     guarded += 1
                 else:
@@ -448,6 +522,20 @@ class ThunderNBRunner(CUDAGraphRunner):
                         out[j] = c
                 counts["copied"] += len(js)
         return out
+
+    def _foreign(self, args: tuple[Any, ...]) -> list[tuple[_Instance, list[int] | None, list[int] | None]]:
+        """For each tensor in ``args`` in memory an instance writes: that instance, its storage's and object's entries.
+
+        A graph recorded on them may keep references to that memory for good (its static inputs are
+        aliases of it): `_rebase` then moves the counts the owner's `held` compares with.
+        """
+        found = []
+        for a in args:
+            if isinstance(a, _Tensor):
+                ptr, owner = self._where(a)
+                if owner is not None:
+                    found.append((owner, owner.storages.get(ptr), owner.objects.get(id(a))))
+        return found
 
     def _where(self, t: torch.Tensor) -> tuple[int, Any]:
         """``t``'s storage address and the `_Instance` whose replay writes it (None: no graph's)."""
@@ -499,7 +587,6 @@ def _replay(inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
     static_inputs = inst.static_inputs
     if inst.copied:
         internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copied])
-    inst.guards.clear()  # NOTE: chosen because none of them is alive
     inst.graph.replay()
     for pos in inst.write_back:
         # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
@@ -516,10 +603,46 @@ def _replay(inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
 
 
 def _hand_out_plan(actions: tuple[str, ...], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The positions a hand-out of ``n`` tensors guards, and those it copies (any action but "guard" and "as-is")."""
+    """The positions a hand-out of ``n`` tensors watches ("guard", "lend"), and those it copies (the rest but "as-is")."""
     actions = actions[:n]
-    return (tuple(j for j, a in enumerate(actions) if a == "guard"),
-            tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"))
+    watched = ("guard", "lend")
+    return (tuple(j for j, a in enumerate(actions) if a in watched),
+            tuple(j for j, a in enumerate(actions) if a not in watched and a != "as-is"))
+
+
+_storage_use_count = torch._C._storage_Use_Count
+_getrefcount = sys.getrefcount
+
+
+def _object_counts(outs: tuple[Any, ...], i: int) -> tuple[int, int]:
+    """The Python refcount and the C++ use count of ``outs[i]``, read the same way wherever they are compared."""
+    o = outs[i]
+    return sys.getrefcount(o), o._use_count()
+
+
+def _foreign_counts(found: list[tuple[_Instance, list[int] | None, list[int] | None]]) -> list[tuple]:
+    """``(owner, entry, counts now)`` for each distinct entry `ThunderNBRunner._foreign` found."""
+    now, seen = [], set()
+    for owner, storage, obj in found:
+        for entry in (storage, obj):
+            if entry is not None and id(entry) not in seen:
+                seen.add(id(entry))
+                now.append((owner, entry, _entry_counts(owner, entry)))
+    return now
+
+
+def _entry_counts(owner: _Instance, entry: list[int]) -> tuple[int, ...]:
+    """The counts an entry of ``owner.storages`` (2 items) or of ``owner.objects`` (3 items) is compared with."""
+    if len(entry) == 2:
+        return (_storage_use_count(entry[0]),)
+    return _object_counts(owner.static_outputs, entry[0])
+
+
+def _rebase(before: list[tuple]) -> None:
+    """Add to each entry what its counts rose by since ``before``: references a new recording keeps for good."""
+    for owner, entry, then in before:
+        now = _entry_counts(owner, entry)
+        entry[len(entry) - len(now):] = [base + n - t for base, n, t in zip(entry[len(entry) - len(now):], now, then)]
 
 
 def _storage(t: torch.Tensor) -> int:
