@@ -214,9 +214,8 @@ class _BaseTransform(CUDAGraphTransform):
         """Route every tensor that leaves ``fused`` and may lie in graph memory through the runner's hand-out.
 
         Returned tensors get the action "copy" (or "as-is" with ``copy_outputs=False``), tensors saved
-        for the backward "guard", a backward's gradients "lend" (autograd copies them into ``.grad``
-        itself, so they go out as they are, watched); the runner decides per call, by storage, whether
-        a tensor lies in memory a replay writes. A name both returned and saved is handed out twice.
+        for the backward "guard"; the runner decides per call, by storage, whether a tensor lies in
+        memory a replay writes. A name both returned and saved is handed out twice.
         """
         graph = _graph_derived(fused.bound_symbols)
         ret = fused.bound_symbols[-1]
@@ -227,15 +226,15 @@ class _BaseTransform(CUDAGraphTransform):
             returned_part, saved_part = value
         else:
             returned_part = value
-        returned_action = "lend" if backward else ("copy" if self.copy_outputs else "as-is")
+        copies = self.copy_outputs or backward
         # NOTE: with copy_outputs=False returned tensors go out as they are (the checker reports them)
-        returned = [p for p in _tensors(returned_part) if p.name in graph] if returned_action != "as-is" else []
+        returned = [p for p in _tensors(returned_part) if p.name in graph] if copies else []
         saved = [p for p in _tensors(saved_part) if p.name in graph] if saved_part is not None else []
         plan = HandOutPlan(
             returned=tuple(p.name for p in _tensors(returned_part)),
             saved=tuple(p.name for p in _tensors(saved_part)) if saved_part is not None else (),
             graph_memory=tuple(dict.fromkeys(p.name for p in returned + saved)),
-            returned_action=returned_action,
+            copy_outputs=copies,
         )
         self.hand_outs["backward" if backward else "forward"] = plan
         if not returned and not saved:
@@ -248,7 +247,7 @@ class _BaseTransform(CUDAGraphTransform):
             reset_tracectx(tok)
         ins = list(returned) + list(saved)
         outs = list(fresh_returned.values()) + list(fresh_saved.values())
-        actions = (returned_action,) * len(returned) + ("guard",) * len(saved)
+        actions = ("copy",) * len(returned) + ("guard",) * len(saved)
         call = functools.partial(self.cuda_graph_runner.hand_out, "backward" if backward else "forward", actions)
         hand = internals.fusion_symbol(HAND_OUT_NAME, self, call, ins, outs)
 

@@ -74,8 +74,6 @@ HAND_OUT_ACTIONS: dict[str, str] = {
     "copy": "returned: copied out of graph memory when it lies there (views of one buffer stay views of one copy)",
     "guard": "saved for the backward: left where the graph wrote it and guarded (while held, the next call "
     "replays another graph instance)",
-    "lend": "a gradient handed to autograd where the graph wrote it (autograd copies it into .grad; while "
-    "anything still holds it, the next backward replays another graph instance)",
     "as-is": "returned as the graph's own buffer (copy_outputs=False: the next call overwrites it)",
 }
 
@@ -204,12 +202,7 @@ class HandOutPlan:
     returned: tuple[str, ...]  # to the caller (or, for a backward, to autograd)
     saved: tuple[str, ...]  # saved for the backward
     graph_memory: tuple[str, ...]  # of those, region outputs and views of them: checked at each hand-out
-    returned_action: str = "copy"  # what happens to returned tensors in graph memory: "copy", "as-is" or "lend"
-
-    @property
-    def copy_outputs(self) -> bool:
-        """Whether returned tensors in graph memory are made safe (copied out, or lent and watched)."""
-        return self.returned_action != "as-is"
+    copy_outputs: bool = True
 
     def action(self, name: str) -> str | None:
         """The `HAND_OUT_ACTIONS` key for ``name``, or None when it cannot lie in graph memory."""
@@ -217,7 +210,7 @@ class HandOutPlan:
             return None
         if name in self.saved:
             return "guard"
-        return self.returned_action
+        return "copy" if self.copy_outputs else "as-is"
 
 
 @dataclass(frozen=True, slots=True)

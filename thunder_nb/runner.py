@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ __all__ = [
 
 
 class HeldOutputsWarning(UserWarning):
-    """A region ran without a graph: every instance's outputs (saved for the backward, gradients) were still held."""
+    """A region ran without a graph: every instance's outputs saved for the backward were still held."""
 
 
 class EagerFallbackWarning(UserWarning):
@@ -157,6 +158,19 @@ class _Counts:
     last: Any = None  # the instance replayed last
 
 
+@dataclass(frozen=True, slots=True)
+class _HandOutMemo:
+    """`ThunderNBRunner._memo`: one hand-out's work on the graphs' own outputs, valid while its ids stay the same."""
+
+    own: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None  # the tensors at the positions of own outputs
+    own_ids: list[int]  # their ids when made
+    recordings: int  # the runner's recordings when made
+    saved: frozenset[int]  # storage addresses of the own outputs guarded
+    guarded: int  # how many own outputs are guarded (watched)
+    loose_guard: tuple[int, ...]  # guard positions that are not own outputs: looked up at each call
+    copy: tuple[tuple[int, int, Any], ...]  # per copy position: (position, storage address, owner); owner None: look up
+
+
 class ThunderNBRunner(CUDAGraphRunner):
     """A `CUDAGraphRunner` that never hands out memory a later replay writes, and can run regions eagerly.
 
@@ -203,6 +217,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         self._counts: dict[str, _Counts] = {}
         self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
         self._hand_out_plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # `_hand_out_plan`s
+        self._hand_out_memo: dict[tuple, _HandOutMemo] = {}  # per hand-out plan: the latest `_memo`
+        self._recordings = 0  # graphs recorded so far (a memo made before a recording is stale)
         self._warned = False
         self._warned_held = False
 
@@ -390,6 +406,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                 self._own_outputs[id(o)] = (o, _storage(o), inst)
                 inst.storages.setdefault(_storage(o), [o.untyped_storage()._cdata, 0])
                 inst.objects.setdefault(id(o), [i, 0, 0])
+        self._recordings += 1
         counts = self._count(fn_name)
         counts.graphs.append(GraphRecord(
             index=len(counts.graphs),
@@ -416,10 +433,9 @@ class ThunderNBRunner(CUDAGraphRunner):
             return
         self._warned_held = True
         warnings.warn(
-            f"thunder-nb: {fn_name} runs without its CUDA graph on this call: each of its {self.max_instances} graph "
-            "instances wrote tensors that are still referenced (saved for the backward and waiting for it, or "
-            "gradients still held), and a replay would overwrite them (run each forward's backward before the next "
-            "forward, and let gradients go, to keep the graph)",
+            f"thunder-nb: {fn_name} runs without its CUDA graph on this call: tensors saved for the backward by "
+            f"each of its {self.max_instances} graph instances are still waiting for that backward, and a replay "
+            "would overwrite them (run each forward's backward before the next forward to keep the graph)",
             HeldOutputsWarning,
             stacklevel=4,
         )
@@ -454,14 +470,13 @@ class ThunderNBRunner(CUDAGraphRunner):
     # --- hand-out ---------------------------------------------------------------------------------
 
     def hand_out(self, kind: str, actions: Sequence[str], *tensors: Any) -> list[Any]:
-        """Check each tensor leaving a trace by its storage: copy out (``"copy"``), or guard (``"guard"``, ``"lend"``).
+        """Check each tensor leaving a trace by its storage: copy out (``"copy"``) or guard (``"guard"``).
 
         A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
         copied together so that they still share one copy. A tensor saved for the backward in such
-        memory, or a gradient a backward hands to autograd (``"lend"``), goes out as it is, and its graph
-        instance watches it (`_Instance.watch`): while anything references it, that instance does not
-        replay. A returned tensor sharing memory with a saved one goes out as a fresh alias, watched
-        too. Anything else goes out as it is.
+        memory goes out as it is, and its graph instance watches it (`_Instance.watch`): while anything
+        references it, that instance does not replay. A returned tensor sharing memory with a saved one
+        goes out as a fresh alias, watched too. Anything else goes out as it is.
         """
         out = list(tensors)
         counts = self._hand_out_counts.get(kind)
@@ -472,45 +487,45 @@ class ThunderNBRunner(CUDAGraphRunner):
         plan = self._hand_out_plans.get(which)
         if plan is None:
             plan = self._hand_out_plans[which] = _hand_out_plan(*which)
-        guard, copy = plan
-        where, own, owners = self._where, self._own_outputs, self._owner
+        memo = self._hand_out_memo.get(which)
+        if memo is None or memo.recordings != self._recordings or (
+                memo.own and list(map(id, memo.own(tensors))) != memo.own_ids):
+            memo = self._hand_out_memo[which] = self._memo(plan, tensors)
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
         # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
-        saved: set[int] = set()
-        guarded = 0
-        for j in guard:
-            t = tensors[j]
-            hit = own.get(id(t))
-            if hit is not None and hit[0] is t:  # NOTE: `_where` inlined: the common case, a graph's own output
-                ptr, owner = hit[1], hit[2]
-                if id(t) not in owner.watched:
-                    owner.watch(t, ptr)
-            elif isinstance(t, _Tensor):
-                ptr = t.untyped_storage().data_ptr()
-                owner = owners.get(ptr)
-                if owner is not None and ptr not in owner.watched:
-                    owner.watch(t, ptr)
-            else:
-                continue
-            saved.add(ptr)
-            if owner is not None:
-                guarded += 1
+        saved, guarded = memo.saved, memo.guarded
+        if memo.loose_guard:
+            saved = set(saved)
+            owners = self._owner
+            for j in memo.loose_guard:
+                t = tensors[j]
+                if isinstance(t, _Tensor):
+                    ptr = t.untyped_storage().data_ptr()
+                    saved.add(ptr)
+                    owner = owners.get(ptr)
+                    if owner is not None:
+                        if ptr not in owner.watched:
+                            owner.watch(t, ptr)
+                        guarded += 1
         groups: dict[int, list[int]] = {}
-        for j in copy:
-            t = tensors[j]
-            if isinstance(t, _Tensor):
+        where = self._where
+        for j, ptr, owner in memo.copy:
+            if owner is None:  # NOTE: not a graph's own output: looked up at each call
+                t = tensors[j]
+                if not isinstance(t, _Tensor):
+                    continue
                 ptr, owner = where(t)
                 if owner is None:
                     continue
-                if ptr in saved:
-                    # NOTE: a fresh alias: autograd makes a returned tensor its function's output, and the graph's
-                    # own tensor must not become one
-                    alias = t.detach()
-                    owner.watch(alias, ptr)
-                    out[j] = alias
-                    guarded += 1
-                else:
-                    groups.setdefault(ptr, []).append(j)
+            if ptr in saved:
+                # NOTE: a fresh alias: autograd makes a returned tensor its function's output, and the graph's
+                # own tensor must not become one
+                alias = tensors[j].detach()
+                owner.watch(alias, ptr)
+                out[j] = alias
+                guarded += 1
+            else:
+                groups.setdefault(ptr, []).append(j)
         counts["guarded"] += guarded
         if groups:
             singles = [js[0] for js in groups.values() if len(js) == 1]
@@ -522,6 +537,40 @@ class ThunderNBRunner(CUDAGraphRunner):
                         out[j] = c
                 counts["copied"] += len(js)
         return out
+
+    def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
+        """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
+
+        A tensor whose id is among the graphs' own outputs is that output (both are alive, and the runner
+        holds its own outputs for good), so while the same ids come back at those positions, and nothing
+        new was recorded, the same own outputs come back, already watched: a forward's saved tensors and
+        a backward's gradients, call after call. The others (``loose``: inputs, views made outside a
+        region) are looked up by storage at each call.
+        """
+        guard, copy = plan
+        own = self._own_outputs
+        ids = list(map(id, tensors))
+        saved: set[int] = set()
+        guarded, loose_guard = 0, []
+        for j in guard:
+            hit = own.get(ids[j])
+            if hit is None:
+                loose_guard.append(j)
+                continue
+            _, ptr, owner = hit
+            owner.watch(tensors[j], ptr)
+            saved.add(ptr)
+            guarded += 1
+        copies = []
+        for j in copy:
+            hit = own.get(ids[j])
+            copies.append((j, hit[1], hit[2]) if hit is not None else (j, 0, None))
+        positions = [j for j in (*guard, *copy) if ids[j] in own]
+        # NOTE: itemgetter gives a tuple for two positions or more, the item itself for one
+        get = operator.itemgetter(*positions) if len(positions) > 1 else (
+            (lambda ts, j=positions[0]: (ts[j],)) if positions else None)
+        return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
+                            tuple(loose_guard), tuple(copies))
 
     def _foreign(self, args: tuple[Any, ...]) -> list[tuple[_Instance, list[int] | None, list[int] | None]]:
         """For each tensor in ``args`` in memory an instance writes: that instance, its storage's and object's entries.
@@ -603,11 +652,10 @@ def _replay(inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
 
 
 def _hand_out_plan(actions: tuple[str, ...], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The positions a hand-out of ``n`` tensors watches ("guard", "lend"), and those it copies (the rest but "as-is")."""
+    """The positions a hand-out of ``n`` tensors guards, and those it copies (any action but "guard" and "as-is")."""
     actions = actions[:n]
-    watched = ("guard", "lend")
-    return (tuple(j for j, a in enumerate(actions) if a in watched),
-            tuple(j for j, a in enumerate(actions) if a not in watched and a != "as-is"))
+    return (tuple(j for j, a in enumerate(actions) if a == "guard"),
+            tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"))
 
 
 _storage_use_count = torch._C._storage_Use_Count

@@ -13,7 +13,7 @@ __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry"
 #: How each `INPUT_ROLES` key is named in reports and diagrams.
 ROLE_LABELS = {"static": "read in place", "copied": "copied in", "number": "number"}
 #: How each `HAND_OUT_ACTIONS` key is named in reports and diagrams.
-ACTION_LABELS = {"copy": "copied out", "guard": "guarded", "lend": "lent to autograd", "as-is": "returned as-is"}
+ACTION_LABELS = {"copy": "copied out", "guard": "guarded", "as-is": "returned as-is"}
 
 # NOTE: thunder's own runner has no hand-out: what a region returns leaves as the graph's buffer
 _STOCK_RETURNED = "the graph's own buffer, no hand-out: the next replay overwrites it"
@@ -116,8 +116,8 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         entries.append(Entry("view of an input", (o.name,), f"handed out as that view of the caller's {o.view_of}"))
     stats = region.stats
     if stats.instances > 1:
-        entries.append(Entry("instances", (), f"{stats.instances} graph instances (the region ran again while "
-                                              "tensors an earlier replay handed out were held)"))
+        entries.append(Entry("instances", (), f"{stats.instances} graph instances (a forward ran again while the "
+                                              "previous one's saved tensors were held)"))
     if stats.demoted:
         entries.append(Entry("demoted", (), "; ".join(map(str, stats.demoted))))
     if stats.rebound:
@@ -140,12 +140,13 @@ def hand_out_line(trace: TraceReport) -> str | None:
     plan, stats = trace.hand_out, trace.hand_out_stats
     if plan is None:
         return None
-    verbs = {"copy": "copies out ", "as-is": "returns as-is ", "lend": "lends to autograd ", "guard": "guards "}
+    copy = [n for n in plan.graph_memory if plan.action(n) in ("copy", "as-is")]
+    guard = [n for n in plan.graph_memory if plan.action(n) == "guard"]
     parts = []
-    for action, verb in verbs.items():
-        names = [n for n in plan.graph_memory if plan.action(n) == action]
-        if names:
-            parts.append(verb + ", ".join(names))
+    if copy:
+        parts.append(("copies out " if plan.copy_outputs else "returns as-is ") + ", ".join(copy))
+    if guard:
+        parts.append("guards " + ", ".join(guard))
     what = "; ".join(parts) or "nothing in graph memory"
     done = (f"{plural(stats.calls, 'call')}: {stats.copied} copied out, {stats.guarded} guarded"
             if stats.calls else "not called yet")
@@ -155,7 +156,7 @@ def hand_out_line(trace: TraceReport) -> str | None:
 #: Short words for the diagram's input nodes (the default, "copied", goes unsaid).
 ROLE_SHORT = {"static": "in place", "copied": "", "number": "Python number"}
 #: Short words for the diagram's output nodes.
-ACTION_SHORT = {"copy": "copied out", "guard": "guarded", "lend": "lent", "as-is": "as-is"}
+ACTION_SHORT = {"copy": "copied out", "guard": "guarded", "as-is": "as-is"}
 
 
 def inputs_summary(trace: TraceReport, region: Region) -> str:

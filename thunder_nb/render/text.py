@@ -46,9 +46,8 @@ def _region_text(trace: TraceReport, r: Region) -> list[str]:
         lines.append(f"      graphs: {graphs}")
     if r.held_calls:
         lines.append(
-            f"      without the graph: {plural(r.held_calls, 'call')} (tensors its graph instances handed out were "
-            "still held: saved ones waiting for their backward, as when a forward runs before the previous "
-            "backward, or gradients kept)"
+            f"      without the graph: {plural(r.held_calls, 'call')} (tensors its last replay saved for the "
+            "backward were still held: a forward ran before the previous backward)"
         )
     return lines
 
