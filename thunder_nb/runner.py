@@ -504,8 +504,9 @@ class ThunderNBRunner(CUDAGraphRunner):
                     saved.add(ptr)
                     owner = owners.get(ptr)
                     if owner is not None:
-                        if ptr not in owner.watched:
-                            owner.watch(t, ptr)
+                        # NOTE: every time: a loose position may hold a graph's own output on a later call (its
+                        # region ran without a graph when the memo was made), whose object must be watched too
+                        owner.watch(t, ptr)
                         guarded += 1
         groups: dict[int, list[int]] = {}
         where = self._where
