@@ -208,7 +208,7 @@ def test_capture_keeps_in_place_updates_through_views_made_in_regions():
     through that view landed in the copy, so ``x`` kept its values. With dataflow fusion any view op
     could join a region (program 961: ``t2 = x2.t()`` read after ``x2`` was updated through
     ``x2.flatten()``). Fixed in the runner: after capture it finds the outputs that are views of an
-    input's static copy (`runner._view_plan`), and after each replay hands out the same view of the
+    input's static copy (`instances.view_plan`), and after each replay hands out the same view of the
     caller's tensor. (Keeping such view ops out of regions also works, but splits regions.)
     """
     x, w = torch.randn(4), torch.randn(4, requires_grad=True)

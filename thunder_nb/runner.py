@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +12,17 @@ import torch
 from thunder.transforms.cudagraph import ArgsDescriptor, CUDAGraphRunner
 
 from . import internals
+from .instances import (
+    Instance,
+    copy_together,
+    foreign_counts,
+    non_overlapping,
+    rebase,
+    replay,
+    span,
+    storage,
+    view_plan,
+)
 from .model import GraphRecord, HandOutStats, RegionPlan, RegionStats, StaticInputChange
 
 __all__ = [
@@ -72,74 +82,6 @@ def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs:
 #: How graphs are recorded: `record_graph` on a GPU; `thunder_nb.testing.emulated_capture` swaps in a CPU stand-in.
 RECORDERS: dict[str, Callable[..., tuple[Any, Any]]] = {"record": record_graph}
 
-
-
-@dataclass(slots=True, eq=False)
-class _Instance:
-    """One recorded copy of a region's graph, with the memory its replays write.
-
-    Whether a replay may write that memory again is read from reference counts, as torch.compile's
-    CUDA-graph trees do: when the instance is recorded (`settle`) the counts of its memory are taken,
-    with nothing outside the runner holding it; a tensor handed out in that memory (`watch`) is left
-    where it lies, and while any count it raised differs, the instance is held (`held`). A tensor
-    autograd saves raises its object's count (``_use_count``), a view made of it (thunder detaches
-    saved views) raises its storage's, a Python reference its object's refcount.
-    """
-
-    graph: Any
-    static_inputs: tuple[Any, ...]
-    static_outputs: tuple[Any, ...]
-    views: tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]  # `_view_plan`
-    index: int
-    copied: tuple[int, ...] = ()  # input positions copied into the runner's buffers before each replay
-    write_back: tuple[int, ...] = ()  # copied inputs the region updates in place: copied back after each replay
-    passthrough: tuple[tuple[int, int], ...] = ()  # (output, input) positions: outputs that are an input
-    copy_targets: tuple[Any, ...] = ()  # the runner's buffers of the copied inputs, in `copied`'s order
-    # storage address of the memory the replays write -> [StorageImpl pointer, use count with nothing outside holding it]
-    storages: dict[int, list[int]] = field(default_factory=dict)
-    # id of an own output -> [its position, its refcount, its use count], with nothing outside holding it
-    objects: dict[int, list[int]] = field(default_factory=dict)
-    watched_storages: list[list[int]] = field(default_factory=list)  # what `held` reads: storages handed out in
-    watched_objects: list[list[int]] = field(default_factory=list)  # own outputs handed out as they are
-    watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
-
-    def settle(self) -> None:
-        """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
-        for entry in self.storages.values():
-            entry[1] = _storage_use_count(entry[0])
-        outs = self.static_outputs
-        for i in range(len(outs)):
-            entry = self.objects.get(id(outs[i]))
-            if entry is not None and entry[0] == i:
-                o = outs[i]  # NOTE: read as `held` reads it (the same references alive)
-                entry[1], entry[2] = _getrefcount(o), o._use_count()
-                del o
-
-    def watch(self, t: torch.Tensor, ptr: int) -> None:
-        """``t``, in storage ``ptr`` of this instance, is handed out as it is (or as an alias): hold while it lives."""
-        if ptr not in self.watched:
-            self.watched.add(ptr)
-            entry = self.storages.get(ptr)
-            if entry is not None:
-                self.watched_storages.append(entry)
-        key = id(t)
-        if key not in self.watched:
-            known = self.objects.get(key)
-            if known is not None and self.static_outputs[known[0]] is t:
-                self.watched.add(key)
-                self.watched_objects.append(known)
-
-    def held(self) -> bool:
-        """Whether a tensor handed out in memory the next replay writes is still referenced."""
-        for c, base in self.watched_storages:
-            if _storage_use_count(c) != base:
-                return True
-        outs = self.static_outputs
-        for i, refs, uses in self.watched_objects:
-            o = outs[i]  # NOTE: read as `settle` reads it
-            if _getrefcount(o) != refs or o._use_count() != uses:
-                return True
-        return False
 
 
 @dataclass(slots=True)
@@ -207,8 +149,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         self.passthrough: dict[str, tuple[tuple[int, int], ...]] = {}
         self.cuda_regions: dict[str, bool] = {}  # fn_name -> the region computes on a CUDA device (set by the transform)
         self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
-        self._owner: dict[int, Any] = {}  # storage address -> the `_Instance` whose replay writes it
-        # id of a graph's own output tensor -> (that tensor, its storage address, its `_Instance`): the hand-out's
+        self._owner: dict[int, Any] = {}  # storage address -> the `Instance` whose replay writes it
+        # id of a graph's own output tensor -> (that tensor, its storage address, its `Instance`): the hand-out's
         # lookup without making a storage object per tensor (the tensor is checked by identity, ids are reused)
         self._own_outputs: dict[int, tuple[torch.Tensor, int, Any]] = {}
         self._stable: set[int] = set()  # storage addresses of parameters and module buffers seen (views read in place)
@@ -279,13 +221,13 @@ class ThunderNBRunner(CUDAGraphRunner):
                 return fn(*args)
             cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]) if not instances else (
                 f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held for a backward")
-            before = _foreign_counts(self._foreign(args))
+            before = foreign_counts(self._foreign(args))
             inst = self._record(fn_name, fn, args, mask, cause, len(instances))
             inst.settle()
-            _rebase(before)
+            rebase(before)
             instances.append(inst)
         counts.last_key, counts.last = key, inst
-        outputs = _replay(inst, args)
+        outputs = replay(inst, args)
         counts.replays += 1
         return outputs
 
@@ -375,7 +317,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         return mask, key
 
     def _record(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
-                cause: str, index: int) -> _Instance:
+                cause: str, index: int) -> Instance:
         # NOTE: a static input is held as a fresh alias: it keeps the memory the graph reads alive, and
         # not the caller's tensor object (a guarded hand-out is watched by its identity)
         static_inputs = tuple(
@@ -391,20 +333,20 @@ class ThunderNBRunner(CUDAGraphRunner):
             raise
         pool = torch.cuda.memory_allocated() - before if cuda else None
         copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
-        inst = _Instance(graph, static_inputs, tuple(static_outputs),
-                         _view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
+        inst = Instance(graph, static_inputs, tuple(static_outputs),
+                         view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
                          tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
                          self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
-        inputs_memory = {_storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
+        inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
         for s, a, m in zip(static_inputs, args, mask):
             if isinstance(s, torch.Tensor) and not m:
-                self._owner[_storage(s)] = inst
-                inst.storages[_storage(s)] = [s.untyped_storage()._cdata, 0]
+                self._owner[storage(s)] = inst
+                inst.storages[storage(s)] = [s.untyped_storage()._cdata, 0]
         for i, o in enumerate(inst.static_outputs):
-            if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and _storage(o) not in inputs_memory:
-                self._owner[_storage(o)] = inst
-                self._own_outputs[id(o)] = (o, _storage(o), inst)
-                inst.storages.setdefault(_storage(o), [o.untyped_storage()._cdata, 0])
+            if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and storage(o) not in inputs_memory:
+                self._owner[storage(o)] = inst
+                self._own_outputs[id(o)] = (o, storage(o), inst)
+                inst.storages.setdefault(storage(o), [o.untyped_storage()._cdata, 0])
                 inst.objects.setdefault(id(o), [i, 0, 0])
         self._recordings += 1
         counts = self._count(fn_name)
@@ -421,9 +363,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         """A copy of ``x`` with ``x``'s strides (so views of it can be re-made on the caller's tensor)."""
         if not isinstance(x, torch.Tensor):
             return x
-        if x.is_contiguous() or not _non_overlapping(x):
+        if x.is_contiguous() or not non_overlapping(x):
             return torch.empty_like(x).copy_(x)
-        lo, hi = _span(x)
+        lo, hi = span(x)
         base = torch.empty(hi - lo, dtype=x.dtype, device=x.device)
         buf = base.as_strided(x.size(), x.stride(), x.storage_offset() - lo)
         return buf.copy_(x)
@@ -474,7 +416,7 @@ class ThunderNBRunner(CUDAGraphRunner):
 
         A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
         copied together so that they still share one copy. A tensor saved for the backward in such
-        memory goes out as it is, and its graph instance watches it (`_Instance.watch`): while anything
+        memory goes out as it is, and its graph instance watches it (`Instance.watch`): while anything
         references it, that instance does not replay. A returned tensor sharing memory with a saved one
         goes out as a fresh alias, watched too. Anything else goes out as it is.
         """
@@ -534,7 +476,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                 out[j] = c
             for js in groups.values():
                 if len(js) > 1:
-                    for j, c in zip(js, _copy_together([tensors[j] for j in js])):
+                    for j, c in zip(js, copy_together([tensors[j] for j in js])):
                         out[j] = c
                 counts["copied"] += len(js)
         return out
@@ -573,11 +515,11 @@ class ThunderNBRunner(CUDAGraphRunner):
         return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
                             tuple(loose_guard), tuple(copies))
 
-    def _foreign(self, args: tuple[Any, ...]) -> list[tuple[_Instance, list[int] | None, list[int] | None]]:
+    def _foreign(self, args: tuple[Any, ...]) -> list[tuple[Instance, list[int] | None, list[int] | None]]:
         """For each tensor in ``args`` in memory an instance writes: that instance, its storage's and object's entries.
 
         A graph recorded on them may keep references to that memory for good (its static inputs are
-        aliases of it): `_rebase` then moves the counts the owner's `held` compares with.
+        aliases of it): `rebase` then moves the counts the owner's `held` compares with.
         """
         found = []
         for a in args:
@@ -588,7 +530,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         return found
 
     def _where(self, t: torch.Tensor) -> tuple[int, Any]:
-        """``t``'s storage address and the `_Instance` whose replay writes it (None: no graph's)."""
+        """``t``'s storage address and the `Instance` whose replay writes it (None: no graph's)."""
         hit = self._own_outputs.get(id(t))
         if hit is not None and hit[0] is t:
             return hit[1], hit[2]
@@ -632,134 +574,11 @@ class ThunderNBRunner(CUDAGraphRunner):
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 
 
-def _replay(inst: _Instance, args: tuple[Any, ...]) -> list[Any]:
-    """Replay ``inst`` on ``args`` (the key already matched): copy the copied inputs in, write back, re-make views."""
-    static_inputs = inst.static_inputs
-    if inst.copied:
-        internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copied])
-    inst.graph.replay()
-    for pos in inst.write_back:
-        # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
-        args[pos].copy_(static_inputs[pos])
-    outputs = list(inst.static_outputs)
-    for out_pos, in_pos, size, stride, delta in inst.views:
-        # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
-        # must get the same view of its own tensor (in-place updates through it must reach the caller)
-        a = args[in_pos]
-        outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
-    for out_pos, in_pos in inst.passthrough:
-        outputs[out_pos] = args[in_pos]
-    return outputs
-
-
 def _hand_out_plan(actions: tuple[str, ...], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The positions a hand-out of ``n`` tensors guards, and those it copies (any action but "guard" and "as-is")."""
     actions = actions[:n]
     return (tuple(j for j, a in enumerate(actions) if a == "guard"),
             tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"))
-
-
-_storage_use_count = torch._C._storage_Use_Count
-_getrefcount = sys.getrefcount
-
-
-def _object_counts(outs: tuple[Any, ...], i: int) -> tuple[int, int]:
-    """The Python refcount and the C++ use count of ``outs[i]``, read the same way wherever they are compared."""
-    o = outs[i]
-    return sys.getrefcount(o), o._use_count()
-
-
-def _foreign_counts(found: list[tuple[_Instance, list[int] | None, list[int] | None]]) -> list[tuple]:
-    """``(owner, entry, counts now)`` for each distinct entry `ThunderNBRunner._foreign` found."""
-    now, seen = [], set()
-    for owner, storage, obj in found:
-        for entry in (storage, obj):
-            if entry is not None and id(entry) not in seen:
-                seen.add(id(entry))
-                now.append((owner, entry, _entry_counts(owner, entry)))
-    return now
-
-
-def _entry_counts(owner: _Instance, entry: list[int]) -> tuple[int, ...]:
-    """The counts an entry of ``owner.storages`` (2 items) or of ``owner.objects`` (3 items) is compared with."""
-    if len(entry) == 2:
-        return (_storage_use_count(entry[0]),)
-    return _object_counts(owner.static_outputs, entry[0])
-
-
-def _rebase(before: list[tuple]) -> None:
-    """Add to each entry what its counts rose by since ``before``: references a new recording keeps for good."""
-    for owner, entry, then in before:
-        now = _entry_counts(owner, entry)
-        entry[len(entry) - len(now):] = [base + n - t for base, n, t in zip(entry[len(entry) - len(now):], now, then)]
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """The element range [lo, hi) of ``t``'s storage that ``t`` covers."""
-    lo = t.storage_offset()
-    hi = lo + 1 + sum((s - 1) * st for s, st in zip(t.size(), t.stride()) if s > 0)
-    return lo, hi
-
-
-def _non_overlapping(t: torch.Tensor) -> bool:
-    dims = sorted((st, s) for s, st in zip(t.size(), t.stride()) if s > 1)
-    reach = 1
-    for st, s in dims:
-        if st < reach:
-            return False
-        reach = st * s
-    return True
-
-
-def _copy_together(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of tensors that share one storage, sharing one new storage the same way."""
-    if len(ts) == 1 or any(t.numel() == 0 for t in ts):
-        return [t.clone() for t in ts]
-    spans = [(t.storage_offset() * t.element_size(), _span(t)[1] * t.element_size()) for t in ts]
-    lo = min(a for a, _ in spans) // 16 * 16
-    hi = max(b for _, b in spans)
-    raw = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
-    chunk = raw[lo:hi].clone()
-    out = []
-    for t in ts:
-        view = torch.empty(0, dtype=t.dtype, device=t.device)
-        out.append(view.set_(chunk.untyped_storage(), (t.storage_offset() * t.element_size() - lo) // t.element_size(),
-                             t.size(), t.stride()))
-    return out
-
-
-def _view_plan(
-    fn_name: str, args: Sequence[Any], mask: Sequence[bool], static_inputs: Sequence[Any], static_outputs: Sequence[Any]
-) -> tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]:
-    """Which outputs of a just-recorded graph are views of the runner's copy of an input, and which views.
-
-    Each entry is ``(output position, input position, size, stride, storage offset delta)``: after a
-    replay, ``args[input].as_strided(size, stride, args[input].storage_offset() + delta)`` is the same
-    view of the caller's tensor (the cache key fixes the input's strides, and the copy keeps them).
-    """
-    plan = []
-    for j, o in enumerate(static_outputs):
-        if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
-            continue
-        ptr = _storage(o)
-        for i, (s, a, m) in enumerate(zip(static_inputs, args, mask)):
-            if m or not isinstance(s, torch.Tensor) or _storage(s) != ptr:
-                continue
-            if s.stride() != a.stride():
-                warnings.warn(
-                    f"thunder-nb: {fn_name} returns a view of its input {i}, whose copy has other strides "
-                    f"({tuple(s.stride())} against {tuple(a.stride())}, an input with overlapping elements); "
-                    "that output is copied out of the graph's memory when it leaves the function",
-                    stacklevel=4,
-                )
-                break
-            plan.append((j, i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - s.storage_offset()))
-            break
-    return tuple(plan)
 
 
 def _input_name(inputs: Sequence[Any], i: int) -> str:

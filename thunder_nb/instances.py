@@ -1,0 +1,218 @@
+"""Graph instances and the memory their replays write: reference-count guards, replay, copies and views."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import internals
+
+__all__ = [
+    "Instance",
+    "replay",
+    "storage",
+    "storage_use_count",
+    "object_counts",
+    "foreign_counts",
+    "entry_counts",
+    "rebase",
+    "span",
+    "non_overlapping",
+    "copy_together",
+    "view_plan",
+]
+
+@dataclass(slots=True, eq=False)
+class Instance:
+    """One recorded copy of a region's graph, with the memory its replays write.
+
+    Whether a replay may write that memory again is read from reference counts, as torch.compile's
+    CUDA-graph trees do: when the instance is recorded (`settle`) the counts of its memory are taken,
+    with nothing outside the runner holding it; a tensor handed out in that memory (`watch`) is left
+    where it lies, and while any count it raised differs, the instance is held (`held`). A tensor
+    autograd saves raises its object's count (``_use_count``), a view made of it (thunder detaches
+    saved views) raises its storage's, a Python reference its object's refcount.
+    """
+
+    graph: Any
+    static_inputs: tuple[Any, ...]
+    static_outputs: tuple[Any, ...]
+    views: tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]  # `view_plan`
+    index: int
+    copied: tuple[int, ...] = ()  # input positions copied into the runner's buffers before each replay
+    write_back: tuple[int, ...] = ()  # copied inputs the region updates in place: copied back after each replay
+    passthrough: tuple[tuple[int, int], ...] = ()  # (output, input) positions: outputs that are an input
+    copy_targets: tuple[Any, ...] = ()  # the runner's buffers of the copied inputs, in `copied`'s order
+    # storage address of the memory the replays write -> [StorageImpl pointer, use count with nothing outside holding it]
+    storages: dict[int, list[int]] = field(default_factory=dict)
+    # id of an own output -> [its position, its refcount, its use count], with nothing outside holding it
+    objects: dict[int, list[int]] = field(default_factory=dict)
+    watched_storages: list[list[int]] = field(default_factory=list)  # what `held` reads: storages handed out in
+    watched_objects: list[list[int]] = field(default_factory=list)  # own outputs handed out as they are
+    watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
+
+    def settle(self) -> None:
+        """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
+        for entry in self.storages.values():
+            entry[1] = storage_use_count(entry[0])
+        outs = self.static_outputs
+        for i in range(len(outs)):
+            entry = self.objects.get(id(outs[i]))
+            if entry is not None and entry[0] == i:
+                o = outs[i]  # NOTE: read as `held` reads it (the same references alive)
+                entry[1], entry[2] = _getrefcount(o), o._use_count()
+                del o
+
+    def watch(self, t: torch.Tensor, ptr: int) -> None:
+        """``t``, in storage ``ptr`` of this instance, is handed out as it is (or as an alias): hold while it lives."""
+        if ptr not in self.watched:
+            self.watched.add(ptr)
+            entry = self.storages.get(ptr)
+            if entry is not None:
+                self.watched_storages.append(entry)
+        key = id(t)
+        if key not in self.watched:
+            known = self.objects.get(key)
+            if known is not None and self.static_outputs[known[0]] is t:
+                self.watched.add(key)
+                self.watched_objects.append(known)
+
+    def held(self) -> bool:
+        """Whether a tensor handed out in memory the next replay writes is still referenced."""
+        for c, base in self.watched_storages:
+            if storage_use_count(c) != base:
+                return True
+        outs = self.static_outputs
+        for i, refs, uses in self.watched_objects:
+            o = outs[i]  # NOTE: read as `settle` reads it
+            if _getrefcount(o) != refs or o._use_count() != uses:
+                return True
+        return False
+
+
+def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
+    """Replay ``inst`` on ``args`` (the key already matched): copy the copied inputs in, write back, re-make views."""
+    static_inputs = inst.static_inputs
+    if inst.copied:
+        internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copied])
+    inst.graph.replay()
+    for pos in inst.write_back:
+        # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
+        args[pos].copy_(static_inputs[pos])
+    outputs = list(inst.static_outputs)
+    for out_pos, in_pos, size, stride, delta in inst.views:
+        # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
+        # must get the same view of its own tensor (in-place updates through it must reach the caller)
+        a = args[in_pos]
+        outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
+    for out_pos, in_pos in inst.passthrough:
+        outputs[out_pos] = args[in_pos]
+    return outputs
+
+
+storage_use_count = torch._C._storage_Use_Count
+_getrefcount = sys.getrefcount
+
+
+def object_counts(outs: tuple[Any, ...], i: int) -> tuple[int, int]:
+    """The Python refcount and the C++ use count of ``outs[i]``, read the same way wherever they are compared."""
+    o = outs[i]
+    return sys.getrefcount(o), o._use_count()
+
+
+def foreign_counts(found: list[tuple[Instance, list[int] | None, list[int] | None]]) -> list[tuple]:
+    """``(owner, entry, counts now)`` for each distinct entry `ThunderNBRunner._foreign` found."""
+    now, seen = [], set()
+    for owner, storage, obj in found:
+        for entry in (storage, obj):
+            if entry is not None and id(entry) not in seen:
+                seen.add(id(entry))
+                now.append((owner, entry, entry_counts(owner, entry)))
+    return now
+
+
+def entry_counts(owner: Instance, entry: list[int]) -> tuple[int, ...]:
+    """The counts an entry of ``owner.storages`` (2 items) or of ``owner.objects`` (3 items) is compared with."""
+    if len(entry) == 2:
+        return (storage_use_count(entry[0]),)
+    return object_counts(owner.static_outputs, entry[0])
+
+
+def rebase(before: list[tuple]) -> None:
+    """Add to each entry what its counts rose by since ``before``: references a new recording keeps for good."""
+    for owner, entry, then in before:
+        now = entry_counts(owner, entry)
+        entry[len(entry) - len(now):] = [base + n - t for base, n, t in zip(entry[len(entry) - len(now):], now, then)]
+
+
+def storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def span(t: torch.Tensor) -> tuple[int, int]:
+    """The element range [lo, hi) of ``t``'s storage that ``t`` covers."""
+    lo = t.storage_offset()
+    hi = lo + 1 + sum((s - 1) * st for s, st in zip(t.size(), t.stride()) if s > 0)
+    return lo, hi
+
+
+def non_overlapping(t: torch.Tensor) -> bool:
+    dims = sorted((st, s) for s, st in zip(t.size(), t.stride()) if s > 1)
+    reach = 1
+    for st, s in dims:
+        if st < reach:
+            return False
+        reach = st * s
+    return True
+
+
+def copy_together(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of tensors that share one storage, sharing one new storage the same way."""
+    if len(ts) == 1 or any(t.numel() == 0 for t in ts):
+        return [t.clone() for t in ts]
+    spans = [(t.storage_offset() * t.element_size(), span(t)[1] * t.element_size()) for t in ts]
+    lo = min(a for a, _ in spans) // 16 * 16
+    hi = max(b for _, b in spans)
+    raw = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
+    chunk = raw[lo:hi].clone()
+    out = []
+    for t in ts:
+        view = torch.empty(0, dtype=t.dtype, device=t.device)
+        out.append(view.set_(chunk.untyped_storage(), (t.storage_offset() * t.element_size() - lo) // t.element_size(),
+                             t.size(), t.stride()))
+    return out
+
+
+def view_plan(
+    fn_name: str, args: Sequence[Any], mask: Sequence[bool], static_inputs: Sequence[Any], static_outputs: Sequence[Any]
+) -> tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], int], ...]:
+    """Which outputs of a just-recorded graph are views of the runner's copy of an input, and which views.
+
+    Each entry is ``(output position, input position, size, stride, storage offset delta)``: after a
+    replay, ``args[input].as_strided(size, stride, args[input].storage_offset() + delta)`` is the same
+    view of the caller's tensor (the cache key fixes the input's strides, and the copy keeps them).
+    """
+    plan = []
+    for j, o in enumerate(static_outputs):
+        if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
+            continue
+        ptr = storage(o)
+        for i, (s, a, m) in enumerate(zip(static_inputs, args, mask)):
+            if m or not isinstance(s, torch.Tensor) or storage(s) != ptr:
+                continue
+            if s.stride() != a.stride():
+                warnings.warn(
+                    f"thunder-nb: {fn_name} returns a view of its input {i}, whose copy has other strides "
+                    f"({tuple(s.stride())} against {tuple(a.stride())}, an input with overlapping elements); "
+                    "that output is copied out of the graph's memory when it leaves the function",
+                    stacklevel=4,
+                )
+                break
+            plan.append((j, i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - s.storage_offset()))
+            break
+    return tuple(plan)
