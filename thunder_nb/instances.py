@@ -55,18 +55,19 @@ class Instance:
     watched_storages: list[list[int]] = field(default_factory=list)  # what `held` reads: storages handed out in
     watched_objects: list[list[int]] = field(default_factory=list)  # own outputs handed out as they are
     watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
+    compiled: tuple | None = None  # `held`'s arrays of the two lists; None: remade at the next `held`
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
         for entry in self.storages.values():
             entry[1] = storage_use_count(entry[0])
         outs = self.static_outputs
-        for i in range(len(outs)):
-            entry = self.objects.get(id(outs[i]))
-            if entry is not None and entry[0] == i:
-                o = outs[i]  # NOTE: read as `held` reads it (the same references alive)
-                entry[1], entry[2] = _getrefcount(o), o._use_count()
-                del o
+        mine = [(i, entry) for i in range(len(outs)) if (entry := self.objects.get(id(outs[i]))) is not None and entry[0] == i]
+        # NOTE: read as `held` reads them: through `map` over a list that holds each object once
+        for (i, entry), refs, uses in zip(mine, _refcounts([outs[i] for i, _ in mine]),
+                                          _use_counts([outs[i] for i, _ in mine])):
+            entry[1], entry[2] = refs, uses
+        self.compiled = None
 
     def watch(self, t: torch.Tensor, ptr: int) -> None:
         """``t``, in storage ``ptr`` of this instance, is handed out as it is (or as an alias): hold while it lives."""
@@ -75,24 +76,28 @@ class Instance:
             entry = self.storages.get(ptr)
             if entry is not None:
                 self.watched_storages.append(entry)
+                self.compiled = None
         key = id(t)
         if key not in self.watched:
             known = self.objects.get(key)
             if known is not None and self.static_outputs[known[0]] is t:
                 self.watched.add(key)
                 self.watched_objects.append(known)
+                self.compiled = None
 
     def held(self) -> bool:
         """Whether a tensor handed out in memory the next replay writes is still referenced."""
-        for c, base in self.watched_storages:
-            if storage_use_count(c) != base:
-                return True
-        outs = self.static_outputs
-        for i, refs, uses in self.watched_objects:
-            o = outs[i]  # NOTE: read as `settle` reads it
-            if _getrefcount(o) != refs or o._use_count() != uses:
-                return True
-        return False
+        compiled = self.compiled
+        if compiled is None:
+            outs = self.static_outputs
+            compiled = self.compiled = (
+                [c for c, _ in self.watched_storages], [base for _, base in self.watched_storages],
+                [outs[i] for i, _, _ in self.watched_objects],  # NOTE: the one list `settle` counted in
+                [refs for _, refs, _ in self.watched_objects], [uses for _, _, uses in self.watched_objects])
+        storages, storage_bases, objects, ref_bases, use_bases = compiled
+        # NOTE: C loops (map), compared as lists: this runs before every replay of an instance with hand-outs
+        return (list(map(storage_use_count, storages)) != storage_bases or _refcounts(objects) != ref_bases
+                or _use_counts(objects) != use_bases)
 
 
 def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
@@ -117,10 +122,19 @@ def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
 
 storage_use_count = torch._C._storage_Use_Count
 _getrefcount = sys.getrefcount
+_use_count = torch.Tensor._use_count
+
+
+def _refcounts(objects: list[Any]) -> list[int]:
+    return list(map(_getrefcount, objects))
+
+
+def _use_counts(objects: list[Any]) -> list[int]:
+    return list(map(_use_count, objects))
 
 
 def object_counts(outs: tuple[Any, ...], i: int) -> tuple[int, int]:
-    """The Python refcount and the C++ use count of ``outs[i]``, read the same way wherever they are compared."""
+    """The Python refcount and the C++ use count of ``outs[i]``: `rebase` adds what they rose by between two readings."""
     o = outs[i]
     return sys.getrefcount(o), o._use_count()
 
@@ -148,6 +162,9 @@ def rebase(before: list[tuple]) -> None:
     for owner, entry, then in before:
         now = entry_counts(owner, entry)
         entry[len(entry) - len(now):] = [base + n - t for base, n, t in zip(entry[len(entry) - len(now):], now, then)]
+    for owner, _, _ in before:
+        # NOTE: after all readings: dropping `held`'s arrays drops a reference to each watched object
+        owner.compiled = None
 
 
 def storage(t: torch.Tensor) -> int:

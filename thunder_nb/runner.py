@@ -98,6 +98,7 @@ class _Counts:
     eager_reason: str | None = None  # why the region now runs without a graph on every call
     last_key: Any = None
     last: Any = None  # the instance replayed last
+    last_instances: Any = None  # the instances of `last_key` (the fixed runner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,8 @@ class _HandOutMemo:
     guarded: int  # how many own outputs are guarded (watched)
     loose_guard: tuple[int, ...]  # guard positions that are not own outputs: looked up at each call
     copy: tuple[tuple[int, int, Any], ...]  # per copy position: (position, storage address, owner); owner None: look up
+    # `_copy_groups` of ``copy`` worked out once: all are own outputs, none in a saved one's memory (None: per call)
+    groups: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] | None
 
 
 class ThunderNBRunner(CUDAGraphRunner):
@@ -152,7 +155,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         self._owner: dict[int, Any] = {}  # storage address -> the `Instance` whose replay writes it
         # id of a graph's own output tensor -> (that tensor, its storage address, its `Instance`): the hand-out's
         # lookup without making a storage object per tensor (the tensor is checked by identity, ids are reused)
-        self._own_outputs: dict[int, tuple[torch.Tensor, int, Any]] = {}
+        # id -> (tensor, storage address, instance, key entry, data address)
+        self._own_outputs: dict[int, tuple[torch.Tensor, int, Any, tuple, int]] = {}
         self._stable: set[int] = set()  # storage addresses of parameters and module buffers seen (views read in place)
         self._params: dict[int, int] = {}  # id of a parameter -> its data address when its storage was added to _stable
         self.stable_inputs: dict[str, frozenset[int]] = {}  # fn_name -> input positions of module buffers
@@ -203,7 +207,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         if self.stock:
             return self._call_stock(fn_name, counts, args)
         mask, key = self._key(fn_name, counts, args)
-        instances = self.cuda_graph_cache.get(key)
+        # NOTE: the same key as the last call's (the usual case) is found by comparing, not by hashing it again: the
+        # entries of graphs' own outputs are the very objects, and the cache never drops a key
+        instances = counts.last_instances if key == counts.last_key else self.cuda_graph_cache.get(key)
         if instances is None:
             if self._too_many_values(fn_name, counts, key):
                 counts.eager_calls += 1
@@ -226,7 +232,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             inst.settle()
             rebase(before)
             instances.append(inst)
-        counts.last_key, counts.last = key, inst
+        counts.last_key, counts.last, counts.last_instances = key, inst, instances
         outputs = replay(inst, args)
         counts.replays += 1
         return outputs
@@ -249,20 +255,33 @@ class ThunderNBRunner(CUDAGraphRunner):
             if cls is _Tensor:
                 hit = own.get(id(a))
                 if hit is not None and hit[0] is a:
-                    static = True  # NOTE: a graph's own output (what a forward saved, read by its backward)
-                else:
-                    ptr = a.untyped_storage().data_ptr()
-                    if buffers and i in buffers:
-                        stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
-                        static = True
+                    # NOTE: a graph's own output (what a forward saved, read by its backward): static, and its entry
+                    # and address were taken when it was recorded (the runner's tensor; no code outside changes them)
+                    entry(hit[3])
+                    if demoted and i in demoted:
+                        static_of(False)
                     else:
-                        static = ptr in owner or ptr in stable
+                        static_of(True)
+                        address(hit[4])
+                    continue
+                ptr = a.untyped_storage().data_ptr()
+                if buffers and i in buffers:
+                    stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
+                    static = True
+                else:
+                    static = ptr in owner or ptr in stable
             elif cls is _Parameter:
                 d = a.data_ptr()
                 if params.get(id(a)) != d:  # NOTE: a parameter not seen yet at this address: its storage is stable
                     stable.add(a.untyped_storage().data_ptr())
                     params[id(a)] = d
-                static = True
+                entry((a.dtype, a.size(), a.stride()))
+                if demoted and i in demoted:
+                    static_of(False)
+                else:
+                    static_of(True)
+                    address(d)
+                continue
             elif isinstance(a, _Tensor):
                 ptr = a.untyped_storage().data_ptr()
                 if isinstance(a, _Parameter):  # NOTE: a subclass of either
@@ -345,7 +364,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         for i, o in enumerate(inst.static_outputs):
             if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and storage(o) not in inputs_memory:
                 self._owner[storage(o)] = inst
-                self._own_outputs[id(o)] = (o, storage(o), inst)
+                self._own_outputs[id(o)] = (o, storage(o), inst, (o.dtype, o.size(), o.stride()), o.data_ptr())
                 inst.storages.setdefault(storage(o), [o.untyped_storage()._cdata, 0])
                 inst.objects.setdefault(id(o), [i, 0, 0])
         self._recordings += 1
@@ -436,22 +455,47 @@ class ThunderNBRunner(CUDAGraphRunner):
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
         # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
         saved, guarded = memo.saved, memo.guarded
+        grown = False
         if memo.loose_guard:
-            saved = set(saved)
             owners = self._owner
             for j in memo.loose_guard:
                 t = tensors[j]
                 if isinstance(t, _Tensor):
                     ptr = t.untyped_storage().data_ptr()
-                    saved.add(ptr)
                     owner = owners.get(ptr)
                     if owner is not None:
                         # NOTE: every time: a loose position may hold a graph's own output on a later call (its
                         # region ran without a graph when the memo was made), whose object must be watched too
                         owner.watch(t, ptr)
                         guarded += 1
+                        if not grown:
+                            saved, grown = set(saved), True
+                        saved.add(ptr)
+        if memo.groups is not None and not grown:
+            singles, shared = memo.groups  # NOTE: only own outputs to copy, none sharing memory with a saved one
+        else:
+            singles, shared, aliased = self._copy_groups(memo, tensors, saved, out)
+            guarded += aliased
+        counts["guarded"] += guarded
+        if singles:
+            for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
+                out[j] = c
+        for js in shared:
+            for j, c in zip(js, copy_together([tensors[j] for j in js])):
+                out[j] = c
+        counts["copied"] += len(singles) + sum(map(len, shared))
+        return out
+
+    def _copy_groups(self, memo: _HandOutMemo, tensors: tuple[Any, ...], saved: frozenset[int] | set[int],
+                     out: list[Any]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], int]:
+        """The copy positions of a hand-out in graph memory, grouped by storage: ``(singles, shared, aliased)``.
+
+        One in memory a saved tensor shares goes out as a fresh alias instead (into ``out``), watched;
+        ``aliased`` counts those.
+        """
         groups: dict[int, list[int]] = {}
         where = self._where
+        aliased = 0
         for j, ptr, owner in memo.copy:
             if owner is None:  # NOTE: not a graph's own output: looked up at each call
                 t = tensors[j]
@@ -466,20 +510,10 @@ class ThunderNBRunner(CUDAGraphRunner):
                 alias = tensors[j].detach()
                 owner.watch(alias, ptr)
                 out[j] = alias
-                guarded += 1
+                aliased += 1
             else:
                 groups.setdefault(ptr, []).append(j)
-        counts["guarded"] += guarded
-        if groups:
-            singles = [js[0] for js in groups.values() if len(js) == 1]
-            for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
-                out[j] = c
-            for js in groups.values():
-                if len(js) > 1:
-                    for j, c in zip(js, copy_together([tensors[j] for j in js])):
-                        out[j] = c
-                counts["copied"] += len(js)
-        return out
+        return (*_groups(groups), aliased)
 
     def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
         """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
@@ -500,7 +534,7 @@ class ThunderNBRunner(CUDAGraphRunner):
             if hit is None:
                 loose_guard.append(j)
                 continue
-            _, ptr, owner = hit
+            ptr, owner = hit[1], hit[2]
             owner.watch(tensors[j], ptr)
             saved.add(ptr)
             guarded += 1
@@ -512,8 +546,14 @@ class ThunderNBRunner(CUDAGraphRunner):
         # NOTE: itemgetter gives a tuple for two positions or more, the item itself for one
         get = operator.itemgetter(*positions) if len(positions) > 1 else (
             (lambda ts, j=positions[0]: (ts[j],)) if positions else None)
+        groups = None
+        if all(owner is not None and ptr not in saved for _, ptr, owner in copies):
+            by_storage: dict[int, list[int]] = {}
+            for j, ptr, _ in copies:
+                by_storage.setdefault(ptr, []).append(j)
+            groups = _groups(by_storage)
         return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
-                            tuple(loose_guard), tuple(copies))
+                            tuple(loose_guard), tuple(copies), groups)
 
     def _foreign(self, args: tuple[Any, ...]) -> list[tuple[Instance, list[int] | None, list[int] | None]]:
         """For each tensor in ``args`` in memory an instance writes: that instance, its storage's and object's entries.
@@ -572,6 +612,12 @@ class ThunderNBRunner(CUDAGraphRunner):
 
 
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+
+
+def _groups(groups: dict[int, list[int]]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Positions grouped by storage as ``(singles, shared)``: copied one by one (`internals.copy_all`), or together."""
+    return (tuple(js[0] for js in groups.values() if len(js) == 1),
+            tuple(tuple(js) for js in groups.values() if len(js) > 1))
 
 
 def _hand_out_plan(actions: tuple[str, ...], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
