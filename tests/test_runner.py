@@ -216,3 +216,21 @@ def test_copy_into_copies_each_pair_whatever_their_dtypes_and_layouts():
     internals.copy_into(targets, [x * 2, x.detach()])
     targets[0].sum().backward()  # NOTE: autograd recorded the copy, as with copy_
     assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+def test_two_forwards_before_each_backward_replay_two_instances_round_after_round():
+    """The second forward's instance is recorded while the first's tensors are held; in every later round
+    both replay, and neither runs without its graph: the counts `held` compares stay right across `rebase`."""
+    from programs import mlp, mlp_inputs
+
+    x, w1, w2 = mlp_inputs()
+    t = emulated()
+    jfn = thunder.jit(mlp, transforms=[t])
+    with emulated_capture(), warnings.catch_warnings():
+        warnings.simplefilter("error", thunder_nb.runner.HeldOutputsWarning)
+        for _ in range(4):
+            (jfn(x, w1, w2) + jfn(x * 2, w1, w2)).backward()
+            instances = [inst for v in t.cuda_graph_runner.cuda_graph_cache.values() for inst in v]
+            assert instances and not any(inst.held() for inst in instances)
+    region = thunder_nb.analyze(jfn).forward.regions[0]
+    assert region.stats.instances == 2 and region.stats.replays == 8 and region.stats.eager_calls == 0
