@@ -59,6 +59,7 @@ class Instance:
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
+        self.compiled = None  # NOTE: first: `held`'s arrays hold a reference to each watched object
         for entry in self.storages.values():
             entry[1] = storage_use_count(entry[0])
         outs = self.static_outputs
@@ -67,7 +68,6 @@ class Instance:
         for (i, entry), refs, uses in zip(mine, _refcounts([outs[i] for i, _ in mine]),
                                           _use_counts([outs[i] for i, _ in mine])):
             entry[1], entry[2] = refs, uses
-        self.compiled = None
 
     def watch(self, t: torch.Tensor, ptr: int) -> None:
         """``t``, in storage ``ptr`` of this instance, is handed out as it is (or as an alias): hold while it lives."""

@@ -153,9 +153,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         self.cuda_regions: dict[str, bool] = {}  # fn_name -> the region computes on a CUDA device (set by the transform)
         self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
         self._owner: dict[int, Any] = {}  # storage address -> the `Instance` whose replay writes it
-        # id of a graph's own output tensor -> (that tensor, its storage address, its `Instance`): the hand-out's
-        # lookup without making a storage object per tensor (the tensor is checked by identity, ids are reused)
-        # id -> (tensor, storage address, instance, key entry, data address)
+        # id of a graph's own output tensor -> (that tensor, its storage address, its `Instance`, its key entry, its
+        # data address): the hand-out's and the key's lookup without making a storage object per tensor (the tensor
+        # is checked by identity, ids are reused)
         self._own_outputs: dict[int, tuple[torch.Tensor, int, Any, tuple, int]] = {}
         self._stable: set[int] = set()  # storage addresses of parameters and module buffers seen (views read in place)
         self._params: dict[int, int] = {}  # id of a parameter -> its data address when its storage was added to _stable
