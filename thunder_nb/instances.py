@@ -64,9 +64,9 @@ class Instance:
             entry[1] = storage_use_count(entry[0])
         outs = self.static_outputs
         mine = [(i, entry) for i in range(len(outs)) if (entry := self.objects.get(id(outs[i]))) is not None and entry[0] == i]
+        objects = [outs[i] for i, _ in mine]
         # NOTE: read as `held` reads them: through `map` over a list that holds each object once
-        for (i, entry), refs, uses in zip(mine, _refcounts([outs[i] for i, _ in mine]),
-                                          _use_counts([outs[i] for i, _ in mine])):
+        for (_, entry), refs, uses in zip(mine, _refcounts(objects), _use_counts(objects)):
             entry[1], entry[2] = refs, uses
 
     def watch(self, t: torch.Tensor, ptr: int) -> None:
