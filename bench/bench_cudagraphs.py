@@ -338,6 +338,22 @@ INTERLEAVED = (
         (f"{model} training step", "thunder (no graphs)"),
     ], (f"{model} training step", "thunder CUDAGraphTransform"))
     for model in ("nanoGPT", "llama2")
+) + tuple(
+    # NOTE: #13's "never more than 1.1x slower than thunder without graphs", asked where it is closest: programs of
+    # a few small ops around an island, where the host's work is all there is; rows of separate processes differed by
+    # 1.8x between runs on the same host (2026-12-01), so only configurations taking turns answer it
+    (title, 1000, [(program, cfg) for cfg in (
+        'torch.compile(mode="reduce-overhead")',  # NOTE: before the fused one: it resets dynamo
+        "eager PyTorch",
+        "thunder (no graphs)",
+        "thunder-nb FixedCUDAGraphTransform",
+        FUSED,
+    )], (program, "thunder (no graphs)"))
+    for title, program in (
+        ("norm chain", "norm chain: x / (x.norm().item() + 1)"),
+        ("full_like", "full_like(x, x.sum().item())"),
+        ("Normalising between matmuls", "h / (h.mean().item() + 1e-3) between matmuls"),
+    )
 )
 
 
@@ -354,7 +370,7 @@ def run_interleaved(group: int) -> dict:
     make = cases[0][2]
     few = "training" in title
     built = []
-    first = {}
+    first, matches = {}, {}
     for program, fn, _, cfg, factory in cases:
         f, graphs = factory()
         x = make(0)
@@ -363,8 +379,7 @@ def run_interleaved(group: int) -> dict:
         out = f(*x)
         torch.cuda.synchronize()
         first[(program, cfg)] = time.perf_counter() - t0
-        if not _same(out, fn(*x)):
-            raise AssertionError(f"{program} / {cfg}: result differs from eager")
+        matches[(program, cfg)] = "yes" if _same(out, fn(*x)) else "NO"
         del out
         built.append(((program, cfg), f, graphs))
     for _, f, _ in built:
@@ -391,7 +406,7 @@ def run_interleaved(group: int) -> dict:
         results.append({
             "program": key[0], "config": key[1], "median_us": statistics.median(wall[key]) * 1e6,
             "iqr_us": [q[0] * 1e6, q[2] * 1e6], "cpu_us": statistics.median(host[key]) * 1e6, "ratio": ratio,
-            "graphs": graphs(), "first_s": first[key],
+            "graphs": graphs(), "first_s": first[key], "matches": matches[key],
         })
     return {"title": title, "calls": calls, "ref": " / ".join(ref), "results": results}
 
@@ -404,10 +419,11 @@ def interleaved_table(group: dict) -> str:
         "Median and quartiles of the time per call (synchronised), median time until the call returns "
         "(before the synchronise: the host's share), and the median over inputs of this call's time "
         f"over the time of {group['ref']} on the same input; first call: its seconds (tracing, compiling, capture), "
-        "checked against eager PyTorch.",
+        "and whether its result matches eager PyTorch's.",
         "",
-        "| program | configuration | median µs/call | quartiles µs | until return µs | vs reference | graphs | first call s |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
+        "| program | configuration | median µs/call | quartiles µs | until return µs | vs reference | graphs "
+        "| first call s | matches eager |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in group["results"]:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
@@ -415,7 +431,7 @@ def interleaved_table(group: dict) -> str:
         first = f"{r['first_s']:.1f}" if r.get("first_s") is not None else "-"
         lines.append(
             f"| {r['program']} | {r['config']} | {r['median_us']:.1f} | {lo:.0f}-{hi:.0f} | {r['cpu_us']:.1f} "
-            f"| {ratio} | {r['graphs']} | {first} |"
+            f"| {ratio} | {r['graphs']} | {first} | {r.get('matches', '-')} |"
         )
     return "\n".join(lines) + "\n"
 
