@@ -21,6 +21,7 @@ from . import internals
 from .defer import defer_returned_items
 from .model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .ops import IN_PLACE_NAMES, classify_bsym
+from .prologue import fast_module_lookups
 from .passes import has_in_place, in_place_plan, is_cuda_trace, region_del_pass, returned_names, strip_top_level_dels
 from .runner import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning, ThunderNBRunner
 from .scalars import handoff_numbers
@@ -320,6 +321,9 @@ class FixedCUDAGraphTransform(_BaseTransform):
             thunder's epilogue, after the outputs are connected to autograd, instead of in the forward:
             the host then waits for the forward graph later, having done that work meanwhile (default
             True; see `thunder_nb.defer`).
+        fast_prologue: find the submodules, parameters and buffers thunder's prologue looks up on every
+            call along their paths' dicts instead of through ``Module.get_parameter`` and its kin, with
+            the same results (default True; see `thunder_nb.prologue`).
     """
 
     label = "fixed"
@@ -335,16 +339,21 @@ class FixedCUDAGraphTransform(_BaseTransform):
         max_addresses: int = 32,
         max_values: int = 8,
         defer_items: bool = True,
+        fast_prologue: bool = True,
     ):
         super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool,
                          max_instances=max_instances, max_addresses=max_addresses, max_values=max_values)
         self.scalar_handoff = scalar_handoff
         self.defer_items = defer_items
+        self.fast_prologue = fast_prologue
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
-        """As the base transform; then move each ``.item()`` whose number is only returned into the epilogue."""
+        """As the base transform; then make the prologue's module lookups path walks (`thunder_nb.prologue`), and
+        move each ``.item()`` whose number is only returned into the epilogue."""
         prologue_trace, computation_trace, epilogue_trace = super().transform_traces_pre_prologue(
             prologue_trace, computation_trace, epilogue_trace, **kwargs)
+        if self.fast_prologue:
+            prologue_trace = fast_module_lookups(prologue_trace)
         moved = defer_returned_items(computation_trace, epilogue_trace) if self.defer_items else None
         if moved is None:
             return prologue_trace, computation_trace, epilogue_trace

@@ -1,0 +1,168 @@
+"""The prologue's module lookups along their paths (`thunder_nb.prologue`): the same objects as ``Module.get_*``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import thunder
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from thunder_nb.fix import FixedCUDAGraphTransform
+from thunder_nb.prologue import get_buffer, get_parameter, get_submodule
+from thunder_nb.testing.emulate import emulated_capture
+from thunder_nb.testing.models import model_case
+
+
+class _Shadowed(nn.Module):
+    """A module whose class has a property named like a submodule it registers (getattr finds the property)."""
+
+    def __init__(self):
+        super().__init__()
+        self._modules["inner"] = nn.Linear(2, 2)
+
+    @property
+    def inner(self):
+        return "the property"
+
+
+class _OwnGetattr(nn.Module):
+    """A module that looks attributes up its own way."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def __getattr__(self, name):
+        if name == "lin":
+            return self._modules["other"]
+        return super().__getattr__(name)
+
+
+class _Square(nn.Module):
+    def forward(self, w):
+        return w * w
+
+
+def _tree() -> nn.Module:
+    root = nn.Module()
+    root.block = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
+    root.block.register_buffer("steps", torch.zeros(()))
+    root.block.register_buffer("empty", None)
+    root.add_module("gone", None)
+    root.shadowed = _Shadowed()
+    root.own = _OwnGetattr()
+    root.own.other = nn.Linear(2, 2)
+    root.param_named_like_module = nn.Linear(2, 2)
+    object.__setattr__(root.param_named_like_module, "weight", torch.ones(2, 2))  # NOTE: the instance dict first
+    root.para = nn.Linear(2, 2)
+    parametrize.register_parametrization(root.para, "weight", _Square())
+    return root
+
+
+def _same(fast, method, *args):
+    """``fast(*args)`` is the very object ``method()`` returns, or both raise AttributeError."""
+    try:
+        expected = method()
+    except AttributeError:
+        with pytest.raises(AttributeError):
+            fast(*args)
+        return "raises"
+    assert fast(*args) is expected
+    return "found"
+
+
+def _split(target: str) -> tuple[tuple[str, ...], str]:
+    path, _, name = target.rpartition(".")
+    return (tuple(path.split(".")) if path else ()), name
+
+
+def test_each_lookup_returns_what_the_module_method_returns():
+    root = _tree()
+    outcomes = []
+    modules = [n for n, _ in root.named_modules() if n] + ["gone", "shadowed.inner", "own.lin", "missing", "block.0.x"]
+    for target in modules:
+        outcomes.append(_same(get_submodule, lambda: root.get_submodule(target), root, tuple(target.split(".")), target))
+    params = [n for n, _ in root.named_parameters()] + [
+        "para.weight", "param_named_like_module.weight", "own.lin.weight", "block.steps", "block.0.missing", "nowhere.w"]
+    for target in params:
+        atoms, name = _split(target)
+        outcomes.append(_same(get_parameter, lambda: root.get_parameter(target), root, atoms, name, target))
+    buffers = [n for n, _ in root.named_buffers()] + ["block.empty", "block.0.weight", "block.none", "para.x"]
+    for target in buffers:
+        atoms, name = _split(target)
+        outcomes.append(_same(get_buffer, lambda: root.get_buffer(target), root, atoms, name, target))
+    # NOTE: both kinds of case were met (a test whose every case raised would prove little)
+    assert outcomes.count("found") >= 10 and outcomes.count("raises") >= 6
+
+
+def test_shadowing_and_own_lookups_go_to_the_method():
+    root = _tree()
+    assert get_submodule(root, ("own", "lin"), "own.lin") is root.own.other  # NOTE: its own __getattr__ decides
+    with pytest.raises(AttributeError):
+        get_submodule(root, ("shadowed", "inner"), "shadowed.inner")  # NOTE: the property wins, not _modules
+    with pytest.raises(AttributeError):
+        get_parameter(root, ("param_named_like_module",), "weight", "param_named_like_module.weight")
+    assert get_buffer(root, ("block",), "empty", "block.empty") is None
+
+
+def _emulated(**kw) -> FixedCUDAGraphTransform:
+    t = FixedCUDAGraphTransform(capture=False, **kw)
+    t.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
+    return t
+
+
+def _prologue_text(jfn) -> str:
+    return str(thunder.last_prologue_traces(jfn)[-1])
+
+
+def test_a_training_step_walks_paths_and_follows_replaced_parameters_and_modules():
+    case = model_case("nanoGPT", "cpu")
+    ref = model_case("nanoGPT", "cpu", model=copy.deepcopy(case.model))
+    j = thunder.jit(case.step, transforms=[_emulated()])
+
+    def step(i):
+        batch = case.make_batch(i)
+        loss = j(*batch)
+        loss.backward()
+        expected = ref.step(*batch)
+        expected.backward()
+        torch.testing.assert_close(loss, expected)
+        for (name, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+            p.grad = q.grad = None
+
+    with emulated_capture():
+        step(0)
+        text = _prologue_text(j)
+        assert "thunder_nb_get_parameter(" in text and ".get_parameter(" not in text
+        assert ".get_submodule(" not in text
+        # NOTE: replaced between calls, in both models: the next call must read the new objects
+        new = torch.randn(case.model.transformer.h[0].mlp.c_fc.weight.shape, generator=torch.Generator().manual_seed(5))
+        for model in (case.model, ref.model):
+            model.transformer.h[0].mlp.c_fc.weight = nn.Parameter(new * 0.02)
+            model.transformer.h[1].ln_2 = nn.LayerNorm(128)
+            with torch.no_grad():
+                model.transformer.h[1].ln_2.weight.mul_(1.5)
+        step(1)
+        step(2)
+
+
+def test_fast_prologue_false_keeps_thunders_lookups():
+    case = model_case("nanoGPT", "cpu")
+    j = thunder.jit(case.step, transforms=[_emulated(fast_prologue=False)])
+    with emulated_capture():
+        j(*case.make_batch(0)).backward()
+    assert ".get_parameter(" in _prologue_text(j)
+
+
+def test_a_jitted_module_keeps_its_own_lookups_and_equals_eager():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+    ref = copy.deepcopy(model)
+    jm = thunder.jit(model, transforms=[_emulated()])
+    x = torch.randn(4, 8)
+    with emulated_capture():
+        for _ in range(2):
+            torch.testing.assert_close(jm(x), ref(x))
