@@ -60,6 +60,7 @@ def _inductor_graphs() -> int | None:
 
 #: thunder-nb's recommended configuration for speed: inductor's fused kernels inside the fixed transform's regions
 FUSED = "thunder-nb Fixed + torchcompile"
+NO_COPY = "thunder-nb Fixed, copy_outputs=False"
 
 
 def configs(fn):
@@ -274,6 +275,9 @@ def _cases():
         for cfg, factory in configs(fn):
             if not CONFIG_FILTER or re.search(CONFIG_FILTER, cfg):
                 yield program, fn, make, cfg, factory
+        if fn is programs.chain and (not CONFIG_FILTER or re.search(CONFIG_FILTER, NO_COPY)):
+            # NOTE: thunder's semantics (the next call overwrites what the caller holds): what the safe copy costs
+            yield program, fn, make, NO_COPY, _fixed_no_copy(fn)
         if fn is programs.island:
 
             def handwritten():
@@ -281,22 +285,32 @@ def _cases():
                 jfn = thunder.jit(programs.island_device_scalar, transforms=[t])
                 return jfn, lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
 
-            def fixed_no_copy():
-                t = FixedCUDAGraphTransform(capture=True, copy_outputs=False)
-                return thunder.jit(programs.island, transforms=[t]), lambda: str(t.graphs_captured)
-
             def fixed_no_handoff():
                 t = FixedCUDAGraphTransform(capture=True, scalar_handoff=False)
                 return thunder.jit(programs.island, transforms=[t]), lambda: str(t.graphs_captured)
 
             extras = (
                 ("hand-written device scalar, thunder CUDAGraphTransform", programs.island_device_scalar, handwritten),
-                ("thunder-nb Fixed, copy_outputs=False", programs.island, fixed_no_copy),
+                (NO_COPY, programs.island, _fixed_no_copy(programs.island)),
                 ("thunder-nb Fixed, scalar_handoff=False", programs.island, fixed_no_handoff),
             )
             for cfg, f, factory in extras:
                 if not CONFIG_FILTER or re.search(CONFIG_FILTER, cfg):
                     yield program, f, make, cfg, factory
+
+
+def _fixed_no_copy(fn):
+    """The fixed transform with ``copy_outputs=False``: a factory of `configs`' kind."""
+
+    def factory():
+        import thunder
+
+        from thunder_nb.fix import FixedCUDAGraphTransform
+
+        t = FixedCUDAGraphTransform(capture=True, copy_outputs=False)
+        return thunder.jit(fn, transforms=[t]), lambda: str(t.graphs_captured)
+
+    return factory
 
 
 def run_one(index: int, calls: int) -> Row:
@@ -313,13 +327,14 @@ INTERLEAVED = (
         'torch.compile(mode="reduce-overhead")',  # NOTE: before the fused one: it resets dynamo
         "eager PyTorch",
         "thunder-nb FixedCUDAGraphTransform",
-        "thunder-nb Fixed, copy_outputs=False",
+        NO_COPY,
         FUSED,
     )], ("island: 16 steps, item, 16 steps", "hand-written device scalar, thunder CUDAGraphTransform")),
     ("Chain", 1000, [("chain: 32 steps, no island", cfg) for cfg in (
         "thunder CUDAGraphTransform",  # NOTE: before torch.compile, as in the training steps' groups
         'torch.compile(mode="reduce-overhead")',  # NOTE: before the fused one: it resets dynamo
         "thunder-nb FixedCUDAGraphTransform",
+        NO_COPY,
         FUSED,
     )], ("chain: 32 steps, no island", "thunder CUDAGraphTransform")),
 ) + tuple(
