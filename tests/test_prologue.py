@@ -118,9 +118,25 @@ def _prologue_text(jfn) -> str:
     return str(thunder.last_prologue_traces(jfn)[-1])
 
 
-def test_a_training_step_walks_paths_and_follows_replaced_parameters_and_modules():
-    case = model_case("nanoGPT", "cpu")
-    ref = model_case("nanoGPT", "cpu", model=copy.deepcopy(case.model))
+def _replace_nanogpt(model, new):
+    model.transformer.h[0].mlp.c_fc.weight = nn.Parameter(new["weight"].clone())
+    model.transformer.h[1].ln_2 = nn.LayerNorm(128)
+    with torch.no_grad():
+        model.transformer.h[1].ln_2.weight.mul_(1.5)
+
+
+def _replace_llama2(model, new):
+    model.layers[0].feed_forward.w1.weight = nn.Parameter(new["weight"].clone())
+    model.freqs_cos = model.freqs_cos * 0.5  # NOTE: a buffer's name: Module.__setattr__ registers the new tensor
+
+
+@pytest.mark.parametrize("name, replace, shape_of", [
+    ("nanoGPT", _replace_nanogpt, lambda m: m.transformer.h[0].mlp.c_fc.weight.shape),
+    ("llama2", _replace_llama2, lambda m: m.layers[0].feed_forward.w1.weight.shape),
+])
+def test_a_training_step_walks_paths_and_follows_replaced_parameters_buffers_and_modules(name, replace, shape_of):
+    case = model_case(name, "cpu")
+    ref = model_case(name, "cpu", model=copy.deepcopy(case.model))
     j = thunder.jit(case.step, transforms=[_emulated()])
 
     def step(i):
@@ -130,22 +146,19 @@ def test_a_training_step_walks_paths_and_follows_replaced_parameters_and_modules
         expected = ref.step(*batch)
         expected.backward()
         torch.testing.assert_close(loss, expected)
-        for (name, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        for (pname, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=pname)
             p.grad = q.grad = None
 
     with emulated_capture():
         step(0)
         text = _prologue_text(j)
         assert "thunder_nb_get_parameter(" in text and ".get_parameter(" not in text
-        assert ".get_submodule(" not in text
+        assert ".get_submodule(" not in text and ".get_buffer(" not in text
         # NOTE: replaced between calls, in both models: the next call must read the new objects
-        new = torch.randn(case.model.transformer.h[0].mlp.c_fc.weight.shape, generator=torch.Generator().manual_seed(5))
-        for model in (case.model, ref.model):
-            model.transformer.h[0].mlp.c_fc.weight = nn.Parameter(new * 0.02)
-            model.transformer.h[1].ln_2 = nn.LayerNorm(128)
-            with torch.no_grad():
-                model.transformer.h[1].ln_2.weight.mul_(1.5)
+        new = {"weight": torch.randn(shape_of(case.model), generator=torch.Generator().manual_seed(5)) * 0.02}
+        replace(case.model, new)
+        replace(ref.model, new)
         step(1)
         step(2)
 
