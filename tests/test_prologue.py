@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from thunder_nb.fix import FixedCUDAGraphTransform
-from thunder_nb.prologue import get_buffer, get_parameter, get_submodule
+from thunder_nb.prologue import check_tensor, get_buffer, get_parameter, get_submodule
 from thunder_nb.testing.emulate import emulated_capture
 from thunder_nb.testing.models import model_case
 
@@ -108,6 +108,32 @@ def test_shadowing_and_own_lookups_go_to_the_method():
     assert get_buffer(root, ("block",), "empty", "block.empty") is None
 
 
+def test_the_tensor_check_passes_and_fails_where_thunders_does():
+    from thunder.executors.pythonex import _check_tensor_shape_and_metadata_impl as thunders
+
+    values = [torch.zeros(2, 3), torch.zeros(3, 2), torch.zeros(2, 3, dtype=torch.float64), torch.zeros(6),
+              nn.Parameter(torch.zeros(2, 3)), torch.zeros(2, 3).as_strided((2, 3), (1, 2)), torch.zeros(()), 2.0]
+    expectations = [((2, 3), "cpu", torch.float32, False), ((2, 3), "cpu", torch.float32, True), ((3, 2), "cpu",
+                    torch.float32, False), ((2, 3), "cuda:0", torch.float32, False), ((2, 3), "cpu", torch.float64, False),
+                    ((), "cpu", torch.float32, False), ((2, 3, 1), "cpu", torch.float32, False)]
+    outcomes = set()
+    for v in values:
+        for e in expectations:
+            try:
+                thunders(v, *e)
+                expected = "passes"
+            except AssertionError:
+                expected = "fails"
+            try:
+                check_tensor(v, *e)
+                got = "passes"
+            except AssertionError:
+                got = "fails"
+            assert got == expected, (v, e)
+            outcomes.add(got)
+    assert outcomes == {"passes", "fails"}
+
+
 def _emulated(**kw) -> FixedCUDAGraphTransform:
     t = FixedCUDAGraphTransform(capture=False, **kw)
     t.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
@@ -155,6 +181,7 @@ def test_a_training_step_walks_paths_and_follows_replaced_parameters_buffers_and
         text = _prologue_text(j)
         assert "thunder_nb_get_parameter(" in text and ".get_parameter(" not in text
         assert ".get_submodule(" not in text and ".get_buffer(" not in text
+        assert "thunder_nb_check_tensor(" in text and "check_tensor_metadata(" not in text
         # NOTE: replaced between calls, in both models: the next call must read the new objects
         new = {"weight": torch.randn(shape_of(case.model), generator=torch.Generator().manual_seed(5)) * 0.02}
         replace(case.model, new)
@@ -179,3 +206,29 @@ def test_a_jitted_module_keeps_its_own_lookups_and_equals_eager():
     with emulated_capture():
         for _ in range(2):
             torch.testing.assert_close(jm(x), ref(x))
+
+
+def test_a_failed_check_still_means_a_new_trace():
+    """A batch of another shape and a frozen parameter fail the rewritten checks: thunder traces anew, equal to eager."""
+    case = model_case("nanoGPT", "cpu")
+    ref = model_case("nanoGPT", "cpu", model=copy.deepcopy(case.model))
+    j = thunder.jit(case.step, transforms=[_emulated()])
+    with emulated_capture():
+        for i, change in enumerate((None, "batch", "freeze")):
+            if change == "freeze":
+                for model in (case.model, ref.model):
+                    model.transformer.h[0].mlp.c_fc.weight.requires_grad_(False)
+            idx, targets = case.make_batch(i)
+            if change in ("batch", "freeze"):
+                idx, targets = idx[:4], targets[:4]
+            loss = j(idx, targets)
+            loss.backward()
+            expected = ref.step(idx, targets)
+            expected.backward()
+            torch.testing.assert_close(loss, expected)
+            for (name, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
+                assert (p.grad is None) == (q.grad is None), name
+                if p.grad is not None:
+                    torch.testing.assert_close(p.grad, q.grad, msg=name)
+                p.grad = q.grad = None
+    assert thunder.cache_misses(j) == 3

@@ -20,6 +20,10 @@ is taken only where it cannot differ, and the method itself runs everywhere else
 A submodule, parameter or buffer replaced between calls is found anew on the next call, as before:
 nothing is cached but the names of each class's own attributes (classes are not expected to gain an
 attribute named like one of their instances' submodules after the first call).
+
+The prologue's tensor checks (``check_tensor_metadata``: shape, device, dtype, ``requires_grad``)
+become `check_tensor`, the same test with the shape compared in one step, where the shape is all
+plain ints. A check that fails raises, as thunder's does, and thunder then traces anew.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from thunder.core.prims import PrimIDs
+from thunder.core.prims import OpTags, PrimIDs
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
 
-__all__ = ["get_submodule", "get_parameter", "get_buffer", "rewrite_module_lookups", "fast_module_lookups"]
+__all__ = ["get_submodule", "get_parameter", "get_buffer", "check_tensor", "rewrite_module_lookups", "fast_module_lookups"]
 
 _Module = torch.nn.Module
+_Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _MISSING = object()
 #: per class: the names its own attributes and its bases' take (these win over ``Module.__getattr__``), or None
@@ -107,6 +112,15 @@ def get_buffer(root: Any, atoms: tuple[str, ...], name: str, target: str) -> Any
     return root.get_buffer(target)
 
 
+def check_tensor(t: Any, shape: tuple[int, ...], device: str, dtype: torch.dtype, requires_grad: bool) -> None:
+    """thunder's ``check_tensor_metadata`` for a shape of plain ints: the same test, with the shape compared at once."""
+    if not (isinstance(t, _Tensor) and t.shape == shape and t.dtype == dtype and t.requires_grad == requires_grad
+            and str(t.device) == device):
+        raise AssertionError(f"expected tensor with {shape}, {device}, {dtype}, {requires_grad=}, got "
+                             f"{tuple(t.shape) if isinstance(t, _Tensor) else type(t).__name__}"
+                             + (f", {t.device}, {t.dtype}, {t.requires_grad}" if isinstance(t, _Tensor) else ""))
+
+
 _SYMBOLS = {
     PrimIDs.UNPACK_SUBMODULE: ("thunder_nb_get_submodule", get_submodule),
     PrimIDs.UNPACK_PARAMETER: ("thunder_nb_get_parameter", get_parameter),
@@ -118,6 +132,14 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
     """The prologue's bound symbols with each module lookup by dotted name made a path walk; and how many."""
     out, n = [], 0
     for b in bsyms:
+        if b.sym.id == PrimIDs.CHECK_TENSOR_SHAPE_AND_METADATA and len(b.args) == 5 and not b.kwargs and all(
+                type(d) is int for d in b.args[1]):  # NOTE: a symbolic size (a NumberProxy) keeps thunder's check
+            sym = Symbol("thunder_nb_check_tensor", meta=None, python_impl=check_tensor, id="thunder_nb_check_tensor",
+                         tags=[OpTags.DONT_DCE])
+            out.append(BoundSymbol(sym, tuple(b.args[:1]) + (tuple(b.args[1]),) + tuple(b.args[2:]), {}, None, [],
+                                   header=b.header, _call_ctx={"thunder_nb_check_tensor": check_tensor}))
+            n += 1
+            continue
         entry = _SYMBOLS.get(b.sym.id)
         if entry is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[1], str):
             out.append(b)
