@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from thunder_nb.fix import FixedCUDAGraphTransform
-from thunder_nb.prologue import check_tensor, get_buffer, get_parameter, get_submodule
+from thunder_nb.prologue import check_tensor, child, get_buffer, get_parameter, get_submodule, plain_root
 from thunder_nb.testing.emulate import emulated_capture
 from thunder_nb.testing.models import model_case
 
@@ -62,50 +62,97 @@ def _tree() -> nn.Module:
     return root
 
 
-def _same(fast, method, *args):
-    """``fast(*args)`` is the very object ``method()`` returns, or both raise AttributeError."""
+class _Holder(nn.Module):
+    """A module that never ran ``nn.Module.__init__``: ``_modules`` only (``Module.__getattr__`` skips the rest)."""
+
+    def __init__(self, lin):
+        object.__setattr__(self, "_modules", {"lin": lin})
+
+
+def _same(fast, method):
+    """``fast()`` is the very object ``method()`` returns, or both raise AttributeError."""
     try:
         expected = method()
     except AttributeError:
         with pytest.raises(AttributeError):
-            fast(*args)
+            fast()
         return "raises"
-    assert fast(*args) is expected
+    assert fast() is expected
     return "found"
 
 
-def _split(target: str) -> tuple[tuple[str, ...], str]:
-    path, _, name = target.rpartition(".")
-    return (tuple(path.split(".")) if path else ()), name
+def _walked(root, path: str):
+    """The module `child` walks to along ``path`` (None where the method must answer), as the prologue does."""
+    m = plain_root(root)
+    for a in path.split(".") if path else ():
+        m = child(m, a)
+    return m
+
+
+def _check_every_lookup(root):
+    outcomes = []
+    modules = [n for n, _ in root.named_modules() if n] + ["gone", "shadowed.inner", "own.lin", "missing", "block.0.x",
+                                                            "block.steps", "block.0.weight"]
+    for t in modules:
+        outcomes.append(_same(lambda: get_submodule(root, _walked(root, t), t), lambda: root.get_submodule(t)))
+    params = [n for n, _ in root.named_parameters()] + [
+        "para.weight", "param_named_like_module.weight", "own.lin.weight", "block.steps", "block.0.missing", "nowhere.w",
+        "block.0"]
+    for t in params:
+        path, _, name = t.rpartition(".")
+        outcomes.append(_same(lambda: get_parameter(root, _walked(root, path), name, t), lambda: root.get_parameter(t)))
+    buffers = [n for n, _ in root.named_buffers()] + ["block.empty", "block.0.weight", "block.none", "para.x", "block.0"]
+    for t in buffers:
+        path, _, name = t.rpartition(".")
+        outcomes.append(_same(lambda: get_buffer(root, _walked(root, path), name, t), lambda: root.get_buffer(t)))
+    return outcomes
 
 
 def test_each_lookup_returns_what_the_module_method_returns():
     root = _tree()
-    outcomes = []
-    modules = [n for n, _ in root.named_modules() if n] + ["gone", "shadowed.inner", "own.lin", "missing", "block.0.x"]
-    for target in modules:
-        outcomes.append(_same(get_submodule, lambda: root.get_submodule(target), root, tuple(target.split(".")), target))
-    params = [n for n, _ in root.named_parameters()] + [
-        "para.weight", "param_named_like_module.weight", "own.lin.weight", "block.steps", "block.0.missing", "nowhere.w"]
-    for target in params:
-        atoms, name = _split(target)
-        outcomes.append(_same(get_parameter, lambda: root.get_parameter(target), root, atoms, name, target))
-    buffers = [n for n, _ in root.named_buffers()] + ["block.empty", "block.0.weight", "block.none", "para.x"]
-    for target in buffers:
-        atoms, name = _split(target)
-        outcomes.append(_same(get_buffer, lambda: root.get_buffer(target), root, atoms, name, target))
+    outcomes = _check_every_lookup(root)
     # NOTE: both kinds of case were met (a test whose every case raised would prove little)
     assert outcomes.count("found") >= 10 and outcomes.count("raises") >= 6
 
 
+def test_lookups_follow_changes_to_classes_and_instances_made_after_the_first_call():
+    root = _tree()
+    _check_every_lookup(root)
+    # NOTE: nothing is remembered between calls: a class that gains a property named like a submodule, a root
+    # whose instance gets its own get_parameter, a module swapped for one that looks attributes up its own way
+    _Shadowed.block_like = property(lambda self: "the property")
+    try:
+        root.shadowed._modules["block_like"] = nn.Linear(2, 2)
+        nn.LayerNorm.weight = property(lambda self: "shadowed")
+        seen = []
+        root.get_parameter = lambda target: seen.append(target) or nn.Module.get_parameter(root, target)
+        assert get_parameter(root, _walked(root, "block.0"), "weight", "block.0.weight") is root.block[0].weight
+        assert seen == ["block.0.weight"]
+        del root.get_parameter
+        with pytest.raises(AttributeError):
+            get_parameter(root, _walked(root, "block.1"), "weight", "block.1.weight")  # NOTE: the property wins now
+        root.block[0] = _OwnGetattr()
+        root.block[0].other = nn.Linear(2, 2)
+        outcomes = _check_every_lookup(root)
+        assert get_submodule(root, _walked(root, "block.0.lin"), "block.0.lin") is root.block[0].other
+        assert outcomes.count("found") >= 10
+    finally:
+        del _Shadowed.block_like
+        del nn.LayerNorm.weight
+
+
 def test_shadowing_and_own_lookups_go_to_the_method():
     root = _tree()
-    assert get_submodule(root, ("own", "lin"), "own.lin") is root.own.other  # NOTE: its own __getattr__ decides
+    assert get_submodule(root, _walked(root, "own.lin"), "own.lin") is root.own.other  # NOTE: its own __getattr__
     with pytest.raises(AttributeError):
-        get_submodule(root, ("shadowed", "inner"), "shadowed.inner")  # NOTE: the property wins, not _modules
+        get_submodule(root, _walked(root, "shadowed.inner"), "shadowed.inner")  # NOTE: the property wins, not _modules
     with pytest.raises(AttributeError):
-        get_parameter(root, ("param_named_like_module",), "weight", "param_named_like_module.weight")
-    assert get_buffer(root, ("block",), "empty", "block.empty") is None
+        get_parameter(root, _walked(root, "param_named_like_module"), "weight", "param_named_like_module.weight")
+    assert get_buffer(root, _walked(root, "block"), "empty", "block.empty") is None
+    other = nn.Module()
+    other.holder = _Holder(nn.Linear(2, 2))  # NOTE: no _parameters in its __dict__: the walk must not stumble on it
+    assert get_parameter(other, _walked(other, "holder.lin"), "weight", "holder.lin.weight") is other.get_parameter(
+        "holder.lin.weight")
 
 
 def test_the_tensor_check_passes_and_fails_where_thunders_does():
@@ -232,3 +279,26 @@ def test_a_failed_check_still_means_a_new_trace():
                     torch.testing.assert_close(p.grad, q.grad, msg=name)
                 p.grad = q.grad = None
     assert thunder.cache_misses(j) == 3
+
+
+def test_a_module_passed_as_an_argument_is_read_from_that_argument():
+    def f(model, x):
+        return model(x)
+
+    a, b = nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    j = thunder.jit(f, transforms=[_emulated()])
+    x = torch.randn(2, 4)
+    with emulated_capture():
+        for model in (a, b, a):
+            torch.testing.assert_close(j(model, x), model(x))
+    assert "thunder_nb_get_parameter(" in _prologue_text(j)
+
+
+def test_a_symbolic_size_keeps_thunders_check():
+    j = thunder.jit(lambda x: x * 2, cache="symbolic values", transforms=[_emulated()])
+    with emulated_capture():
+        for n in (3, 5):
+            x = torch.randn(n)
+            torch.testing.assert_close(j(x), x * 2)
+    text = _prologue_text(j)
+    assert "check_tensor_metadata(" in text and "thunder_nb_check_tensor(" not in text

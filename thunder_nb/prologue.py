@@ -4,26 +4,33 @@ On every call, thunder's prologue finds each submodule, parameter and buffer of 
 function uses by its dotted name (``Module.get_submodule``, ``get_parameter``, ``get_buffer``):
 two attribute lookups through the Python-level ``Module.__getattr__`` per name in the path, plus
 the exceptions ``hasattr`` swallows. On the nanoGPT training step (28 parameters, 32 submodules)
-that was 70% of the prologue and a fifth of the whole step's host time (`bench/host_profile.py`).
+that was 70% of the prologue and a third of the whole step's host time (`bench/host_profile.py`).
 
 `fast_module_lookups` rewrites those lookups into calls that read the dicts ``Module.__getattr__``
 reads (``_modules``, ``_parameters``, ``_buffers``), one name at a time, with the dotted name split
 once, when the prologue is made. The result is the object the method would return: the fast reading
-is taken only where it cannot differ, and the method itself runs everywhere else:
+is taken only where it cannot differ, checked on every call, and the method itself runs everywhere else:
 
-- a module whose class overrides attribute lookup or these methods (a `thunder.ThunderModule`,
-  wrappers with their own ``__getattr__``) is asked through its own method;
-- a name that an instance attribute, a class attribute (a property, a method) or an earlier dict of
-  ``Module.__getattr__`` would resolve first is resolved by the method;
+- a root whose class or instance has its own ``get_submodule``/``get_parameter``/``get_buffer`` (a
+  `thunder.ThunderModule`, a method set on the instance), or a module on the path whose class looks
+  attributes up its own way (``__getattr__``, ``__getattribute__``), is asked through its methods;
+- a name that an instance attribute, a class attribute (a property, a method, one added after the
+  first call too) or an earlier dict of ``Module.__getattr__`` would resolve first is resolved by the
+  method;
 - anything missing, ``None`` or of the wrong kind goes to the method, which raises its own error.
 
-A submodule, parameter or buffer replaced between calls is found anew on the next call, as before:
-nothing is cached but the names of each class's own attributes (classes are not expected to gain an
-attribute named like one of their instances' submodules after the first call).
+Nothing is cached between calls: a submodule, parameter or buffer replaced between calls is found
+anew. Each module on the paths is walked to once per call (`child`, one step from its parent, the
+root's check `plain_root` first), and every lookup starts from the module it needs.
 
 The prologue's tensor checks (``check_tensor_metadata``: shape, device, dtype, ``requires_grad``)
 become `check_tensor`, the same test with the shape compared in one step, where the shape is all
-plain ints. A check that fails raises, as thunder's does, and thunder then traces anew.
+plain ints. A check that fails raises, as thunder's does, and thunder then traces anew (under
+``python -O`` thunder's own check, made of ``assert`` statements, checks nothing; this one still does).
+
+Transforms that look for thunder's lookup and check symbols in the prologue (thunder's quantization,
+distributed and check-pruning transforms) must come before the fixed transform in ``transforms=[...]``:
+after it, they no longer find them.
 """
 
 from __future__ import annotations
@@ -33,81 +40,76 @@ from typing import Any
 
 import torch
 from thunder.core.prims import OpTags, PrimIDs
+from thunder.core.proxies import AnyProxy
 from thunder.core.symbol import BoundSymbol, Symbol
-from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 
-__all__ = ["get_submodule", "get_parameter", "get_buffer", "check_tensor", "rewrite_module_lookups", "fast_module_lookups"]
+__all__ = ["plain_root", "child", "get_submodule", "get_parameter", "get_buffer", "check_tensor",
+           "rewrite_module_lookups", "fast_module_lookups"]
 
 _Module = torch.nn.Module
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _MISSING = object()
-#: per class: the names its own attributes and its bases' take (these win over ``Module.__getattr__``), or None
-#: where the class looks attributes up its own way (then only its methods give the right answer)
-_CLASS_NAMES: dict[type, frozenset[str] | None] = {}
-_PLAIN_METHODS = ("__getattr__", "__getattribute__", "get_submodule", "get_parameter", "get_buffer")
+_GETATTR = _Module.__getattr__
+_GETATTRIBUTE = _Module.__getattribute__
+_METHODS = {name: getattr(_Module, name) for name in ("get_submodule", "get_parameter", "get_buffer")}
 
 
-def _class_names(cls: type) -> frozenset[str] | None:
-    names = _CLASS_NAMES.get(cls, _MISSING)
-    if names is _MISSING:
-        plain = issubclass(cls, _Module) and all(
-            getattr(cls, m) is getattr(_Module, m) for m in _PLAIN_METHODS)
-        names = _CLASS_NAMES[cls] = frozenset(n for c in cls.__mro__ for n in vars(c)) if plain else None
-    return names
+def _plain(m: Any) -> bool:
+    """Whether ``m``'s class looks attributes up as ``nn.Module`` does."""
+    cls = type(m)
+    return getattr(cls, "__getattr__", None) is _GETATTR and cls.__getattribute__ is _GETATTRIBUTE
 
 
-def _walk(root: Any, atoms: Sequence[str]) -> tuple[Any, frozenset[str]] | None:
-    """The module at ``atoms`` below ``root`` and its class's names, as ``getattr`` finds it; None where it may differ."""
-    known = _CLASS_NAMES.get
-    m = root
-    names = known(type(m), _MISSING)
-    if names is _MISSING:
-        names = _class_names(type(m))
-    for a in atoms:
-        if names is None:
-            return None
-        d = m.__dict__
-        sub = d["_modules"].get(a)
-        # NOTE: Module.__getattr__ reads _parameters, then _buffers, then _modules, and only for names that the
-        # instance's and the class's attributes do not have
-        if sub is None or a in d or a in d["_parameters"] or a in d["_buffers"] or a in names:
-            return None
-        m = sub
-        names = known(type(m), _MISSING)
-        if names is _MISSING:
-            names = _class_names(type(m))
-    if names is None:
+def plain_root(root: Any) -> Any:
+    """``root`` where its lookups may be read along their paths; None where only its own methods may answer."""
+    if not _plain(root):
         return None
-    return m, names
+    cls, d = type(root), root.__dict__
+    for name, method in _METHODS.items():
+        if getattr(cls, name, None) is not method or name in d:
+            return None
+    return root
 
 
-def get_submodule(root: Any, atoms: tuple[str, ...], target: str) -> Any:
-    """``root.get_submodule(target)``, where ``atoms`` is ``target`` split at its dots."""
-    found = _walk(root, atoms)
-    return found[0] if found is not None else root.get_submodule(target)
+def child(m: Any, a: str) -> Any:
+    """``getattr(m, a)`` for plain ``m`` where it is the plain submodule ``m._modules[a]``; None where it may differ (or ``m`` is None)."""
+    if m is None:
+        return None
+    d = m.__dict__
+    modules = d.get("_modules")
+    sub = modules.get(a) if modules is not None else None
+    # NOTE: Module.__getattr__ reads _parameters, then _buffers, then _modules, and only for names that the
+    # instance's and the class's attributes do not have
+    if (sub is None or a in d or a in d.get("_parameters", ()) or a in d.get("_buffers", ())
+            or getattr(type(m), a, _MISSING) is not _MISSING or not _plain(sub)):
+        return None
+    return sub
 
 
-def get_parameter(root: Any, atoms: tuple[str, ...], name: str, target: str) -> Any:
-    """``root.get_parameter(target)``, where ``atoms`` and ``name`` are ``target`` split at its dots."""
-    found = _walk(root, atoms)
-    if found is not None:
-        m, names = found
+def get_submodule(root: Any, found: Any, target: str) -> Any:
+    """``root.get_submodule(target)``, where ``found`` is the module `child` walked to (None: ask the method)."""
+    return found if found is not None else root.get_submodule(target)
+
+
+def get_parameter(root: Any, m: Any, name: str, target: str) -> Any:
+    """``root.get_parameter(target)``, where ``m`` is the module `child` walked to (None: ask the method)."""
+    if m is not None:
         d = m.__dict__
-        p = d["_parameters"].get(name)
-        if p is not None and name not in d and name not in names and isinstance(p, _Parameter):
+        p = d.get("_parameters", {}).get(name)
+        if p is not None and name not in d and getattr(type(m), name, _MISSING) is _MISSING and isinstance(p, _Parameter):
             return p
     return root.get_parameter(target)
 
 
-def get_buffer(root: Any, atoms: tuple[str, ...], name: str, target: str) -> Any:
-    """``root.get_buffer(target)``, where ``atoms`` and ``name`` are ``target`` split at its dots."""
-    found = _walk(root, atoms)
-    if found is not None:
-        m, names = found
+def get_buffer(root: Any, m: Any, name: str, target: str) -> Any:
+    """``root.get_buffer(target)``, where ``m`` is the module `child` walked to (None: ask the method)."""
+    if m is not None:
         d = m.__dict__
-        b = d["_buffers"].get(name)
-        if b is not None and name not in d and name not in names and name not in d["_parameters"]:
+        b = d.get("_buffers", {}).get(name)
+        if (b is not None and name not in d and name not in d.get("_parameters", ())
+                and getattr(type(m), name, _MISSING) is _MISSING):
             return b
     return root.get_buffer(target)
 
@@ -128,44 +130,79 @@ _SYMBOLS = {
 }
 
 
+class _Found(AnyProxy):
+    """A module a walk found, or None where the module's own methods must answer (its type in the printed prologue)."""
+
+    def type_string(self) -> str:
+        return "nn.Module | None"
+
+    def replace(self, **changes):
+        kwargs = dict(name=self.name, history=self.history, tags=self.tags)
+        kwargs.update(changes)
+        return _Found(self._o, **kwargs)
+
+
+def _call(name: str, fn: Any, args: tuple, output: Any, header: Any = "", dont_dce: bool = False) -> BoundSymbol:
+    sym = Symbol(name, meta=None, python_impl=fn, id=name, tags=[OpTags.DONT_DCE] if dont_dce else None)
+    return BoundSymbol(sym, args, {}, output, [], header=header, _call_ctx={name: fn})
+
+
 def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymbol], int]:
-    """The prologue's bound symbols with each module lookup by dotted name made a path walk; and how many."""
+    """The prologue's bound symbols with each module lookup by dotted name made a path walk; and how many.
+
+    Each module on a path is walked to once per call, by one `child` step from its parent, right before the
+    first lookup that needs it; the walk starts at `plain_root`'s answer for the lookup's origin. Call it inside
+    the trace the symbols go to (`tracectx`): it names a new proxy per module it walks to.
+    """
     out, n = [], 0
+    walked: dict[tuple[str, tuple[str, ...]], _Found] = {}  # (origin's name, path) -> the module `child` found
+
+    def module_at(origin: Any, path: tuple[str, ...]) -> _Found:
+        key = (origin.name, path)
+        found = walked.get(key)
+        if found is None:
+            if path:
+                parent = module_at(origin, path[:-1])
+                found = _Found(None, prefix="m")
+                out.append(_call("thunder_nb_child", child, (parent, path[-1]), found))
+            else:
+                # NOTE: once per call, before the origin's first lookup: the prologue only reads, so the answers hold
+                # for every lookup after them in the same call
+                found = _Found(None, prefix="plain")
+                out.append(_call("thunder_nb_plain_root", plain_root, (origin,), found))
+            walked[key] = found
+        return found
+
     for b in bsyms:
         if b.sym.id == PrimIDs.CHECK_TENSOR_SHAPE_AND_METADATA and len(b.args) == 5 and not b.kwargs and all(
                 type(d) is int for d in b.args[1]):  # NOTE: a symbolic size (a NumberProxy) keeps thunder's check
-            sym = Symbol("thunder_nb_check_tensor", meta=None, python_impl=check_tensor, id="thunder_nb_check_tensor",
-                         tags=[OpTags.DONT_DCE])
-            out.append(BoundSymbol(sym, tuple(b.args[:1]) + (tuple(b.args[1]),) + tuple(b.args[2:]), {}, None, [],
-                                   header=b.header, _call_ctx={"thunder_nb_check_tensor": check_tensor}))
+            out.append(_call("thunder_nb_check_tensor", check_tensor, (b.args[0], tuple(b.args[1]), *b.args[2:]), None,
+                             b.header, dont_dce=True))
             n += 1
             continue
         entry = _SYMBOLS.get(b.sym.id)
-        if entry is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[1], str):
-            out.append(b)
+        if entry is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[1], str) or not b.args[1]:
+            out.append(b)  # NOTE: an empty target is the module itself: nothing to walk
             continue
         sym_name, fn = entry
         origin, target = b.args
         if b.sym.id == PrimIDs.UNPACK_SUBMODULE:
-            if not target:
-                out.append(b)  # NOTE: the module itself: nothing to walk
-                continue
-            args = (origin, tuple(target.split(".")), target)
+            args = (origin, module_at(origin, tuple(target.split("."))), target)
         else:
             path, _, name = target.rpartition(".")
-            args = (origin, tuple(path.split(".")) if path else (), name, target)
-        sym = Symbol(sym_name, meta=None, python_impl=fn, id=sym_name)
-        out.append(BoundSymbol(sym, args, {}, b.output, [], header=b.header, _call_ctx={sym_name: fn}))
+            args = (origin, module_at(origin, tuple(path.split(".")) if path else ()), name, target)
+        out.append(_call(sym_name, fn, args, b.output, b.header))
         n += 1
     return out, n
 
 
 def fast_module_lookups(prologue: TraceCtx) -> TraceCtx:
     """`rewrite_module_lookups` over a prologue trace; the same trace where it has no lookups."""
-    bsyms, n = rewrite_module_lookups(prologue.bound_symbols)
+    trace = from_trace(prologue)
+    with tracectx(trace):
+        bsyms, n = rewrite_module_lookups(prologue.bound_symbols)
     if not n:
         return prologue
-    trace = from_trace(prologue)
     trace.bound_symbols = bsyms
     trace.set_provenance(TraceProvenance(f"thunder-nb module lookups along their paths ({n})"))
     return trace
