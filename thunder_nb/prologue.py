@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 from thunder.core.prims import OpTags, PrimIDs
-from thunder.core.proxies import AnyProxy
+from thunder.core.proxies import AnyProxy, Proxy
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 
@@ -181,7 +181,8 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
             n += 1
             continue
         entry = _SYMBOLS.get(b.sym.id)
-        if entry is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[1], str) or not b.args[1]:
+        if (entry is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[0], Proxy)
+                or not isinstance(b.args[1], str) or not b.args[1]):
             out.append(b)  # NOTE: an empty target is the module itself: nothing to walk
             continue
         sym_name, fn = entry
