@@ -61,6 +61,7 @@ def _inductor_graphs() -> int | None:
 #: thunder-nb's recommended configuration for speed: inductor's fused kernels inside the fixed transform's regions
 FUSED = "thunder-nb Fixed + torchcompile"
 NO_COPY = "thunder-nb Fixed, copy_outputs=False"
+SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"  # NOTE: thunder's own module lookups: what thunder_nb.prologue saves
 
 
 def configs(fn):
@@ -95,6 +96,10 @@ def configs(fn):
             t = FixedCUDAGraphTransform(capture=True)
             return thunder.jit(step, transforms=[t]), lambda: str(t.graphs_captured)
 
+        def fixed_thunders_prologue(step):
+            t = FixedCUDAGraphTransform(capture=True, fast_prologue=False)
+            return thunder.jit(step, transforms=[t]), lambda: str(t.graphs_captured)
+
         def fused_t(step):
             t = FixedCUDAGraphTransform(capture=True)
             return thunder.jit(step, transforms=[t], executors=executors(["torchcompile"])), lambda: str(t.graphs_captured)
@@ -108,6 +113,7 @@ def configs(fn):
         yield "thunder (no graphs)", wrap(jit_plain)
         yield "thunder CUDAGraphTransform", wrap(stock)
         yield "thunder-nb FixedCUDAGraphTransform", wrap(fixed_t)
+        yield SLOW_PROLOGUE, wrap(fixed_thunders_prologue)
         yield FUSED, wrap(fused_t)
         yield 'torch.compile(mode="reduce-overhead")', wrap(compiled_t)
         return
@@ -346,6 +352,7 @@ INTERLEAVED = (
         (f"{model} training step", 'torch.compile(mode="reduce-overhead")'),  # NOTE: before the fused ones: it resets dynamo
         (f"{model} training step", "thunder-nb FixedCUDAGraphTransform"),
         (f"{model} training step, loss.item() logged", "thunder-nb FixedCUDAGraphTransform"),
+        (f"{model} training step", SLOW_PROLOGUE),
         (f"{model} training step", FUSED),
         (f"{model} training step, loss.item() logged", FUSED),
         # NOTE: the baselines too, so that one group answers "never slower than thunder without graphs"
