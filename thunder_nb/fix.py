@@ -21,8 +21,8 @@ from . import internals
 from .defer import defer_returned_items
 from .model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .ops import IN_PLACE_NAMES, classify_bsym
-from .prologue import fast_module_lookups
 from .passes import has_in_place, in_place_plan, is_cuda_trace, region_del_pass, returned_names, strip_top_level_dels
+from .prologue import fast_module_lookups
 from .runner import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning, ThunderNBRunner
 from .scalars import handoff_numbers
 
