@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import platform
 import re
 import statistics
@@ -92,12 +93,8 @@ def configs(fn):
             t = CUDAGraphTransform()
             return thunder.jit(step, transforms=[t]), lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
 
-        def fixed_t(step):
-            t = FixedCUDAGraphTransform(capture=True)
-            return thunder.jit(step, transforms=[t]), lambda: str(t.graphs_captured)
-
-        def fixed_thunders_prologue(step):
-            t = FixedCUDAGraphTransform(capture=True, fast_prologue=False)
+        def fixed_t(step, **options):
+            t = FixedCUDAGraphTransform(capture=True, **options)
             return thunder.jit(step, transforms=[t]), lambda: str(t.graphs_captured)
 
         def fused_t(step):
@@ -113,7 +110,7 @@ def configs(fn):
         yield "thunder (no graphs)", wrap(jit_plain)
         yield "thunder CUDAGraphTransform", wrap(stock)
         yield "thunder-nb FixedCUDAGraphTransform", wrap(fixed_t)
-        yield SLOW_PROLOGUE, wrap(fixed_thunders_prologue)
+        yield SLOW_PROLOGUE, wrap(functools.partial(fixed_t, fast_prologue=False))
         yield FUSED, wrap(fused_t)
         yield 'torch.compile(mode="reduce-overhead")', wrap(compiled_t)
         return
@@ -273,8 +270,6 @@ def _cases():
     import thunder
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
-    from thunder_nb.fix import FixedCUDAGraphTransform
-
     for program, fn, make in benchmarks("cuda"):
         if PROGRAM_FILTER and not re.search(PROGRAM_FILTER, program):
             continue
@@ -283,7 +278,7 @@ def _cases():
                 yield program, fn, make, cfg, factory
         if fn is programs.chain and (not CONFIG_FILTER or re.search(CONFIG_FILTER, NO_COPY)):
             # NOTE: thunder's semantics (the next call overwrites what the caller holds): what the safe copy costs
-            yield program, fn, make, NO_COPY, _fixed_no_copy(fn)
+            yield program, fn, make, NO_COPY, _fixed(fn, copy_outputs=False)
         if fn is programs.island:
 
             def handwritten():
@@ -291,29 +286,25 @@ def _cases():
                 jfn = thunder.jit(programs.island_device_scalar, transforms=[t])
                 return jfn, lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
 
-            def fixed_no_handoff():
-                t = FixedCUDAGraphTransform(capture=True, scalar_handoff=False)
-                return thunder.jit(programs.island, transforms=[t]), lambda: str(t.graphs_captured)
-
             extras = (
                 ("hand-written device scalar, thunder CUDAGraphTransform", programs.island_device_scalar, handwritten),
-                (NO_COPY, programs.island, _fixed_no_copy(programs.island)),
-                ("thunder-nb Fixed, scalar_handoff=False", programs.island, fixed_no_handoff),
+                (NO_COPY, programs.island, _fixed(programs.island, copy_outputs=False)),
+                ("thunder-nb Fixed, scalar_handoff=False", programs.island, _fixed(programs.island, scalar_handoff=False)),
             )
             for cfg, f, factory in extras:
                 if not CONFIG_FILTER or re.search(CONFIG_FILTER, cfg):
                     yield program, f, make, cfg, factory
 
 
-def _fixed_no_copy(fn):
-    """The fixed transform with ``copy_outputs=False``: a factory of `configs`' kind."""
+def _fixed(fn, **options):
+    """The fixed transform with ``options`` on ``fn``: a factory of `configs`' kind."""
 
     def factory():
         import thunder
 
         from thunder_nb.fix import FixedCUDAGraphTransform
 
-        t = FixedCUDAGraphTransform(capture=True, copy_outputs=False)
+        t = FixedCUDAGraphTransform(capture=True, **options)
         return thunder.jit(fn, transforms=[t]), lambda: str(t.graphs_captured)
 
     return factory

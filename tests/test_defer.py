@@ -11,13 +11,12 @@ import torch
 
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing.emulate import emulated_capture
+from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
 
 
 def _emulated() -> FixedCUDAGraphTransform:
-    t = FixedCUDAGraphTransform(capture=False)
-    t.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
-    return t
+    return make_transform(FixedCUDAGraphTransform, "emulated")
 
 
 def _names(trace) -> list[str]:

@@ -13,6 +13,7 @@ from torch.nn.utils import parametrize
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.prologue import check_tensor, child, get_buffer, get_parameter, get_submodule, plain_root
 from thunder_nb.testing.emulate import emulated_capture
+from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
 
 
@@ -181,10 +182,8 @@ def test_the_tensor_check_passes_and_fails_where_thunders_does():
     assert outcomes == {"passes", "fails"}
 
 
-def _emulated(**kw) -> FixedCUDAGraphTransform:
-    t = FixedCUDAGraphTransform(capture=False, **kw)
-    t.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
-    return t
+def _emulated(**options) -> FixedCUDAGraphTransform:
+    return make_transform(FixedCUDAGraphTransform, "emulated", **options)
 
 
 def _prologue_text(jfn) -> str:

@@ -15,13 +15,12 @@ from thunder_nb import internals
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.runner import ThunderNBRunner, _descriptor
 from thunder_nb.testing import emulated_capture
+from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
 
 
 def emulated(**options) -> FixedCUDAGraphTransform:
-    t = FixedCUDAGraphTransform(capture=False, **options)
-    t.cuda_graph_runner.capture = True  # NOTE: the capture path, on emulated graphs
-    return t
+    return make_transform(FixedCUDAGraphTransform, "emulated", **options)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
