@@ -62,7 +62,8 @@ def _inductor_graphs() -> int | None:
 #: thunder-nb's recommended configuration for speed: inductor's fused kernels inside the fixed transform's regions
 FUSED = "thunder-nb Fixed + torchcompile"
 NO_COPY = "thunder-nb Fixed, copy_outputs=False"
-SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"  # NOTE: thunder's own module lookups: what thunder_nb.prologue saves
+SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"
+SPLIT_AUTOGRAD = "thunder-nb Fixed, split_autograd=True"  # NOTE: thunder.jit's two autograd Functions: what thunder_nb.jit's one saves  # NOTE: thunder's own module lookups: what thunder_nb.prologue saves
 
 
 def configs(fn):
@@ -70,8 +71,12 @@ def configs(fn):
     import thunder
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
-    from thunder_nb.fix import FixedCUDAGraphTransform
-    from thunder_nb.internals import executors
+    import thunder_nb
+
+    def nb(f, **options):
+        """thunder_nb.jit(f, **options) with capture on, and its graph counter."""
+        jfn = thunder_nb.jit(f, capture=True, **options)
+        return jfn, lambda: str(jfn._lc_transforms[0].graphs_captured)
 
     if isinstance(fn, TrainingStep):
         # NOTE: the compiled part is the forward and loss; backward runs through autograd as in a training loop
@@ -93,13 +98,6 @@ def configs(fn):
             t = CUDAGraphTransform()
             return thunder.jit(step, transforms=[t]), lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
 
-        def fixed_t(step, **options):
-            t = FixedCUDAGraphTransform(capture=True, **options)
-            return thunder.jit(step, transforms=[t]), lambda: str(t.graphs_captured)
-
-        def fused_t(step):
-            t = FixedCUDAGraphTransform(capture=True)
-            return thunder.jit(step, transforms=[t], executors=executors(["torchcompile"])), lambda: str(t.graphs_captured)
 
         def compiled_t(step):
             torch._dynamo.reset()
@@ -109,9 +107,10 @@ def configs(fn):
         yield "eager PyTorch", wrap(plain)
         yield "thunder (no graphs)", wrap(jit_plain)
         yield "thunder CUDAGraphTransform", wrap(stock)
-        yield "thunder-nb FixedCUDAGraphTransform", wrap(fixed_t)
-        yield SLOW_PROLOGUE, wrap(functools.partial(fixed_t, fast_prologue=False))
-        yield FUSED, wrap(fused_t)
+        yield "thunder-nb FixedCUDAGraphTransform", wrap(nb)
+        yield SLOW_PROLOGUE, wrap(functools.partial(nb, fast_prologue=False))
+        yield SPLIT_AUTOGRAD, wrap(functools.partial(nb, split_autograd=True))
+        yield FUSED, wrap(functools.partial(nb, executors=["torchcompile"]))
         yield 'torch.compile(mode="reduce-overhead")', wrap(compiled_t)
         return
 
@@ -125,13 +124,6 @@ def configs(fn):
         t = CUDAGraphTransform()
         return thunder.jit(fn, transforms=[t]), lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
 
-    def fixed():
-        t = FixedCUDAGraphTransform(capture=True)
-        return thunder.jit(fn, transforms=[t]), lambda: str(t.graphs_captured)
-
-    def fused():
-        t = FixedCUDAGraphTransform(capture=True)
-        return thunder.jit(fn, transforms=[t], executors=executors(["torchcompile"])), lambda: str(t.graphs_captured)
 
     def compiled():
         torch._dynamo.reset()
@@ -147,8 +139,8 @@ def configs(fn):
     yield "eager PyTorch", eager
     yield "thunder (no graphs)", thunder_plain
     yield "thunder CUDAGraphTransform", thunder_stock
-    yield "thunder-nb FixedCUDAGraphTransform", fixed
-    yield FUSED, fused
+    yield "thunder-nb FixedCUDAGraphTransform", functools.partial(nb, fn)
+    yield FUSED, functools.partial(nb, fn, executors=["torchcompile"])
     yield 'torch.compile(mode="reduce-overhead")', compiled
 
 
@@ -297,15 +289,13 @@ def _cases():
 
 
 def _fixed(fn, **options):
-    """The fixed transform with ``options`` on ``fn``: a factory of `configs`' kind."""
+    """``thunder_nb.jit(fn, **options)``: a factory of `configs`' kind."""
 
     def factory():
-        import thunder
+        import thunder_nb
 
-        from thunder_nb.fix import FixedCUDAGraphTransform
-
-        t = FixedCUDAGraphTransform(capture=True, **options)
-        return thunder.jit(fn, transforms=[t]), lambda: str(t.graphs_captured)
+        jfn = thunder_nb.jit(fn, capture=True, **options)
+        return jfn, lambda: str(jfn._lc_transforms[0].graphs_captured)
 
     return factory
 
@@ -343,7 +333,7 @@ INTERLEAVED = (
         (f"{model} training step", 'torch.compile(mode="reduce-overhead")'),  # NOTE: before the fused ones: it resets dynamo
         (f"{model} training step", "thunder-nb FixedCUDAGraphTransform"),
         (f"{model} training step, loss.item() logged", "thunder-nb FixedCUDAGraphTransform"),
-        (f"{model} training step", SLOW_PROLOGUE),
+        (f"{model} training step", SPLIT_AUTOGRAD),
         (f"{model} training step", FUSED),
         (f"{model} training step, loss.item() logged", FUSED),
         # NOTE: the baselines too, so that one group answers "never slower than thunder without graphs"

@@ -5,7 +5,8 @@
 
 Runs thunder's bundled nanoGPT and llama2 training steps (`thunder_nb.testing.models`: 2 layers,
 width 128, batch 8x64; forward and cross-entropy jitted, backward through autograd, gradients
-reset) under thunder's CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform, and the fixed
+reset) under thunder's CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform (as `thunder_nb.jit` makes it:
+one autograd Function per call; and with thunder.jit's default pair, ``split_autograd=True``), and the fixed
 transform's trace run by thunder's own runner code (its regions' static inputs as thunder's
 static mask, no hand-out: thunder's call path at its best on the same trace, unsafe, for
 comparison only). Prints host microseconds per step and phase (median over ``--steps`` steps
@@ -46,7 +47,7 @@ import thunder
 import torch
 from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
 
-from thunder_nb.fix import FixedCUDAGraphTransform
+from thunder_nb.fix import ONE_AUTOGRAD_FUNCTION, FixedCUDAGraphTransform
 from thunder_nb.testing import EmulatedGraph, emulated_capture
 from thunder_nb.testing.models import model_case
 
@@ -132,22 +133,26 @@ def instrument_entries(clock: Clock, jfn) -> None:
 def configs(emulated: bool):
     """(name, make) for thunder's transform, the fixed one, and the fixed trace on thunder's runner code."""
 
-    def fixed():
+    def fixed(options=ONE_AUTOGRAD_FUNCTION):
         t = FixedCUDAGraphTransform(capture=not emulated)
         t.cuda_graph_runner.capture = True  # NOTE: the capture path, on emulated graphs on the CPU
-        return t, t.cuda_graph_runner, False
+        return t, t.cuda_graph_runner, False, options
+
+    def fixed_split():
+        return fixed({})
 
     def fixed_thunder_path():
-        t, runner, _ = fixed()
-        return t, runner, True
+        t, runner, _, options = fixed()
+        return t, runner, True, options
 
     def stock():
         t = CUDAGraphTransform()
-        return t, t.cuda_graph_runner, False
+        return t, t.cuda_graph_runner, False, {}
 
     return [
         ("thunder CUDAGraphTransform", stock),
         ("thunder-nb FixedCUDAGraphTransform", fixed),
+        ("thunder-nb Fixed, split_autograd=True", fixed_split),
         ("fixed trace, thunder's runner code", fixed_thunder_path),
     ]
 
@@ -156,7 +161,7 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
             cprofile: bool = False, skip_replay: bool = False, cpu_time: bool = False):
     """Median microseconds per step and phase (and the region calls per step) of ``name``'s training step."""
     case = model_case(name, device, log_loss=log_loss)
-    transform, runner, thunder_path = make()
+    transform, runner, thunder_path, options = make()
     clock = Clock(time.thread_time if cpu_time else time.perf_counter)
     instrument(clock, runner, thunder_path)
     graph_class = EmulatedGraph if device == "cpu" else torch.cuda.CUDAGraph
@@ -171,13 +176,13 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
 
     graph_class.replay = timed_replay
     try:
-        return _profile(case, transform, clock, device, steps, warmup, cprofile)
+        return _profile(case, transform, options, clock, device, steps, warmup, cprofile)
     finally:
         graph_class.replay = replay
 
 
-def _profile(case, transform, clock: Clock, device: str, steps: int, warmup: int, cprofile: bool):
-    jfn = thunder.jit(case.step, transforms=[transform])
+def _profile(case, transform, options: dict, clock: Clock, device: str, steps: int, warmup: int, cprofile: bool):
+    jfn = thunder.jit(case.step, transforms=[transform], **options)
     batches = [case.make_batch(seed) for seed in range(16)]
     prof = cProfile.Profile() if cprofile else None
     rows: list[dict[str, float]] = []

@@ -274,12 +274,15 @@ def mlp_loss(x, w1, w2):
     return (h @ w2).pow(2).mean()
 
 
+@pytest.mark.parametrize("lend", [True, False])
 @pytest.mark.parametrize("mode", MODES)
-def test_gradients_kept_from_autograd_grad_and_hooks_are_not_overwritten(mode):
+def test_gradients_kept_from_autograd_grad_and_hooks_are_not_overwritten(mode, lend):
     """Whoever keeps a gradient keeps its values: ``torch.autograd.grad`` and hooks get the tensor autograd gets.
 
-    The backward graph writes its gradients in place at every replay; what autograd receives is a
-    copy, so results kept over the next backwards stay as they were, with one graph per region.
+    The backward graph writes its gradients in place at every replay. Lent (the default), what autograd
+    receives lies in graph memory, and the first kept one holds its instance: the backward records a
+    second, and copies its gradients out from then on. Copied (``lend_gradients=False``), results kept
+    over the next backwards stay as they were with one graph per region.
     """
     device = device_of(mode)
     w1, w2 = randn(16, 32, seed=0, device=device) / 4, randn(32, 8, seed=1, device=device) / 4
@@ -292,7 +295,7 @@ def test_gradients_kept_from_autograd_grad_and_hooks_are_not_overwritten(mode):
     expected = [eager_grads(x) for x in xs]
     a, b = w1.clone().requires_grad_(), w2.clone().requires_grad_()
     with capturing(mode):
-        jfn = thunder.jit(mlp_loss, transforms=[fixed(mode)])
+        jfn = thunder.jit(mlp_loss, transforms=[fixed(mode, lend_gradients=lend)])
         torch.autograd.grad(jfn(xs[0], a, b), [a, b])  # capture
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", HeldOutputsWarning)
@@ -311,12 +314,22 @@ def test_gradients_kept_from_autograd_grad_and_hooks_are_not_overwritten(mode):
     torch.testing.assert_close(b.grad, sum(e[1] for e in expected))
     report = thunder_nb.analyze(jfn)
     for region in report.forward.regions + report.backward.regions:
-        assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
-    assert report.backward.hand_out_stats.copied > 0
+        want = 2 if lend and region in report.backward.regions else 1
+        assert region.stats.instances == want and region.stats.held_calls == 0, region.name
+    stats = report.backward.hand_out_stats
+    assert stats.copied > 0
+    assert (stats.lent > 0) == lend and jfn._lc_transforms[0].cuda_graph_runner.lending_stopped == lend
 
 
+@pytest.mark.parametrize("lend", [True, False])
 @pytest.mark.parametrize("mode", MODES)
-def test_gradients_accumulated_into_grad_keep_one_backward_graph(mode):
+def test_gradients_accumulated_into_grad(mode, lend):
+    """Gradients accumulated over several backwards (no reset) are right.
+
+    Lent, the first backward's gradients become the parameters' ``.grad`` in graph memory and hold that
+    instance: the second backward records another and copies out from then on (the later gradients are
+    added into the first ones); copied, one backward graph does it all.
+    """
     device = device_of(mode)
     w1, w2 = randn(16, 32, seed=0, device=device) / 4, randn(32, 8, seed=1, device=device) / 4
     xs = [randn(4, 16, seed=10 + i, device=device) for i in range(5)]
@@ -325,7 +338,7 @@ def test_gradients_accumulated_into_grad_keep_one_backward_graph(mode):
         mlp_loss(x, ref1, ref2).backward()
     a, b = w1.clone().requires_grad_(), w2.clone().requires_grad_()
     with capturing(mode):
-        jfn = thunder.jit(mlp_loss, transforms=[fixed(mode)])
+        jfn = thunder.jit(mlp_loss, transforms=[fixed(mode, lend_gradients=lend)])
         with warnings.catch_warnings():
             warnings.simplefilter("error", HeldOutputsWarning)
             for x in xs:
@@ -335,8 +348,55 @@ def test_gradients_accumulated_into_grad_keep_one_backward_graph(mode):
     torch.testing.assert_close((a.grad, b.grad), (ref1.grad, ref2.grad))
     report = thunder_nb.analyze(jfn)
     for region in report.forward.regions + report.backward.regions:
-        assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
+        want = 2 if lend and region in report.backward.regions else 1
+        assert region.stats.instances == want and region.stats.held_calls == 0, region.name
     assert report.forward.hand_out_stats.guarded > 0  # the forward's saved tensors: left in place, watched
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_training_loop_gets_its_gradients_in_graph_memory_with_one_graph_per_region(mode):
+    """Gradients reset before each backward (zero_grad's default): each backward lends them, nothing is copied.
+
+    The parameters' ``.grad`` then lie in the backward graph's memory; the next backward replays the
+    same instance over them, once they are reset. Losses, gradients and SGD updates match eager's.
+    """
+    device = device_of(mode)
+    small = dict(batch=2, seq=16, width=64) if mode == "emulated" else {}
+    case = model_case("nanoGPT", device, **small)
+    ref = model_case("nanoGPT", model=copy.deepcopy(case.model), **small)
+    with capturing(mode):
+        jfn = thunder_nb.jit(case.step, capture=CAPTURE[mode] is True)
+        if mode == "emulated":
+            jfn._lc_transforms[0].cuda_graph_runner.capture = True
+        runner = jfn._lc_transforms[0].cuda_graph_runner
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", HeldOutputsWarning)
+            for step in range(4):
+                batch = case.make_batch(step)
+                losses = []
+                for m, f in ((case, jfn), (ref, ref.step)):
+                    for p in m.model.parameters():
+                        p.grad = None
+                    loss = f(*batch)
+                    loss.backward()
+                    losses.append(loss.detach())
+                in_graph = [n for n, p in case.model.named_parameters() if runner._where(p.grad)[1] is not None]
+                # NOTE: the tied embedding/head weight gets two gradients, which autograd's engine adds out of place
+                assert len(in_graph) == len(list(case.model.parameters())) - 1, in_graph
+                torch.testing.assert_close(*losses)
+                for (n, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, msg=n)
+                with torch.no_grad():
+                    for m in (case, ref):
+                        for p in m.model.parameters():
+                            p -= 0.1 * p.grad
+        if device == "cuda":
+            torch.cuda.synchronize()
+    report = thunder_nb.analyze(jfn)
+    for region in report.forward.regions + report.backward.regions:
+        assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
+    stats = report.backward.hand_out_stats
+    assert stats.copied == 0 and stats.lent >= 4 * len(in_graph) and not runner.lending_stopped
 
 
 # --- 6. several jitted models alive in one process ---------------------------------------------------

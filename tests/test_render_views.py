@@ -93,8 +93,8 @@ def test_report_text_shows_each_regions_memory_plan(held_mlp):
         "backward trace `backward_fn`",
         "read in place: t27, w2, t48, t47, x (saved for the backward: read where the forward's graph left it",
         "keyed by address: 2 addresses)",
-        "copied out: t58, t61",
-        "island12 @12: hand-out: copies out t61, t58",
+        "lent: t58, t61 (a backward's gradient: handed to autograd where the graph wrote it",
+        "island12 @12: hand-out: lends t61, t58 (4 calls: 0 copied out, 0 guarded, 8 lent)",
     )
     assert "bookkeeping" in text and "+ 1 bookkeeping" in text  # NOTE: the hand-out is listed, not counted in there
 
@@ -127,7 +127,7 @@ def test_diagram_shows_the_memory_plan(held_mlp, slot):
         "island1: hand-out: copies out t52; guards t48, t47 (4 calls: 4 copied out, 8 guarded)",
     )
     collapsed = render.region_diagram(held_mlp.backward, collapse=True).source
-    summary = 'CUDAGraph2 [label="CUDAGraph2\\n9 ops · captured\\nin 5: 5 in place (2 addresses)\\nout 2: 2 copied out'
+    summary = 'CUDAGraph2 [label="CUDAGraph2\\n9 ops · captured\\nin 5: 5 in place (2 addresses)\\nout 2: 2 lent'
     assert summary in collapsed
     assert "read in place: t27, w2, t48, t47, x (saved for the backward" in collapsed  # the tooltip
     source = render.region_diagram(slot.forward).source

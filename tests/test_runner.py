@@ -173,10 +173,12 @@ def test_recapture_causes_name_the_input_and_what_changed():
 
 
 def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step():
-    """Steady state of a real training step: one graph per region, every saved tensor guarded, every gradient copied.
+    """Steady state of a real training step: one graph per region, every saved tensor guarded, every gradient lent.
 
     The saved tensors go out as the forward graph's own tensors, watched by reference counts: once
-    the backward has run they are free, and the forward instance replays again (one instance).
+    the backward has run they are free, and the forward instance replays again (one instance). The
+    gradients go to autograd as aliases of the backward graph's memory, which become the parameters'
+    ``.grad``; once reset, the backward instance replays again (one instance).
     """
     case = model_case("nanoGPT", "cpu", batch=2, seq=16, width=32)
     t = emulated()
@@ -186,7 +188,10 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
             jfn(*case.make_batch(seed)).backward()
             grads = [p.grad for p in case.model.parameters()]
             runner = t.cuda_graph_runner
-            assert all(g.untyped_storage().data_ptr() not in runner._owner for g in grads)
+            # NOTE: the tied embedding/head weight gets two gradients, which autograd's engine adds out of place
+            outside = [n for (n, _), g in zip(case.model.named_parameters(), grads) if runner._where(g)[1] is None]
+            assert outside == ["transformer.wte.weight"], outside
+            del grads
             for p in case.model.parameters():
                 p.grad = None
     report = thunder_nb.analyze(jfn)
@@ -198,9 +203,9 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
     # NOTE: names that may lie in graph memory; those that do are guarded, the same ones at every step
     assert forward.calls == 4 and forward.guarded % 4 == 0 and 20 < forward.guarded // 4 <= len(in_graph)
     assert forward.copied == 4  # the loss
-    # NOTE: every gradient leaves graph memory as a copy (the tied embedding/head weight gets two)
-    assert backward.calls == 4 and backward.guarded == 0
-    assert backward.copied == 4 * len(report.backward.hand_out.graph_memory) >= 4 * len(list(case.model.parameters()))
+    # NOTE: every gradient is lent (the tied embedding/head weight gets two: autograd adds the second into the first)
+    assert backward.calls == 4 and backward.guarded == 0 and backward.copied == 0
+    assert backward.lent == 4 * len(report.backward.hand_out.graph_memory) >= 4 * len(list(case.model.parameters()))
     for region in report.forward.regions + report.backward.regions:
         assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
 

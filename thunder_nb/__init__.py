@@ -19,6 +19,7 @@ __all__ = [
     "check",
     "FixedCUDAGraphTransform",
     "LegacyCUDAGraphTransform",
+    "jit",
     "recover_from_failed_capture",
     "compare",
     "Comparison",
@@ -55,7 +56,7 @@ def check(x: Any) -> list[Defect]:
 
 def __getattr__(name: str) -> Any:
     # NOTE: the transforms import thunder (and torch); load them only when asked for
-    if name in ("FixedCUDAGraphTransform", "LegacyCUDAGraphTransform", "recover_from_failed_capture"):
+    if name in ("FixedCUDAGraphTransform", "LegacyCUDAGraphTransform", "recover_from_failed_capture", "jit"):
         from . import fix
 
         return getattr(fix, name)

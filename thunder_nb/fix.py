@@ -37,10 +37,46 @@ __all__ = [
     "region_del_pass",
     "strip_top_level_dels",
     "HAND_OUT_NAME",
+    "jit",
+    "ONE_AUTOGRAD_FUNCTION",
 ]
 
 #: The name under which generated code calls the runner's hand-out (`ThunderNBRunner.hand_out`).
 HAND_OUT_NAME = "thunder_nb_hand_out"
+
+
+#: The compile option of ``thunder.jit`` that `jit` sets: one ``torch.autograd.Function`` per call connects the
+#: outputs to autograd, as thunder's torch.compile backend (ThunderFX) does by default, instead of the pair that
+#: ``thunder.jit`` uses by default (a second Function over all the inputs, a dummy tensor made on the meta device
+#: in the forward and in the backward). On the H200's host the pair took 400 µs of the nanoGPT step's forward call
+#: and 450 µs of its backward more (bench/results/2026-12-01-h200-host.md).
+ONE_AUTOGRAD_FUNCTION = {"thunderfx_disable_split_autograd": True}
+
+
+def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False, **transform_options: Any) -> Any:
+    """``thunder.jit(fn)`` as thunder-nb recommends it: `FixedCUDAGraphTransform` and one autograd Function per call.
+
+    Args:
+        executors: fusion executors put before thunder's defaults: names (``"torchcompile"``: inductor's fused
+            kernels inside the regions, compiled at the first call; ``"torchcompile_cat"``; ``"nvfuser"``) or
+            thunder executors.
+        split_autograd: connect to autograd as ``thunder.jit`` does by default (two Functions per call; see
+            `ONE_AUTOGRAD_FUNCTION`). With the single Function, the gradients flowing into the backward call stay
+            alive until it returns, as with any ``torch.autograd.Function``.
+        transform_options: `FixedCUDAGraphTransform`'s arguments (``capture``, ``copy_outputs``, ...).
+
+    Returns:
+        thunder's jitted function; its transform is ``jfn._lc_transforms[0]``.
+    """
+    import thunder
+
+    names = [e for e in executors if isinstance(e, str)]
+    chosen = internals.executors(names) or []
+    chosen = [e for e in executors if not isinstance(e, str)] + chosen
+    options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
+    if chosen:
+        options["executors"] = chosen + [e for e in thunder.get_default_executors() if e not in chosen]
+    return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
 
 
 def recover_from_failed_capture() -> None:
@@ -64,11 +100,12 @@ class _BaseTransform(CUDAGraphTransform):
     safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
 
     def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, share_mem_pool: bool = False,
-                 max_instances: int = 2, max_addresses: int = 32, max_values: int = 8):
+                 max_instances: int = 2, max_addresses: int = 32, max_values: int = 8, lend_gradients: bool = False):
         super().__init__(share_mem_pool=False)
         internals.check_versions()
         self.capture = _check_capture(capture)
         self.copy_outputs = copy_outputs
+        self.lend_gradients = lend_gradients
         self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, share_mem_pool=share_mem_pool,
                                                  max_instances=max_instances, max_addresses=max_addresses,
                                                  max_values=max_values)
@@ -214,9 +251,10 @@ class _BaseTransform(CUDAGraphTransform):
     def _insert_hand_out(self, fused: TraceCtx, backward: bool) -> None:
         """Route every tensor that leaves ``fused`` and may lie in graph memory through the runner's hand-out.
 
-        Returned tensors get the action "copy" (or "as-is" with ``copy_outputs=False``), tensors saved
-        for the backward "guard"; the runner decides per call, by storage, whether a tensor lies in
-        memory a replay writes. A name both returned and saved is handed out twice.
+        Returned tensors get the action "copy" (or "as-is" with ``copy_outputs=False``; a backward's,
+        "lend" with ``lend_gradients``), tensors saved for the backward "guard"; the runner decides per
+        call, by storage, whether a tensor lies in memory a replay writes. A name both returned and saved
+        is handed out twice.
         """
         graph = _graph_derived(fused.bound_symbols)
         ret = fused.bound_symbols[-1]
@@ -236,6 +274,7 @@ class _BaseTransform(CUDAGraphTransform):
             saved=tuple(p.name for p in _tensors(saved_part)) if saved_part is not None else (),
             graph_memory=tuple(dict.fromkeys(p.name for p in returned + saved)),
             copy_outputs=copies,
+            lend=backward and self.lend_gradients,
         )
         self.hand_outs["backward" if backward else "forward"] = plan
         if not returned and not saved:
@@ -248,7 +287,7 @@ class _BaseTransform(CUDAGraphTransform):
             reset_tracectx(tok)
         ins = list(returned) + list(saved)
         outs = list(fresh_returned.values()) + list(fresh_saved.values())
-        actions = ("copy",) * len(returned) + ("guard",) * len(saved)
+        actions = ("lend" if plan.lend else "copy",) * len(returned) + ("guard",) * len(saved)
         call = functools.partial(self.cuda_graph_runner.hand_out, "backward" if backward else "forward", actions)
         hand = internals.fusion_symbol(HAND_OUT_NAME, self, call, ins, outs)
 
@@ -313,7 +352,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
         copy_outputs: copy returned tensors that lie in graph memory out of it (default True).
             False returns them as they are: the next call then overwrites them, as with thunder's transform.
         share_mem_pool: as thunder's transform.
-        max_instances: graph instances a region may have for tensors still held for a backward (default 2).
+        max_instances: graph instances a region may have for tensors it handed out that are still held (saved
+            for a backward, lent gradients), default 2.
         max_addresses: addresses one static input may take (one per layer is normal) before it is copied.
         max_values: values of a Python number a region still bakes in (no exact hand-off, not from an
             island) before the region runs without a graph (default 8; `RecaptureWarning`).
@@ -324,6 +364,10 @@ class FixedCUDAGraphTransform(_BaseTransform):
         fast_prologue: find the submodules, parameters and buffers thunder's prologue looks up on every
             call along their paths' dicts instead of through ``Module.get_parameter`` and its kin, with
             the same results (default True; see `thunder_nb.prologue`).
+        lend_gradients: hand the gradients a backward's graph wrote to autograd where they lie, guarded,
+            instead of copying them out (default True): autograd makes them the parameters' ``.grad``, and
+            while any is still referenced (``.grad`` not reset, gradient accumulation, a name) the next
+            backward replays another graph instance, as for saved tensors. False copies them out.
     """
 
     label = "fixed"
@@ -340,9 +384,11 @@ class FixedCUDAGraphTransform(_BaseTransform):
         max_values: int = 8,
         defer_items: bool = True,
         fast_prologue: bool = True,
+        lend_gradients: bool = True,
     ):
         super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool,
-                         max_instances=max_instances, max_addresses=max_addresses, max_values=max_values)
+                         max_instances=max_instances, max_addresses=max_addresses, max_values=max_values,
+                         lend_gradients=lend_gradients)
         self.scalar_handoff = scalar_handoff
         self.defer_items = defer_items
         self.fast_prologue = fast_prologue

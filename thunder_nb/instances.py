@@ -56,6 +56,7 @@ class Instance:
     watched_objects: list[list[int]] = field(default_factory=list)  # own outputs handed out as they are
     watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
     compiled: tuple | None = None  # `held`'s arrays of the two lists; None: remade at the next `held`
+    lent: bool = False  # it lent gradients to autograd (`ThunderNBRunner.hand_out`'s "lend")
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""

@@ -75,6 +75,8 @@ HAND_OUT_ACTIONS: dict[str, str] = {
     "guard": "saved for the backward: left where the graph wrote it and guarded (while held, the next call "
     "replays another graph instance)",
     "as-is": "returned as the graph's own buffer (copy_outputs=False: the next call overwrites it)",
+    "lend": "a backward's gradient: handed to autograd where the graph wrote it, and guarded (while held, as "
+    "a parameter's .grad, the next backward replays another graph instance)",
 }
 
 #: Why the runner no longer reads a static region input as it was captured (`StaticInputChange`).
@@ -93,7 +95,7 @@ ISLAND_REASONS: dict[str, str] = {
     "device-transfer": "device transfer",
     "cpu-op": "op on CPU tensors in a CUDA trace",
     "in-place": "in-place update (runs on the caller's tensors)",
-    "hand-out": "hand-out: what leaves the trace, checked by storage (copied out or guarded)",
+    "hand-out": "hand-out: what leaves the trace, checked by storage (copied out, guarded or lent)",
     "bookkeeping": "trace bookkeeping (unpack, return)",
     "collection": "collection clearing",
     "single": "single-symbol group",
@@ -203,6 +205,7 @@ class HandOutPlan:
     saved: tuple[str, ...]  # saved for the backward
     graph_memory: tuple[str, ...]  # of those, region outputs and views of them: checked at each hand-out
     copy_outputs: bool = True
+    lend: bool = False  # returned tensors are lent, not copied (a backward's gradients, `lend_gradients`)
 
     def action(self, name: str) -> str | None:
         """The `HAND_OUT_ACTIONS` key for ``name``, or None when it cannot lie in graph memory."""
@@ -210,6 +213,8 @@ class HandOutPlan:
             return None
         if name in self.saved:
             return "guard"
+        if self.lend:
+            return "lend"
         return "copy" if self.copy_outputs else "as-is"
 
 
@@ -262,6 +267,8 @@ class HandOutStats:
     calls: int = 0
     copied: int = 0  # tensors copied out of graph memory
     guarded: int = 0  # saved tensors left in graph memory and guarded
+    lent: int = 0  # gradients handed to autograd in graph memory and guarded
+    lending_stopped: bool = False  # a lent gradient was still held at the next backward: copied out since
 
 
 @dataclass(frozen=True, slots=True)

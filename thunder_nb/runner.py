@@ -112,8 +112,9 @@ class _HandOutMemo:
     guarded: int  # how many own outputs are guarded (watched)
     loose_guard: tuple[int, ...]  # guard positions that are not own outputs: looked up at each call
     copy: tuple[tuple[int, int, Any], ...]  # per copy position: (position, storage address, owner); owner None: look up
-    # `_copy_groups` of ``copy`` worked out once: all are own outputs, none in a saved one's memory (None: per call)
-    groups: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] | None
+    # `_copy_groups` of ``copy`` worked out once (singles, shared, lent): all are own outputs, none in a saved one's
+    # memory (None: per call)
+    groups: tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...]] | None
 
 
 class ThunderNBRunner(CUDAGraphRunner):
@@ -165,6 +166,8 @@ class ThunderNBRunner(CUDAGraphRunner):
         self._hand_out_plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # `_hand_out_plan`s
         self._hand_out_memo: dict[tuple, _HandOutMemo] = {}  # per hand-out plan: the latest `_memo`
         self._recordings = 0  # graphs recorded so far (a memo made before a recording is stale)
+        # a lent gradient was still held at its instance's next call: "lend" hand-outs copy from then on
+        self.lending_stopped = False
         self._warned = False
         self._warned_held = False
 
@@ -221,12 +224,19 @@ class ThunderNBRunner(CUDAGraphRunner):
                 break
         else:
             fn = self.python_callables[fn_name][0]
+            lent = any(inst.lent for inst in instances)
+            if lent and not self.lending_stopped:
+                # NOTE: a gradient lent to autograd outlived its step (accumulated into .grad, kept by a name): this
+                # instance stays held while it lives, and so would the next one's; copy them out from now on
+                self.lending_stopped = True
+                self._hand_out_memo.clear()
             if len(instances) >= self.max_instances:
                 counts.held_calls += 1
-                self._warn_held(fn_name)
+                self._warn_held(fn_name, lent)
                 return fn(*args)
             cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]) if not instances else (
-                f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held for a backward")
+                f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held "
+                + ("(gradients lent to autograd, not reset)" if lent else "for a backward"))
             before = foreign_counts(self._foreign(args))
             inst = self._record(fn_name, fn, args, mask, cause, len(instances))
             inst.settle()
@@ -391,17 +401,21 @@ class ThunderNBRunner(CUDAGraphRunner):
         buf = base.as_strided(x.size(), x.stride(), x.storage_offset() - lo)
         return buf.copy_(x)
 
-    def _warn_held(self, fn_name: str) -> None:
+    def _warn_held(self, fn_name: str, lent: bool) -> None:
         if self._warned_held:
             return
         self._warned_held = True
-        warnings.warn(
-            f"thunder-nb: {fn_name} runs without its CUDA graph on this call: tensors saved for the backward by "
-            f"each of its {self.max_instances} graph instances are still waiting for that backward, and a replay "
-            "would overwrite them (run each forward's backward before the next forward to keep the graph)",
-            HeldOutputsWarning,
-            stacklevel=4,
-        )
+        if lent:
+            why = (f"gradients that each of its {self.max_instances} graph instances lent to autograd are still "
+                   "referenced (a parameter's .grad not reset, or a name), and a replay would overwrite them (reset "
+                   "the gradients, optimizer.zero_grad(), before the next backward to keep the graph, or pass "
+                   "lend_gradients=False to copy them out)")
+        else:
+            why = (f"tensors saved for the backward by each of its {self.max_instances} graph instances are still "
+                   "waiting for that backward, and a replay would overwrite them (run each forward's backward "
+                   "before the next forward to keep the graph)")
+        warnings.warn(f"thunder-nb: {fn_name} runs without its CUDA graph on this call: {why}", HeldOutputsWarning,
+                      stacklevel=4)
 
     # --- thunder's own behaviour, recorded --------------------------------------------------------
 
@@ -433,20 +447,23 @@ class ThunderNBRunner(CUDAGraphRunner):
     # --- hand-out ---------------------------------------------------------------------------------
 
     def hand_out(self, kind: str, actions: Sequence[str], *tensors: Any) -> list[Any]:
-        """Check each tensor leaving a trace by its storage: copy out (``"copy"``) or guard (``"guard"``).
+        """Check each tensor leaving a trace by its storage: copy out (``"copy"``), guard (``"guard"``) or lend (``"lend"``).
 
         A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
         copied together so that they still share one copy. A tensor saved for the backward in such
         memory goes out as it is, and its graph instance watches it (`Instance.watch`): while anything
         references it, that instance does not replay. A returned tensor sharing memory with a saved one
-        goes out as a fresh alias, watched too. Anything else goes out as it is.
+        goes out as a fresh alias, watched too. A lent one (a backward's gradient) alone in its memory
+        goes out as a fresh alias, watched: autograd can then make it the parameter's ``.grad`` as it
+        is, which holds that instance until the gradient is reset; lent ones sharing memory are copied
+        together. Anything else goes out as it is.
         """
         out = list(tensors)
         counts = self._hand_out_counts.get(kind)
         if counts is None:
-            counts = self._hand_out_counts[kind] = {"calls": 0, "copied": 0, "guarded": 0}
+            counts = self._hand_out_counts[kind] = {"calls": 0, "copied": 0, "guarded": 0, "lent": 0}
         counts["calls"] += 1
-        which = (actions if type(actions) is tuple else tuple(actions), len(tensors))
+        which = (actions if type(actions) is tuple else tuple(actions), len(tensors), self.lending_stopped)
         plan = self._hand_out_plans.get(which)
         if plan is None:
             plan = self._hand_out_plans[which] = _hand_out_plan(*which)
@@ -474,11 +491,23 @@ class ThunderNBRunner(CUDAGraphRunner):
                             saved, grown = set(saved), True
                         saved.add(ptr)
         if memo.groups is not None and not grown:
-            singles, shared = memo.groups  # NOTE: only own outputs to copy, none sharing memory with a saved one
+            singles, shared, lent = memo.groups  # NOTE: only own outputs to copy, none sharing memory with a saved one
         else:
-            singles, shared, aliased = self._copy_groups(memo.copy, tensors, saved, out)
+            singles, shared, lent, aliased = self._copy_groups(memo.copy, tensors, saved, out, plan[2])
             guarded += aliased
         counts["guarded"] += guarded
+        if lent:
+            where = self._where
+            for j in lent:
+                # NOTE: a fresh alias, referenced by nothing else: autograd's AccumulateGrad then makes it the
+                # parameter's .grad as it is (a tensor referenced elsewhere it would clone)
+                t = tensors[j]
+                ptr, owner = where(t)
+                alias = t.detach()
+                owner.watch(alias, ptr)
+                owner.lent = True
+                out[j] = alias
+            counts["lent"] += len(lent)
         if singles:
             for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
                 out[j] = c
@@ -489,11 +518,12 @@ class ThunderNBRunner(CUDAGraphRunner):
         return out
 
     def _copy_groups(self, copies: tuple[tuple[int, int, Any], ...], tensors: tuple[Any, ...],
-                     saved: frozenset[int] | set[int], out: list[Any]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], int]:
-        """The copy positions (`_HandOutMemo.copy`) in graph memory, grouped by storage: ``(singles, shared, aliased)``.
+                     saved: frozenset[int] | set[int], out: list[Any], lend: frozenset[int],
+                     ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], int]:
+        """The copy positions (`_HandOutMemo.copy`) in graph memory, grouped by storage: ``(singles, shared, lent, aliased)``.
 
         One in memory a saved tensor shares goes out as a fresh alias instead (into ``out``), watched;
-        ``aliased`` counts those.
+        ``aliased`` counts those. Of the singles, those in ``lend`` are ``lent`` instead (`hand_out`).
         """
         groups: dict[int, list[int]] = {}
         where = self._where
@@ -515,7 +545,7 @@ class ThunderNBRunner(CUDAGraphRunner):
                 aliased += 1
             else:
                 groups.setdefault(ptr, []).append(j)
-        return (*_groups(groups), aliased)
+        return (*_groups(groups, lend), aliased)
 
     def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
         """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
@@ -526,7 +556,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         a backward's gradients, call after call. The others (``loose``: inputs, views made outside a
         region) are looked up by storage at each call.
         """
-        guard, copy = plan
+        guard, copy, lend = plan
         own = self._own_outputs
         ids = list(map(id, tensors))
         saved: set[int] = set()
@@ -552,7 +582,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         groups = None
         if all(owner is not None and ptr not in saved for _, ptr, owner in copies):
             # NOTE: none goes out as an alias (none is in a saved one's memory), so `out` stays untouched
-            groups = self._copy_groups(copies, tensors, saved, [])[:2]
+            groups = self._copy_groups(copies, tensors, saved, [], lend)[:3]
         return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
                             tuple(loose_guard), copies, groups)
 
@@ -600,7 +630,8 @@ class ThunderNBRunner(CUDAGraphRunner):
 
     def hand_out_stats(self, kind: str) -> HandOutStats:
         """What the hand-outs of ``kind`` ("forward", "backward") did so far."""
-        return HandOutStats(**self._hand_out_counts.get(kind, {}))
+        counts = self._hand_out_counts.get(kind, {})
+        return HandOutStats(**counts, lending_stopped=self.lending_stopped and counts.get("lent", 0) > 0)
 
     @property
     def graphs_captured(self) -> int:
@@ -615,17 +646,24 @@ class ThunderNBRunner(CUDAGraphRunner):
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 
 
-def _groups(groups: dict[int, list[int]]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-    """Positions grouped by storage as ``(singles, shared)``: copied one by one (`internals.copy_all`), or together."""
-    return (tuple(js[0] for js in groups.values() if len(js) == 1),
-            tuple(tuple(js) for js in groups.values() if len(js) > 1))
+def _groups(groups: dict[int, list[int]], lend: frozenset[int]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...],
+                                                                        tuple[int, ...]]:
+    """Positions grouped by storage as ``(singles, shared, lent)``: copied one by one (`internals.copy_all`), copied
+    together, or lent (a single whose position is in ``lend``)."""
+    singles = [js[0] for js in groups.values() if len(js) == 1]
+    return (tuple(j for j in singles if j not in lend),
+            tuple(tuple(js) for js in groups.values() if len(js) > 1),
+            tuple(j for j in singles if j in lend))
 
 
-def _hand_out_plan(actions: tuple[str, ...], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The positions a hand-out of ``n`` tensors guards, and those it copies (any action but "guard" and "as-is")."""
+def _hand_out_plan(actions: tuple[str, ...], n: int, lending_stopped: bool,
+                   ) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[int]]:
+    """The positions a hand-out of ``n`` tensors guards, those it copies or lends (any action but "guard" and
+    "as-is"), and of those the ones it lends (none once ``lending_stopped``)."""
     actions = actions[:n]
     return (tuple(j for j, a in enumerate(actions) if a == "guard"),
-            tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"))
+            tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"),
+            frozenset() if lending_stopped else frozenset(j for j, a in enumerate(actions) if a == "lend"))
 
 
 def _input_name(inputs: Sequence[Any], i: int) -> str:

@@ -13,7 +13,7 @@ __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry"
 #: How each `INPUT_ROLES` key is named in reports and diagrams.
 ROLE_LABELS = {"static": "read in place", "copied": "copied in", "number": "number"}
 #: How each `HAND_OUT_ACTIONS` key is named in reports and diagrams.
-ACTION_LABELS = {"copy": "copied out", "guard": "guarded", "as-is": "returned as-is"}
+ACTION_LABELS = {"copy": "copied out", "guard": "guarded", "as-is": "returned as-is", "lend": "lent"}
 
 # NOTE: thunder's own runner has no hand-out: what a region returns leaves as the graph's buffer
 _STOCK_RETURNED = "the graph's own buffer, no hand-out: the next replay overwrites it"
@@ -116,8 +116,9 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         entries.append(Entry("view of an input", (o.name,), f"handed out as that view of the caller's {o.view_of}"))
     stats = region.stats
     if stats.instances > 1:
-        entries.append(Entry("instances", (), f"{stats.instances} graph instances (a forward ran again while the "
-                                              "previous one's saved tensors were held)"))
+        entries.append(Entry("instances", (), f"{stats.instances} graph instances (a call came while what the "
+                                              "previous one handed out was held: tensors saved for a backward not "
+                                              "run yet, gradients not reset)"))
     if stats.demoted:
         entries.append(Entry("demoted", (), "; ".join(map(str, stats.demoted))))
     if stats.rebound:
@@ -142,13 +143,19 @@ def hand_out_line(trace: TraceReport) -> str | None:
         return None
     copy = [n for n in plan.graph_memory if plan.action(n) in ("copy", "as-is")]
     guard = [n for n in plan.graph_memory if plan.action(n) == "guard"]
+    lend = [n for n in plan.graph_memory if plan.action(n) == "lend"]
     parts = []
     if copy:
         parts.append(("copies out " if plan.copy_outputs else "returns as-is ") + ", ".join(copy))
     if guard:
         parts.append("guards " + ", ".join(guard))
+    if lend:
+        parts.append("lends " + ", ".join(lend))
     what = "; ".join(parts) or "nothing in graph memory"
-    done = (f"{plural(stats.calls, 'call')}: {stats.copied} copied out, {stats.guarded} guarded"
+    lent = f", {stats.lent} lent" if lend or stats.lent else ""
+    if stats.lending_stopped:
+        lent += "; lending stopped: a lent gradient was still held at the next backward, copied out since"
+    done = (f"{plural(stats.calls, 'call')}: {stats.copied} copied out, {stats.guarded} guarded{lent}"
             if stats.calls else "not called yet")
     return f"{what} ({done})"
 
@@ -156,7 +163,7 @@ def hand_out_line(trace: TraceReport) -> str | None:
 #: Short words for the diagram's input nodes (the default, "copied", goes unsaid).
 ROLE_SHORT = {"static": "in place", "copied": "", "number": "Python number"}
 #: Short words for the diagram's output nodes.
-ACTION_SHORT = {"copy": "copied out", "guard": "guarded", "as-is": "as-is"}
+ACTION_SHORT = {"copy": "copied out", "guard": "guarded", "as-is": "as-is", "lend": "lent"}
 
 
 def inputs_summary(trace: TraceReport, region: Region) -> str:
