@@ -11,7 +11,16 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from thunder_nb.fix import FixedCUDAGraphTransform
-from thunder_nb.prologue import check_tensor, child, get_buffer, get_parameter, get_submodule, plain_root
+from thunder_nb.prologue import (
+    check_tensor,
+    child,
+    get_buffer,
+    get_parameter,
+    get_submodule,
+    plain_root,
+    tensor_checks,
+    value_checks,
+)
 from thunder_nb.testing.emulate import emulated_capture
 from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
@@ -172,13 +181,46 @@ def test_the_tensor_check_passes_and_fails_where_thunders_does():
                 expected = "passes"
             except AssertionError:
                 expected = "fails"
-            try:
-                check_tensor(v, *e)
-                got = "passes"
-            except AssertionError:
-                got = "fails"
-            assert got == expected, (v, e)
-            outcomes.add(got)
+            got = []
+            for check in (lambda: check_tensor(v, *e), lambda: tensor_checks([e, e])(v, v),
+                          lambda: tensor_checks([((2, 3), "cpu", torch.float32, False), e])(torch.zeros(2, 3), v)):
+                try:
+                    check()
+                    got.append("passes")
+                except AssertionError:
+                    got.append("fails")
+            assert got == [expected] * 3, (v, e)
+            outcomes.add(expected)
+    assert outcomes == {"passes", "fails"}
+
+
+def test_the_batched_value_check_passes_and_fails_where_thunders_do():
+    """Numbers of another type (True against 1, 1.0 against 1), NaN, -0.0 and str subclasses, as thunder's checks judge them."""
+    from thunder.executors.pythonex import _check_number_type_and_value_impl as number
+    from thunder.executors.pythonex import _check_string_value_impl as string
+
+    class Name(str):
+        pass
+
+    numbers = [1, True, 1.0, 0, False, -0.0, 0.0, float("nan"), 2, 1 + 0j]
+    strings = ["tanh", Name("tanh"), "none"]
+    outcomes = set()
+    for values, check in ((numbers, number), (strings, string)):
+        for v in values:
+            for e in values:
+                try:
+                    check(v, e)
+                    expected = "passes"
+                except RuntimeError:
+                    expected = "fails"
+                try:
+                    # NOTE: with a passing value on each side of it, batched with the other kind
+                    value_checks([3, e, "x"], [False, check is string, True])(3, v, "x")
+                    got = "passes"
+                except AssertionError:
+                    got = "fails"
+                assert got == expected, (v, e)
+                outcomes.add(got)
     assert outcomes == {"passes", "fails"}
 
 
@@ -227,7 +269,8 @@ def test_a_training_step_walks_paths_and_follows_replaced_parameters_buffers_and
         text = _prologue_text(j)
         assert "thunder_nb_get_parameter(" in text and ".get_parameter(" not in text
         assert ".get_submodule(" not in text and ".get_buffer(" not in text
-        assert "thunder_nb_check_tensor(" in text and "check_tensor_metadata(" not in text
+        assert "thunder_nb_check_tensors(" in text and "check_tensor_metadata(" not in text
+        assert "thunder_nb_check_values(" in text and "check_number_type_and_value(" not in text
         # NOTE: replaced between calls, in both models: the next call must read the new objects
         new = {"weight": torch.randn(shape_of(case.model), generator=torch.Generator().manual_seed(5)) * 0.02}
         replace(case.model, new)
@@ -255,17 +298,21 @@ def test_a_jitted_module_keeps_its_own_lookups_and_equals_eager():
 
 
 def test_a_failed_check_still_means_a_new_trace():
-    """A batch of another shape and a frozen parameter fail the rewritten checks: thunder traces anew, equal to eager."""
+    """A batch of another shape, a frozen parameter and a module in eval mode fail the rewritten checks: thunder
+    traces anew, equal to eager."""
     case = model_case("nanoGPT", "cpu")
     ref = model_case("nanoGPT", "cpu", model=copy.deepcopy(case.model))
     j = thunder.jit(case.step, transforms=[_emulated()])
     with emulated_capture():
-        for i, change in enumerate((None, "batch", "freeze")):
+        for i, change in enumerate((None, "batch", "freeze", "eval")):
             if change == "freeze":
                 for model in (case.model, ref.model):
                     model.transformer.h[0].mlp.c_fc.weight.requires_grad_(False)
+            if change == "eval":
+                for model in (case.model, ref.model):
+                    model.transformer.h[1].attn.eval()  # NOTE: one module's training flag: a value check
             idx, targets = case.make_batch(i)
-            if change in ("batch", "freeze"):
+            if change in ("batch", "freeze", "eval"):
                 idx, targets = idx[:4], targets[:4]
             loss = j(idx, targets)
             loss.backward()
@@ -277,7 +324,7 @@ def test_a_failed_check_still_means_a_new_trace():
                 if p.grad is not None:
                     torch.testing.assert_close(p.grad, q.grad, msg=name)
                 p.grad = q.grad = None
-    assert thunder.cache_misses(j) == 3
+    assert thunder.cache_misses(j) == 4
 
 
 def test_a_module_passed_as_an_argument_is_read_from_that_argument():
@@ -300,4 +347,4 @@ def test_a_symbolic_size_keeps_thunders_check():
             x = torch.randn(n)
             torch.testing.assert_close(j(x), x * 2)
     text = _prologue_text(j)
-    assert "check_tensor_metadata(" in text and "thunder_nb_check_tensor(" not in text
+    assert "check_tensor_metadata(" in text and "thunder_nb_check_tensors(" not in text

@@ -24,9 +24,15 @@ anew. Each module on the paths is walked to once per call (`child`, one step fro
 root's check `plain_root` first), and every lookup starts from the module it needs.
 
 The prologue's tensor checks (``check_tensor_metadata``: shape, device, dtype, ``requires_grad``)
-become `check_tensor`, the same test with the shape compared in one step, where the shape is all
-plain ints. A check that fails raises, as thunder's does, and thunder then traces anew (under
-``python -O`` thunder's own check, made of ``assert`` statements, checks nothing; this one still does).
+where the shape is all plain ints (33 on the nanoGPT step) become one call of `tensor_checks`'
+function after the last of them, which compares them all at once and, where that differs, checks
+each tensor as thunder does (`check_tensor`). Its checks of numbers and strings
+(``check_number_type_and_value``: a module's ``training`` flag, its sizes, a config value, the
+cache's flags; ``check_string_value``; 98 on the nanoGPT step) become one call of `value_checks`'
+function, the same way. A check that fails raises, as thunder's does, and thunder then traces anew
+(under ``python -O`` thunder's own tensor check, made of ``assert`` statements, checks nothing; this
+one still does). The checks have no side effects, and any failing check makes the prologue fail, so
+where they run in it changes nothing.
 
 Transforms that look for thunder's lookup and check symbols in the prologue (thunder's quantization,
 distributed and check-pruning transforms) must come before the fixed transform in ``transforms=[...]``:
@@ -44,8 +50,8 @@ from thunder.core.proxies import AnyProxy, Proxy
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 
-__all__ = ["plain_root", "child", "get_submodule", "get_parameter", "get_buffer", "check_tensor",
-           "rewrite_module_lookups", "fast_module_lookups"]
+__all__ = ["plain_root", "child", "get_submodule", "get_parameter", "get_buffer", "check_tensor", "tensor_checks",
+           "value_checks", "rewrite_module_lookups", "fast_module_lookups"]
 
 _Module = torch.nn.Module
 _Tensor = torch.Tensor
@@ -123,6 +129,47 @@ def check_tensor(t: Any, shape: tuple[int, ...], device: str, dtype: torch.dtype
                              + (f", {t.device}, {t.dtype}, {t.requires_grad}" if isinstance(t, _Tensor) else ""))
 
 
+def tensor_checks(specs: Sequence[tuple[tuple[int, ...], str, torch.dtype, bool]]) -> Any:
+    """One function for many `check_tensor` calls: ``check(*tensors)`` raises where any tensor differs from its spec.
+
+    ``specs[i]`` is ``(shape, device, dtype, requires_grad)`` of the i-th tensor.
+    """
+    specs = tuple((tuple(shape), device, dtype, requires_grad) for shape, device, dtype, requires_grad in specs)
+    expected = [(shape, dtype, requires_grad, torch.device(device)) for shape, device, dtype, requires_grad in specs]
+
+    def check_tensors(*tensors: Any) -> None:
+        try:
+            if [(t.shape, t.dtype, t.requires_grad, t.device) for t in tensors] == expected:
+                return
+        except Exception:  # NOTE: not a tensor: the exact check below raises thunder's kind of error
+            pass
+        for t, spec in zip(tensors, specs):
+            check_tensor(t, *spec)
+
+    return check_tensors
+
+
+def value_checks(expected: Sequence[Any], strings: Sequence[bool]) -> Any:
+    """One function for many of thunder's value checks: ``check(*values)`` raises where any differs.
+
+    ``expected[i]`` is the value of a ``check_number_type_and_value`` (same type, equal, or both NaN) or,
+    where ``strings[i]``, of a ``check_string_value`` (equal).
+    """
+    expected, strings = tuple(expected), tuple(strings)
+    types = tuple(map(type, expected))
+
+    def check_values(*values: Any) -> None:
+        if values == expected and tuple(map(type, values)) == types:
+            return
+        for n, v, string in zip(values, expected, strings):  # NOTE: thunder's checks one by one: NaN, str subclasses
+            if not (n == v if string else type(n) == type(v) and (n == v or (n != n and v != v))):
+                raise AssertionError(f"expected {v!r} of type {type(v).__name__}, got {n!r} of type {type(n).__name__}")
+
+    return check_values
+
+
+_VALUE_CHECKS = (PrimIDs.CHECK_NUMBER_TYPE_AND_VALUE, PrimIDs.CHECK_STRING_VALUE)
+
 _SYMBOLS = {
     PrimIDs.UNPACK_SUBMODULE: ("thunder_nb_get_submodule", get_submodule),
     PrimIDs.UNPACK_PARAMETER: ("thunder_nb_get_parameter", get_parameter),
@@ -156,6 +203,10 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
     """
     out, n = [], 0
     walked: dict[tuple[str, tuple[str, ...]], _Found] = {}  # (origin's name, path) -> the module `child` found
+    checks: list[BoundSymbol] = []  # thunder's value checks, made one (`value_checks`) after the last of them
+    last_check = -1  # its place in ``out``
+    tensors: list[BoundSymbol] = []  # thunder's tensor checks of plain shapes, made one (`tensor_checks`)
+    last_tensor = -1
 
     def module_at(origin: Any, path: tuple[str, ...]) -> _Found:
         key = (origin.name, path)
@@ -174,11 +225,15 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
         return found
 
     for b in bsyms:
+        if b.sym.id in _VALUE_CHECKS and len(b.args) == 2 and not b.kwargs and isinstance(b.args[0], Proxy) and (
+                not isinstance(b.args[1], Proxy)):
+            checks.append(b)
+            last_check = len(out)
+            continue
         if b.sym.id == PrimIDs.CHECK_TENSOR_SHAPE_AND_METADATA and len(b.args) == 5 and not b.kwargs and all(
                 type(d) is int for d in b.args[1]):  # NOTE: a symbolic size (a NumberProxy) keeps thunder's check
-            out.append(_call("thunder_nb_check_tensor", check_tensor, (b.args[0], tuple(b.args[1]), *b.args[2:]), None,
-                             b.header, dont_dce=True))
-            n += 1
+            tensors.append(b)
+            last_tensor = len(out)
             continue
         entry = _SYMBOLS.get(b.sym.id)
         if (entry is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[0], Proxy)
@@ -194,6 +249,19 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
             args = (origin, module_at(origin, tuple(path.split(".")) if path else ()), name, target)
         out.append(_call(sym_name, fn, args, b.output, b.header))
         n += 1
+    # NOTE: the later place first, so that inserting there leaves the earlier one where it was
+    batches = []
+    if checks:
+        fn = value_checks([b.args[1] for b in checks], [b.sym.id == PrimIDs.CHECK_STRING_VALUE for b in checks])
+        batches.append((last_check, _call("thunder_nb_check_values", fn, tuple(b.args[0] for b in checks), None,
+                                          f"thunder's {len(checks)} value checks at once", dont_dce=True)))
+    if tensors:
+        fn = tensor_checks([(b.args[1], *b.args[2:]) for b in tensors])
+        batches.append((last_tensor, _call("thunder_nb_check_tensors", fn, tuple(b.args[0] for b in tensors), None,
+                                           f"thunder's {len(tensors)} tensor checks at once", dont_dce=True)))
+    for at, bsym in sorted(batches, key=lambda x: -x[0]):
+        out.insert(at, bsym)
+    n += len(checks) + len(tensors)
     return out, n
 
 
