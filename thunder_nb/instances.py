@@ -70,14 +70,18 @@ class Instance:
         for (_, entry), refs, uses in zip(mine, _refcounts(objects), _use_counts(objects)):
             entry[1], entry[2] = refs, uses
 
-    def watch(self, t: torch.Tensor, ptr: int) -> None:
-        """``t``, in storage ``ptr`` of this instance, is handed out as it is (or as an alias): hold while it lives."""
+    def watch_storage(self, ptr: int) -> None:
+        """Storage ``ptr`` of this instance is handed out (in an alias of one of its tensors): hold while it is referenced."""
         if ptr not in self.watched:
             self.watched.add(ptr)
             entry = self.storages.get(ptr)
             if entry is not None:
                 self.watched_storages.append(entry)
                 self.compiled = None
+
+    def watch(self, t: torch.Tensor, ptr: int) -> None:
+        """``t``, in storage ``ptr`` of this instance, is handed out as it is (or as an alias): hold while it lives."""
+        self.watch_storage(ptr)
         key = id(t)
         if key not in self.watched:
             known = self.objects.get(key)

@@ -491,22 +491,29 @@ class ThunderNBRunner(CUDAGraphRunner):
                             saved, grown = set(saved), True
                         saved.add(ptr)
         if memo.groups is not None and not grown:
-            singles, shared, lent = memo.groups  # NOTE: only own outputs to copy, none sharing memory with a saved one
+            # NOTE: only own outputs to copy or lend, none sharing memory with a saved one; the lent ones' storages
+            # were watched when the memo was made
+            singles, shared, lent = memo.groups
+            watched = True
         else:
             singles, shared, lent, aliased = self._copy_groups(memo.copy, tensors, saved, out, plan[2])
             guarded += aliased
+            watched = False
         counts["guarded"] += guarded
         if lent:
-            where = self._where
-            for j in lent:
-                # NOTE: a fresh alias, referenced by nothing else: autograd's AccumulateGrad then makes it the
-                # parameter's .grad as it is (a tensor referenced elsewhere it would clone)
-                t = tensors[j]
-                ptr, owner = where(t)
-                alias = t.detach()
-                owner.watch(alias, ptr)
-                owner.lent = True
-                out[j] = alias
+            # NOTE: a fresh alias, referenced by nothing else: autograd's AccumulateGrad then makes it the parameter's
+            # .grad as it is (a tensor referenced elsewhere it would clone)
+            if watched:
+                for j in lent:
+                    out[j] = _detach(tensors[j])
+            else:
+                where = self._where
+                for j in lent:
+                    t = tensors[j]
+                    ptr, owner = where(t)
+                    owner.watch_storage(ptr)
+                    owner.lent = True
+                    out[j] = _detach(t)
             counts["lent"] += len(lent)
         if singles:
             for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
@@ -583,6 +590,11 @@ class ThunderNBRunner(CUDAGraphRunner):
         if all(owner is not None and ptr not in saved for _, ptr, owner in copies):
             # NOTE: none goes out as an alias (none is in a saved one's memory), so `out` stays untouched
             groups = self._copy_groups(copies, tensors, saved, [], lend)[:3]
+            where = {j: (ptr, owner) for j, ptr, owner in copies}
+            for j in groups[2]:  # NOTE: the lent ones: the same storages at every call this memo serves
+                ptr, owner = where[j]
+                owner.watch_storage(ptr)
+                owner.lent = True
         return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
                             tuple(loose_guard), copies, groups)
 
@@ -644,6 +656,7 @@ class ThunderNBRunner(CUDAGraphRunner):
 
 
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+_detach = torch.Tensor.detach
 
 
 def _groups(groups: dict[int, list[int]], lend: frozenset[int]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...],
