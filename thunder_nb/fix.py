@@ -49,7 +49,7 @@ HAND_OUT_NAME = "thunder_nb_hand_out"
 #: outputs to autograd, as thunder's torch.compile backend (ThunderFX) does by default, instead of the pair that
 #: ``thunder.jit`` uses by default (a second Function over all the inputs, a dummy tensor made on the meta device
 #: in the forward and in the backward). On the H200's host the pair took 400 µs of the nanoGPT step's forward call
-#: and 450 µs of its backward more (bench/results/2026-12-01-h200-host.md).
+#: and 450 µs of its backward more (bench/results/2026-12-01-cde6372-h200.md).
 ONE_AUTOGRAD_FUNCTION = {"thunderfx_disable_split_autograd": True}
 
 
