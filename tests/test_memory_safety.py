@@ -354,6 +354,43 @@ def test_gradients_accumulated_into_grad(mode, lend):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_two_backwards_of_one_forward_add_up_and_zero_grad_in_place_keeps_them(mode):
+    """``backward(retain_graph=True)`` twice, then ``zero_grad(set_to_none=False)`` and another step.
+
+    The first backward's lent gradients become ``.grad``; the second finds them held, records another
+    instance, and its gradients are added into them. Zeroed in place, ``.grad`` stays in that memory,
+    and the next steps' gradients are added into it: every value as in eager PyTorch.
+    """
+    device = device_of(mode)
+    w1, w2 = randn(16, 32, seed=0, device=device) / 4, randn(32, 8, seed=1, device=device) / 4
+    xs = [randn(4, 16, seed=10 + i, device=device) for i in range(3)]
+    models = []
+    for _ in range(2):
+        m = torch.nn.Module()
+        m.w1, m.w2 = torch.nn.Parameter(w1.clone()), torch.nn.Parameter(w2.clone())
+        models.append(m)
+    got, ref = models
+    with capturing(mode):
+        jfn = thunder.jit(lambda x: mlp_loss(x, got.w1, got.w2), transforms=[fixed(mode)])
+        for m, f in ((got, jfn), (ref, lambda x: mlp_loss(x, ref.w1, ref.w2))):
+            loss = f(xs[0])
+            loss.backward(retain_graph=True)
+            loss.backward()
+            twice = [p.grad.clone() for p in (m.w1, m.w2)]
+            m.zero_grad(set_to_none=False)
+            for x in xs[1:]:
+                f(x).backward()
+            m.result = twice + [p.grad.clone() for p in (m.w1, m.w2)]
+        if device == "cuda":
+            torch.cuda.synchronize()
+    for a, b in zip(got.result, ref.result):
+        torch.testing.assert_close(a, b)
+    assert jfn._lc_transforms[0].cuda_graph_runner.lending_stopped
+    (backward,) = thunder_nb.analyze(jfn).backward.regions
+    assert backward.stats.instances == 2 and backward.stats.held_calls == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_training_loop_gets_its_gradients_in_graph_memory_with_one_graph_per_region(mode):
     """Gradients reset before each backward (zero_grad's default): each backward lends them, nothing is copied.
 
