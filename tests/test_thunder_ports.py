@@ -71,7 +71,11 @@ def test_cudagraph_fw_bw(mode):
     # NOTE: only what is not in a graph's memory is copied: the cotangent and the batch (idx, targets)
     assert set(backward.stats.copied) <= {"targets", "tokens", "idx"} | {n for n in backward.inputs if n.startswith("t")} \
         and len(backward.stats.copied) <= 3, backward.stats.copied
-    assert len(backward.graphs) == 1 and backward.stats.replays == 3
+    # NOTE: as in thunder's test, the gradients are not reset between steps: the first backward's lent gradients
+    # become .grad and stay held, so the second backward records a second instance and copies from then on
+    assert [g.cause for g in backward.graphs] == ["first call", "outputs of 1 instance still held (gradients lent to "
+                                                  "autograd, not reset)"] and backward.stats.replays == 3
+    assert t.cuda_graph_runner.lending_stopped
     if mode == "gpu":
         pool = t.cuda_graph_runner.mem_pool[0]
         for segment in after:
