@@ -63,6 +63,7 @@ def _inductor_graphs() -> int | None:
 FUSED = "thunder-nb Fixed + torchcompile"
 NO_COPY = "thunder-nb Fixed, copy_outputs=False"
 SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"
+COMPILED = 'torch.compile(mode="reduce-overhead")'
 SPLIT_AUTOGRAD = "thunder-nb Fixed, split_autograd=True"  # NOTE: thunder.jit's two autograd Functions: what thunder_nb.jit's one saves  # NOTE: thunder's own module lookups: what thunder_nb.prologue saves
 
 
@@ -111,7 +112,7 @@ def configs(fn):
         yield SLOW_PROLOGUE, wrap(functools.partial(nb, fast_prologue=False))
         yield SPLIT_AUTOGRAD, wrap(functools.partial(nb, split_autograd=True))
         yield FUSED, wrap(functools.partial(nb, executors=["torchcompile"]))
-        yield 'torch.compile(mode="reduce-overhead")', wrap(compiled_t)
+        yield COMPILED, wrap(compiled_t)
         return
 
     def eager():
@@ -141,7 +142,7 @@ def configs(fn):
     yield "thunder CUDAGraphTransform", thunder_stock
     yield "thunder-nb FixedCUDAGraphTransform", functools.partial(nb, fn)
     yield FUSED, functools.partial(nb, fn, executors=["torchcompile"])
-    yield 'torch.compile(mode="reduce-overhead")', compiled
+    yield COMPILED, compiled
 
 
 def _same(a, b) -> bool:
@@ -311,7 +312,7 @@ def run_one(index: int, calls: int) -> Row:
 INTERLEAVED = (
     ("Island program", 1000, [("island: 16 steps, item, 16 steps", cfg) for cfg in (
         "hand-written device scalar, thunder CUDAGraphTransform",  # NOTE: before torch.compile, as above
-        'torch.compile(mode="reduce-overhead")',  # NOTE: before the fused one: it resets dynamo
+        COMPILED,  # NOTE: before the fused one: it resets dynamo
         "eager PyTorch",
         "thunder-nb FixedCUDAGraphTransform",
         NO_COPY,
@@ -319,7 +320,7 @@ INTERLEAVED = (
     )], ("island: 16 steps, item, 16 steps", "hand-written device scalar, thunder CUDAGraphTransform")),
     ("Chain", 1000, [("chain: 32 steps, no island", cfg) for cfg in (
         "thunder CUDAGraphTransform",  # NOTE: before torch.compile, as in the training steps' groups
-        'torch.compile(mode="reduce-overhead")',  # NOTE: before the fused one: it resets dynamo
+        COMPILED,  # NOTE: before the fused one: it resets dynamo
         "thunder-nb FixedCUDAGraphTransform",
         NO_COPY,
         FUSED,
@@ -330,7 +331,7 @@ INTERLEAVED = (
         # first, a backward hit an illegal memory access in the warm-up (2026-11-30); thunder's transform's
         # cuBLAS-workspace hazard after a reduce-overhead capture is the suspect (bench/repro_replay_after_compile.py)
         (f"{model} training step", "thunder CUDAGraphTransform"),
-        (f"{model} training step", 'torch.compile(mode="reduce-overhead")'),  # NOTE: before the fused ones: it resets dynamo
+        (f"{model} training step", COMPILED),  # NOTE: before the fused ones: it resets dynamo
         (f"{model} training step", "thunder-nb FixedCUDAGraphTransform"),
         (f"{model} training step, loss.item() logged", "thunder-nb FixedCUDAGraphTransform"),
         (f"{model} training step", SPLIT_AUTOGRAD),
@@ -346,7 +347,7 @@ INTERLEAVED = (
     # a few small ops around an island, where the host's work is all there is; rows of separate processes differed by
     # 1.8x between runs on the same host (2026-12-01), so only configurations taking turns answer it
     (title, 1000, [(program, cfg) for cfg in (
-        'torch.compile(mode="reduce-overhead")',  # NOTE: before the fused one: it resets dynamo
+        COMPILED,  # NOTE: before the fused one: it resets dynamo
         "eager PyTorch",
         "thunder (no graphs)",
         "thunder-nb FixedCUDAGraphTransform",
@@ -406,15 +407,19 @@ def run_interleaved(group: int) -> dict:
     for key, _, graphs in built:
         q = statistics.quantiles(wall[key], n=4)
         ratio = statistics.median(a / b for a, b in zip(wall[key], wall[ref])) if ref in wall else None
+        # NOTE: #14's question asked directly, input by input: this call's time over torch.compile's on the same program
+        peer = (key[0], COMPILED)
+        vs_compile = statistics.median(a / b for a, b in zip(wall[key], wall[peer])) if peer in wall else None
         results.append({
             "program": key[0], "config": key[1], "median_us": statistics.median(wall[key]) * 1e6,
             "iqr_us": [q[0] * 1e6, q[2] * 1e6], "cpu_us": statistics.median(host[key]) * 1e6, "ratio": ratio,
-            "graphs": graphs(), "first_s": first[key], "matches": matches[key],
+            "vs_compile": vs_compile, "graphs": graphs(), "first_s": first[key], "matches": matches[key],
         })
     return {"title": title, "calls": calls, "ref": " / ".join(ref), "results": results}
 
 
 def interleaved_table(group: dict) -> str:
+    peers = any(r.get("vs_compile") is not None for r in group["results"])
     lines = [
         "",
         f"## {group['title']}: one process, configurations taking turns on each of {group['calls']} inputs",
@@ -422,19 +427,22 @@ def interleaved_table(group: dict) -> str:
         "Median and quartiles of the time per call (synchronised), median time until the call returns "
         "(before the synchronise: the host's share), and the median over inputs of this call's time "
         f"over the time of {group['ref']} on the same input; first call: its seconds (tracing, compiling, capture), "
-        "and whether its result matches eager PyTorch's.",
+        "and whether its result matches eager PyTorch's." + (
+            " vs torch.compile: the median over inputs of this call's time over torch.compile(mode=\"reduce-overhead\")'s "
+            "on the same program and input." if peers else ""),
         "",
-        "| program | configuration | median µs/call | quartiles µs | until return µs | vs reference | graphs "
-        "| first call s | matches eager |",
-        "|---|---|---:|---|---:|---:|---:|---:|---|",
+        "| program | configuration | median µs/call | quartiles µs | until return µs | vs reference "
+        + ("| vs torch.compile " if peers else "") + "| graphs | first call s | matches eager |",
+        "|---|---|---:|---|---:|---:|" + ("---:|" if peers else "") + "---:|---:|---|",
     ]
     for r in group["results"]:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
         lo, hi = r["iqr_us"]
         first = f"{r['first_s']:.1f}" if r.get("first_s") is not None else "-"
+        peer = (f"| {r['vs_compile']:.3f}x " if r.get("vs_compile") is not None else "| - ") if peers else ""
         lines.append(
             f"| {r['program']} | {r['config']} | {r['median_us']:.1f} | {lo:.0f}-{hi:.0f} | {r['cpu_us']:.1f} "
-            f"| {ratio} | {r['graphs']} | {first} | {r.get('matches', '-')} |"
+            f"| {ratio} {peer}| {r['graphs']} | {first} | {r.get('matches', '-')} |"
         )
     return "\n".join(lines) + "\n"
 
