@@ -168,8 +168,12 @@ def test_shadowing_and_own_lookups_go_to_the_method():
 def test_the_tensor_check_passes_and_fails_where_thunders_does():
     from thunder.executors.pythonex import _check_tensor_shape_and_metadata_impl as thunders
 
+    class LooksLikeATensor:  # NOTE: every attribute the checks read, but no tensor: thunder's check fails it
+        shape, dtype, requires_grad, device = torch.Size((2, 3)), torch.float32, False, torch.device("cpu")
+
     values = [torch.zeros(2, 3), torch.zeros(3, 2), torch.zeros(2, 3, dtype=torch.float64), torch.zeros(6),
-              nn.Parameter(torch.zeros(2, 3)), torch.zeros(2, 3).as_strided((2, 3), (1, 2)), torch.zeros(()), 2.0]
+              nn.Parameter(torch.zeros(2, 3)), torch.zeros(2, 3).as_strided((2, 3), (1, 2)), torch.zeros(()), 2.0,
+              LooksLikeATensor()]
     expectations = [((2, 3), "cpu", torch.float32, False), ((2, 3), "cpu", torch.float32, True), ((3, 2), "cpu",
                     torch.float32, False), ((2, 3), "cuda:0", torch.float32, False), ((2, 3), "cpu", torch.float64, False),
                     ((), "cpu", torch.float32, False), ((2, 3, 1), "cpu", torch.float32, False)]

@@ -135,11 +135,11 @@ def tensor_checks(specs: Sequence[tuple[tuple[int, ...], str, torch.dtype, bool]
     ``specs[i]`` is ``(shape, device, dtype, requires_grad)`` of the i-th tensor.
     """
     specs = tuple((tuple(shape), device, dtype, requires_grad) for shape, device, dtype, requires_grad in specs)
-    expected = [(shape, dtype, requires_grad, torch.device(device)) for shape, device, dtype, requires_grad in specs]
+    expected = [(True, shape, dtype, requires_grad, torch.device(device)) for shape, device, dtype, requires_grad in specs]
 
     def check_tensors(*tensors: Any) -> None:
         try:
-            if [(t.shape, t.dtype, t.requires_grad, t.device) for t in tensors] == expected:
+            if [(isinstance(t, _Tensor), t.shape, t.dtype, t.requires_grad, t.device) for t in tensors] == expected:
                 return
         except Exception:  # NOTE: not a tensor: the exact check below raises thunder's kind of error
             pass
