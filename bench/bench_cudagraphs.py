@@ -62,22 +62,15 @@ def _inductor_graphs() -> int | None:
 #: thunder-nb's recommended configuration for speed: inductor's fused kernels inside the fixed transform's regions
 FUSED = "thunder-nb Fixed + torchcompile"
 NO_COPY = "thunder-nb Fixed, copy_outputs=False"
-SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"
+SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"  # NOTE: thunder's own module lookups: what thunder_nb.prologue saves
+SPLIT_AUTOGRAD = "thunder-nb Fixed, split_autograd=True"  # NOTE: thunder.jit's two autograd Functions: what thunder_nb.jit's one saves
 COMPILED = 'torch.compile(mode="reduce-overhead")'
-SPLIT_AUTOGRAD = "thunder-nb Fixed, split_autograd=True"  # NOTE: thunder.jit's two autograd Functions: what thunder_nb.jit's one saves  # NOTE: thunder's own module lookups: what thunder_nb.prologue saves
 
 
 def configs(fn):
     """Yield (name, factory) where factory() -> (callable, graphs_counter)."""
     import thunder
     from thunder.transforms.cudagraph import CUDAGraphTransform
-
-    import thunder_nb
-
-    def nb(f, **options):
-        """thunder_nb.jit(f, **options) with capture on, and its graph counter."""
-        jfn = thunder_nb.jit(f, capture=True, **options)
-        return jfn, lambda: str(jfn._lc_transforms[0].graphs_captured)
 
     if isinstance(fn, TrainingStep):
         # NOTE: the compiled part is the forward and loss; backward runs through autograd as in a training loop
@@ -99,7 +92,6 @@ def configs(fn):
             t = CUDAGraphTransform()
             return thunder.jit(step, transforms=[t]), lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
 
-
         def compiled_t(step):
             torch._dynamo.reset()
             before = _inductor_graphs() or 0
@@ -108,10 +100,10 @@ def configs(fn):
         yield "eager PyTorch", wrap(plain)
         yield "thunder (no graphs)", wrap(jit_plain)
         yield "thunder CUDAGraphTransform", wrap(stock)
-        yield "thunder-nb FixedCUDAGraphTransform", wrap(nb)
-        yield SLOW_PROLOGUE, wrap(functools.partial(nb, fast_prologue=False))
-        yield SPLIT_AUTOGRAD, wrap(functools.partial(nb, split_autograd=True))
-        yield FUSED, wrap(functools.partial(nb, executors=["torchcompile"]))
+        yield "thunder-nb FixedCUDAGraphTransform", wrap(_nb)
+        yield SLOW_PROLOGUE, wrap(functools.partial(_nb, fast_prologue=False))
+        yield SPLIT_AUTOGRAD, wrap(functools.partial(_nb, split_autograd=True))
+        yield FUSED, wrap(functools.partial(_nb, executors=["torchcompile"]))
         yield COMPILED, wrap(compiled_t)
         return
 
@@ -124,7 +116,6 @@ def configs(fn):
     def thunder_stock():
         t = CUDAGraphTransform()
         return thunder.jit(fn, transforms=[t]), lambda: str(len(t.cuda_graph_runner.cuda_graph_cache))
-
 
     def compiled():
         torch._dynamo.reset()
@@ -140,8 +131,8 @@ def configs(fn):
     yield "eager PyTorch", eager
     yield "thunder (no graphs)", thunder_plain
     yield "thunder CUDAGraphTransform", thunder_stock
-    yield "thunder-nb FixedCUDAGraphTransform", functools.partial(nb, fn)
-    yield FUSED, functools.partial(nb, fn, executors=["torchcompile"])
+    yield "thunder-nb FixedCUDAGraphTransform", _fixed(fn)
+    yield FUSED, _fixed(fn, executors=["torchcompile"])
     yield COMPILED, compiled
 
 
@@ -289,16 +280,17 @@ def _cases():
                     yield program, f, make, cfg, factory
 
 
+def _nb(fn, **options):
+    """``thunder_nb.jit(fn, **options)`` capturing, and its graph counter."""
+    import thunder_nb
+
+    jfn = thunder_nb.jit(fn, capture=True, **options)
+    return jfn, lambda: str(jfn._lc_transforms[0].graphs_captured)
+
+
 def _fixed(fn, **options):
-    """``thunder_nb.jit(fn, **options)``: a factory of `configs`' kind."""
-
-    def factory():
-        import thunder_nb
-
-        jfn = thunder_nb.jit(fn, capture=True, **options)
-        return jfn, lambda: str(jfn._lc_transforms[0].graphs_captured)
-
-    return factory
+    """`_nb` on ``fn``: a factory of `configs`' kind."""
+    return functools.partial(_nb, fn, **options)
 
 
 def run_one(index: int, calls: int) -> Row:
