@@ -210,6 +210,34 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
         assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
 
 
+def test_a_graphs_outputs_that_are_views_are_kept_as_plain_aliases_and_saved_as_they_are():
+    """Views among a recorded graph's outputs become plain aliases of the same memory (no ``_base``).
+
+    thunder's autograd connection detaches each saved tensor that is a view, on every call; a plain
+    alias it saves as it is, so the tensor autograd holds is the graph's own output (watched).
+    """
+    case = model_case("nanoGPT", "cpu", batch=2, seq=16, width=32)
+    t = emulated()
+    jfn = thunder.jit(case.step, transforms=[t], **thunder_nb.fix.ONE_AUTOGRAD_FUNCTION)
+    with emulated_capture():
+        for seed in range(2):
+            jfn(*case.make_batch(seed)).backward()
+            for p in case.model.parameters():
+                p.grad = None
+    instances = [inst for v in t.cuda_graph_runner.cuda_graph_cache.values() for inst in v]
+    outputs = [o for inst in instances for o in inst.static_outputs if isinstance(o, torch.Tensor)]
+    assert outputs and all(o._base is None for o in outputs)
+    storages = [o.untyped_storage().data_ptr() for o in outputs]
+    # NOTE: outputs sharing memory (reshapes, transposes of another output): the region's views, still in place
+    assert len(set(storages)) < len(storages)
+    runner = t.cuda_graph_runner
+    with emulated_capture():
+        loss = jfn(*case.make_batch(3))
+    saved = loss.grad_fn.saved_tensors
+    own = [s for s in saved if id(s) in runner._own_outputs]
+    assert len(own) > 20 and all(s is runner._own_outputs[id(s)][0] for s in own)
+
+
 def test_copy_into_copies_each_pair_whatever_their_dtypes_and_layouts():
     sources = [torch.randn(3, 4).t(), torch.randint(0, 9, (5,)), torch.randn(2, 2, dtype=torch.float64)]
     targets = [torch.empty_like(s) for s in sources]
