@@ -41,8 +41,8 @@ after it, they no longer find them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from thunder.core.prims import OpTags, PrimIDs
@@ -170,6 +170,36 @@ def value_checks(expected: Sequence[Any], strings: Sequence[bool]) -> Any:
 
 _VALUE_CHECKS = (PrimIDs.CHECK_NUMBER_TYPE_AND_VALUE, PrimIDs.CHECK_STRING_VALUE)
 
+
+def _is_value_check(b: BoundSymbol) -> bool:
+    """A check `value_checks` makes: thunder's check of a number or string against a constant."""
+    return b.sym.id in _VALUE_CHECKS and len(b.args) == 2 and not b.kwargs and isinstance(b.args[0], Proxy) and (
+        not isinstance(b.args[1], Proxy))
+
+
+def _is_tensor_check(b: BoundSymbol) -> bool:
+    """A check `tensor_checks` makes: thunder's tensor check of a shape of plain ints."""
+    return b.sym.id == PrimIDs.CHECK_TENSOR_SHAPE_AND_METADATA and len(b.args) == 5 and not b.kwargs and all(
+        type(d) is int for d in b.args[1])  # NOTE: a symbolic size (a NumberProxy) keeps thunder's check
+
+
+class _Batched(NamedTuple):
+    """A kind of thunder's checks that the prologue makes in one call, after the last of them."""
+
+    what: str  # in the call's comment: "thunder's {n} {what} checks at once"
+    accepts: Callable[[BoundSymbol], bool]  # the checks of this kind
+    make: Callable[[list[BoundSymbol]], Any]  # the checks -> one function that makes them all
+
+
+# NOTE: the call's name -> its kind. Where two kinds' last checks are at the same place, the later kind's call
+# comes first in the prologue
+_BATCHED = {
+    "thunder_nb_check_values": _Batched("value", _is_value_check, lambda checks: value_checks(
+        [b.args[1] for b in checks], [b.sym.id == PrimIDs.CHECK_STRING_VALUE for b in checks])),
+    "thunder_nb_check_tensors": _Batched("tensor", _is_tensor_check, lambda checks: tensor_checks(
+        [(b.args[1], *b.args[2:]) for b in checks])),
+}
+
 _SYMBOLS = {
     PrimIDs.UNPACK_SUBMODULE: ("thunder_nb_get_submodule", get_submodule),
     PrimIDs.UNPACK_PARAMETER: ("thunder_nb_get_parameter", get_parameter),
@@ -203,10 +233,8 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
     """
     out, n = [], 0
     walked: dict[tuple[str, tuple[str, ...]], _Found] = {}  # (origin's name, path) -> the module `child` found
-    checks: list[BoundSymbol] = []  # thunder's value checks, made one (`value_checks`) after the last of them
-    last_check = -1  # its place in ``out``
-    tensors: list[BoundSymbol] = []  # thunder's tensor checks of plain shapes, made one (`tensor_checks`)
-    last_tensor = -1
+    # the call's name (`_BATCHED`) -> thunder's checks it makes, each with its place in ``out``
+    batched: dict[str, list[tuple[int, BoundSymbol]]] = {name: [] for name in _BATCHED}
 
     def module_at(origin: Any, path: tuple[str, ...]) -> _Found:
         key = (origin.name, path)
@@ -225,15 +253,9 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
         return found
 
     for b in bsyms:
-        if b.sym.id in _VALUE_CHECKS and len(b.args) == 2 and not b.kwargs and isinstance(b.args[0], Proxy) and (
-                not isinstance(b.args[1], Proxy)):
-            checks.append(b)
-            last_check = len(out)
-            continue
-        if b.sym.id == PrimIDs.CHECK_TENSOR_SHAPE_AND_METADATA and len(b.args) == 5 and not b.kwargs and all(
-                type(d) is int for d in b.args[1]):  # NOTE: a symbolic size (a NumberProxy) keeps thunder's check
-            tensors.append(b)
-            last_tensor = len(out)
+        batch = next((name for name, kind in _BATCHED.items() if kind.accepts(b)), None)
+        if batch is not None:
+            batched[batch].append((len(out), b))
             continue
         entry = _SYMBOLS.get(b.sym.id)
         if (entry is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[0], Proxy)
@@ -251,17 +273,15 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
         n += 1
     # NOTE: the later place first, so that inserting there leaves the earlier one where it was
     batches = []
-    if checks:
-        fn = value_checks([b.args[1] for b in checks], [b.sym.id == PrimIDs.CHECK_STRING_VALUE for b in checks])
-        batches.append((last_check, _call("thunder_nb_check_values", fn, tuple(b.args[0] for b in checks), None,
-                                          f"thunder's {len(checks)} value checks at once", dont_dce=True)))
-    if tensors:
-        fn = tensor_checks([(b.args[1], *b.args[2:]) for b in tensors])
-        batches.append((last_tensor, _call("thunder_nb_check_tensors", fn, tuple(b.args[0] for b in tensors), None,
-                                           f"thunder's {len(tensors)} tensor checks at once", dont_dce=True)))
+    for name, placed in batched.items():
+        if placed:
+            kind, checks = _BATCHED[name], [b for _, b in placed]
+            call = _call(name, kind.make(checks), tuple(b.args[0] for b in checks), None,
+                         f"thunder's {len(checks)} {kind.what} checks at once", dont_dce=True)
+            batches.append((placed[-1][0], call))  # NOTE: after the last of its checks
+            n += len(checks)
     for at, bsym in sorted(batches, key=lambda x: -x[0]):
         out.insert(at, bsym)
-    n += len(checks) + len(tensors)
     return out, n
 
 
