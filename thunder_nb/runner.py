@@ -497,24 +497,19 @@ class ThunderNBRunner(CUDAGraphRunner):
             singles, shared, lent = memo.groups
             watched = True
         else:
-            singles, shared, lent, aliased = self._copy_groups(memo.copy, tensors, saved, out, plan[2])
+            singles, shared, lent, aliased, lent_at = self._copy_groups(memo.copy, tensors, saved, out, plan[2])
             guarded += aliased
             watched = False
         counts["guarded"] += guarded
         if lent:
             # NOTE: a fresh alias, referenced by nothing else: autograd's AccumulateGrad then makes it the parameter's
             # .grad as it is (a tensor referenced elsewhere it would clone)
-            if watched:
-                for j in lent:
-                    out[j] = _detach(tensors[j])
-            else:
-                where = self._where
-                for j in lent:
-                    t = tensors[j]
-                    ptr, owner = where(t)
+            if not watched:
+                for ptr, owner in lent_at:
                     owner.watch_storage(ptr)
                     owner.lent = True
-                    out[j] = _detach(t)
+            for j in lent:
+                out[j] = _detach(tensors[j])
             counts["lent"] += len(lent)
         if singles:
             for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
@@ -527,13 +522,16 @@ class ThunderNBRunner(CUDAGraphRunner):
 
     def _copy_groups(self, copies: tuple[tuple[int, int, Any], ...], tensors: tuple[Any, ...],
                      saved: frozenset[int] | set[int], out: list[Any], lend: frozenset[int],
-                     ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], int]:
-        """The copy positions (`_HandOutMemo.copy`) in graph memory, grouped by storage: ``(singles, shared, lent, aliased)``.
+                     ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], int,
+                                tuple[tuple[int, Any], ...]]:
+        """The copy positions (`_HandOutMemo.copy`) in graph memory, grouped by storage: ``(singles, shared, lent, aliased, lent_at)``.
 
         One in memory a saved tensor shares goes out as a fresh alias instead (into ``out``), watched;
-        ``aliased`` counts those. Of the singles, those in ``lend`` are ``lent`` instead (`hand_out`).
+        ``aliased`` counts those. Of the singles, those in ``lend`` are ``lent`` instead (`hand_out`);
+        ``lent_at`` gives each lent one's storage address and the `Instance` whose replay writes it.
         """
         groups: dict[int, list[int]] = {}
+        owners: dict[int, Any] = {}  # storage address -> its instance
         where = self._where
         aliased = 0
         for j, ptr, owner in copies:
@@ -553,7 +551,10 @@ class ThunderNBRunner(CUDAGraphRunner):
                 aliased += 1
             else:
                 groups.setdefault(ptr, []).append(j)
-        return (*_groups(groups, lend), aliased)
+                owners[ptr] = owner
+        singles, shared, lent = _groups(groups, lend)
+        at = {js[0]: ptr for ptr, js in groups.items() if len(js) == 1}
+        return singles, shared, lent, aliased, tuple((at[j], owners[at[j]]) for j in lent)
 
     def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
         """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
@@ -590,10 +591,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         groups = None
         if all(owner is not None and ptr not in saved for _, ptr, owner in copies):
             # NOTE: none goes out as an alias (none is in a saved one's memory), so `out` stays untouched
-            groups = self._copy_groups(copies, tensors, saved, [], lend)[:3]
-            where = {j: (ptr, owner) for j, ptr, owner in copies}
-            for j in groups[2]:  # NOTE: the lent ones: the same storages at every call this memo serves
-                ptr, owner = where[j]
+            singles, shared, lent, _, lent_at = self._copy_groups(copies, tensors, saved, [], lend)
+            groups = (singles, shared, lent)
+            for ptr, owner in lent_at:  # NOTE: the lent ones: the same storages at every call this memo serves
                 owner.watch_storage(ptr)
                 owner.lent = True
         return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
