@@ -353,6 +353,9 @@ def test_gpu_capture_verdicts():
     assert island.results["fixed"].ok and island.graphs["fixed"] >= 1
     assert ("faster than eager" in island.verdict()) or ("slower than eager" in island.verdict())
     assert mlp.results["fixed"].ok and mlp.results["fixed"].grads_match and mlp.graphs["fixed"] >= 1
+    # NOTE: the steps reset the gradients: one graph per region, the backward's gradients lent on every step
+    regions = sum(len(t.regions) for t in mlp.fixed.traces)
+    assert mlp.graphs["fixed"] == regions and "lending stopped" not in mlp.to_text(), mlp.to_text()
     for c in (stepped, module_step):  # steady state: the parameters after 23 SGD steps match eager's
         assert c.results["fixed"].ok and c.results["fixed"].params_match and c.graphs["fixed"] >= 1, c.run_text()
     assert module_step.trainable == ("_MODEL.0.weight", "_MODEL.0.bias", "_MODEL.2.weight", "_MODEL.2.bias")

@@ -122,3 +122,17 @@ def test_user_code_is_told_from_libraries():
     assert is_user_file(__file__) and is_user_file("<ipython-input-3-abc>") and is_user_file("/tmp/ipykernel_1/2.py")
     assert not is_user_file(torch.__file__) and not is_user_file(functools.__file__)
     assert not is_user_file("<frozen importlib._bootstrap>")
+
+
+def test_grads_are_copies_so_a_record_of_them_holds_no_graph_memory():
+    """`Bound.grads` copies: a comparison keeps them, and a kept gradient lent by a graph would hold that graph."""
+    b = bind(step, (X,))
+    args, kwargs = b.inputs()
+    b.fn(*args, **kwargs).backward()
+    grads = b.grads()
+    assert set(grads) == set(b.trainable) and all(g is not None for g in grads.values())
+    for name, t in b.trainable.items():
+        assert grads[name] is not t.grad and torch.equal(grads[name], t.grad)
+        assert grads[name].untyped_storage().data_ptr() != t.grad.untyped_storage().data_ptr()
+    b.zero_grad()
+    assert all(g is not None for g in grads.values())

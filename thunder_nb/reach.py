@@ -52,8 +52,13 @@ class Bound:
         return found
 
     def grads(self) -> dict[str, Any]:
-        """The ``.grad`` of every trainable tensor, by name."""
-        return {name: t.grad for name, t in self.trainable.items()}
+        """A copy of the ``.grad`` of every trainable tensor, by name (None where there is none).
+
+        Copies: a gradient a graph lent to autograd lies in that graph's memory, and a record that kept it
+        would hold the graph instance at the next backward (one more graph, lending stopped), where a
+        training loop that resets its gradients keeps one.
+        """
+        return {name: None if t.grad is None else t.grad.detach().clone() for name, t in self.trainable.items()}
 
     def zero_grad(self) -> None:
         """Drop the gradients (``set_to_none``, as ``optimizer.zero_grad()`` does)."""
