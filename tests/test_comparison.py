@@ -445,3 +445,31 @@ def test_gpu_peers_give_the_fixed_sides_speed_against_eager_and_torch_compile():
     t = compare(programs.mlp, programs.mlp_inputs("cuda"), training=True, lr=0.1, peers=True, repeats=5)
     print("GPU peers, training:", t.verdict())
     assert t.results["peer"].ok, t.results["peer"]
+
+
+@pytest.mark.parametrize("names", [(), ("torchcompile",)])
+def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_jit(names):
+    """The fixed side: the fixed transform, one autograd Function per call, the chosen executors first; the original:
+    thunder's defaults (its pair of Functions), the same executors."""
+    import thunder
+
+    from thunder_nb import internals, runs
+    from thunder_nb.fix import FixedCUDAGraphTransform
+
+    chosen = internals.executors(list(names))
+    plan = runs.Plan("mlp", True, None, 2, False)
+    orig, fixed = runs.compile_both(programs.mlp, programs.mlp_inputs(), {}, "stock", "auto", plan, lambda s: None,
+                                    chosen)
+    assert isinstance(fixed.transform, FixedCUDAGraphTransform) and fixed.jfn._lc_transforms == [fixed.transform]
+    assert orig.jfn._lc_transforms == [orig.transform] and not isinstance(orig.transform, FixedCUDAGraphTransform)
+    fixed_options = thunder.compile_data(fixed.jfn).compile_options
+    orig_options = thunder.compile_data(orig.jfn).compile_options
+    assert fixed_options.get("thunderfx_disable_split_autograd") is True
+    assert not orig_options.get("thunderfx_disable_split_autograd", False)
+    # NOTE: each jitted function has an ad-hoc executor of its own, first in its list
+    executors = [[e.name for e in thunder.compile_data(j).executors_list if not e.name.startswith("__ad_hoc")]
+                 for j in (fixed.jfn, orig.jfn)]
+    expected = [e.name for e in chosen or thunder.get_default_executors()]  # NOTE: thunder adds its always-executors
+    assert executors[0] == executors[1] and executors[0][:len(expected)] == expected
+    if names:
+        assert executors[0][0].startswith("thunder_nb_torchcompile")

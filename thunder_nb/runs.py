@@ -151,16 +151,16 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
     """
     import thunder
 
-    from .fix import ONE_AUTOGRAD_FUNCTION, FixedCUDAGraphTransform
+    from .fix import jit
 
-    fixed = Run("fixed", bind(fn, args, kwargs), FixedCUDAGraphTransform(capture=capture))
+    # NOTE: the fixed side is what `thunder_nb.jit` makes (one autograd Function per call); the original is what
+    # thunder.jit makes by default
+    fixed = Run("fixed", bind(fn, args, kwargs))
+    fixed.jfn = jit(fixed.bound.fn, executors=executors or (), capture=capture)
+    fixed.transform = fixed.jfn._lc_transforms[0]
     orig = Run(original, bind(fn, args, kwargs), _original_transform(original, capture))
-    for run in (fixed, orig):
-        # NOTE: the fixed side as `thunder_nb.jit` makes it (one autograd Function per call); the original as
-        # thunder.jit does by default
-        options = dict(ONE_AUTOGRAD_FUNCTION) if run is fixed else {}
-        run.jfn = thunder.jit(run.bound.fn, transforms=[run.transform],
-                              **({"executors": executors} if executors is not None else {}), **options)
+    orig.jfn = thunder.jit(orig.bound.fn, transforms=[orig.transform],
+                           **({"executors": executors} if executors is not None else {}))
 
     fusing = any(getattr(ex, "name", "").startswith("thunder_nb_torchcompile") for ex in executors or ())
     say(f"tracing {plan.name} with the fixed transform…" + (
