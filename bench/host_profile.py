@@ -131,7 +131,7 @@ def instrument_entries(clock: Clock, jfn) -> None:
 
 
 def configs(emulated: bool):
-    """(name, make) for thunder's transform, the fixed one, and the fixed trace on thunder's runner code."""
+    """(name, make) for thunder's transform, the fixed one (also with inductor's fusions), and the fixed trace on thunder's runner code."""
 
     def fixed(options=ONE_AUTOGRAD_FUNCTION):
         t = FixedCUDAGraphTransform(capture=not emulated)
@@ -140,6 +140,11 @@ def configs(emulated: bool):
 
     def fixed_split():
         return fixed({})
+
+    def fused():
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        return fixed({**ONE_AUTOGRAD_FUNCTION, "executors": [torch_compile_ex]})
 
     def fixed_thunder_path():
         t, runner, _, options = fixed()
@@ -153,6 +158,7 @@ def configs(emulated: bool):
         ("thunder CUDAGraphTransform", stock),
         ("thunder-nb FixedCUDAGraphTransform", fixed),
         ("thunder-nb Fixed, split_autograd=True", fixed_split),
+        ("thunder-nb Fixed + torchcompile", fused),  # NOTE: on the CPU, inductor compiles C++ (a minute or so)
         ("fixed trace, thunder's runner code", fixed_thunder_path),
     ]
 
