@@ -343,6 +343,44 @@ def test_returned_view_sees_an_update_thunder_applies_in_the_backward():
     torch.testing.assert_close(v.detach(), v_plain.detach())
 
 
+def saves_a_view_of_another_regions_output(x0, x1):
+    x1.relu_()
+    t1 = x1.sin()
+    t3 = torch.sin(x0)
+    x1.sum().item()
+    t9 = t3.flatten()
+    return t9.sin(), t1
+
+
+def test_a_saved_view_of_another_graphs_memory_holds_that_graph_until_the_backward():
+    """Found by tests/test_fuzz.py's date run of 2026-12-01 (seed 20261201), emulated capture.
+
+    ``t3`` is one region's output, and the next region reads it as a static input, makes ``t9`` (a view
+    of it) and returns it, saved for the backward. Two forwards run before one backward. The first
+    region's instance must stay held while the first call's ``t9`` waits for the backward: that instance
+    watches its memory by the storage's use count, which only the alias thunder's autograd connection
+    makes of a saved *view* raises. Was: the runner made every view among a graph's outputs a plain
+    alias (to spare that detach), ``t9`` too, so it was saved as it was; the second call replayed the
+    first region over the first call's ``t3`` and its gradient came out wrong. Fixed: only views in the
+    graph's own memory (watched object by object) become plain aliases.
+    """
+    def inputs(seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(11, 11, generator=g).requires_grad_(), torch.randn(11, 11, generator=g)
+
+    def two_forwards_one_backward(fn):
+        a, b = inputs(0), inputs(1)
+        (fn(*a)[0].sum() + fn(*b)[0].sum()).backward()
+        return a[0].grad, b[0].grad
+
+    expected = two_forwards_one_backward(saves_a_view_of_another_regions_output)
+    with emulated_capture():
+        t = make_transform(FixedCUDAGraphTransform, "emulated")
+        got = two_forwards_one_backward(thunder.jit(saves_a_view_of_another_regions_output, transforms=[t]))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
 @pytest.mark.gpu
 def test_returned_view_sees_an_update_thunder_applies_in_the_backward_on_gpu():
     """The same under real capture (found with emulated capture, whose replays write memory as real ones do)."""

@@ -363,13 +363,13 @@ class ThunderNBRunner(CUDAGraphRunner):
             internals.recover_generators()
             raise
         pool = torch.cuda.memory_allocated() - before if cuda else None
-        static_outputs = _unviewed(static_outputs)
+        inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
+        static_outputs = _unviewed(static_outputs, {ptr for ptr in inputs_memory if ptr in self._owner})
         copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
         inst = Instance(graph, static_inputs, tuple(static_outputs),
                          view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
                          tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
                          self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
-        inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
         for s, a, m in zip(static_inputs, args, mask):
             if isinstance(s, torch.Tensor) and not m:
                 self._owner[storage(s)] = inst
@@ -660,18 +660,25 @@ _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _detach = torch.Tensor.detach
 
 
-def _unviewed(outputs: Sequence[Any]) -> tuple[Any, ...]:
-    """A graph's outputs with each view (``_base`` set) replaced by a plain alias of the same memory, once per object.
+def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]:
+    """A graph's outputs with each view (``_base`` set) replaced by a plain alias of the same memory, but in ``graph_inputs``.
 
     The memory, sizes and strides are the same; only autograd's view link to the base goes. thunder's
     autograd connection detaches every saved tensor that is a view, on every call (48 of the 80 saved
     tensors of the nanoGPT step: about 35 µs of host time per forward on a CPU); an output that is no
-    view goes through as it is. Nothing the runner does with its outputs reads ``_base``.
+    view it saves as it is. Nothing the runner does with its outputs reads ``_base``. One alias per object.
+
+    ``graph_inputs``: storage addresses of the graph's inputs that lie in memory an instance writes (another
+    region's output, read in place). A view of those stays a view: that instance watches its memory by
+    the storage's use count alone, and only the alias thunder's connection makes of a saved view raises
+    it. The graph's own outputs (watched object by object, `Instance.watch`) and views of memory no
+    instance writes (a transposed weight) go without their view link.
     """
     plain: dict[int, Any] = {}
     out = []
     for o in outputs:
-        if isinstance(o, _Tensor) and o._base is not None:
+        if (isinstance(o, _Tensor) and o._base is not None and o.untyped_storage().nbytes()
+                and o.untyped_storage().data_ptr() not in graph_inputs):
             alias = plain.get(id(o))
             if alias is None:
                 alias = plain[id(o)] = _detach(o)
