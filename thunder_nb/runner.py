@@ -495,19 +495,17 @@ class ThunderNBRunner(CUDAGraphRunner):
             # NOTE: only own outputs to copy or lend, none sharing memory with a saved one; the lent ones' storages
             # were watched when the memo was made
             singles, shared, lent = memo.groups
-            watched = True
+            lent_at = ()
         else:
             singles, shared, lent, aliased, lent_at = self._copy_groups(memo.copy, tensors, saved, out, plan[2])
             guarded += aliased
-            watched = False
         counts["guarded"] += guarded
         if lent:
             # NOTE: a fresh alias, referenced by nothing else: autograd's AccumulateGrad then makes it the parameter's
             # .grad as it is (a tensor referenced elsewhere it would clone)
-            if not watched:
-                for ptr, owner in lent_at:
-                    owner.watch_storage(ptr)
-                    owner.lent = True
+            for ptr, owner in lent_at:  # NOTE: the per-call path's; the memo's were watched when it was made
+                owner.watch_storage(ptr)
+                owner.lent = True
             for j in lent:
                 out[j] = _detach(tensors[j])
             counts["lent"] += len(lent)
