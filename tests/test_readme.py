@@ -84,3 +84,14 @@ def test_in_a_notebook_runs_as_written(tmp_path):
     assert "fixed: 2 regions, 0 islands, matches eager, grads match, params match after 23 SGD steps" in verdicts[1]
     run = next(t for t in texts if t.startswith("device") and "gradients of" in t)
     assert "model.0.weight, model.0.bias, model.2.weight, model.2.bias (4 tensors)" in run
+
+
+@pytest.mark.parametrize("page", ["README.md", "bench/results/README.md"])
+def test_every_relative_link_leads_to_a_file_in_the_repository(page):
+    """A link to a results file, a picture or a notebook that was moved or never committed fails here, not for a reader."""
+    path = README.parent / page
+    text = path.read_text(encoding="utf-8")
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t and not t.startswith("#")]
+    assert targets, f"{page}: no relative link found (the pattern no longer matches the page's links?)"
+    missing = [t for t in targets if not (path.parent / t).exists()]
+    assert not missing, f"{page}: links to missing files: {missing}"
