@@ -164,9 +164,9 @@ def configs(emulated: bool):
 
 
 def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: bool, *,
-            cprofile: bool = False, skip_replay: bool = False, cpu_time: bool = False):
+            cprofile: bool = False, skip_replay: bool = False, cpu_time: bool = False, layers: int = 2):
     """Median microseconds per step and phase (and the region calls per step) of ``name``'s training step."""
-    case = model_case(name, device, log_loss=log_loss)
+    case = model_case(name, device, log_loss=log_loss, layers=layers)
     transform, runner, thunder_path, options = make()
     clock = Clock(time.thread_time if cpu_time else time.perf_counter)
     instrument(clock, runner, thunder_path)
@@ -249,12 +249,14 @@ def table(rows: list[tuple[str, str, dict, tuple[int, int]]]) -> str:
 def run_case(a: argparse.Namespace, name: str, log: bool, config: str) -> dict | None:
     """One program under one configuration, in this process: its row, or None when it fails (printed)."""
     device = "cpu" if a.emulated else "cuda"
-    program = f"{name} training step" + (", loss.item() logged" if log else "")
+    program = f"{name} training step" + (f", {a.layers} layers" if a.layers != 2 else "") + (
+        ", loss.item() logged" if log else "")
     make = dict(configs(a.emulated))[config]
     with emulated_capture() if a.emulated else contextlib.nullcontext():
         try:
             row, regions, prof = profile(name, make, device, a.steps, a.warmup, log, cprofile=a.cprofile,
-                                         skip_replay=a.skip_replay and a.emulated, cpu_time=a.cpu_time)
+                                         skip_replay=a.skip_replay and a.emulated, cpu_time=a.cpu_time,
+                                         layers=a.layers)
         except Exception as e:  # NOTE: thunder's own transform fails at capture where loss.item() is inside
             print(f"{program} / {config}: fails: {type(e).__name__}: {str(e).strip()[:100]}", file=sys.stderr)
             return None
@@ -271,6 +273,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--models", default="nanoGPT,llama2")
+    ap.add_argument("--layers", type=int, default=2,
+                    help="the models' depth (the benchmark's steps: 2; notebook 05's nanoGPT: 6): host work grows with it")
     ap.add_argument("--log-loss", action="store_true", help="also the steps that take loss.item() inside")
     ap.add_argument("--config", default="", help="only configurations whose name contains this")
     ap.add_argument("--skip-replay", action="store_true",

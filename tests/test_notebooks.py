@@ -77,24 +77,24 @@ def test_draws_svg(executed):
 
 @pytest.mark.slow
 def test_toggle_view_and_state(executed):
-    """01, 04 and 05 show the toggle: a widget view whose saved state has the buttons jslinked to the panes."""
+    """01, 04 and 05 show the toggle: per magic cell a widget view whose saved state has the buttons jslinked to the panes."""
     name, nb = executed
     views = [o["data"][VIEW]["model_id"] for o in _outputs(nb) if VIEW in o.get("data", {})]
     if name not in WITH_TOGGLE:
         assert views == []
         return
     state = _widget_state(nb)
-    assert len(views) == 1 and views[0] in state, f"{name}: no widget view with saved state"
-    box = state[views[0]]
-    assert box["model_name"] == "VBoxModel"
-    buttons_id, stack_id = (c.removeprefix("IPY_MODEL_") for c in box["state"]["children"])
-    assert state[buttons_id]["model_name"] == "ToggleButtonsModel"
-    assert state[buttons_id]["state"]["_options_labels"][1] == "fixed"
-    assert state[stack_id]["model_name"] == "StackModel" and len(state[stack_id]["state"]["children"]) == 2
-    links = [m["state"] for m in state.values() if m["model_name"] == "LinkModel"]
-    assert [[f"IPY_MODEL_{buttons_id}", "index"], [f"IPY_MODEL_{stack_id}", "selected_index"]] in [
-        [link["source"], link["target"]] for link in links
-    ]
+    magic_cells = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%thunder_cudagraph")]
+    assert len(views) == len(magic_cells) and all(v in state for v in views), f"{name}: a widget view without saved state"
+    links = [[m["state"]["source"], m["state"]["target"]] for m in state.values() if m["model_name"] == "LinkModel"]
+    for view in views:
+        box = state[view]
+        assert box["model_name"] == "VBoxModel"
+        buttons_id, stack_id = (c.removeprefix("IPY_MODEL_") for c in box["state"]["children"])
+        assert state[buttons_id]["model_name"] == "ToggleButtonsModel"
+        assert state[buttons_id]["state"]["_options_labels"][1] == "fixed"
+        assert state[stack_id]["model_name"] == "StackModel" and len(state[stack_id]["state"]["children"]) == 2
+        assert [[f"IPY_MODEL_{buttons_id}", "index"], [f"IPY_MODEL_{stack_id}", "selected_index"]] in links
 
 
 @pytest.mark.slow
