@@ -208,8 +208,12 @@ class TrainingStep:
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out) if isinstance(out, tuple) else loss.detach()
 
 
+DEEP = "nanoGPT training step, 6 layers"
+
+
 def training_programs(device: str):
-    """nanoGPT and llama2 (thunder's bundled test models: 2 layers, width 128, batch 8x64), plain and logging loss.item()."""
+    """nanoGPT and llama2 (thunder's bundled test models: 2 layers, width 128, batch 8x64), plain and logging
+    loss.item(); and nanoGPT at 6 layers (`DEEP`), plain."""
     from thunder_nb.testing.models import model_case
 
     for name in ("nanoGPT", "llama2"):
@@ -217,6 +221,9 @@ def training_programs(device: str):
             label = f"{name} training step" + (", loss.item() logged" if log else "")
             case = model_case(name, device, log_loss=log)
             yield label, TrainingStep(case), case.make_batch
+    # NOTE: notebook 05's depth (76 parameters): thunder-nb's host work grows per parameter faster than torch.compile's
+    case = model_case("nanoGPT", device, layers=6)
+    yield DEEP, TrainingStep(case), case.make_batch
 
 
 def benchmarks(device: str):
@@ -350,6 +357,9 @@ INTERLEAVED = (
         ("full_like", "full_like(x, x.sum().item())"),
         ("Normalising between matmuls", "h / (h.mean().item() + 1e-3) between matmuls"),
     )
+) + (
+    # NOTE: #14 at notebook 05's depth, taking turns (the notebook times one configuration after the other)
+    (DEEP, 200, [(DEEP, cfg) for cfg in (COMPILED, "thunder-nb FixedCUDAGraphTransform", FUSED)], (DEEP, COMPILED)),
 )
 
 
