@@ -529,7 +529,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         ``lent_at`` gives each lent one's storage address and the `Instance` whose replay writes it.
         """
         groups: dict[int, list[int]] = {}
-        placed: dict[int, tuple[int, Any]] = {}  # position -> (storage address, its instance), of the grouped ones
+        owners: dict[int, Any] = {}  # storage address -> its instance
         where = self._where
         aliased = 0
         for j, ptr, owner in copies:
@@ -549,9 +549,10 @@ class ThunderNBRunner(CUDAGraphRunner):
                 aliased += 1
             else:
                 groups.setdefault(ptr, []).append(j)
-                placed[j] = (ptr, owner)
+                owners[ptr] = owner
         singles, shared, lent = _groups(groups, lend)
-        return singles, shared, lent, aliased, tuple(placed[j] for j in lent)
+        at = {js[0]: ptr for ptr, js in groups.items() if len(js) == 1}
+        return singles, shared, lent, aliased, tuple((at[j], owners[at[j]]) for j in lent)
 
     def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
         """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
@@ -675,7 +676,7 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
     out = []
     for o in outputs:
         if (isinstance(o, _Tensor) and o._base is not None and o.untyped_storage().nbytes()
-                and storage(o) not in graph_inputs):
+                and o.untyped_storage().data_ptr() not in graph_inputs):
             alias = plain.get(id(o))
             if alias is None:
                 alias = plain[id(o)] = _detach(o)
