@@ -529,7 +529,7 @@ class ThunderNBRunner(CUDAGraphRunner):
         ``lent_at`` gives each lent one's storage address and the `Instance` whose replay writes it.
         """
         groups: dict[int, list[int]] = {}
-        owners: dict[int, Any] = {}  # storage address -> its instance
+        placed: dict[int, tuple[int, Any]] = {}  # position -> (storage address, its instance), of the grouped ones
         where = self._where
         aliased = 0
         for j, ptr, owner in copies:
@@ -549,10 +549,9 @@ class ThunderNBRunner(CUDAGraphRunner):
                 aliased += 1
             else:
                 groups.setdefault(ptr, []).append(j)
-                owners[ptr] = owner
+                placed[j] = (ptr, owner)
         singles, shared, lent = _groups(groups, lend)
-        at = {js[0]: ptr for ptr, js in groups.items() if len(js) == 1}
-        return singles, shared, lent, aliased, tuple((at[j], owners[at[j]]) for j in lent)
+        return singles, shared, lent, aliased, tuple(placed[j] for j in lent)
 
     def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
         """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
@@ -676,7 +675,7 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
     out = []
     for o in outputs:
         if (isinstance(o, _Tensor) and o._base is not None and o.untyped_storage().nbytes()
-                and o.untyped_storage().data_ptr() not in graph_inputs):
+                and storage(o) not in graph_inputs):
             alias = plain.get(id(o))
             if alias is None:
                 alias = plain[id(o)] = _detach(o)
