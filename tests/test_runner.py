@@ -232,6 +232,9 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
     assert backward.lent == 4 * len(report.backward.hand_out.graph_memory) >= 4 * len(list(case.model.parameters()))
     for region in report.forward.regions + report.backward.regions:
         assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
+    for name, counts in t.cuda_graph_runner._counts.items():
+        # NOTE: from the second step on, each call's key was proved again (the tied weight at two positions too)
+        assert counts.again is not None and counts.again_misses == 0, name
 
 
 def test_a_graphs_outputs_that_are_views_are_kept_as_plain_aliases_and_saved_as_they_are():
@@ -294,3 +297,79 @@ def test_two_forwards_before_each_backward_replay_two_instances_round_after_roun
             assert instances and not any(inst.held() for inst in instances)
     region = thunder_nb.analyze(jfn).forward.regions[0]
     assert region.stats.instances == 2 and region.stats.replays == 8 and region.stats.eager_calls == 0
+
+
+def _hashable_args() -> tuple:
+    return args_of_every_kind()[:-1] + (3, 2.0, True, None, "s")
+
+
+@pytest.mark.parametrize("change", [
+    "same objects", "new tensors, same layouts", "a plain tensor in graph memory", "a square weight transposed in place",
+    "a parameter's data moved", "a static view at another offset", "another dtype", "a number's type", "a number's value",
+    "a string", "a tensor for a number", "requires_grad", "a tied weight untied",
+])
+def test_a_calls_key_is_proved_again_only_where_key_would_make_the_same_one(change):
+    """`_KeyAgain` stands in for `_key` when it holds: whatever changes between calls, holding means the same key."""
+    runner = ThunderNBRunner(capture=True)
+    counts = runner._count("CUDAGraph1")
+    weight = torch.nn.Parameter(torch.randn(4, 4))
+    args = _hashable_args() + (weight, weight.detach()[1:], weight)  # NOTE: tied: one parameter at two positions
+    runner._key("CUDAGraph1", counts, args)  # NOTE: the parameter's memory is known from here: the view is static
+    mask, key = runner._key("CUDAGraph1", counts, args)
+    assert mask[-3:] == (True, True, True)
+    again = runner._again(counts, args, mask)
+    new = list(args)
+    if change == "new tensors, same layouts":
+        new[:3] = [torch.randn(4, 6), torch.randn(4, 6).t(), torch.randn(4, 6)[1:, ::2]]
+        new[4:7] = [torch.zeros(2, dtype=torch.int64), torch.tensor(1.0), torch.empty(0, 3)]
+    elif change == "a plain tensor in graph memory":
+        runner._owner[args[0].untyped_storage().data_ptr()] = object()
+    elif change == "a square weight transposed in place":
+        weight.data = weight.data.t()  # NOTE: the same object, address and sizes; other strides
+    elif change == "a parameter's data moved":
+        weight.data = weight.data.clone()
+    elif change == "a static view at another offset":
+        new[-2] = weight.detach()[2:]
+    elif change == "another dtype":
+        new[4] = torch.zeros(2, dtype=torch.int32)
+    elif change == "a number's type":
+        new[7] = 3.0
+    elif change == "a number's value":
+        new[8] = 2.5
+    elif change == "a string":
+        new[11] = "t"
+    elif change == "a tensor for a number":
+        new[7] = torch.tensor(3)
+    elif change == "requires_grad":
+        new[0] = args[0].clone().requires_grad_()
+    elif change == "a tied weight untied":
+        new[-1] = torch.nn.Parameter(weight.detach().clone())
+    new = tuple(new)
+    same = runner._key("CUDAGraph1", counts, new)[1] == key
+    holds = again.holds(new, runner._owner, runner._stable)
+    if change == "requires_grad":  # NOTE: not in the key; the guard is stricter there, which costs a `_key` call
+        assert same and not holds
+    else:
+        assert holds == same == (change in ("same objects", "new tensors, same layouts")), (holds, same)
+
+
+def test_a_weight_transposed_in_place_between_replays_gets_its_own_graph_and_the_right_result():
+    """thunder's prologue checks sizes, not strides: the runner's key, proved again on each call, must see them."""
+    w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def f(x):
+        return (x @ w).sin()
+
+    t = emulated()
+    jfn = thunder.jit(f, transforms=[t])
+    x = torch.randn(3, 8)
+    with emulated_capture(), torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(jfn(x), f(x))
+        counts = next(iter(t.cuda_graph_runner._counts.values()))
+        assert counts.again is not None  # NOTE: the later calls were proved, not keyed
+        w.data = w.data.t()
+        for _ in range(3):
+            torch.testing.assert_close(jfn(x), f(x))
+    region = thunder_nb.analyze(jfn).forward.regions[0]
+    assert len(region.graphs) == 2 and region.stats.replays == 6

@@ -20,6 +20,8 @@ __all__ = [
     "copy_all",
     "copy_into",
     "storage_use_count",
+    "metadata_guard",
+    "data_ptrs_equal",
     "recover_generators",
     "compile_option",
     "fusion_symbol",
@@ -155,6 +157,28 @@ def storage_use_count(t: Any) -> int:
     import torch
 
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def metadata_guard(tensors: Sequence[Any]) -> Callable[..., bool] | None:
+    """A C function ``check(*ts)``: whether each ``ts[i]`` has ``tensors[i]``'s Python type, dtype, device index,
+    ``requires_grad``, dispatch keys, sizes and strides (torch.compile's guard on its tensor inputs).
+
+    Made and called under the same grad-independent dispatch state (a region's call site); None where torch has none.
+    """
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:  # pragma: no cover - a torch without dynamo's C guards
+        return None
+    return TensorGuards(*tensors, dynamic_dims_sizes=[list(t.size()) for t in tensors],
+                        dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+
+
+def data_ptrs_equal(tensors: list[Any], ptrs: list[int | None], indices: list[int]) -> bool:
+    """Whether ``tensors[i].data_ptr() == ptrs[i]`` for each i in ``indices``, in one C call (as torch.compile's
+    CUDA-graph trees check their static inputs)."""
+    import torch
+
+    return torch._C._tensors_data_ptrs_at_indices_equal(tensors, ptrs, indices)
 
 
 def recover_generators() -> None:
