@@ -373,3 +373,23 @@ def test_a_weight_transposed_in_place_between_replays_gets_its_own_graph_and_the
             torch.testing.assert_close(jfn(x), f(x))
     region = thunder_nb.analyze(jfn).forward.regions[0]
     assert len(region.graphs) == 2 and region.stats.replays == 6
+
+
+def test_a_region_whose_proof_keeps_failing_on_the_same_key_stops_proving_it():
+    """``requires_grad`` is in the guard and not in the key: flipping it every call would pay for both, so the region
+    stops making proofs after a few such calls, and every call still replays the one graph with the right result."""
+    from types import SimpleNamespace
+
+    runner = ThunderNBRunner(capture=True)
+    runner.python_callables["CUDAGraph1"] = (lambda x, y: [x * 2 + y], None)
+    runner.trace_symbols["CUDAGraph1"] = (None, [SimpleNamespace(name="x"), SimpleNamespace(name="y")])
+    counts = runner._count("CUDAGraph1")
+    y = torch.randn(4)
+    with emulated_capture(), torch.no_grad():
+        for i in range(10):
+            x = torch.randn(4).requires_grad_(bool(i % 2))
+            torch.testing.assert_close(runner.call_cuda_graph("CUDAGraph1", x, y)[0], x * 2 + y)
+            if i == 1:
+                assert counts.again is not None
+    assert counts.again is None and counts.again_misses == 4
+    assert len(counts.graphs) == 1 and counts.replays == 10

@@ -277,8 +277,8 @@ class ThunderNBRunner(CUDAGraphRunner):
                 instances = counts.last_instances
                 if again is not None:
                     counts.again_misses += 1
-                if counts.again_misses < _AGAIN_MISSES:  # NOTE: the second call with this key: prove it from now on
-                    counts.again = self._again(counts, args, mask)
+                # NOTE: the second call with this key: prove it from now on (not where proving keeps failing)
+                counts.again = self._again(counts, args, mask) if counts.again_misses < _AGAIN_MISSES else None
             else:
                 counts.again = None
                 instances = self.cuda_graph_cache.get(key)
