@@ -393,3 +393,45 @@ def test_a_region_whose_proof_keeps_failing_on_the_same_key_stops_proving_it():
                 assert counts.again is not None
     assert counts.again is None and counts.again_misses == 4
     assert len(counts.graphs) == 1 and counts.replays == 10
+
+
+@pytest.mark.parametrize("model", ["nanoGPT", "llama2"])
+def test_every_proof_a_training_run_relies_on_is_the_key_key_makes(model, monkeypatch):
+    """Each call whose key was proved (`_KeyAgain`) is keyed by `_key` as well: the two must agree, on real models'
+    steps, with the batch size changing, two forwards before their backwards, and a weight transposed in place."""
+    from thunder_nb.runner import _KeyAgain
+
+    proved = []
+    holds = _KeyAgain.holds
+    call = ThunderNBRunner.call_cuda_graph
+
+    def checked_call(self, fn_name, *args):
+        counts = self._count(fn_name)
+        again = counts.again
+        if again is not None and holds(again, args, self._owner, self._stable):
+            assert self._key(fn_name, counts, args)[1] == counts.last_key, fn_name
+            proved.append(fn_name)
+        return call(self, fn_name, *args)
+
+    monkeypatch.setattr(ThunderNBRunner, "call_cuda_graph", checked_call)
+    case = model_case(model, "cpu", batch=2, seq=16, width=32, layers=1)
+    jfn = thunder.jit(case.step, transforms=[emulated()])
+    square = next(p for p in case.model.parameters() if p.ndim == 2 and p.shape[0] == p.shape[1])
+    with emulated_capture():
+        for step in range(8):
+            if step == 4:
+                with torch.no_grad():
+                    square.data = square.data.t()  # NOTE: same object, address and sizes; other strides
+            idx, targets = case.make_batch(step)
+            if step == 6:
+                idx, targets = idx[:1], targets[:1]
+            if step == 7:  # NOTE: two forwards, then their backwards
+                a, b = jfn(idx, targets), jfn(*case.make_batch(99))
+                (a + b).backward()
+            else:
+                loss = jfn(idx, targets)
+                torch.testing.assert_close(loss, case.step(idx, targets))
+                loss.backward()
+            for p in case.model.parameters():
+                p.grad = None
+    assert len(proved) >= 6, proved
