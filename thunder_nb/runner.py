@@ -109,7 +109,7 @@ _AGAIN_MISSES = 4
 
 
 def _getter(positions: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """``args -> tuple(args[i] for i in positions)`` in one C call (itemgetter gives the item itself for one position)."""
+    """``args -> tuple(args[i] for i in positions)`` in one C call."""
     if len(positions) == 1:
         (i,) = positions
         return lambda args: (args[i],)
@@ -401,9 +401,9 @@ class ThunderNBRunner(CUDAGraphRunner):
         static = [i for i in tensors if mask[i]]
         for i in static:
             ptrs[i] = args[i].data_ptr()
-        values_of = _getter(tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)))
-        values = values_of(args)
-        return _KeyAgain(_getter(once), metadata, tuple(repeats), ptrs, static, values_of, values,
+        others = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
+        values = _getter(others)(args)
+        return _KeyAgain(_getter(once), metadata, tuple(repeats), ptrs, static, _getter(others), values,
                          tuple(map(type, values)), tuple(i for i in tensors if not mask[i] and i not in counts.demoted))
 
     def _too_many_values(self, fn_name: str, counts: _Counts, key: tuple) -> bool:
@@ -673,7 +673,9 @@ class ThunderNBRunner(CUDAGraphRunner):
             hit = own.get(ids[j])
             copies.append((j, hit[1], hit[2]) if hit is not None else (j, 0, None))
         positions = [j for j in (*guard, *copy) if ids[j] in own]
-        get = _getter(positions) if positions else None
+        # NOTE: itemgetter gives a tuple for two positions or more, the item itself for one
+        get = operator.itemgetter(*positions) if len(positions) > 1 else (
+            (lambda ts, j=positions[0]: (ts[j],)) if positions else None)
         copies = tuple(copies)
         groups = None
         if all(owner is not None and ptr not in saved for _, ptr, owner in copies):
