@@ -11,7 +11,7 @@ from typing import Any
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
 from .model import Defect, FusedGroup, Island, Op, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value
 from .ops import (
-    BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, classify_bsym,
+    BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard, classify_bsym,
     classify_op, parse_type, type_of_proxy,
 )
 from .source import REGION_NAME, ParsedFunction, comment_types, parse_functions
@@ -315,6 +315,18 @@ def _sync_outputs(bsyms: Iterable[Any]) -> set[str]:
     return out
 
 
+def _hazards(bsyms: Iterable[Any], out: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """Output name -> `capture_hazard` for every symbol in ``bsyms`` (inside regions too) that has one."""
+    for b in bsyms:
+        if getattr(b.sym, "is_fusion", False):
+            _hazards(b.subsymbols, out)
+            continue
+        hazard = capture_hazard(b)
+        if hazard is not None:
+            out.update((p.name, hazard) for p in b.flat_proxy_outs)
+    return out
+
+
 def _argument_names(prologue: Any) -> frozenset[str]:
     """Names a prologue trace takes from the call's arguments, through any unpacking (not from globals,
     closures or a jitted module's own tensors): the computation inputs a call can fill with another tensor."""
@@ -370,6 +382,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[s
     for name, t in comment_types(source).items():
         facts.types.setdefault(name, t)
     facts.sync_outputs = frozenset(_sync_outputs(trace.bound_symbols))
+    facts.hazards = _hazards(trace.bound_symbols, {})
     facts.hand_out = getattr(transform, "hand_outs", {}).get(kind) if transform is not None else None
     runner = getattr(transform, "cuda_graph_runner", None)
     if hasattr(runner, "hand_out_stats"):

@@ -26,6 +26,8 @@ class TraceFacts:
     types: dict[str, TypeInfo]
     static_masks: dict[str, tuple[bool, ...]] = field(default_factory=dict)
     sync_outputs: frozenset[str] = frozenset()
+    # output name -> `ops.capture_hazard` of the live symbol that makes it (what the source text does not show)
+    hazards: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     plans: dict[str, RegionPlan] = field(default_factory=dict)
     stats: dict[str, RegionStats] = field(default_factory=dict)
     hand_out: HandOutPlan | None = None  # None: the transform hands everything out as it is (thunder's)
@@ -55,6 +57,11 @@ def _alias_names(fns: Iterable[ParsedFunction]) -> frozenset[str]:
 
 
 def classify_statement(op: Op, facts: TraceFacts, cuda: bool) -> tuple[str, str] | None:
+    """`ops.classify_op` of a statement, or the `ops.capture_hazard` its live symbol had."""
+    if cuda and facts.hazards:
+        hazard = next((facts.hazards[o] for o in op.outputs if o in facts.hazards), None)
+        if hazard is not None:
+            return hazard
     return classify_op(
         op.callee,
         [facts.types.get(n, UNKNOWN) for n in op.inputs],
@@ -133,6 +140,20 @@ def _check_statements(found: _Findings, returned: set[str], cuda: bool) -> tuple
                     found.add("host-sync-in-region", what, op.line,
                               f"{op.callee} ({detail}) reads a device value on the host inside {fn.name}",
                               "keep data-dependent ops out of regions (an island)")
+                elif reason == "host-data":
+                    found.add("host-data-in-region", what, op.line,
+                              f"{op.callee} inside {fn.name} copies host data (a list index, torch.tensor(list), a "
+                              "numpy constant) onto the device: CUDA refuses that copy during capture",
+                              "keep ops that make tensors from host data out of regions (FixedCUDAGraphTransform "
+                              "does), or index with a slice (h[:, -1:]) or a device tensor made once")
+                elif reason == "capture-dependent":
+                    found.add("capture-dependent-in-region", what, op.line,
+                              f"{op.callee} inside {fn.name} makes or reads attention dropout's seed and offset: "
+                              "host memory when run outside a graph, device memory inside one. A backward warm-up "
+                              "or eager call reading a seed that a graph wrote dereferences a device pointer on the "
+                              "host, and the process dies (SIGSEGV: in a notebook, the kernel)",
+                              "keep dropout attention and its backward out of graphs (FixedCUDAGraphTransform "
+                              "does), or set the attention's dropout to 0")
                 else:
                     found.add("cpu-op-in-region", what, op.line,
                               f"{op.callee} ({detail}) inside {fn.name} runs once at capture, never on replay",

@@ -331,6 +331,7 @@ _FAILURE_PHRASES = {
     "capture": "capture fails",
     "compile": "compile fails ({error_type})",
     "crash": "crashes ({error_type})",
+    "would-crash": "not run: it would kill the process",
 }
 
 
@@ -374,7 +375,7 @@ def _check_text(out: Outcome, c: Comparison) -> str:
 
 
 #: Which error a verdict names first: the one that breaks the run soonest, then the rest.
-_PRIORITY = ("host-sync-in-region", "cpu-op-in-region", "use-after-del", "region-deletes-output",
+_PRIORITY = ("capture-dependent-in-region", "host-sync-in-region", "host-data-in-region", "cpu-op-in-region", "use-after-del", "region-deletes-output",
              "static-input-rebound", "saved-graph-memory", "returned-graph-memory")
 
 
@@ -410,7 +411,7 @@ _PHRASES = {
 def _defect_phrase(report: Report, d: Defect) -> str:
     """A few words for a defect: ``item inside CUDAGraph1``, ``t9 used after del in CUDAGraph1``."""
     where = d.region or "the top level"
-    if d.rule in ("host-sync-in-region", "cpu-op-in-region"):
+    if d.rule in ("host-sync-in-region", "cpu-op-in-region", "host-data-in-region", "capture-dependent-in-region"):
         op = _op_of(report, d)
         what = op.callee.rsplit(".", 1)[-1] if op is not None else (d.value or "an op")
         return f"{what} inside {where}"
@@ -484,11 +485,32 @@ def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
     eager_params = runs.params(eager) if plan.lr is not None else None
     results: dict[str, Outcome] = {}
     for key, run in compiled.items():
+        fatal = _fatal_defect(run)
         if run.trace_error is not None:
             results[key] = Outcome(False, Failure.of(run.trace_error, "trace"))
+        elif fatal is not None:
+            say(f"not running the {key} version: {fatal.message}")
+            results[key] = Outcome(False, Failure.predicted(fatal))
         else:
             results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say)
     return reference, results, timings, notes
+
+
+def _fatal_defect(run: Any) -> Defect | None:
+    """The first defect of ``run``'s traces that would kill the process if it ran (None: none, or not a thunder run).
+
+    A segmentation fault cannot be caught: in a notebook it takes the kernel and the user's namespace with it, so
+    a version the checker says would crash is not called at all.
+    """
+    from .analysis import analyze
+
+    if run.jfn is None or not hasattr(run.jfn, "_lc_cd"):
+        return None
+    try:
+        defects = analyze(run.jfn).defects
+    except Exception:  # NOTE: a report that cannot be built predicts nothing; the run's own errors still show
+        return None
+    return next((d for d in defects if d.severity == "crashes the process"), None)
 
 
 def _name(fn: Any) -> str:

@@ -8,6 +8,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from . import internals
 from .reach import is_user_file
@@ -118,8 +119,9 @@ def trace_failure(name: str, e: BaseException, where: Where | None) -> tuple[str
 # --- how a compiled version failed ------------------------------------------------------------------
 
 #: `Failure.kind`: no GPU for thunder's own runner, a CUDA-graph capture that failed, thunder failing to
-#: compile (trace) the function, or any other error of a call.
-FAILURE_KINDS = ("no-gpu", "capture", "compile", "crash")
+#: compile (trace) the function, any other error of a call, or a call not made because the checker found
+#: that it would kill the process (`Failure.predicted`).
+FAILURE_KINDS = ("no-gpu", "capture", "compile", "crash", "would-crash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,11 @@ class Failure:
     stage: str  # "trace" or "run"
     error_type: str  # the exception's class name: "UnboundLocalError"
     error: str  # `error_line`: "UnboundLocalError: cannot access local variable 't9' ..."
+
+    @classmethod
+    def predicted(cls, defect: Any) -> Failure:
+        """A call not made: ``defect`` (severity "crashes the process") says it would kill the process."""
+        return cls("would-crash", "run", defect.rule, f"not run: {defect.message}")
 
     @classmethod
     def of(cls, e: BaseException, stage: str) -> Failure:

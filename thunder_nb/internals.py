@@ -334,13 +334,14 @@ def _island_aware_torch_compile(name: str) -> Any:
     from thunder.core.proxies import NumberProxy
     from thunder.executors import torch_compile
 
-    from thunder_nb.ops import classify_bsym
+    from thunder_nb.ops import capture_hazard, classify_bsym
 
     original = torch_compile.torch_compile_ex if name == "torchcompile" else torch_compile.torch_compile_cat_ex
 
     class IslandAwareTorchCompile(torch_compile.TorchCompileExecutor):
         def can_fuse(self, bsym: Any) -> bool:
-            if classify_bsym(bsym) is not None or any(isinstance(a, NumberProxy) for a in bsym.flat_proxy_args):
+            if (classify_bsym(bsym) is not None or capture_hazard(bsym) is not None
+                    or any(isinstance(a, NumberProxy) for a in bsym.flat_proxy_args)):
                 return False
             return super().can_fuse(bsym)
 

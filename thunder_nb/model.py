@@ -9,6 +9,7 @@ __all__ = [
     "ERROR_RULES",
     "ISLAND_REASONS",
     "WRONG_RESULT_RULES",
+    "CRASH_RULES",
     "INPUT_ROLES",
     "HAND_OUT_ACTIONS",
     "TypeInfo",
@@ -43,6 +44,9 @@ RULES: dict[str, str] = {
     "dead-region-input": "a region input used by nothing but a del (copied on every replay)",
     "host-sync-in-region": "a data-dependent or host-synchronising op inside a region (capture fails)",
     "cpu-op-in-region": "a device transfer or CPU op inside a region (runs once at capture, never on replay)",
+    "host-data-in-region": "a tensor made from host data inside a region (a list index, torch.tensor(list)): capture fails",
+    "capture-dependent-in-region": "dropout attention's seed and offset made or read inside a region: host memory outside "
+    "a graph, device memory inside one, so the other side reads the wrong kind (the process dies)",
     "region-updates-input": "a region updates an input in place that the runner copies (the caller never sees it)",
     "scalar-region-input": "a Python number region input (each new value captures a new graph)",
     "never-freed": "a top-level intermediate that is never deleted",
@@ -55,8 +59,11 @@ RULES: dict[str, str] = {
 #: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.
 ERROR_RULES: frozenset[str] = frozenset(
     {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region", "region-updates-input",
-     "returned-graph-memory", "saved-graph-memory", "static-input-rebound"}
+     "returned-graph-memory", "saved-graph-memory", "static-input-rebound", "host-data-in-region",
+     "capture-dependent-in-region"}
 )
+#: Error rules whose defect kills the process (a segmentation fault: in a notebook, the kernel and everything in it).
+CRASH_RULES: frozenset[str] = frozenset({"capture-dependent-in-region"})
 #: Error rules whose defect gives a wrong result without any error raised (severity "wrong result").
 WRONG_RESULT_RULES: frozenset[str] = frozenset(
     {"returned-graph-memory", "saved-graph-memory", "static-input-rebound"}
@@ -94,6 +101,8 @@ ISLAND_REASONS: dict[str, str] = {
     "host-sync": "data-dependent / host-synchronising",
     "device-transfer": "device transfer",
     "cpu-op": "op on CPU tensors in a CUDA trace",
+    "host-data": "makes a tensor from host data (a list index, torch.tensor(list)): capture refuses the copy",
+    "capture-dependent": "dropout attention: its seed and offset must be made and read outside graphs",
     "in-place": "in-place update (runs on the caller's tensors)",
     "hand-out": "hand-out: what leaves the trace, checked by storage (copied out, guarded or lent)",
     "bookkeeping": "trace bookkeeping (unpack, return)",
@@ -429,7 +438,9 @@ class Defect:
 
     @property
     def severity(self) -> str:
-        """``"wrong result"`` (silent), ``"error"`` (crash or wrong values), or ``"warning"`` (time or memory)."""
+        """``"crashes the process"``, ``"wrong result"`` (silent), ``"error"`` (raises), or ``"warning"`` (time or memory)."""
+        if self.rule in CRASH_RULES:
+            return "crashes the process"
         if self.rule in WRONG_RESULT_RULES:
             return "wrong result"
         return "error" if self.rule in ERROR_RULES else "warning"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .model import TypeInfo
@@ -20,6 +21,10 @@ __all__ = [
     "type_of_proxy",
     "classify_op",
     "classify_bsym",
+    "capture_hazard",
+    "CAPTURE_DEPENDENT",
+    "CaptureDependent",
+    "HOST_DATA_NAMES",
     "alias_root",
     "base_name",
 ]
@@ -50,6 +55,52 @@ BOOKKEEPING_NAMES = frozenset(
     {"unpack_trivial", "unpack_sequence", "unpack_key", "unpack_empty_dict", "unpack_attr", "return", "python_return"}
 )
 COLLECTION_NAMES = frozenset({"clear_mutable_collection"})
+
+#: Ops that copy data from host memory onto the device (a list index ``x[:, [-1]]``, ``torch.tensor(list)``, a numpy
+#: constant): a pageable host-to-device copy, which CUDA refuses during capture. thunder puts a
+#: ``prims.tensor_from_sequence`` among their subsymbols, and the torch executor then runs the whole op
+#: (``Tensor.__getitem__`` with the list) as one call.
+HOST_DATA_NAMES = frozenset({"tensor_from_sequence", "from_numpy", "as_tensor", "tensor", "numpy_array_to_torch_tensor"})
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureDependent:
+    """An op some of whose tensors are host memory when it runs outside a capture and device memory inside one.
+
+    torch's ``Note [Seed and Offset]`` (``torch/_meta_registrations.py``): fused attention with dropout returns
+    its random generator's philox seed and offset as CPU tensors outside a capture and as CUDA tensors during
+    one, and its backward reads them as the memory it expects for its own mode. thunder types them as
+    device tensors either way. A backward run outside a graph (a warm-up, an eager call) on a seed a forward
+    graph wrote dereferences a device pointer on the host: SIGSEGV, the process dies. A backward graph on a
+    seed an eager forward made reads host memory on the device.
+    """
+
+    outputs: tuple[int, ...] = ()  # positions of the capture-dependent outputs (a forward)
+    inputs: tuple[int, ...] = ()  # positions of the capture-dependent arguments (a backward)
+    dropout: int = 0  # position of ``dropout_p``: with a literal 0 no seed is made nor read
+
+
+#: thunder's symbols with capture-dependent tensors, by name; ``aten`` names the op torch's note covers.
+#: `tests/test_ops.py` checks that every op torch's note names is here, and on the GPU that each one's
+#: outputs are host memory outside a capture.
+CAPTURE_DEPENDENT: dict[str, CaptureDependent] = {
+    # sdpaex: memory-efficient attention, forward (out, logsumexp, seed, offset) and backward
+    "sdpaex_grad_forward_scaled_dot_product_efficient_attention": CaptureDependent(outputs=(2, 3), dropout=4),
+    "sdpaex_scaled_dot_product_efficient_attention_backward": CaptureDependent(inputs=(7, 8), dropout=9),
+    # sdpaex: flash attention (thunder's name says "efficient"), forward and backward
+    "sdpafx_grad_forward_scaled_dot_product_efficient_attention": CaptureDependent(outputs=(6, 7), dropout=3),
+    "sdpafx_scaled_dot_product_efficient_attention_backward": CaptureDependent(inputs=(12, 13), dropout=10),
+}
+
+#: The aten ops of torch's note and the thunder symbols that run them (an empty tuple: thunder has none).
+CAPTURE_DEPENDENT_ATEN: dict[str, tuple[str, ...]] = {
+    "_scaled_dot_product_efficient_attention": ("sdpaex_grad_forward_scaled_dot_product_efficient_attention",),
+    "_scaled_dot_product_flash_attention": ("sdpafx_grad_forward_scaled_dot_product_efficient_attention",),
+    "_scaled_dot_product_cudnn_attention": (),
+    "_scaled_dot_product_fused_attention_overrideable": (),
+    "_efficient_attention_forward": (),
+    "_flash_attention_forward": (),
+}
 
 _TENSOR_TYPE = re.compile(r"^(?P<device>\S+) (?P<dtype>[a-z]+\d*)\[(?P<shape>[^\]]*)\]$")
 _NUMBER_TYPES = {"float", "int", "bool", "complex"}
@@ -110,7 +161,8 @@ def classify_op(
 
     Returns:
         ``(reason, detail)`` with reason one of ``"host-sync"``, ``"device-transfer"``, ``"cpu-op"``;
-        None when the op can be captured.
+        None when the op can be captured. (`classify_bsym` adds `capture_hazard`'s reasons, which names
+        and types alone do not show.)
     """
     base = name.rsplit(".", 1)[-1]
     if base in BOOKKEEPING_NAMES or base in COLLECTION_NAMES or base in ("del", "python_del"):
@@ -132,10 +184,44 @@ def classify_op(
     return None
 
 
+def _literal_zero(x: Any) -> bool:
+    return type(x) in (int, float) and x == 0
+
+
+def _makes_host_data(bsym: Any) -> bool:
+    """Whether ``bsym`` or any of its subsymbols copies host data onto the device (`HOST_DATA_NAMES`)."""
+    if bsym.sym.name in HOST_DATA_NAMES:
+        return True
+    return any(_makes_host_data(s) for s in bsym.subsymbols)
+
+
+def capture_hazard(bsym: Any) -> tuple[str, str] | None:
+    """What makes ``bsym`` unsafe in a graph that types and tags do not show, as ``(reason, detail)``; None if nothing.
+
+    ``"capture-dependent"``: an op of `CAPTURE_DEPENDENT` with dropout that is not a literal 0 (its seed and offset
+    must be made and read in the same mode: outside graphs). ``"host-data"``: a copy of host data onto the device
+    (`HOST_DATA_NAMES`), which capture refuses.
+    """
+    dep = CAPTURE_DEPENDENT.get(bsym.sym.name)
+    if dep is not None:
+        args = bsym.args
+        dropout = args[dep.dropout] if dep.dropout < len(args) else bsym.kwargs.get("dropout_p", 0.0)
+        if not _literal_zero(dropout):
+            return ("capture-dependent", bsym.sym.name)
+    if not getattr(bsym.sym, "is_fusion", False) and _makes_host_data(bsym):
+        return ("host-data", bsym.sym.name)
+    return None
+
+
 def classify_bsym(bsym: Any, *, cuda_trace: bool = False) -> tuple[str, str] | None:
-    """`classify_op` for a thunder bound symbol (what `thunder_nb.fix` calls)."""
+    """`classify_op` for a thunder bound symbol (what `thunder_nb.fix` calls), and its `capture_hazard` on CUDA."""
     from thunder.core.prims import OpTags
     from thunder.core.symbol import has_tags
+
+    if cuda_trace:
+        hazard = capture_hazard(bsym)
+        if hazard is not None:
+            return hazard
 
     try:
         tagged = has_tags(bsym, {OpTags.DEVICE_SYNC_OP})

@@ -104,12 +104,28 @@ def region_colors(trace: TraceReport) -> dict[str, str]:
     return {r.name: REGION_COLORS[k % len(REGION_COLORS)] for k, r in enumerate(trace.regions)}
 
 
-def verdict(defects: Sequence[Defect]) -> str:
-    """One line on a set of defects; silent wrong results are named first (they are the worst kind)."""
+def severity_counts(defects: Sequence[Defect]) -> tuple[int, int, int, int]:
+    """(crashing the process, wrong results, other errors, warnings) among ``defects``."""
+    crash = sum(1 for d in defects if d.severity == "crashes the process")
     wrong = sum(1 for d in defects if d.severity == "wrong result")
-    errors = sum(1 for d in defects if d.is_error) - wrong
-    warns = len(defects) - errors - wrong
-    counts = ([plural(wrong, "wrong result")] if wrong else []) + [plural(errors, "error"), plural(warns, "warning")]
+    errors = sum(1 for d in defects if d.is_error) - wrong - crash
+    return crash, wrong, errors, len(defects) - errors - wrong - crash
+
+
+def count_phrases(defects: Sequence[Defect]) -> list[str]:
+    """``["1 crashing the process", "2 wrong results", "0 errors", "3 warnings"]``, the worst first; the first two
+    only where there are any."""
+    crash, wrong, errors, warns = severity_counts(defects)
+    return ([f"{crash} crashing the process"] if crash else []) + ([plural(wrong, "wrong result")] if wrong else []) + [
+        plural(errors, "error"), plural(warns, "warning")]
+
+
+def verdict(defects: Sequence[Defect]) -> str:
+    """One line on a set of defects; the worst kind is named first (a dead process, then silent wrong results)."""
+    crash, wrong, errors, warns = severity_counts(defects)
+    counts = count_phrases(defects)
+    if crash:
+        return f"kills the process ({', '.join(counts)})"
     if errors:
         return f"fails or computes wrong values ({', '.join(counts)})"
     if wrong:

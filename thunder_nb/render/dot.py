@@ -13,7 +13,7 @@ import graphviz
 from ..model import ISLAND_REASONS, RULES, Defect, FusedGroup, Island, Op, Region, Site, TraceReport, Value
 from .common import (
     DEFECT_COLOR, FUSION_FILL, HANDOFF_COLOR, ISLAND_FILL, SCALAR_COLOR, STATE_FILL, WRONG_COLOR, fused_line,
-    has_region, kernels, plural, state, type_label, values,
+    count_phrases, has_region, severity_counts, kernels, plural, state, type_label, values,
 )
 from .memory import (
     ACTION_SHORT, ROLE_SHORT, Entry, hand_out_line, input_roles, inputs_summary, known,
@@ -72,7 +72,7 @@ class _Mark:
 
     rules: list[str]
     tips: list[str]
-    wrong: list[str]  # the rules whose severity is "wrong result"
+    wrong: list[str]  # the rules whose severity is "wrong result" or "crashes the process" (drawn heavier)
 
     def attrs(self, tips: Sequence[str] = ()) -> dict[str, str]:
         """Red node attributes (crimson for a wrong result); the tooltip lists ``tips``, then the defects."""
@@ -195,7 +195,7 @@ class _DiagramBuilder:
                 continue
             m.rules.append(d.rule)
             m.tips.append(tip)
-            if d.severity == "wrong result":
+            if d.severity in ("wrong result", "crashes the process"):
                 m.wrong.append(d.rule)
         return lost
 
@@ -426,20 +426,18 @@ class _DiagramBuilder:
     def draw_legend(self, g: graphviz.Digraph, lost: Sequence[Defect]) -> None:
         defects = self.trace.defects
         lines = ["legend"]
+        crash, wrong, _, _ = severity_counts(defects)
         if defects:
             counts = Counter(d.rule for d in defects)
-            wrong = sum(1 for d in defects if d.severity == "wrong result")
-            errors = sum(1 for d in defects if d.is_error) - wrong
-            head = [plural(wrong, "wrong result")] if wrong else []
-            lines.append("defects: " + ", ".join(head + [plural(errors, "error"),
-                                                         plural(len(defects) - errors - wrong, "warning")]))
+            lines.append("defects: " + ", ".join(count_phrases(defects)))
             for rule in RULES:
                 if rule in counts:
                     lines += _wrap(f"{rule} ×{counts[rule]}: {RULES[rule]}", "  ")
         for d in lost:
             lines += _wrap(f"{d.rule} at {d.where()}: {d.message}", "  ")
         if defects:
-            lines.append("red: defect" + ("; crimson: wrong result" if wrong else ""))
+            lines.append("red: defect" + ("; crimson: wrong result" if wrong else "")
+                         + ("; crimson: crashes the process" if crash else ""))
         if "number" in self.keys:
             lines.append("dashed orange edge: Python number")
         if "hand-off" in self.keys:
@@ -450,7 +448,7 @@ class _DiagramBuilder:
             return  # NOTE: nothing to explain (a region's colour is also said in its label: captured, eager, not run)
         attrs = {"fontsize": "9", "shape": "note"}
         if defects:
-            attrs.update(color=WRONG_COLOR if wrong else DEFECT_COLOR)
+            attrs.update(color=WRONG_COLOR if wrong or crash else DEFECT_COLOR)
         # NOTE: on the last rank, under the drawing: beside the inputs it would widen the diagram
         with g.subgraph(name="legend") as sub:
             sub.attr(rank="sink")

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from ..model import Report, TraceReport
 from .backend import svg, svg_size
-from .common import WRONG_COLOR, esc, launch_line, plural, verdict
+from .common import WRONG_COLOR, esc, launch_line, plural, severity_counts, verdict
 from .dot import region_diagram
 from .lifetimes import lifetime_svg
 from .memory import known, region_memory
@@ -152,10 +152,11 @@ def defects_html(trace: TraceReport) -> str:
 
 
 def _defect_counts(trace: TraceReport) -> str:
-    wrong = sum(1 for d in trace.defects if d.severity == "wrong result")
+    crash, wrong, _, _ = severity_counts(trace.defects)
     text = esc(plural(len(trace.defects), "defect"))
-    if wrong:
-        text += f' (<span class="tnb-wrong" style="color:{WRONG_COLOR}">{esc(plural(wrong, "wrong result"))}</span>)'
+    worst = ([f"{crash} crashing the process"] if crash else []) + ([plural(wrong, "wrong result")] if wrong else [])
+    if worst:
+        text += f' (<span class="tnb-wrong" style="color:{WRONG_COLOR}">{esc(", ".join(worst))}</span>)'
     return text
 
 

@@ -62,6 +62,14 @@ SHOWING: dict[str, Showing] = {s.rule: s for s in (
     Showing("cpu-op-in-region", "never", "may", "must", frozenset({"error"}) | _VALUES,
             "a transfer fails real capture, a CPU op runs once at recording; eagerly it runs every time; "
             "an emulated graph reruns it on replay (wrong only where its result is handed out)"),
+    Showing("host-data-in-region", "never", "may", "must", frozenset({"error"}),
+            "real capture refuses the pageable host-to-device copy of a list index or torch.tensor(list); "
+            "eagerly and emulated the copy just runs (a CPU trace has no such region at all)"),
+    Showing("capture-dependent-in-region", "never", "may", "may", frozenset({"error"}),
+            "dropout attention's seed and offset are host memory outside a capture and device memory inside: a "
+            "backward run outside a graph on a seed a graph wrote kills the process (no failure kind can "
+            "record that: the fuzzer's programs have no fused attention, and such probes run in a child "
+            "process); a graph reading an eager seed faults on the device; eagerly nothing happens"),
     Showing("region-updates-input", "never", "may", "may", _VALUES,
             "the update lands in the runner's static copy: wrong only where the caller's tensor, or a "
             "later reader of it, reads the update (not for an intermediate nobody reads again)"),
