@@ -128,7 +128,7 @@ setup() {
     else
         say ".venv: creating it with the locked versions of uv.lock (uv sync; the first time downloads torch, minutes)"
     fi
-    "$UV" sync --frozen --extra test --extra browser --quiet
+    "$UV" sync --frozen --extra test --extra zoo --extra browser --quiet
     apt_install "Graphviz" dot graphviz
     widget_js
 }

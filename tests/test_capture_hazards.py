@@ -20,6 +20,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
 from thunder_nb import render
+from thunder_nb.comparison import TraceError
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.ops import CAPTURE_DEPENDENT, CAPTURE_DEPENDENT_ATEN, capture_hazard
 from thunder_nb.testing.modes import stock_transform
@@ -201,3 +202,45 @@ def test_a_cpu_trace_has_no_capture_hazard(transform):
     report = thunder_nb.analyze(jfn)
     assert not any(d.rule == "host-data-in-region" for d in report.defects)
     assert not any(i.reason == "host-data" for i in report.forward.islands)
+
+
+# --- thunder's own limits, worded: the component that refuses and what to try ---------------------
+
+
+def _traced_error(fn, *args):
+    return thunder_nb.compare(fn, args, execute=False)
+
+
+def test_torch_where_of_a_condition_names_thunders_front_end_and_the_users_line():
+    def route(x):
+        rows, cols = torch.where(x > 0)  # NOTE: litgpt's mixtral MoE routes tokens like this
+        return x[rows, cols].sum()
+
+    with pytest.raises(TraceError) as e:
+        _traced_error(route, torch.randn(4, 4))
+    text = str(e.value)
+    assert "thunder's torch front end (thunder.torch.where) refuses it" in text
+    assert "rows, cols = torch.where(x > 0)" in text and "three-argument torch.where(cond, a, b)" in text
+
+
+def test_inplace_dropout_names_the_component_and_the_fix_and_the_fix_runs():
+    drop = torch.nn.Dropout(0.1, inplace=True)
+
+    def head(x):
+        return drop(x.sin()).cos()
+
+    with pytest.raises(TraceError, match=r"thunder\.torch\.dropout\) refuses it .*set inplace = False"):
+        _traced_error(head, torch.randn(8))
+    drop.inplace = False  # NOTE: what the message says to do
+    assert _traced_error(head, torch.randn(8)).fixed.forward.regions is not None
+
+
+def test_no_sdpa_leaves_thunders_sdpa_executor_out_and_keeps_the_others():
+    jfn = thunder_nb.jit(lambda x: x * 2, executors=["no-sdpa"])
+    names = [e.name for e in thunder.compile_data(jfn).executors_list]
+    assert "sdpa" not in names and "torch" in names
+    fused = thunder_nb.jit(lambda x: x * 2, executors=["torchcompile", "no-sdpa"])
+    names = [e.name for e in thunder.compile_data(fused).executors_list]
+    assert names.index("thunder_nb_torchcompile") < names.index("torch") and "sdpa" not in names
+    plain = thunder_nb.jit(lambda x: x * 2)
+    assert "sdpa" in [e.name for e in thunder.compile_data(plain).executors_list]

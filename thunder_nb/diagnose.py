@@ -14,7 +14,7 @@ from . import internals
 from .reach import is_user_file
 
 __all__ = ["Where", "Failure", "FAILURE_KINDS", "error_line", "user_frame", "where_text", "untraceable", "trace_failure",
-           "NO_GPU"]
+           "LIMITS", "known_limit", "NO_GPU"]
 
 #: What a side says when thunder's own runner needs a GPU this machine does not have.
 NO_GPU = "needs a GPU to run: thunder's transform captures CUDA graphs, and torch sees no GPU here; only its trace is shown"
@@ -94,6 +94,37 @@ _UNTRACEABLE: dict[str, tuple[str, str]] = {
 }
 
 
+#: thunder's limits met on packaged models (`internals.thunder_limit` reads them): the component that refuses, and
+#: what to try.
+LIMITS: dict[str, tuple[str, str]] = {
+    "where-condition": ("thunder's torch front end (thunder.torch.where)",
+                        "torch.where(cond) with one argument has a data-dependent shape (litgpt's mixtral MoE routes "
+                        "tokens with it): keep that part outside the compiled function, or use the three-argument "
+                        "torch.where(cond, a, b)"),
+    "dropout-inplace": ("thunder's torch front end (thunder.torch.dropout)",
+                        "set inplace = False on each torch.nn.Dropout in model.modules(), which computes the same "
+                        "(torchvision's mobilenet_v3 uses Dropout(inplace=True))"),
+    "sdpa-batch": ("thunder's sdpa executor (thunder/executors/sdpaex.py, fused attention)",
+                   "its fused attention refuses inputs whose batch sizes differ (a KV cache's broadcast batch); "
+                   "leave it out: thunder_nb.jit(fn, executors=['no-sdpa']) or --executors no-sdpa, and attention "
+                   "runs as thunder's decomposition"),
+    "sdpa-dtype": ("thunder's sdpa executor (its fused attention's backward under torch.autocast)",
+                   "autocast around the call gives the attention's backward a float32 gradient for bfloat16 "
+                   "inputs; leave the executor out (executors=['no-sdpa'], --executors no-sdpa), or run "
+                   "torch.autocast inside the compiled function"),
+    "interpreter-slot-wrapper": ("thunder's interpreter (thunder/core/interpreter.py)",
+                                 "thunder 0.2.6 cannot interpret a C slot wrapper that recent HF transformers "
+                                 "calls (4.57 and 5.x); trace the model with an older transformers, or compile "
+                                 "the parts of it that are plain torch modules"),
+}
+
+
+def known_limit(e: BaseException) -> tuple[str, str] | None:
+    """(the thunder component that refuses, what to try) when ``e`` is one of thunder's known `LIMITS`."""
+    key = internals.thunder_limit(e)
+    return LIMITS[key] if key is not None else None
+
+
 def untraceable(e: BaseException) -> tuple[str, str] | None:
     """Name the op thunder cannot trace and say why: ``("nonzero", "its result's shape depends ...")``; None if unknown."""
     known = internals.untraceable_op(e)
@@ -111,6 +142,10 @@ def trace_failure(name: str, e: BaseException, where: Where | None) -> tuple[str
     if known is not None:
         op, why = known
         return f"thunder cannot trace {op} in {name}{at}: {why}", _KEEP_OUT
+    limit = known_limit(e)
+    if limit is not None:
+        component, advice = limit
+        return f"thunder cannot trace {name}{at}: {component} refuses it ({error_line(e)})", advice
     # NOTE: an unknown failure: its own first line, without thunder's internal exception reprs
     text = re.sub(r",? please use manual registration: .*", "", error_line(e))
     return f"thunder cannot trace {name}{at}: {text}", ""

@@ -59,7 +59,7 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     Args:
         executors: fusion executors put before thunder's defaults: names (``"torchcompile"``: inductor's fused
             kernels inside the regions, compiled at the first call; ``"torchcompile_cat"``; ``"nvfuser"``) or
-            thunder executors.
+            thunder executors; ``"no-sdpa"`` leaves thunder's sdpa executor out of the defaults.
         split_autograd: connect to autograd as ``thunder.jit`` does by default (two Functions per call; see
             `ONE_AUTOGRAD_FUNCTION`). With the single Function, the gradients flowing into the backward call stay
             alive until it returns, as with any ``torch.autograd.Function``.
@@ -70,12 +70,13 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     """
     import thunder
 
-    names = [e for e in executors if isinstance(e, str)]
-    chosen = internals.executors(names) or []
-    chosen = [e for e in executors if not isinstance(e, str)] + chosen
+    given = [e for e in executors if not isinstance(e, str)]
+    named = internals.executors([e for e in executors if isinstance(e, str)])
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
-    if chosen:
-        options["executors"] = chosen + [e for e in thunder.get_default_executors() if e not in chosen]
+    if given or named is not None:
+        # NOTE: `internals.executors` gives the whole list (thunder's defaults included, less those left out)
+        rest = named if named is not None else thunder.get_default_executors()
+        options["executors"] = given + [e for e in rest if e not in given]
     return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "raised_by_graph_capture",
     "untraceable_op",
     "UNTRACEABLE_REASONS",
+    "thunder_limit",
 ]
 
 #: The versions whose private names this module was written against.
@@ -267,6 +268,30 @@ _UNTRACEABLE_MESSAGES: tuple[tuple[str, str | None], ...] = (
 _PYTHON_TYPES = {"boolean": "bool"}
 
 
+#: thunder 0.2.6's own limits that packaged models meet, read from its messages (the first line of the error or of
+#: any exception it chained): (pattern, `thunder_nb.diagnose.LIMITS` key).
+_LIMIT_MESSAGES: tuple[tuple[str, str], ...] = (
+    (r"torch\.where\(\) does not support only specifying a condition", "where-condition"),
+    (r"Only inplace=False is currently supported in dropout", "dropout-inplace"),
+    (r"grad_forward_sdpa: Expected all inputs to have same batch_size", "sdpa-batch"),
+    (r"query and dout must have the same dtype", "sdpa-dtype"),
+    (r"'wrapper_descriptor' object has no attribute '__self__'", "interpreter-slot-wrapper"),
+)
+
+
+def thunder_limit(e: BaseException) -> str | None:
+    """The key of a known limit of thunder that ``e`` (or an exception it chains) reports, or None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).strip()
+        for pattern, key in _LIMIT_MESSAGES:
+            if re.search(pattern, text):
+                return key
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def untraceable_op(e: BaseException) -> tuple[str, str] | None:
     """``(op, reason)`` when ``e`` is thunder refusing to trace an op: ``("nonzero", "data-dependent-shape")``.
 
@@ -302,8 +327,10 @@ def _registration_reason(cause: BaseException | None, op: str) -> str | None:
 
 # --- executors --------------------------------------------------------------------------------------
 
-#: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``).
-EXECUTOR_NAMES = ("torchcompile", "torchcompile_cat", "nvfuser")
+#: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
+#: thunder's defaults without its sdpa executor (fused attention), which refuses some calls (a KV cache's
+#: broadcast batch, autocast's mixed dtypes); attention then runs as thunder's decomposition.
+EXECUTOR_NAMES = ("torchcompile", "torchcompile_cat", "nvfuser", "no-sdpa")
 
 
 def executor_names(names: Sequence[str]) -> tuple[str, ...]:
@@ -352,7 +379,8 @@ def _island_aware_torch_compile(name: str) -> Any:
 
 
 def executors(names: Sequence[str]) -> list[Any] | None:
-    """thunder's executor list with the named fusion executors first; None (thunder's defaults) for no names.
+    """thunder's executor list with the named fusion executors first (less sdpa for ``no-sdpa``); None (thunder's
+    defaults) for no names.
 
     Raises:
         ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
@@ -362,7 +390,10 @@ def executors(names: Sequence[str]) -> list[Any] | None:
     import thunder
 
     chosen = []
-    for name in executor_names(names):
+    names = executor_names(names)
+    for name in names:
+        if name == "no-sdpa":
+            continue
         if name.startswith("torchcompile"):
             chosen.append(_island_aware_torch_compile(name))
         else:
@@ -371,4 +402,5 @@ def executors(names: Sequence[str]) -> list[Any] | None:
                 raise ValueError("executor 'nvfuser' is not available: no nvFuser wheel matches this torch "
                                  "(see the README's development notes)")
             chosen.append(ex)
-    return chosen + [ex for ex in thunder.get_default_executors() if ex not in chosen]
+    left_out = {"sdpa"} if "no-sdpa" in names else set()
+    return chosen + [ex for ex in thunder.get_default_executors() if ex not in chosen and ex.name not in left_out]

@@ -83,7 +83,7 @@ class ThunderCUDAGraphMagics(Magics):
         metavar="LIST",
         help="comma-separated fusion executors put before thunder's defaults, for both transforms: "
         "torchcompile (inductor fuses ops inside regions; its first call compiles for a while), "
-        "torchcompile_cat, nvfuser; default: none (thunder's defaults)",
+        "torchcompile_cat, nvfuser; no-sdpa leaves thunder's sdpa executor out; default: none (thunder's defaults)",
     )
     @argument(
         "--peers",

@@ -1,0 +1,221 @@
+"""The model zoo's table: packaged models in the loops users run, every configuration side by side, on the GPU.
+
+    python bench/bench_zoo.py [--rounds 5] [--steps 30] [--models nanogpt,llama2,...] [--out FILE.md]
+
+Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from
+the same initial state as eager (its values compared with eager's), then takes turns with the others in
+rounds: in each round, ``--steps`` consecutive steps with no sync inside (a training step is zero_grad, forward,
+backward and the optimizer's step; the kept protocol three forwards, then their backwards; inference one
+call under no_grad with the output kept), synchronised only at the round's ends. Reported: the median over
+rounds of milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's with its
+spread (the lowest and highest of the per-round ratios). A configuration the checker predicts would kill the
+process (thunder's transform on dropout attention) is not run; one that fails says how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+from thunder_nb.testing import zoo  # noqa: E402
+
+#: (model, protocol) rows of the table, in order.
+ROWS = [
+    ("nanogpt", "train"),
+    ("llama2", "train"),
+    ("litgpt-llama2-like", "train"),
+    ("litgpt-falcon-7b-like", "kept"),
+    ("resnet18", "batchnorm"),
+    ("resnet18", "inference"),
+    ("llama2", "inference"),
+]
+CONFIGS = ("eager", "thunder", "stock", "thunder_nb.jit", "fused", "reduce-overhead")
+LABELS = {"eager": "eager", "thunder": "thunder (no graphs)", "stock": "thunder's CUDAGraphTransform",
+          "thunder_nb.jit": "thunder_nb.jit", "fused": "thunder_nb.jit + torchcompile",
+          "reduce-overhead": "torch.compile reduce-overhead"}
+
+
+class Loop:
+    """One configuration's loop: its own model and optimizer from the zoo's initial state, stepped on demand."""
+
+    def __init__(self, model: zoo.ZooModel, protocol: str, config: str):
+        self.model, self.protocol, self.config = model, protocol, config
+        self.net = model.build("cuda")
+        self.net.train(protocol != "inference")
+        fn = model.infer(self.net) if protocol == "inference" else model.loss(self.net)
+        self.fn, self.transform = zoo.compile_with(config, fn, True)
+        self.opt = (torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9) if protocol == "batchnorm"
+                    else torch.optim.AdamW(self.net.parameters(), lr=1e-3))
+        self.batches = [model.batch(i, "cuda") for i in range(3)]
+        self.kept: list = []
+
+    def step(self, i: int) -> None:
+        args, targets = self.batches[i % 3]
+        if self.protocol == "inference":
+            with torch.no_grad():
+                self.kept = [self.fn(*args)]
+        elif self.protocol == "kept":
+            losses = [self.fn(*a, t) for a, t in self.batches]
+            for loss in losses:
+                loss.backward()
+            self.net.zero_grad()
+        else:
+            self.opt.zero_grad()
+            loss = self.fn(*args, targets)
+            loss.backward()
+            self.opt.step()
+
+
+def _predicted_crash(model: zoo.ZooModel, protocol: str) -> str | None:
+    """The checker's word on thunder's transform for this case, built from the traces alone (nothing runs)."""
+    import thunder
+    from thunder.transforms.cudagraph import CUDAGraphTransform
+
+    import thunder_nb
+
+    net = model.build("cuda").train(protocol != "inference")
+    fn = model.infer(net) if protocol == "inference" else model.loss(net)
+    jfn = thunder.jit(fn, transforms=[CUDAGraphTransform()])
+    args, targets = model.batch(0, "cuda")
+    try:
+        if protocol == "inference":
+            with torch.no_grad():
+                thunder.compile_data(jfn)._get_computation_and_inputs(*args)
+        else:
+            thunder.compile_data(jfn)._get_computation_and_inputs(*args, targets)
+    except Exception:
+        return None
+    crash = next((d for d in thunder_nb.analyze(jfn).defects if d.severity == "crashes the process"), None)
+    return crash.rule if crash else None
+
+
+def bench_row(model_name: str, protocol: str, rounds: int, steps: int) -> list[dict]:
+    model = zoo.MODELS[model_name]
+    reference = zoo.run_protocol(model_name, protocol, "eager", steps=3)
+    out = []
+    loops: dict[str, Loop] = {}
+    for config in CONFIGS:
+        row = {"config": config, "ms": [], "note": ""}
+        out.append(row)
+        if config == "stock" and _predicted_crash(model, protocol):
+            row["note"] = "not run: the checker predicts it kills the process"
+            continue
+        checked = zoo.run_protocol(model_name, protocol, config, steps=3)
+        if checked.error is not None:
+            row["note"] = f"fails: {checked.error[:110]}"
+            continue
+        verdict = zoo.judge(checked, reference, lambda: zoo.run_protocol(model_name, protocol, "thunder", steps=3))
+        if verdict.matches:
+            row["matches"] = "yes" if verdict.against == "eager" else "as plain thunder's (which differs from eager's)"
+        else:
+            row["matches"] = f"no: {verdict.difference}"
+        row["graphs"] = checked.graphs
+        row["regions"] = checked.regions
+        try:
+            start = time.perf_counter()
+            loop = Loop(model, protocol, config)
+            for i in range(3):  # NOTE: compile, record, warm up
+                loop.step(i)
+            torch.cuda.synchronize()
+            row["first_s"] = time.perf_counter() - start
+            loops[config] = loop
+        except Exception as e:
+            row["note"] = f"fails in the loop: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    for _ in range(rounds):
+        for row in out:
+            loop = loops.get(row["config"])
+            if loop is None:
+                continue
+            try:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(steps):
+                    loop.step(i)
+                torch.cuda.synchronize()
+                row["ms"].append((time.perf_counter() - start) * 1e3 / steps)
+            except Exception as e:
+                row["note"] = f"fails after warm-up: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                loops.pop(row["config"])
+                row["ms"] = []
+    for row in out:
+        transform = getattr(loops.get(row["config"]), "transform", None)
+        if transform is not None:
+            runner = transform.cuda_graph_runner
+            row["graphs after"] = getattr(runner, "graphs_captured", None)
+    ro = next(r for r in out if r["config"] == "reduce-overhead")
+    for row in out:
+        if row["ms"] and len(ro["ms"]) == len(row["ms"]):
+            ratios = [a / b for a, b in zip(row["ms"], ro["ms"])]
+            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+    return out
+
+
+def _machine() -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.strip().splitlines()[0]
+    except Exception:
+        driver = "?"
+    import os
+
+    return (f"{name} (driver {driver}, {os.cpu_count()} CPU cores), torch {torch.__version__}, Python "
+            f"{platform.python_version()}")
+
+
+def table(results: dict, rounds: int, steps: int) -> str:
+    lines = [f"Machine: {_machine()}. {rounds} rounds of {steps} consecutive steps per configuration, taking turns.",
+             "", "| model, protocol | configuration | ms/step (median of rounds) | vs reduce-overhead (min-max) "
+             "| equal to eager | graphs (regions) | first 3 steps, s | note |", "|---|---|---:|---:|---|---|---:|---|"]
+    for (model, protocol), rows in results.items():
+        for row in rows:
+            ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"
+            ratio = row.get("ratio")
+            rtext = f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-"
+            graphs = ""
+            if row.get("graphs") is not None:
+                graphs = f"{row.get('graphs after', row['graphs'])} ({row.get('regions')})"
+            first = f"{row['first_s']:.1f}" if row.get("first_s") else "-"
+            lines.append(f"| {model}, {protocol} | {LABELS[row['config']]} | {ms} | {rtext} | {row.get('matches', '-')} "
+                         f"| {graphs} | {first} | {row['note']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rows", default="", help="model:protocol,... (default: every row of ROWS)")
+    parser.add_argument("--out", help="also write the table into this Markdown file")
+    args = parser.parse_args()
+    rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ROWS
+    results = {}
+    for model, protocol in rows:
+        if zoo.missing_package(zoo.MODELS[model]):
+            print(f"skipped {model}: needs {zoo.missing_package(zoo.MODELS[model])}", flush=True)
+            continue
+        started = time.perf_counter()
+        results[(model, protocol)] = bench_row(model, protocol, args.rounds, args.steps)
+        print(f"{model} {protocol}: {time.perf_counter() - started:.0f} s", flush=True)
+        print(table({(model, protocol): results[(model, protocol)]}, args.rounds, args.steps), flush=True)
+    text = table(results, args.rounds, args.steps)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(f"# Model zoo, {datetime.date.today()}\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The model zoo on the CPU with emulated capture: packaged models, the loops users run, results equal to eager.
+
+A smaller set than the GPU's (`test_gpu_zoo.py` runs every case under real capture): each protocol once, on the
+smallest configs and a few steps, taking turns between `FixedCUDAGraphTransform` and `thunder_nb.jit`. Emulated
+capture replays write the recorded outputs in place, as real ones do (`thunder_nb.testing.emulated_capture`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from thunder_nb.testing.zoo import CONFIGS, MODELS, PROTOCOLS, compile_with, judge, missing_package, run_protocol
+
+pytestmark = pytest.mark.slow
+
+CASES = [
+    ("nanogpt", "train", "fixed"),
+    ("nanogpt", "kept", "thunder_nb.jit"),
+    ("nanogpt", "zero-grad", "fixed"),
+    ("nanogpt", "autocast", "thunder_nb.jit"),
+    ("llama2", "logged", "thunder_nb.jit"),
+    ("llama2", "inference", "fixed"),
+    ("litgpt-falcon-7b-like", "kept", "thunder_nb.jit"),
+    ("litgpt-llama2-like", "train", "fixed"),
+    ("litgpt-pythia-14m", "inference", "thunder_nb.jit"),
+    ("resnet18", "batchnorm", "fixed"),
+]
+
+
+
+def test_every_case_names_a_model_protocol_and_configuration_of_the_zoo():
+    for model, protocol, config in CASES:
+        assert protocol in MODELS[model].protocols and protocol in PROTOCOLS and config in CONFIGS
+    assert {p for m in MODELS.values() for p in m.protocols} <= set(PROTOCOLS)
+    assert {p for _, p, _ in CASES} | {"dropout"} == set(PROTOCOLS)
+
+
+@pytest.mark.parametrize("model,protocol,config", CASES, ids=["-".join(c) for c in CASES])
+def test_zoo_case_equals_eager_under_emulated_capture(model, protocol, config):
+    if missing_package(MODELS[model]):
+        pytest.skip(f"needs the {missing_package(MODELS[model])} package (the zoo extra: bash dev.sh installs it)")
+    reference = run_protocol(model, protocol, "eager", device="cpu", capture="emulated", steps=3)
+    assert reference.error is None, reference.error
+    run = run_protocol(model, protocol, config, device="cpu", capture="emulated", steps=3)
+    assert run.error is None, run.error
+    verdict = judge(run, reference, lambda: run_protocol(model, protocol, "thunder", device="cpu", steps=3))
+    assert verdict.matches, (verdict.against, verdict.difference)
+    if verdict.thunder_differs:
+        print(f"\n{model} {protocol}: thunder without graphs differs from eager too ({verdict.thunder_differs}); "
+              f"{config} equals it")
+    assert run.graphs >= run.regions >= 1  # NOTE: every region recorded (emulated): nothing ran without its graph
+    if protocol == "batchnorm":
+        state = run.values["state"]
+        tracked = [n for n in state if n.endswith("num_batches_tracked")]
+        assert tracked and all(int(state[n]) == 3 == int(reference.values["state"][n]) for n in tracked)
+
+
+def test_dropout_masks_change_from_call_to_call_with_the_right_keep_rate():
+    run = run_protocol("nanogpt-dropout", "dropout", "thunder_nb.jit", device="cpu", capture="emulated", steps=3)
+    assert run.error is None, run.error
+    values = run.values
+    assert values["finite"] and values["distinct"], values
+    assert abs(values["keep rate"] - 0.9) < 0.01 and values["masks change"], values
+
+
+def test_an_unknown_configuration_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"unknown configuration: 'jax' \(must be one of \['eager'"):
+        compile_with("jax", lambda x: x)
+
+
+def test_a_model_thunder_cannot_trace_says_which_component_refuses_and_what_to_try():
+    run = run_protocol("mobilenet_v3_small", "batchnorm", "thunder", device="cpu", steps=1)
+    assert "Only inplace=False is currently supported in dropout" in run.error
+    assert run.limit.startswith("thunder's torch front end (thunder.torch.dropout): set inplace = False")
