@@ -357,12 +357,12 @@ def test_thunders_first_import_is_a_progress_line(tmp_path):
         ("f(nope)", SEED, "the call f(nope) failed: NameError: name 'nope' is not defined"),
         ("f(1 / 0)", SEED, "the call f(1 / 0) failed: ZeroDivisionError: division by zero"),
         ("f(x)", "def f(:\n    pass\n", "syntax error in the cell, line 2"),  # the magic's line is line 1
-        ("h(x)", "x = 1\n", "no function defined: the cell defines no function and 'h' is not defined"),
+        ("h(x)", "x = 1\n", "no function 'h': the cell defines no function, and 'h' is not in the namespace"),
         ("-f nothing f(x)", SEED, "no function 'nothing' in the namespace (the cell defines: f)"),
         ("--train f(x)", SEED, "training needs a tensor that requires grad: an input of f, or a parameter of a module"),
         ("--lr 0.1 f(x)", SEED, "--lr needs --train"),
         ("--executors inductor f(x)", SEED,
-         "unknown executor: 'inductor' (must be one of ['torchcompile', 'torchcompile_cat', 'nvfuser'])"),
+         "unknown executor: 'inductor' (must be one of ['torchcompile', 'torchcompile_cat', 'nvfuser', 'no-sdpa'])"),
         ("--executors nvfuser f(x)", SEED, "executor 'nvfuser' is not available: no nvFuser wheel matches this torch"),
         ("--train --lr -1 f(x)", SEED, "--lr must be a positive number, not -1.0"),
         ("--peers=3 f(x)", SEED, "argument --peers: ignored explicit argument '3'"),
@@ -400,11 +400,16 @@ def test_a_bad_peers_is_one_usage_error_and_the_namespace_survives(ip):
     assert torch.equal(ip.user_ns["kept"], torch.arange(3))  # NOTE: the cell did not run, nothing was rebound
 
 
-def test_without_a_named_function_the_last_one_the_cell_defines_is_compiled(ip):
-    """The call's callee names no function: the last function of the cell runs with the call's arguments."""
-    with capture_output():
-        ip.run_cell_magic("thunder_cudagraph", "-o cmp run(x)", "import torch\nx = torch.randn(4)\ndef helper(x):\n    return x\ndef k(x):\n    return x.sin().cos().sum().item()\n")
-    assert ip.user_ns["cmp"].fixed.function == "k"
+def test_a_typo_in_the_callee_is_a_usage_error_naming_what_the_cell_defines(ip):
+    """The call names no function: nothing is guessed (it once compiled the cell's last function), nothing runs."""
+    ip.user_ns.pop("cmp_typo", None)
+    with capture_output() as cap, pytest.raises(UsageError) as info:
+        ip.run_cell_magic("thunder_cudagraph", "-o cmp_typo ff(x)",
+                          "import torch\nx = torch.randn(4)\ndef helper(x):\n    return x\ndef f(x):\n    return x.sin()\n")
+    assert str(info.value) == ("no function 'ff': the cell defines helper, f, and 'ff' is not in the namespace "
+                               "(call a function by its name, or name one with -f NAME)")
+    assert "cmp_typo" not in ip.user_ns and callable(ip.user_ns["f"])  # NOTE: the cell ran; no report was made
+    assert all(not o.get("text/plain") for o in final_outputs(cap))
 
 
 def test_cell_error_keeps_what_ran_before(ip):

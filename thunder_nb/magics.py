@@ -33,7 +33,7 @@ class ThunderCUDAGraphMagics(Magics):
         help="the call to compile and run, e.g. f(x): its arguments are evaluated in the notebook's namespace "
         "after the cell ran; the function is its callee (or -f NAME)",
     )
-    @argument("-f", "--function", metavar="NAME", help="the function to compile (default: the call's callee, or else the last function the cell defines)")
+    @argument("-f", "--function", metavar="NAME", help="the function to compile (default: the call's callee)")
     @argument(
         "--original",
         choices=["stock", "legacy"],
@@ -194,14 +194,12 @@ class ThunderCUDAGraphMagics(Magics):
                 raise UsageError(f"no function {name!r} in the namespace{hint}")
             fn = ns[name]
         elif isinstance(call.func, ast.Name) and call.func.id not in ns and call.func.id not in _builtins(ns):
+            # NOTE: never guess: a typo in the callee compiling another function would report on code the user
+            # did not name
             callee = call.func.id
-            if not defined:
-                raise UsageError(
-                    f"no function defined: the cell defines no function and {callee!r} is not defined "
-                    f"(define it in the cell, or name one with -f NAME)"
-                )
-            # NOTE: the call names no function: compile the last one the cell defines, with the call's arguments
-            fn = ns[defined[-1]]
+            defines = (f"the cell defines {', '.join(defined)}" if defined else "the cell defines no function")
+            raise UsageError(f"no function {callee!r}: {defines}, and {callee!r} is not in the namespace "
+                             f"(call a function by its name, or name one with -f NAME)")
         else:
             try:
                 fn = eval(compile(ast.Expression(call.func), "<thunder_cudagraph call>", "eval"), ns)

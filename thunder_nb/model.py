@@ -540,6 +540,19 @@ class Report:
 
         return render.report_text(self)
 
+    def __repr__(self) -> str:
+        """One line at the Python prompt: the function, the transform, each trace's counts; ``to_text()`` has the rest."""
+        def n(k: int, word: str) -> str:
+            return f"{k} {word}{'' if k == 1 else 's'}"
+
+        def counts(t: TraceReport) -> str:
+            errors = sum(1 for d in t.defects if d.is_error)
+            return (f"{t.kind}: {n(len(t.regions), 'region')}, {n(len(t.user_islands), 'island')}, "
+                    f"{n(errors, 'error')}, {n(len(t.defects) - errors, 'warning')}")
+
+        error = f", error={self.error!r}" if self.error else ""
+        return f"<Report {self.function!r} ({self.transform}): {'; '.join(counts(t) for t in self.traces)}{error}>"
+
     def _repr_mimebundle_(self, include=None, exclude=None):
         from . import render
 
