@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# thunder-nb's two commands. Each one sets up what it needs first (idempotent), one progress line a step:
+# thunder-nb's commands. Each one sets up what it needs first (idempotent), one progress line a step:
 #   bash dev.sh example   run the main job on the built-in example
 #   bash dev.sh test      run the tests (what CI runs)
+#   bash dev.sh lab       open JupyterLab on notebooks/ with the extension ready (as root too)
 # Set-up: uv (on PATH, or else from PyPI into the private virtualenv .cache/uv-venv/: never into the
 # system Python, which Debian's python3 refuses (PEP 668, "externally-managed-environment"); Debian's
 # python3-venv first, when root and it is missing) -> .venv with the locked versions (uv.lock) ->
@@ -30,10 +31,11 @@ can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
 
 apt_get_install() {  # apt_get_install PACKAGE...: Debian packages, quietly (root only)
     if [ -z "${_APT_UPDATED:-}" ]; then
-        quietly apt-get update
+        quietly apt-get -o DPkg::Lock::Timeout=600 update
         _APT_UPDATED=1
     fi
-    quietly env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+    # NOTE: another apt-get (an unattended upgrade) may hold dpkg's lock: wait for it rather than fail at once
+    quietly env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "$@"
 }
 
 apt_install() {  # apt_install STEP PROGRAM PACKAGE...: Debian packages when PROGRAM is missing
@@ -147,8 +149,17 @@ case "${1:-}" in
         say "running the tests: .venv/bin/python -m pytest${*:+ $*}"
         exec .venv/bin/python -m pytest "$@"
         ;;
+    lab)
+        setup
+        shift
+        # NOTE: Jupyter refuses to run as root without --allow-root; the server listens on this machine only
+        root=()
+        [ "$(id -u)" = 0 ] && root=(--allow-root)
+        say "opening JupyterLab on notebooks/ (stop it with Ctrl-C); in a notebook: %load_ext thunder_nb"
+        exec .venv/bin/python -m jupyterlab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks "${root[@]}" "$@"
+        ;;
     *)
-        echo "usage: bash dev.sh example | test [pytest args]" >&2
+        echo "usage: bash dev.sh example | test [pytest args] | lab [jupyterlab args]" >&2
         exit 2
         ;;
 esac

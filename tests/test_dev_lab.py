@@ -1,0 +1,66 @@
+"""``bash dev.sh lab``, the README's third command: JupyterLab on the notebooks with the extension ready, as root too."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (REPO / ".venv" / "bin" / "python").exists(),
+                       reason="needs the set-up of `bash dev.sh test` (.venv) in this checkout"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
+    port, token = _free_port(), secrets.token_hex(8)
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+    proc = subprocess.Popen(["bash", "dev.sh", "lab", "--no-browser", f"--ServerApp.port={port}",
+                             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                assert time.monotonic() < deadline, "JupyterLab did not answer in 120 s"
+                time.sleep(1)
+        with urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=10) as r:
+            names = {item["name"] for item in json.load(r)["content"]}
+        assert "01_del_bug.ipynb" in names  # NOTE: the server's root is notebooks/
+        with urllib.request.urlopen(f"{base}/api/kernelspecs?token={token}", timeout=10) as r:
+            spec = json.load(r)["kernelspecs"]["python3"]["spec"]
+        # NOTE: the kernel is the project's Python, so `%load_ext thunder_nb` finds the package
+        check = subprocess.run([spec["argv"][0], "-c", "import thunder_nb; print(thunder_nb.__file__)"],
+                               capture_output=True, text=True)
+        assert check.returncode == 0 and str(REPO / "thunder_nb") in check.stdout, check.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
