@@ -95,3 +95,14 @@ def test_every_relative_link_leads_to_a_file_in_the_repository(page):
     assert targets, f"{page}: no relative link found (the pattern no longer matches the page's links?)"
     missing = [t for t in targets if not (path.parent / t).exists()]
     assert not missing, f"{page}: links to missing files: {missing}"
+
+
+def test_the_checker_rule_table_lists_every_rule_with_its_severity():
+    from thunder_nb.model import RULES, Defect
+
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index("### Checker rules"):]
+    rows = dict(re.findall(r"^\| `([\w-]+)` \| ([\w ]+) \|", table, flags=re.MULTILINE))
+    assert set(rows) == set(RULES)
+    for rule, severity in rows.items():
+        assert severity == Defect(rule, "forward", None, None, None, "", "").severity, rule
