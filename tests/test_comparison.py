@@ -473,3 +473,17 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     assert executors[0] == executors[1] and executors[0][:len(expected)] == expected
     if names:
         assert executors[0][0].startswith("thunder_nb_torchcompile")
+
+
+def test_a_difference_from_eager_in_a_program_with_dropout_is_said_to_be_expected():
+    import torch.nn.functional as F
+
+    def noisy(x):
+        return F.dropout(x.sin(), 0.5, training=True).sum()
+
+    c = compare(noisy, (torch.randn(256),), repeats=1)
+    assert c.random_ops == ("dropout",)
+    verdict = c.verdict()
+    assert "DIFFERS from eager" in verdict and "as expected: it draws random numbers (dropout)" in verdict
+    quiet = compare(lambda x: x.sin().sum(), (torch.randn(8),), repeats=1)
+    assert quiet.random_ops == () and "as expected" not in quiet.verdict()

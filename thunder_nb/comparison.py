@@ -141,6 +141,15 @@ class Comparison:
         """True when the inputs are on a CUDA device."""
         return self.device == "cuda"
 
+    @property
+    def random_ops(self) -> tuple[str, ...]:
+        """The random ops the fixed side's traces run (``uniform`` for dropout): their draws are not eager's."""
+        from .ops import CAPTURE_DEPENDENT, RANDOM_NAMES
+
+        found = {base for t in self.fixed.traces for op in (*t.ops, *(o for r in t.regions for o in r.ops))
+                 if (base := op.callee.rsplit(".", 1)[-1]) in RANDOM_NAMES or base in CAPTURE_DEPENDENT}
+        return tuple(sorted(found))
+
     def verdict(self) -> str:
         """Return the one-line verdict, e.g. ``original (stock): capture fails, item inside CUDAGraph1; fixed: ...``."""
         phrases = (self._original_phrase(), self._fixed_phrase(), self._peer_phrase(), self._mode_phrase())
@@ -346,7 +355,11 @@ def _run_phrase(out: Outcome, c: Comparison) -> str:
         text = "matches eager"
     else:
         err = f" (max abs error {out.max_abs_error:.3g})" if out.max_abs_error is not None else ""
-        text = f"DIFFERS from eager{err}"
+        random = c.random_ops
+        # NOTE: a dropout mask is a draw: another run draws another, so a difference says nothing about graphs
+        why = (f" as expected: it draws random numbers ({', '.join(random)}), and eager draws others; compare in "
+               "eval mode or with dropout 0") if random else ""
+        text = f"DIFFERS from eager{err}{why}"
     if c.training:
         text += ", grads match" if out.grads_match else ", grads DIFFER"
     if out.params_match is not None:

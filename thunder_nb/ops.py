@@ -25,6 +25,7 @@ __all__ = [
     "CAPTURE_DEPENDENT",
     "CaptureDependent",
     "HOST_DATA_NAMES",
+    "RANDOM_NAMES",
     "alias_root",
     "base_name",
 ]
@@ -44,6 +45,10 @@ HOST_SYNC_NAMES = frozenset(
         "get_and_update_rng_state",
     }
 )
+#: Ops that draw random numbers (thunder's names, and the torch executor's): a compiled run draws other numbers
+#: than eager PyTorch, so its values cannot be held against eager's.
+RANDOM_NAMES = frozenset({"uniform", "uniform_philox", "bernoulli", "randn", "rand", "randint", "normal", "randn_like",
+                          "rand_like", "randint_like", "multinomial", "dropout", "native_dropout", "randperm"})
 #: Ops that change device by name.
 TRANSFER_NAMES = frozenset({"cpu", "cuda", "device_put"})
 #: Ops that take a tensor and yield numbers from metadata only (no host sync).
