@@ -440,6 +440,12 @@ def test_without_dot_shows_dot_source_and_text_with_one_warning(ip, monkeypatch,
         outs, _ = run_magic(ip, "--repeats 2 g(x)", ISLAND)
     diagram_warnings = [w for w in caught if issubclass(w.category, render.DiagramWarning)]
     assert len(diagram_warnings) == 1 and "apt-get install graphviz" in str(diagram_warnings[0].message)
+    # NOTE: shown as the magic's, in one line: not thunder-nb's file and the line of its code under it
+    assert diagram_warnings[0].filename == "%%thunder_cudagraph" and diagram_warnings[0].lineno == 1
+    assert "DiagramWarning: " in warnings.formatwarning(diagram_warnings[0].message, render.DiagramWarning,
+                                                         diagram_warnings[0].filename, 1).splitlines()[0]
+    assert len(warnings.formatwarning(diagram_warnings[0].message, render.DiagramWarning,
+                                      diagram_warnings[0].filename, 1).strip().splitlines()) == 1
     original, fixed = (pane.value for pane in widget_of(outs[1]).children[1].children)
     for pane in (original, fixed):
         assert "digraph" in pane and "tnb-text" in pane and "thunder-nb report: g" in pane

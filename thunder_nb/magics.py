@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -104,9 +107,6 @@ class ThunderCUDAGraphMagics(Magics):
             def step(x):
                 return model(x).pow(2).mean()
         """
-        from . import widget
-        from .comparison import CompareError, compare
-
         args, call_text = _parse_line(self.thunder_cudagraph, line)
         views = _check_arguments(args)
         executors = _check_executors(args.executors)
@@ -117,6 +117,14 @@ class ThunderCUDAGraphMagics(Magics):
         call_args, call_kwargs = self._evaluate_arguments(call, call_text)
 
         progress = _Progress()
+        with _addressed_warnings():
+            self._compare_and_show(args, fn, call_args, call_kwargs, views, executors, progress)
+
+    def _compare_and_show(self, args: Any, fn: Any, call_args: tuple, call_kwargs: dict, views: list[str],
+                          executors: tuple[str, ...], progress: _Progress) -> None:
+        from . import widget
+        from .comparison import CompareError, compare
+
         try:
             comparison = compare(
                 fn,
@@ -219,6 +227,27 @@ class ThunderCUDAGraphMagics(Magics):
             return eval(compile(expr, "<thunder_cudagraph call>", "eval"), self.shell.user_ns, scope)
         except Exception as e:
             raise UsageError(f"the call {call_text} failed: {diagnose.error_line(e)}") from None
+
+
+#: Where a warning of thunder-nb's own code is shown as coming from: the magic the user typed, not a line of
+#: thunder-nb (Python would print that file's path and the line of code under it).
+WARNING_ORIGIN = "%%thunder_cudagraph"
+
+
+@contextlib.contextmanager
+def _addressed_warnings() -> Iterator[None]:
+    """Show each warning thunder-nb's own code raises while the magic runs as one line addressed to the user."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        yield
+    for w in caught:
+        if os.path.abspath(w.filename).startswith(here):
+            warnings.warn_explicit(w.message, w.category, WARNING_ORIGIN, 1, module="thunder_nb")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def _builtins(ns: dict) -> set[str]:
