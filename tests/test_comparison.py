@@ -487,3 +487,13 @@ def test_a_difference_from_eager_in_a_program_with_dropout_is_said_to_be_expecte
     assert "DIFFERS from eager" in verdict and "as expected: it draws random numbers (dropout)" in verdict
     quiet = compare(lambda x: x.sin().sum(), (torch.randn(8),), repeats=1)
     assert quiet.random_ops == () and "as expected" not in quiet.verdict()
+
+
+def test_a_function_of_numbers_says_why_nothing_was_captured():
+    def sc(a):
+        return a * 2.0 + 1.0
+
+    verdict = compare(sc, (3.0,), repeats=1).verdict()
+    assert "fixed: 0 regions, 0 islands, nothing to capture: no op computes on a tensor" in verdict
+    one = compare(lambda x: x.sin(), (torch.randn(4),), repeats=1).verdict()
+    assert "nothing to capture: no two capturable ops in a row" in one

@@ -179,6 +179,8 @@ class Comparison:
         regions = sum(len(t.regions) for t in rep.traces)
         islands = sum(len(t.user_islands) for t in rep.traces)
         parts = [plural(regions, "region"), plural(islands, "island")]
+        if regions == 0:
+            parts.append(_nothing_captured(rep))
         errors = _by_priority(d for d in rep.defects if d.is_error)
         if errors:
             parts.append(plural(len(errors), "defect") + ": " + _defect_phrase(rep, errors[0]))
@@ -342,6 +344,15 @@ _FAILURE_PHRASES = {
     "crash": "crashes ({error_type})",
     "would-crash": "not run: it would kill the process",
 }
+
+
+def _nothing_captured(report: Report) -> str:
+    """Why a function has no region: no op computes on a tensor, or no two capturable ops stand in a row."""
+    tensors = any(v.type.kind == "tensor" for t in report.traces for v in t.values)
+    if not tensors:
+        return ("nothing to capture: no op computes on a tensor (its arguments are Python numbers, which thunder "
+                "computes as Python; pass tensors)")
+    return "nothing to capture: no two capturable ops in a row (one op alone is not worth a graph)"
 
 
 def _failure_phrase(failure: Failure) -> str:
