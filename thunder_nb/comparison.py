@@ -179,8 +179,9 @@ class Comparison:
         regions = sum(len(t.regions) for t in rep.traces)
         islands = sum(len(t.user_islands) for t in rep.traces)
         parts = [plural(regions, "region"), plural(islands, "island")]
-        if regions == 0:
-            parts.append(_nothing_captured(rep))
+        nothing = _nothing_captured(rep) if regions == 0 else None
+        if nothing:
+            parts.append(nothing)
         errors = _by_priority(d for d in rep.defects if d.is_error)
         if errors:
             parts.append(plural(len(errors), "defect") + ": " + _defect_phrase(rep, errors[0]))
@@ -346,13 +347,12 @@ _FAILURE_PHRASES = {
 }
 
 
-def _nothing_captured(report: Report) -> str:
-    """Why a function has no region: no op computes on a tensor, or no two capturable ops stand in a row."""
-    tensors = any(v.type.kind == "tensor" for t in report.traces for v in t.values)
-    if not tensors:
-        return ("nothing to capture: no op computes on a tensor (its arguments are Python numbers, which thunder "
-                "computes as Python; pass tensors)")
-    return "nothing to capture: no two capturable ops in a row (one op alone is not worth a graph)"
+def _nothing_captured(report: Report) -> str | None:
+    """Why a function with no region has nothing to capture, when the reason is that no op computes on a tensor."""
+    if any(v.type.kind == "tensor" for t in report.traces for v in t.values):
+        return None
+    return ("nothing to capture: no op computes on a tensor (its arguments are Python numbers, which thunder "
+            "computes as Python; pass tensors)")
 
 
 def _failure_phrase(failure: Failure) -> str:
