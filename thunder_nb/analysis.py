@@ -11,8 +11,8 @@ from typing import Any
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
 from .model import Defect, FusedGroup, Island, Op, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value
 from .ops import (
-    BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard, classify_bsym,
-    classify_op, parse_type, type_of_proxy,
+    BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard,
+    classify_bsym, classify_op, parse_type, type_of_proxy,
 )
 from .source import REGION_NAME, ParsedFunction, comment_types, parse_functions
 

@@ -399,7 +399,8 @@ def _check_text(out: Outcome, c: Comparison) -> str:
 
 
 #: Which error a verdict names first: the one that breaks the run soonest, then the rest.
-_PRIORITY = ("capture-dependent-in-region", "host-sync-in-region", "host-data-in-region", "cpu-op-in-region", "use-after-del", "region-deletes-output",
+_PRIORITY = ("capture-dependent-in-region", "host-sync-in-region", "host-data-in-region", "cpu-op-in-region",
+             "use-after-del", "region-deletes-output",
              "static-input-rebound", "saved-graph-memory", "returned-graph-memory")
 
 
@@ -509,7 +510,8 @@ def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
     eager_params = runs.params(eager) if plan.lr is not None else None
     results: dict[str, Outcome] = {}
     for key, run in compiled.items():
-        fatal = _fatal_defect(run)
+        # NOTE: only a CUDA trace can hold a defect that kills the process (a capture hazard)
+        fatal = _fatal_defect(run) if plan.cuda and run.trace_error is None else None
         if run.trace_error is not None:
             results[key] = Outcome(False, Failure.of(run.trace_error, "trace"))
         elif fatal is not None:

@@ -106,16 +106,17 @@ LIMITS: dict[str, tuple[str, str]] = {
                         "(torchvision's mobilenet_v3 uses Dropout(inplace=True))"),
     "sdpa-batch": ("thunder's sdpa executor (thunder/executors/sdpaex.py, fused attention)",
                    "its fused attention refuses inputs whose batch sizes differ (a KV cache's broadcast batch); "
-                   "leave it out: thunder_nb.jit(fn, executors=['no-sdpa']) or --executors no-sdpa, and attention "
-                   "runs as thunder's decomposition"),
+                   "try leaving it out: thunder_nb.jit(fn, executors=['no-sdpa']) or --executors no-sdpa, and "
+                   "attention runs as thunder's decomposition (not yet checked on a KV cache's decode step)"),
     "sdpa-dtype": ("thunder's sdpa executor (its fused attention's backward under torch.autocast)",
-                   "autocast around the call gives the attention's backward a float32 gradient for bfloat16 "
-                   "inputs; leave the executor out (executors=['no-sdpa'], --executors no-sdpa), or run "
-                   "torch.autocast inside the compiled function"),
+                   "with autocast around the call, the attention's backward gets a gradient of another dtype "
+                   "than its inputs; leave the executor out: executors=['no-sdpa'] (--executors no-sdpa), which runs "
+                   "nanoGPT and llama2 under autocast equal to eager on the H200"),
     "interpreter-slot-wrapper": ("thunder's interpreter (thunder/core/interpreter.py)",
-                                 "thunder 0.2.6 cannot interpret a C slot wrapper that recent HF transformers "
-                                 "calls (4.57 and 5.x); trace the model with an older transformers, or compile "
-                                 "the parts of it that are plain torch modules"),
+                                 "thunder 0.2.6 cannot interpret a C slot wrapper that HF transformers 4.57 and "
+                                 "5.x call while building the model's forward; no executor choice gets past it "
+                                 "(the interpreter runs before any executor): compile a function of your own "
+                                 "that does not go through transformers' code"),
 }
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "classify_bsym",
     "capture_hazard",
     "CAPTURE_DEPENDENT",
+    "CAPTURE_DEPENDENT_ATEN",
     "CaptureDependent",
     "HOST_DATA_NAMES",
     "RANDOM_NAMES",
@@ -80,14 +81,16 @@ class CaptureDependent:
     seed an eager forward made reads host memory on the device.
     """
 
+    # NOTE: the transform keeps the whole op out of graphs; the positions say which tensors carry the hazard (the
+    # tests check them against thunder's signatures, and the GPU test shows the crash they explain)
     outputs: tuple[int, ...] = ()  # positions of the capture-dependent outputs (a forward)
     inputs: tuple[int, ...] = ()  # positions of the capture-dependent arguments (a backward)
     dropout: int = 0  # position of ``dropout_p``: with a literal 0 no seed is made nor read
 
 
-#: thunder's symbols with capture-dependent tensors, by name; ``aten`` names the op torch's note covers.
-#: `tests/test_ops.py` checks that every op torch's note names is here, and on the GPU that each one's
-#: outputs are host memory outside a capture.
+#: thunder's symbols with capture-dependent tensors, by name. `tests/test_capture_hazards.py` checks that every
+#: aten op torch's note names maps to them (`CAPTURE_DEPENDENT_ATEN`) and that the positions are thunder's;
+#: `tests/test_gpu_zoo.py` that thunder's transform dies where the checker says.
 CAPTURE_DEPENDENT: dict[str, CaptureDependent] = {
     # sdpaex: memory-efficient attention, forward (out, logsumexp, seed, offset) and backward
     "sdpaex_grad_forward_scaled_dot_product_efficient_attention": CaptureDependent(outputs=(2, 3), dropout=4),
