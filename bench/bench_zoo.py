@@ -15,6 +15,7 @@ process (thunder's transform on dropout attention) is not run; one that fails sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import platform
 import statistics
@@ -40,30 +41,40 @@ ROWS = [
     ("resnet18", "batchnorm"),
     ("resnet18", "inference"),
     ("llama2", "inference"),
+    ("litgpt-pythia-14m", "decode"),
 ]
-CONFIGS = ("eager", "thunder", "stock", "thunder_nb.jit", "fused", "reduce-overhead")
+CONFIGS = ("eager", "thunder", "stock", "thunder_nb.jit", "fused", "reduce-overhead", "thunder no-sdpa",
+           "thunder_nb.jit no-sdpa")
 LABELS = {"eager": "eager", "thunder": "thunder (no graphs)", "stock": "thunder's CUDAGraphTransform",
           "thunder_nb.jit": "thunder_nb.jit", "fused": "thunder_nb.jit + torchcompile",
-          "reduce-overhead": "torch.compile reduce-overhead"}
+          "reduce-overhead": "torch.compile reduce-overhead", "thunder no-sdpa": "thunder without sdpa (no graphs)",
+          "thunder_nb.jit no-sdpa": "thunder_nb.jit without sdpa"}
 
 
 class Loop:
     """One configuration's loop: its own model and optimizer from the zoo's initial state, stepped on demand."""
 
-    def __init__(self, model: zoo.ZooModel, protocol: str, config: str):
-        self.model, self.protocol, self.config = model, protocol, config
-        self.net = model.build("cuda")
-        self.net.train(protocol != "inference")
-        fn = model.infer(self.net) if protocol == "inference" else model.loss(self.net)
-        self.fn, self.transform = zoo.compile_with(config, fn, True)
+    def __init__(self, model: zoo.ZooModel, protocol: str, config: str, device: str, capture: zoo.CaptureMode):
+        self.model, self.protocol, self.config, self.device = model, protocol, config, device
+        self.net = model.build(device)
+        self.net.train(protocol not in ("inference", "decode"))
+        if protocol == "decode":
+            self.net.set_kv_cache(batch_size=1, device=torch.device(device))
+        fn = model.infer(self.net) if protocol in ("inference", "decode") else model.loss(self.net)
+        self.fn, self.transform = zoo.compile_with(config, fn, capture)
         self.opt = (torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9) if protocol == "batchnorm"
                     else torch.optim.AdamW(self.net.parameters(), lr=1e-3))
-        self.batches = [model.batch(i, "cuda") for i in range(3)]
+        self.batches = [model.batch(i, device) for i in range(3)]
         self.kept: list = []
+        self.token = torch.zeros(1, 1, dtype=torch.long, device=device)
+        self.positions = [torch.tensor([p], device=device) for p in range(8, 56)]
 
     def step(self, i: int) -> None:
         args, targets = self.batches[i % 3]
-        if self.protocol == "inference":
+        if self.protocol == "decode":  # NOTE: one token at a position that advances (and wraps inside the cache)
+            with torch.no_grad():
+                self.kept = [self.fn(self.token, self.positions[i % len(self.positions)])]
+        elif self.protocol == "inference":
             with torch.no_grad():
                 self.kept = [self.fn(*args)]
         elif self.protocol == "kept":
@@ -85,7 +96,9 @@ def _predicted_crash(model: zoo.ZooModel, protocol: str) -> str | None:
 
     import thunder_nb
 
-    net = model.build("cuda").train(protocol != "inference")
+    net = model.build("cuda").train(protocol not in ("inference", "decode"))
+    if protocol == "decode":
+        return None  # NOTE: no backward, no dropout: nothing that kills the process
     fn = model.infer(net) if protocol == "inference" else model.loss(net)
     jfn = thunder.jit(fn, transforms=[CUDAGraphTransform()])
     args, targets = model.batch(0, "cuda")
@@ -101,34 +114,42 @@ def _predicted_crash(model: zoo.ZooModel, protocol: str) -> str | None:
     return crash.rule if crash else None
 
 
-def bench_row(model_name: str, protocol: str, rounds: int, steps: int) -> list[dict]:
+def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: str = "cuda") -> list[dict]:
     model = zoo.MODELS[model_name]
-    reference = zoo.run_protocol(model_name, protocol, "eager", steps=3)
+    capture = True if device == "cuda" else "emulated"
+
+    def run(config: str) -> zoo.ZooRun:
+        return zoo.run_protocol(model_name, protocol, config, device=device, capture=capture, steps=3)
+
+    reference = run("eager")
     out = []
     loops: dict[str, Loop] = {}
     for config in CONFIGS:
+        if config.endswith("no-sdpa") and protocol != "decode":
+            continue
+        if device == "cpu" and config in ("fused", "reduce-overhead"):
+            continue  # NOTE: inductor compiles C++ on the CPU for minutes; the CPU run only checks the script works
         row = {"config": config, "ms": [], "note": ""}
         out.append(row)
-        if config == "stock" and _predicted_crash(model, protocol):
+        if config == "stock" and device == "cuda" and _predicted_crash(model, protocol):
             row["note"] = "not run: the checker predicts it kills the process"
             continue
-        checked = zoo.run_protocol(model_name, protocol, config, steps=3)
+        checked = run(config)
         if checked.error is not None:
             row["note"] = f"fails: {checked.error[:110]}"
             continue
-        verdict = zoo.judge(checked, reference, lambda: zoo.run_protocol(model_name, protocol, "thunder", steps=3))
+        verdict = zoo.judge(checked, reference, lambda: run("thunder"))
         if verdict.matches:
             row["matches"] = "yes" if verdict.against == "eager" else "as plain thunder's (which differs from eager's)"
         else:
             row["matches"] = f"no: {verdict.difference}"
-        row["graphs"] = checked.graphs
-        row["regions"] = checked.regions
         try:
             start = time.perf_counter()
-            loop = Loop(model, protocol, config)
-            for i in range(3):  # NOTE: compile, record, warm up
-                loop.step(i)
-            torch.cuda.synchronize()
+            loop = Loop(model, protocol, config, device, capture)
+            with zoo.capturing("emulated") if device == "cpu" else contextlib.nullcontext():
+                for i in range(3):  # NOTE: compile, record, warm up
+                    loop.step(i)
+            _sync(device)
             row["first_s"] = time.perf_counter() - start
             loops[config] = loop
         except Exception as e:
@@ -139,11 +160,12 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int) -> list[d
             if loop is None:
                 continue
             try:
-                torch.cuda.synchronize()
+                _sync(device)
                 start = time.perf_counter()
-                for i in range(steps):
-                    loop.step(i)
-                torch.cuda.synchronize()
+                with zoo.capturing("emulated") if device == "cpu" else contextlib.nullcontext():
+                    for i in range(steps):
+                        loop.step(i)
+                _sync(device)
                 row["ms"].append((time.perf_counter() - start) * 1e3 / steps)
             except Exception as e:
                 row["note"] = f"fails after warm-up: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
@@ -151,15 +173,19 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int) -> list[d
                 row["ms"] = []
     for row in out:
         transform = getattr(loops.get(row["config"]), "transform", None)
-        if transform is not None:
-            runner = transform.cuda_graph_runner
-            row["graphs after"] = getattr(runner, "graphs_captured", None)
-    ro = next(r for r in out if r["config"] == "reduce-overhead")
+        if transform is not None:  # NOTE: the timed loop's own graphs and regions, after every round
+            row["graphs"], row["regions"] = zoo.count_graphs(transform)
+    ro = next((r for r in out if r["config"] == "reduce-overhead"), {"ms": []})
     for row in out:
         if row["ms"] and len(ro["ms"]) == len(row["ms"]):
             ratios = [a / b for a, b in zip(row["ms"], ro["ms"])]
             row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
     return out
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def _machine() -> str:
@@ -178,15 +204,13 @@ def _machine() -> str:
 def table(results: dict, rounds: int, steps: int) -> str:
     lines = [f"Machine: {_machine()}. {rounds} rounds of {steps} consecutive steps per configuration, taking turns.",
              "", "| model, protocol | configuration | ms/step (median of rounds) | vs reduce-overhead (min-max) "
-             "| equal to eager | graphs (regions) | first 3 steps, s | note |", "|---|---|---:|---:|---|---|---:|---|"]
+             "| equal to eager | graphs (regions) after the rounds | first 3 steps, s | note |", "|---|---|---:|---:|---|---|---:|---|"]
     for (model, protocol), rows in results.items():
         for row in rows:
             ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"
             ratio = row.get("ratio")
             rtext = f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-"
-            graphs = ""
-            if row.get("graphs") is not None:
-                graphs = f"{row.get('graphs after', row['graphs'])} ({row.get('regions')})"
+            graphs = f"{row['graphs']} ({row['regions']})" if row.get("graphs") is not None else ""
             first = f"{row['first_s']:.1f}" if row.get("first_s") else "-"
             lines.append(f"| {model}, {protocol} | {LABELS[row['config']]} | {ms} | {rtext} | {row.get('matches', '-')} "
                          f"| {graphs} | {first} | {row['note']} |")
@@ -199,6 +223,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rows", default="", help="model:protocol,... (default: every row of ROWS)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: emulated capture, without inductor's configurations (checks the script, times "
+                             "nothing about CUDA graphs)")
     args = parser.parse_args()
     rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ROWS
     results = {}
@@ -207,7 +234,7 @@ def main() -> int:
             print(f"skipped {model}: needs {zoo.missing_package(zoo.MODELS[model])}", flush=True)
             continue
         started = time.perf_counter()
-        results[(model, protocol)] = bench_row(model, protocol, args.rounds, args.steps)
+        results[(model, protocol)] = bench_row(model, protocol, args.rounds, args.steps, args.device)
         print(f"{model} {protocol}: {time.perf_counter() - started:.0f} s", flush=True)
         print(table({(model, protocol): results[(model, protocol)]}, args.rounds, args.steps), flush=True)
     text = table(results, args.rounds, args.steps)

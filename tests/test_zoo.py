@@ -24,6 +24,7 @@ CASES = [
     ("litgpt-llama2-like", "train", "fixed"),
     ("litgpt-pythia-14m", "inference", "thunder_nb.jit"),
     ("resnet18", "batchnorm", "fixed"),
+    ("litgpt-pythia-14m", "decode", "thunder_nb.jit"),
 ]
 
 
@@ -49,6 +50,10 @@ def test_zoo_case_equals_eager_under_emulated_capture(model, protocol, config):
         print(f"\n{model} {protocol}: thunder without graphs differs from eager too ({verdict.thunder_differs}); "
               f"{config} equals it")
     assert run.graphs >= run.regions >= 1  # NOTE: every region recorded (emulated): nothing ran without its graph
+    if protocol == "decode":
+        assert run.values["tokens"] == reference.values["tokens"]  # NOTE: token for token
+        # NOTE: one graph per region of the prefill and of the one-token step: none recorded again as decoding goes on
+        assert run.graphs == run.regions
     if protocol == "batchnorm":
         state = run.values["state"]
         tracked = [n for n in state if n.endswith("num_batches_tracked")]

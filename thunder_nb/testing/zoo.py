@@ -22,7 +22,7 @@ from typing import Any
 from .modes import CaptureMode, capturing, check_mode
 
 __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "CONFIGS", "ZooRun", "compile_with", "run_protocol", "run_in_child",
-           "missing_package", "keep_rate", "TOLERANCES", "Judgement", "judge"]
+           "missing_package", "keep_rate", "TOLERANCES", "Judgement", "judge", "count_graphs"]
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
              _tokens(128, 2, 32), _cross_entropy, _called, ("train", "logged", "inference"), needs="litgpt"),
     ZooModel("litgpt-pythia-14m", "litgpt.Config.from_name('pythia-14m', n_layer=2)",
              _seeded(_litgpt("pythia-14m", n_layer=2, block_size=64)), _tokens(128, 2, 32), _cross_entropy,
-             _called, ("train", "inference"), needs="litgpt"),
+             _called, ("train", "inference", "decode"), needs="litgpt"),
     ZooModel("resnet18", "torchvision.models.resnet18", _seeded(_torchvision("resnet18")), _images(4, 32, 10),
              _cross_entropy, _called, ("inference", "batchnorm"), needs="torchvision"),
     ZooModel("mobilenet_v3_small", "torchvision.models.mobilenet_v3_small", _seeded(_torchvision("mobilenet_v3_small")),
@@ -301,6 +301,24 @@ def _inference(model: ZooModel, net: Any, compiled: Callable[..., Any], device: 
     return {"outputs": outs}
 
 
+def _decode(model: ZooModel, net: Any, compiled: Callable[..., Any], device: Any, steps: int) -> dict[str, Any]:
+    """KV-cache decoding, greedy: a prefill of 8 tokens, then ``2 * steps`` one-token calls with ``input_pos``
+    advancing (the model's KV cache set up by `run_protocol`); every call's logits kept, and the tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 128, (1, 8), generator=g).to(device)
+    logits, tokens = [], []
+    with torch.no_grad():
+        out = compiled(prompt, torch.arange(8, device=device))
+        for t in range(8, 8 + 2 * steps):
+            logits.append(out)
+            token = out[:, -1].argmax(-1, keepdim=True)
+            tokens.append(int(token))
+            out = compiled(token, torch.tensor([t], device=device))
+    return {"logits": logits, "tokens": tokens}
+
+
 def _dropout(model: ZooModel, net: Any, compiled: Callable[..., Any], device: Any, steps: int) -> dict[str, Any]:
     """Forward and backward of a model with dropout on one batch and fixed weights: only the masks change between
     calls, so the losses must differ from call to call, and stay finite."""
@@ -334,24 +352,21 @@ PROTOCOLS: dict[str, Callable[..., dict[str, Any]]] = {
     "batchnorm": lambda m, n, c, d, s: _train(m, n, c, d, s, optimizer="sgd"),
     "kept": _kept,
     "inference": _inference,
+    "decode": _decode,
     "dropout": _dropout,
 }
 
 
-def _count(transform: Any, jfn: Any) -> tuple[int | None, int | None]:
+def count_graphs(transform: Any) -> tuple[int | None, int | None]:
+    """(graphs recorded, regions) of a CUDA-graph transform: regions of every trace it fused (forward, backward, and
+    each input shape's, such as a prefill's and a decode step's)."""
     if transform is None:
         return None, None
-    import thunder
-
-    regions = 0
-    for traces in (thunder.last_traces(jfn), thunder.last_backward_traces(jfn)):
-        if traces:
-            regions += sum(1 for b in traces[-1].bound_symbols if b.sym.name.startswith("CUDAGraph"))
     runner = transform.cuda_graph_runner
     graphs = getattr(runner, "graphs_captured", None)
     if graphs is None:  # NOTE: thunder's own runner
         graphs = len(runner.cuda_graph_cache)
-    return graphs, regions
+    return graphs, len(runner.python_callables)
 
 
 def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "cuda", capture: CaptureMode = True,
@@ -362,8 +377,12 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
     model = MODELS[model_name]
     run = ZooRun(model_name, protocol, config)
     net = model.build(device)
-    fn = model.infer(net) if protocol == "inference" else model.loss(net)
-    net.train(protocol != "inference")
+    fn = model.infer(net) if protocol in ("inference", "decode") else model.loss(net)
+    net.train(protocol not in ("inference", "decode"))
+    if protocol == "decode":
+        import torch
+
+        net.set_kv_cache(batch_size=1, device=torch.device(device))
     with capturing(capture if config not in ("eager", "thunder", "thunder no-sdpa", "reduce-overhead") else False):
         try:
             compiled, transform = compile_with(config, fn, capture)
@@ -373,7 +392,7 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
                 torch.cuda.synchronize()
             run.ms_per_step = (time.perf_counter() - start) * 1e3 / steps
             if transform is not None:
-                run.graphs, run.regions = _count(transform, compiled)
+                run.graphs, run.regions = count_graphs(transform)
             if protocol == "dropout":
                 import torch.nn.functional as F
 
