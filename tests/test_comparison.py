@@ -497,3 +497,16 @@ def test_a_function_of_numbers_says_why_nothing_was_captured():
     assert "fixed: 0 regions, 0 islands, nothing to capture: no op computes on a tensor" in verdict
     one = compare(lambda x: x.sin(), (torch.randn(4),), repeats=1).verdict()
     assert "fixed: 0 regions, 1 island, matches eager" in one  # NOTE: a tensor op alone: nothing more to say
+
+
+def test_a_hazard_that_did_not_show_is_said_so_and_each_side_has_its_colour():
+    c = compare(programs.mlp, programs.mlp_inputs(), training=True, lr=0.1, repeats=3)
+    original = c.verdict().split("; fixed:")[0]
+    # NOTE: thunder's transform saves graph memory for the backward: wrong only when two forwards precede a backward
+    assert original.startswith("original (stock): wrong result: ")
+    assert "equal to eager in this run, grads match, params match after 6 SGD steps (would be wrong when two " \
+           "forwards run before one backward)" in original
+    html = c.verdict_html()
+    assert html.index('<span class="tnb-bad" style="color:#e03131">original (stock): wrong result') < html.index(
+        '<span class="tnb-good" style="color:#2b8a3e">fixed: ')
+    assert 'class="tnb-note"' in html  # NOTE: the CPU's eager-mode phrase, neither good nor bad

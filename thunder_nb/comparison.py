@@ -171,7 +171,12 @@ class Comparison:
         elif self.original.defects:
             parts.append(_warnings_phrase(self.original.defects))
         if not out.error:
-            parts.append(_run_phrase(out, self) if self.executed else "not run")
+            run = _run_phrase(out, self) if self.executed else "not run"
+            if self.executed and out.ok and errors and errors[0].rule in WRONG_WHEN:
+                # NOTE: the hazard did not show on these inputs: say so, and when it would
+                when = WRONG_WHEN[errors[0].rule]
+                run = run.replace("matches eager", "equal to eager in this run", 1) + f" (would be wrong {when})"
+            parts.append(run)
         return f"original ({self.original_kind}): " + ", ".join(parts)
 
     def _fixed_phrase(self) -> str:
@@ -282,11 +287,29 @@ class Comparison:
         return rows_table(self.run_rows())
 
     def verdict_html(self) -> str:
-        """Return the verdict as one HTML line (red when the fixed side failed or has defects)."""
-        from .render.html import verdict_line
+        """Return the verdict as one HTML line, each side's phrase in the colour of its worst finding (red: it would
+        crash, fails, computes a wrong result or differs from eager; amber: warnings; green: nothing wrong)."""
+        from .render.html import verdict_spans
 
-        bad = not self.results["fixed"].ok if self.executed else bool(self.fixed.defects)
-        return verdict_line(self.verdict(), bad=bad)
+        phrases = [(self._original_phrase(), self._level(self.original, self.results["original"])),
+                   (self._fixed_phrase(), self._level(self.fixed, self.results["fixed"]))]
+        peer = self._peer_phrase()
+        if peer:
+            peer_out = self.results["peer"]
+            phrases.append((peer, "good" if peer_out.ok else "bad"))
+        mode = self._mode_phrase()
+        if mode:
+            phrases.append((mode, "note"))
+        return verdict_spans(phrases)
+
+    def _level(self, report: Report, out: Outcome) -> str:
+        """"bad", "warn" or "good": the worst of a side's defects and its run (a difference that random ops explain
+        is no finding)."""
+        if out.failure is not None or any(d.is_error for d in report.defects):
+            return "bad"
+        if self.executed and out.ran and not out.ok and not self.random_ops:
+            return "bad"
+        return "warn" if report.defects else "good"
 
     def to_text(self) -> str:
         """Return the whole comparison as text: verdict, both reports, the run section."""
@@ -344,6 +367,14 @@ _FAILURE_PHRASES = {
     "compile": "compile fails ({error_type})",
     "crash": "crashes ({error_type})",
     "would-crash": "not run: it would kill the process",
+}
+
+
+#: When a wrong-result defect that did not show in a run would show (the original side's verdict says so).
+WRONG_WHEN = {
+    "returned-graph-memory": "when a result is kept across calls (the next call overwrites it)",
+    "saved-graph-memory": "when two forwards run before one backward",
+    "static-input-rebound": "when another tensor is passed in a static input's place",
 }
 
 

@@ -78,6 +78,17 @@ def verdict_line(text: str, *, bad: bool) -> str:
     return f'<div class="tnb-verdict" style="font-weight:600;color:{color}">{esc(text)}</div>'
 
 
+#: The verdict's colours by level: red for what fails or is wrong, amber for warnings, green for nothing wrong.
+VERDICT_COLORS = {"bad": "#e03131", "warn": "#e8590c", "good": "#2b8a3e", "note": "#495057"}
+
+
+def verdict_spans(phrases: Sequence[tuple[str, str]]) -> str:
+    """Return a one-line verdict of phrases, each ``(text, level)`` in its level's colour (`VERDICT_COLORS`)."""
+    spans = "; ".join(f'<span class="tnb-{level}" style="color:{VERDICT_COLORS[level]}">{esc(text)}</span>'
+                      for text, level in phrases)
+    return f'<div class="tnb-verdict" style="font-weight:600">{spans}</div>'
+
+
 def _ops(trace: TraceReport) -> int:
     return sum(len(r.compute_ops) for r in trace.regions)
 
