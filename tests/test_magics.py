@@ -496,3 +496,13 @@ def test_executors_torchcompile_puts_inductor_fusions_inside_the_fixed_regions(i
     fused = [b.sym.name for b in thunder.last_traces(cmp.functions["fixed"])[-1].bound_symbols
              for b in ([b] + list(b.subsymbols)) if b.sym.name.startswith("TorchCompile")]
     assert fused, "no inductor fusion in the fixed trace"
+
+
+def test_help_reads_as_a_cell_magics_usage(ip):
+    """``%%thunder_cudagraph?``: the usage line with ``%%``, under "Usage:", choices without brackets."""
+    text = ip.object_inspect_text("%%thunder_cudagraph")
+    doc = text[text.index("Usage:"):]
+    assert doc.startswith("Usage:\n\n  %%thunder_cudagraph [-f NAME] [--original {stock,legacy}] [--train]\n"
+                          "                          [--lr LR]")
+    assert "::" not in doc and "<{" not in doc
+    assert "--original {stock,legacy}\n" in doc and "--capture {auto,on,off}\n" in doc

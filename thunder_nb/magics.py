@@ -374,3 +374,22 @@ def _html(text: str) -> str:
     import html
 
     return html.escape(text)
+
+
+def _help_text(doc: str) -> str:
+    """The magic's help as a notebook user reads it: the usage line of a cell magic (``%%``, not IPython's ``%``) under
+    "Usage:" (not reStructuredText's ``::``), and argparse's choices without the brackets magic_arguments adds."""
+    import re
+
+    head, sep, rest = doc.partition("\n\n")
+    usage, _, body = rest.partition("\n\n")
+    if head.strip() == "::" and usage.lstrip().startswith("%thunder_cudagraph"):
+        # NOTE: one more character on the first line: continuation lines move right by one to stay aligned
+        lines = usage.replace("%thunder_cudagraph", "%%thunder_cudagraph", 1).splitlines()
+        usage = "\n".join([lines[0]] + [" " + line for line in lines[1:]])
+        doc = f"Usage:\n\n{usage}\n\n{body}"
+    doc = re.sub(r"<(\{[^}]*\})>", r"\1", doc)
+    return doc.replace("defined anywhere in the notebook::", "defined anywhere in the notebook:")
+
+
+ThunderCUDAGraphMagics.thunder_cudagraph.__doc__ = _help_text(ThunderCUDAGraphMagics.thunder_cudagraph.__doc__ or "")
