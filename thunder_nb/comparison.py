@@ -406,6 +406,9 @@ def _run_phrase(out: Outcome, c: Comparison) -> str:
         text += ", grads match" if out.grads_match else ", grads DIFFER"
     if out.params_match is not None:
         text += f", {'params match' if out.params_match else 'params DIFFER'} after {c.steps} SGD steps"
+        if c.steps == 1 + c.warmup + c.repeats:
+            # NOTE: the count is the calls' (one step after each), which --repeats alone does not show
+            text += f" (one after each call: 1 checked, {c.warmup} warm-up, {c.repeats} timed)"
     return text
 
 
