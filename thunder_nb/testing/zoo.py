@@ -14,9 +14,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .modes import CaptureMode, capturing, check_mode
@@ -243,9 +242,7 @@ class ZooRun:
     error: str | None = None  # the exception that stopped it, ``Type: first line``
     limit: str | None = None  # where it is one of thunder's known limits: the component, and what to try
     graphs: int | None = None  # CUDA graphs the transform recorded
-    regions: int | None = None  # regions in its traces
-    ms_per_step: float | None = None
-    notes: list[str] = field(default_factory=list)
+    regions: int | None = None  # regions in its traces (`count_graphs`)
 
 
 def _loss_value(loss: Any, logged: bool) -> Any:
@@ -372,8 +369,6 @@ def count_graphs(transform: Any) -> tuple[int | None, int | None]:
 def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "cuda", capture: CaptureMode = True,
                  steps: int = 3) -> ZooRun:
     """Run ``protocol`` on a fresh ``model_name`` compiled by ``config``; errors are kept in the result, not raised."""
-    import torch
-
     model = MODELS[model_name]
     run = ZooRun(model_name, protocol, config)
     net = model.build(device)
@@ -386,11 +381,7 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
     with capturing(capture if config not in ("eager", "thunder", "thunder no-sdpa", "reduce-overhead") else False):
         try:
             compiled, transform = compile_with(config, fn, capture)
-            start = time.perf_counter()
             run.values = PROTOCOLS[protocol](model, net, compiled, device, steps)
-            if torch.cuda.is_available() and str(device).startswith("cuda"):
-                torch.cuda.synchronize()
-            run.ms_per_step = (time.perf_counter() - start) * 1e3 / steps
             if transform is not None:
                 run.graphs, run.regions = count_graphs(transform)
             if protocol == "dropout":
