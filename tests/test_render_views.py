@@ -288,13 +288,14 @@ def test_side_pane_opens_with_diagrams_and_keeps_details_closed(held_mlp):
                     "backward trace")
 
 
-def test_rows_table_and_verdict_line_escape():
+def test_rows_table_and_verdict_spans_escape():
     table = render.html.rows_table([("a<b", "x & y")])
     assert table == ('<table class="tnb-run"><tr><th style="text-align:left;padding-right:1em">a&lt;b</th>'
                      "<td>x &amp; y</td></tr></table>")
-    assert render.html.verdict_line("<ok>", bad=False) == (
-        '<div class="tnb-verdict" style="font-weight:600;color:#2b8a3e">&lt;ok&gt;</div>')
-    assert "#e03131" in render.html.verdict_line("x", bad=True)
+    assert render.html.verdict_spans([("<ok>", "good")]) == (
+        '<div class="tnb-verdict" style="font-weight:600"><span class="tnb-good" style="color:#2b8a3e">&lt;ok&gt;'
+        "</span></div>")
+    assert '<span class="tnb-bad" style="color:#e03131">x</span>' in render.html.verdict_spans([("x", "bad")])
 
 
 def test_many_inputs_are_drawn_as_one_node():

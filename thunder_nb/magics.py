@@ -381,7 +381,7 @@ def _help_text(doc: str) -> str:
     "Usage:" (not reStructuredText's ``::``), and argparse's choices without the brackets magic_arguments adds."""
     import re
 
-    head, sep, rest = doc.partition("\n\n")
+    head, _, rest = doc.partition("\n\n")
     usage, _, body = rest.partition("\n\n")
     if head.strip() == "::" and usage.lstrip().startswith("%thunder_cudagraph"):
         # NOTE: one more character on the first line: continuation lines move right by one to stay aligned

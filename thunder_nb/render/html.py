@@ -18,7 +18,8 @@ __all__ = [
     "FIT",
     "SIDE_VIEWS",
     "rows_table",
-    "verdict_line",
+    "verdict_spans",
+    "VERDICT_COLORS",
     "diagram_html",
     "memory_html",
     "defects_html",
@@ -70,12 +71,6 @@ def rows_table(rows: Iterable[tuple[str, str]], *, cls: str = "tnb-run") -> str:
         f'<tr><th style="text-align:left;padding-right:1em">{esc(k)}</th><td>{esc(v)}</td></tr>' for k, v in rows
     )
     return f'<table class="{esc(cls)}">{body}</table>'
-
-
-def verdict_line(text: str, *, bad: bool) -> str:
-    """Return a one-line verdict, red when ``bad`` else green (`Comparison.verdict_html`)."""
-    color = "#e03131" if bad else "#2b8a3e"
-    return f'<div class="tnb-verdict" style="font-weight:600;color:{color}">{esc(text)}</div>'
 
 
 #: The verdict's colours by level: red for what fails or is wrong, amber for warnings, green for nothing wrong.
