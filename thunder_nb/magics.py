@@ -15,7 +15,7 @@ from IPython.display import display
 
 from . import diagnose
 
-__all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES"]
+__all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES", "options_markdown"]
 
 #: ``--capture`` values and what `compare` gets for them.
 CAPTURE_CHOICES = {"auto": "auto", "on": True, "off": False}
@@ -393,3 +393,28 @@ def _help_text(doc: str) -> str:
 
 
 ThunderCUDAGraphMagics.thunder_cudagraph.__doc__ = _help_text(ThunderCUDAGraphMagics.thunder_cudagraph.__doc__ or "")
+
+
+def options_markdown() -> str:
+    """Return the magic's options as a Markdown table, made from its argument declarations (the README's table).
+
+    One row per declared argument, in declaration order: how it is written (positional ones by their
+    name in capitals), its help text and its default. ``python -m thunder_nb.magics`` prints it.
+    """
+    rows = ["| option | what it does | default |", "|---|---|---|"]
+    # NOTE: argparse keeps the declarations in _actions; its help formatter wraps text for a terminal instead
+    for action in ThunderCUDAGraphMagics.thunder_cudagraph.parser._actions:
+        value = "{" + ",".join(action.choices) + "}" if action.choices else action.metavar or action.dest.upper()
+        if not action.option_strings:
+            written = f"`{value}`"
+        elif action.nargs == 0:
+            written = ", ".join(f"`{s}`" for s in action.option_strings)
+        else:
+            written = ", ".join(f"`{s} {value}`" for s in action.option_strings)
+        default = f"`{action.default}`" if action.default not in (None, False, "") else ""
+        rows.append(f"| {written} | {(action.help or '').replace('|', chr(92) + '|')} | {default} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(options_markdown(), end="")
