@@ -1,0 +1,286 @@
+"""jit_step on the CPU (issue #34): the whole iteration under the CPU stand-in for capture, against eager PyTorch.
+
+The stand-in (``capture="emulated"``, what ``"auto"`` picks without CUDA) takes the same path as a CUDA graph: the
+same guards, warm-up steps, static batch buffers, and a replay that writes the loss and gradients into the memory of
+the recording. Real thunder, real models (thunder's nanoGPT from `thunder_nb.testing.models`); the guard tests use a
+two-layer perceptron, which thunder traces in a second rather than several.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from thunder_nb.step import Capturability, RecordAgainWarning, StepRefused, capturability, jit_step
+from thunder_nb.testing.models import model_case
+from thunder_nb.testing.zoo import TOLERANCES
+from thunder_nb.values import compare_values
+
+RTOL, ATOL = TOLERANCES["logged"]
+
+
+def _same(values, reference):
+    return compare_values(values, reference, rtol=RTOL, atol=ATOL, reference="eager's")
+
+
+def _state(net):
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+# --- nanoGPT: numerics, the logged loss, the refusal ------------------------------------------------
+
+_GPT = dict(layers=1, width=32, vocab=64, batch=2, seq=16)
+
+
+def test_nanogpt_whole_step_equals_eager_and_a_logged_item_reads_eagers_number():
+    eager = model_case("nanoGPT", **_GPT)
+    opt = torch.optim.AdamW(eager.model.parameters(), lr=1e-3)
+    losses = []
+    for i in range(6):
+        opt.zero_grad()
+        loss = eager.step(*eager.make_batch(i))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+
+    case = model_case("nanoGPT", **_GPT)
+    step = jit_step(case.model, case.step, torch.optim.AdamW(case.model.parameters(), lr=1e-3))
+    kept = [step(*case.make_batch(i)) for i in range(6)]
+    logged = [k.item() for k in kept]  # NOTE: read after all six: each returned loss is a copy, not the graph's buffer
+
+    c = _same({"losses": logged, "state": _state(case.model)}, {"losses": losses, "state": _state(eager.model)})
+    assert c.matches, c.difference
+    # NOTE: 3 warm-up steps, then one recording replayed three times
+    assert step.graphs_recorded == 1 and step.recordings == ["first recording"] and step.captured
+    grads = {n: p.grad for n, p in case.model.named_parameters()}
+    c = _same(grads, {n: p.grad for n, p in eager.model.named_parameters()})
+    assert c.matches, c.difference  # NOTE: .grad holds the last step's gradients, as after eager's last step
+
+
+def test_a_host_sync_in_the_step_is_refused_with_the_op_and_the_users_line_before_anything_runs():
+    case = model_case("nanoGPT", **_GPT, log_loss=True)
+    before = _state(case.model)
+    opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3)
+    step = jit_step(case.model, case.step, opt)
+    with pytest.raises(StepRefused) as info:
+        step(*case.make_batch(0))
+    message = str(info.value)
+    assert message.startswith("jit_step cannot record this step as one CUDA graph: host sync: item at ")
+    assert "models.py:" in message and "`return loss, loss.item()`" in message
+    assert "Fix: return the tensor and read it after the step" in message
+    assert [b.kind for b in info.value.blockers] == ["host sync", "loss"]
+    assert not opt.state and all(torch.equal(before[n], p) for n, p in case.model.named_parameters())
+
+    report = capturability(case.model, case.step, opt, *case.make_batch(0))
+    assert isinstance(report, Capturability) and not report.whole_step
+    assert 0.5 < report.fraction < 1 and report.in_graph < report.ops
+    text = str(report)
+    assert text.startswith("nanoGPT_step_logged: ") and "of the iteration in one graph" in text
+    assert "1. host sync: item at " in text and "`return loss, loss.item()`" in text
+    assert "2. loss: loss_fn returns (tensor, float) at " in text
+    html = report._repr_html_()
+    assert html.index("host sync") < html.index("<code>item</code>") < html.index("loss_fn returns")
+
+
+# --- the guards, on a small perceptron --------------------------------------------------------------
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _batch(i, n=8):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def _loss_of(net):
+    def mlp_loss(x, y):
+        return F.cross_entropy(net(x), y)
+
+    return mlp_loss
+
+
+def _eager_mlp(batches, make_opt, *, between=None, accumulate=1, max_grad_norm=None):
+    net = _mlp()
+    opt = make_opt(net)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if between:
+            between(i, net, opt)
+        opt.zero_grad()
+        total = 0.0
+        for xs, ys in zip(x.chunk(accumulate), y.chunk(accumulate)):
+            loss = F.cross_entropy(net(xs), ys) / accumulate
+            loss.backward()
+            total = total + loss.detach()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+        opt.step()
+        losses.append(float(total))
+    return losses, _state(net)
+
+
+def _stepped(batches, make_opt, *, between=None, **options):
+    net = _mlp()
+    opt = make_opt(net)
+    step = jit_step(net, _loss_of(net), opt, **options)
+    losses = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i, batch in enumerate(batches):
+            if between:
+                between(i, net, opt)
+            losses.append(step(*batch).item())
+    again = [str(w.message) for w in seen if issubclass(w.category, RecordAgainWarning)]
+    return losses, _state(net), step, again
+
+
+def _adamw(net):
+    return torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+
+def _sgd(net):
+    return torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+
+def test_a_new_batch_shape_records_again_with_a_warning_that_says_what_changed():
+    batches = [_batch(i) for i in range(5)] + [_batch(i, n=4) for i in range(5, 10)]
+    losses, state = _eager_mlp(batches, _adamw)
+    got, got_state, step, again = _stepped(batches, _adamw)
+    assert again == ["jit_step: recording the step again: the batch's argument 0 has shape (4, 8) (was (8, 8))"]
+    assert step.graphs_recorded == 2 and step.recordings == ["first recording", "after warm-up"]
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+
+
+def test_model_eval_and_a_replaced_parameter_record_again_and_stay_equal_to_eager():
+    def between(i, net, opt):
+        if i == 5:
+            net.eval()  # NOTE: no dropout here: the numbers do not change, the trace does
+        if i == 7:
+            with torch.no_grad():
+                net[0].weight.data = net[0].weight.data.clone()
+
+    batches = [_batch(i) for i in range(9)]
+    losses, state = _eager_mlp(batches, _sgd, between=between)
+    got, got_state, step, again = _stepped(batches, _sgd, between=between, warmup=1)
+    assert again == ["jit_step: recording the step again: Sequential is now in eval mode (model.train() / model.eval())",
+                     "jit_step: recording the step again: parameter Linear.weight now lives in other memory (its "
+                     ".data was set)"]
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+
+
+def test_an_sgd_lr_change_records_again_and_adamw_reads_its_lr_at_every_step():
+    def between(i, net, opt):
+        if i in (4, 6):
+            opt.param_groups[0]["lr"] *= 0.5
+
+    batches = [_batch(i) for i in range(8)]
+    for make, expected in ((_sgd, 2), (_adamw, 0)):
+        losses, state = _eager_mlp(batches, make, between=between)
+        got, got_state, step, again = _stepped(batches, make, between=between, warmup=1)
+        assert len(again) == expected, again
+        c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+        assert c.matches, (make.__name__, c.difference)
+    sgd_warning = _stepped(batches, _sgd, between=between, warmup=1)[3][0]
+    assert sgd_warning.startswith("jit_step: recording the step again: param group 0's 'lr' changed from 0.1 to 0.05 "
+                                  "(SGD's step reads it as a Python number, fixed in the graph;")
+
+
+def test_an_lr_scheduler_steps_equal_eager():
+    batches = [_batch(i) for i in range(7)]
+    scheds = {}
+
+    def between(i, net, opt):
+        if opt not in scheds:
+            scheds[opt] = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        elif i:
+            scheds[opt].step()
+
+    losses, state = _eager_mlp(batches, _adamw, between=between)
+    got, got_state, step, again = _stepped(batches, _adamw, between=between)
+    assert not again and step.graphs_recorded == 1
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+
+
+def test_gradient_accumulation_and_clipping_run_inside_the_step_equal_to_eager():
+    batches = [_batch(i) for i in range(6)]
+    losses, state = _eager_mlp(batches, _adamw, accumulate=4, max_grad_norm=0.05)
+    got, got_state, step, again = _stepped(batches, _adamw, accumulate=4, max_grad_norm=0.05)
+    assert not again and step.graphs_recorded == 1
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+    assert float(step.last_grad_norm) > 0.05  # NOTE: the norm before clipping: clipping did act
+    with pytest.raises(ValueError, match=r"accumulate=4: the batch's argument 0 has shape \(6, 8\), whose first "):
+        step(*_batch(0, n=6))
+
+
+def test_grad_between_steps_zero_grad_and_the_loss_buffer():
+    net = _mlp()
+    opt = _adamw(net)
+    step = jit_step(net, _loss_of(net), opt, warmup=1, copy_loss=False)
+    step(*_batch(0))
+    first = step(*_batch(1))  # NOTE: the recording: from here on the loss is the graph's own buffer
+    value = first.item()
+    grads = [p.grad for p in net.parameters()]
+    second = step(*_batch(2))
+    assert second is first and first.item() != value  # NOTE: copy_loss=False: the next replay overwrote it
+    assert all(p.grad is g for p, g in zip(net.parameters(), grads))  # NOTE: gradients stay in the graph's memory
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in net.parameters())
+    step(*_batch(3))
+    assert all(p.grad is g for p, g in zip(net.parameters(), grads)) and step.graphs_recorded == 1
+    opt.zero_grad(set_to_none=False)  # NOTE: the step overwrites gradients, never accumulates into them
+    after_zero = step(*_batch(4)).item()
+
+    again = _mlp()
+    ref = jit_step(again, _loss_of(again), _adamw(again), warmup=1)
+    assert [ref(*_batch(i)).item() for i in range(5)][-1] == after_zero
+
+
+def test_what_the_step_refuses_and_why():
+    net = _mlp()
+
+    def two_values(x, y):
+        out = net(x)
+        return F.cross_entropy(out, y), out
+
+    with pytest.raises(StepRefused, match=r"loss: loss_fn returns \(tensor, tensor\) at .*test_step\.py:\d+: "
+                                          r"`def two_values\(x, y\):`"):
+        jit_step(net, two_values, _adamw(net))(*_batch(0))
+    with pytest.raises(StepRefused, match=r"optimizer: LBFGS at optimizer.step\(\). Fix: LBFGS has no capturable step"):
+        jit_step(net, _loss_of(net), torch.optim.LBFGS(net.parameters()))(*_batch(0))
+    with pytest.raises(RuntimeError, match="a training step needs grad mode"), torch.no_grad():
+        jit_step(net, _loss_of(net), _adamw(net))(*_batch(0))
+    with pytest.raises(ValueError, match="capture=True needs the model on a CUDA device"):
+        jit_step(net, _loss_of(net), _adamw(net), capture=True)
+
+    def reads_the_loss(x, y):
+        loss = F.cross_entropy(net(x), y)
+        return loss + 0.0 * loss.item()
+
+    with pytest.raises(StepRefused, match=r"host sync: item at .*test_step\.py:\d+: `return loss \+ 0\.0 \* loss"):
+        jit_step(net, reads_the_loss, _adamw(net))(*_batch(0))
+    # NOTE: capture=False trains uncaptured and refuses nothing: the same host sync runs, as in eager PyTorch
+    uncaptured = jit_step(net, reads_the_loss, _adamw(net), capture=False)
+    losses = [uncaptured(*_batch(0)).item() for _ in range(2)]
+    assert losses[1] < losses[0] and uncaptured.graphs_recorded == 0
+
+
+def test_capturability_of_a_clean_step_is_the_whole_iteration():
+    net = _mlp()
+    report = capturability(net, _loss_of(net), _sgd(net), *_batch(0))
+    assert report.whole_step and report.fraction == 1.0 and report.in_graph == report.ops
+    assert str(report) == textwrap.dedent(f"""\
+        mlp_loss: 100% of the iteration in one graph ({report.ops} of {report.ops} ops; optimizer: SGD (no step counter; lr fixed in the graph))
+          whole step: forward, loss, backward and optimizer step record as one CUDA graph
+          note: shapes: recorded for [8, 8] float32, [8] int64; another shape records again""")
+    assert "whole step" in report._repr_html_() and repr(report).startswith("Capturability('mlp_loss', 100% in one")
