@@ -221,9 +221,9 @@ def test_two_forwards_before_one_backward(capture):
     A replay writes the graph's outputs in place without a version bump, so on a GPU the first
     backward would read the second forward's activations and give wrong gradients silently. The
     runner sees at the second call that the tensors the first saved still lie in its graph
-    instance's memory, and replays a second instance; a third forward with both held runs without
-    a graph (`HeldOutputsWarning`); in the usual order (each backward before the next forward) the
-    first instance keeps replaying.
+    instance's memory, and replays a second instance; with ``max_instances=2`` a third forward with
+    both held runs without a graph (`HeldOutputsWarning`); in the usual order (each backward before
+    the next forward) the first instance keeps replaying.
     """
     device = "cuda" if capture is True else "cpu"
     g = torch.Generator().manual_seed(0)
@@ -234,7 +234,7 @@ def test_two_forwards_before_one_backward(capture):
     (loss_of(x1, w_ref3) + loss_of(x2, w_ref3) + loss_of(x3, w_ref3)).backward()
     w = w0.clone().requires_grad_()
     with emulated_capture() if capture == "emulated" else contextlib.nullcontext():
-        t = make_transform(FixedCUDAGraphTransform, capture)
+        t = make_transform(FixedCUDAGraphTransform, capture, max_instances=2)
         jfn = thunder.jit(loss_of, transforms=[t])
         jfn(x1, w).backward()  # capture; the usual order
         fwd = thunder_nb.analyze(jfn).forward
@@ -247,7 +247,7 @@ def test_two_forwards_before_one_backward(capture):
         (region,) = thunder_nb.analyze(jfn).forward.regions
         assert region.stats.instances == 2 and region.stats.held_calls == 0
         w.grad = None
-        with pytest.warns(HeldOutputsWarning, match="saved for the backward"):
+        with pytest.warns(HeldOutputsWarning, match="saved for the backward .* no further instance: max_instances=2"):
             (jfn(x1, w) + jfn(x2, w) + jfn(x3, w)).backward()
         torch.testing.assert_close(w.grad, w_ref3.grad)
         report = thunder_nb.analyze(jfn)
@@ -260,3 +260,54 @@ def test_two_forwards_before_one_backward(capture):
     # two forward instances; a backward graph for the saved tensors of each (read where they lie), and
     # one that copies them in (those of the forward that ran without a graph lie in no graph's memory)
     assert t.graphs_captured == 5
+
+
+@pytest.mark.parametrize("capture", ["emulated", pytest.param(True, marks=pytest.mark.gpu)])
+def test_forwards_kept_before_their_backwards_get_an_instance_each_while_memory_allows(capture):
+    """Issue #29 point 3: three forwards kept before their backwards all replay a graph (an instance each, bounded by
+    the memory an instance costs, not by a count of 2), each instance says why it exists, and a byte budget
+    (``instance_memory``) that leaves no room for a second instance runs the held call without a graph, saying so.
+    """
+    device = "cuda" if capture is True else "cpu"
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(8, 8, generator=g).to(device) for _ in range(3)]
+    w0 = torch.randn(8, 8, generator=g).to(device)
+    w_ref = w0.clone().requires_grad_()
+    sum(loss_of(x, w_ref) for x in xs).backward()
+    with emulated_capture() if capture == "emulated" else contextlib.nullcontext():
+        t = make_transform(FixedCUDAGraphTransform, capture)
+        jfn = thunder.jit(loss_of, transforms=[t])
+        w = w0.clone().requires_grad_()
+        for _ in range(3):  # rounds: the instances recorded in the first are replayed in the next
+            w.grad = None
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", HeldOutputsWarning)
+                losses = [jfn(x, w) for x in xs]
+            for loss in losses:
+                loss.backward()
+            torch.testing.assert_close(w.grad, w_ref.grad)
+        (region,) = thunder_nb.analyze(jfn).forward.regions
+        assert region.stats.instances == 3 and region.stats.held_calls == 0
+        causes = [g.cause for g in t.cuda_graph_runner._count(region.name).graphs]
+        assert causes == ["first call", "outputs of 1 instance still held for a backward",
+                          "outputs of 2 instances still held for a backward"]
+
+        tight = make_transform(FixedCUDAGraphTransform, capture, instance_memory=1)  # bytes: no room for a second
+        jfn = thunder.jit(loss_of, transforms=[tight])
+        w = w0.clone().requires_grad_()
+        jfn(xs[0], w).backward()
+        w.grad = None
+        with pytest.warns(HeldOutputsWarning, match=r"no further instance: another would take .* beyond instance_memory=1"):
+            losses = [jfn(x, w) for x in xs]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(w.grad, w_ref.grad)
+        (region,) = thunder_nb.analyze(jfn).forward.regions
+        assert region.stats.instances == 1 and region.stats.held_calls == 2
+
+
+def test_instance_memory_is_a_fraction_or_bytes():
+    with pytest.raises(ValueError, match="fraction of the free device memory"):
+        FixedCUDAGraphTransform(instance_memory=1.5)
+    with pytest.raises(TypeError, match="a fraction .* or bytes"):
+        FixedCUDAGraphTransform(instance_memory="1GB")

@@ -193,7 +193,7 @@ def test_recapture_causes_name_the_input_and_what_changed():
     assert all(re.fullmatch(r"\w+: value -?\d+\.\d+(e-?\d+)? -> -?\d+\.\d+(e-?\d+)?", c) for c in causes[1:]), causes
     (region,) = thunder_nb.analyze(jlayer).forward.regions
     assert [g.cause for g in region.graphs] == [
-        "first call", "a static input lies at another address (another tensor, e.g. another layer's weights)"]
+        "first call", "w lies at another address (another tensor, e.g. another layer's weights)"]
 
 
 def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step():

@@ -101,15 +101,16 @@ class _BaseTransform(CUDAGraphTransform):
     safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
 
     def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, share_mem_pool: bool = False,
-                 max_instances: int = 2, max_addresses: int = 32, max_values: int = 8, lend_gradients: bool = False):
+                 max_instances: int = 16, instance_memory: float | int = 0.25, max_addresses: int = 32,
+                 max_values: int = 8, lend_gradients: bool = False):
         super().__init__(share_mem_pool=False)
         internals.check_versions()
         self.capture = _check_capture(capture)
         self.copy_outputs = copy_outputs
         self.lend_gradients = lend_gradients
         self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, share_mem_pool=share_mem_pool,
-                                                 max_instances=max_instances, max_addresses=max_addresses,
-                                                 max_values=max_values)
+                                                 max_instances=max_instances, instance_memory=instance_memory,
+                                                 max_addresses=max_addresses, max_values=max_values)
         self.hand_outs: dict[str, HandOutPlan] = {}  # "forward" / "backward" -> the plan of the latest such trace
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
         self.notes: list[str] = []  # decisions the report should mention
@@ -354,7 +355,10 @@ class FixedCUDAGraphTransform(_BaseTransform):
             False returns them as they are: the next call then overwrites them, as with thunder's transform.
         share_mem_pool: as thunder's transform.
         max_instances: graph instances a region may have for tensors it handed out that are still held (saved
-            for a backward, lent gradients), default 2.
+            for a backward, lent gradients): at most 16 by default, and fewer where memory runs short (below).
+        instance_memory: what a further instance may cost, as a fraction of the device's free memory (default
+            0.25), or as bytes for all of a region's instances (an int). Past either bound a call whose
+            instances are all held runs without a graph (`HeldOutputsWarning`, saying which bound).
         max_addresses: addresses one static input may take (one per layer is normal) before it is copied.
         max_values: values of a Python number a region still bakes in (no exact hand-off, not from an
             island) before the region runs without a graph (default 8; `RecaptureWarning`).
@@ -380,7 +384,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
         scalar_handoff: bool = True,
         copy_outputs: bool = True,
         share_mem_pool: bool = False,
-        max_instances: int = 2,
+        max_instances: int = 16,
+        instance_memory: float | int = 0.25,
         max_addresses: int = 32,
         max_values: int = 8,
         defer_items: bool = True,
@@ -388,7 +393,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
         lend_gradients: bool = True,
     ):
         super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool,
-                         max_instances=max_instances, max_addresses=max_addresses, max_values=max_values,
+                         max_instances=max_instances, instance_memory=instance_memory, max_addresses=max_addresses,
+                         max_values=max_values,
                          lend_gradients=lend_gradients)
         self.scalar_handoff = scalar_handoff
         self.defer_items = defer_items

@@ -57,6 +57,8 @@ class Instance:
     watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
     compiled: tuple | None = None  # `held`'s arrays of the two lists; None: remade at the next `held`
     lent: bool = False  # it lent gradients to autograd (`ThunderNBRunner.hand_out`'s "lend")
+    nbytes: int = 0  # the memory it costs (`ThunderNBRunner._record`): its storages, or its graph pool's reservation
+    cuda: bool = False  # recorded on a CUDA device (its cost is then weighed against the device's free memory)
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""

@@ -35,6 +35,20 @@ __all__ = [
 ]
 
 
+def _check_instance_memory(budget: Any) -> float | int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise TypeError(f"instance_memory must be a fraction (a float) or bytes (an int), not {budget!r}")
+    if isinstance(budget, float) and not 0.0 <= budget <= 1.0:
+        raise ValueError(f"instance_memory as a float is a fraction of the free device memory, in [0, 1]: {budget}")
+    if budget < 0:
+        raise ValueError(f"instance_memory must not be negative: {budget}")
+    return budget
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 class HeldOutputsWarning(UserWarning):
     """A region ran without a graph: every instance's outputs saved for the backward were still held."""
 
@@ -182,8 +196,8 @@ class ThunderNBRunner(CUDAGraphRunner):
     tensor gets its own graph; parameters and memory another graph owns are static, everything else
     is copied. At each hand-out (`hand_out`) a returned tensor in owned memory is copied out (views
     of one buffer stay views of one copy) and a tensor saved for the backward is guarded: while it
-    is held, the next call replays another instance (`max_instances`), and only past that runs the
-    region without a graph.
+    is held, the next call replays another instance, recorded while the memory it costs fits
+    (`instance_memory`, `max_instances`), and only past that runs the region without a graph.
 
     Args:
         capture: ``"auto"`` (capture when the region's tensors are on a CUDA device), True, or False
@@ -191,17 +205,22 @@ class ThunderNBRunner(CUDAGraphRunner):
         share_mem_pool: as thunder's runner.
         stock: behave exactly like thunder's runner (static slots by position, outputs handed out as
             they are), recording graphs and hazards; how thunder's own transform is shown.
-        max_instances: graph instances per cache key before a held call runs without a graph.
+        max_instances: graph instances per cache key at most (a bound on recordings; memory bounds them first).
+        instance_memory: what a further instance may cost: a fraction of the device's free memory (a float, default
+            0.25: an instance that would take more than a quarter of what is free is not recorded), or bytes (an int:
+            all of a key's instances together, the first one included). A held call with no room runs without a graph.
         max_addresses: addresses one static input may take before it is copied instead.
         max_values: values of the region's Python numbers (each its own graph) before it runs without a graph.
     """
 
     def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = False, stock: bool = False,
-                 max_instances: int = 2, max_addresses: int = 32, max_values: int = 8):
+                 max_instances: int = 16, instance_memory: float | int = 0.25, max_addresses: int = 32,
+                 max_values: int = 8):
         super().__init__(share_mem_pool=share_mem_pool)
         self.capture = capture
         self.stock = stock
         self.max_instances = max_instances
+        self.instance_memory = _check_instance_memory(instance_memory)
         self.max_addresses = max_addresses
         self.max_values = max_values
         self.plans: dict[str, RegionPlan] = {}
@@ -299,11 +318,13 @@ class ThunderNBRunner(CUDAGraphRunner):
                 # instance stays held while it lives, and so would the next one's; copy them out from now on
                 self.lending_stopped = True
                 self._hand_out_memo.clear()
-            if len(instances) >= self.max_instances:
+            full = self._no_room(instances)
+            if full is not None:
                 counts.held_calls += 1
-                self._warn_held(fn_name, lent)
+                self._warn_held(fn_name, lent, len(instances), full)
                 return fn(*args)
-            cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]) if not instances else (
+            cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1], args,
+                                     self._owner) if not instances else (
                 f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held "
                 + ("(gradients lent to autograd, not reset)" if lent else "for a backward"))
             before = foreign_counts(self._foreign(args))
@@ -448,13 +469,14 @@ class ThunderNBRunner(CUDAGraphRunner):
             for a, m in zip(args, mask)
         )
         cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        before = torch.cuda.memory_allocated() if cuda else 0
+        before, reserved = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) if cuda else (0, 0)
         try:
             graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1)
         except BaseException:
             internals.recover_generators()
             raise
         pool = torch.cuda.memory_allocated() - before if cuda else None
+        reserved = torch.cuda.memory_reserved() - reserved if cuda else 0
         inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
         static_outputs = _unviewed(static_outputs, {ptr for ptr in inputs_memory if ptr in self._owner})
         copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
@@ -472,6 +494,14 @@ class ThunderNBRunner(CUDAGraphRunner):
                 self._own_outputs[id(o)] = (o, storage(o), inst, (o.dtype, o.size(), o.stride()), o.data_ptr())
                 inst.storages.setdefault(storage(o), [o.untyped_storage()._cdata, 0])
                 inst.objects.setdefault(id(o), [i, 0, 0])
+        # NOTE: what it costs: the storages it owns, or on a GPU what its private pool reserved (its intermediates too)
+        inst.nbytes = max(sum(s.untyped_storage().nbytes() for s in static_inputs if isinstance(s, torch.Tensor)
+                              and storage(s) in inst.storages)
+                          + sum(o.untyped_storage().nbytes() for o in {id(o): o for o in inst.static_outputs
+                                                                       if isinstance(o, torch.Tensor)
+                                                                       and id(o) in inst.objects}.values()),
+                          reserved)
+        inst.cuda = cuda
         self._recordings += 1
         counts = self._count(fn_name)
         counts.graphs.append(GraphRecord(
@@ -494,19 +524,41 @@ class ThunderNBRunner(CUDAGraphRunner):
         buf = base.as_strided(x.size(), x.stride(), x.storage_offset() - lo)
         return buf.copy_(x)
 
-    def _warn_held(self, fn_name: str, lent: bool) -> None:
+    def _no_room(self, instances: list[Instance]) -> str | None:
+        """Why no further instance of a key may be recorded (None: one may), by `max_instances` and `instance_memory`."""
+        n = len(instances)
+        if n == 0:
+            return None
+        if n >= self.max_instances:
+            return f"max_instances={self.max_instances}"
+        cost = instances[0].nbytes  # NOTE: another instance of the same key costs what the first one did
+        budget = self.instance_memory
+        if isinstance(budget, int):
+            have = sum(inst.nbytes for inst in instances)
+            if have + cost > budget:
+                return f"another would take {_mib(cost)} beyond instance_memory={budget} bytes ({_mib(have)} taken)"
+        elif instances[0].cuda:
+            free = torch.cuda.mem_get_info()[0]
+            if cost > budget * free:
+                return (f"another would take {_mib(cost)}, more than instance_memory={budget} of the {_mib(free)} "
+                        "free on the device")
+        return None
+
+    def _warn_held(self, fn_name: str, lent: bool, n: int, full: str) -> None:
         if self._warned_held:
             return
         self._warned_held = True
+        instances = f"{n} graph instance{'' if n == 1 else 's'}"
         if lent:
-            why = (f"gradients that each of its {self.max_instances} graph instances lent to autograd are still "
+            why = (f"gradients that each of its {instances} lent to autograd are still "
                    "referenced (a parameter's .grad not reset, or a name), and a replay would overwrite them (reset "
                    "the gradients, optimizer.zero_grad(), before the next backward to keep the graph, or pass "
                    "lend_gradients=False to copy them out)")
         else:
-            why = (f"tensors saved for the backward by each of its {self.max_instances} graph instances are still "
+            why = (f"tensors saved for the backward by each of its {instances} are still "
                    "waiting for that backward, and a replay would overwrite them (run each forward's backward "
                    "before the next forward to keep the graph)")
+        why += f"; no further instance: {full}"
         warnings.warn(f"thunder-nb: {fn_name} runs without its CUDA graph on this call: {why}", HeldOutputsWarning,
                       stacklevel=4)
 
@@ -811,8 +863,10 @@ def _descriptor(entries: Any) -> ArgsDescriptor:
     return ArgsDescriptor(dtypes, sizes, strides, tuple(None if len(e) == 3 else e[1] for e in entries))
 
 
-def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any]) -> str:
-    """Why a new cache key was made: the first input whose value, dtype, shape, strides or address changed."""
+def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any], args: Sequence[Any] = (),
+                     owner: dict[int, Any] | None = None) -> str:
+    """Why a new cache key was made: the first input whose value, dtype, shape, strides or address changed
+    (``args`` and the runner's ``owner`` map, where given, tell an input in another graph instance's memory)."""
     if old is None:
         return "first call"
     old_args, new_args = _descriptor(old[2]), _descriptor(new[2])
@@ -829,5 +883,13 @@ def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any]) -> str:
     if old[1] != new[1]:
         return "static-input mask changed"
     if len(old) > 3 and old[3] != new[3]:
+        static = [i for i, m in enumerate(new[1]) if m]
+        for i, a, b in zip(static, old[3], new[3]):
+            if a != b and i < len(args) and owner is not None and isinstance(args[i], torch.Tensor):
+                inst = owner.get(args[i].untyped_storage().data_ptr())
+                if inst is not None:
+                    return (f"{_input_name(inputs, i)} lies in the memory of another graph's instance "
+                            f"(what instance {inst.index} of that graph wrote, read where it lies)")
+                return f"{_input_name(inputs, i)} lies at another address (another tensor, e.g. another layer's weights)"
         return "a static input lies at another address (another tensor, e.g. another layer's weights)"
     return "cache key changed"

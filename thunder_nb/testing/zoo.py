@@ -246,8 +246,10 @@ class ZooRun:
 
 
 def _loss_value(loss: Any, logged: bool) -> Any:
-    # NOTE: float32, as a logged number would be: under autocast eager's cross-entropy is float32, thunder's bfloat16
-    return loss.item() if logged else loss.detach().float()
+    # NOTE: float32, as a logged number would be: under autocast eager's cross-entropy is float32, thunder's bfloat16.
+    # A copy: torch.compile reduce-overhead's next replay overwrites the loss it returned (and says so when it is read);
+    # keeping outputs is the "kept" protocol's question, not this one's
+    return loss.item() if logged else loss.detach().float().clone()
 
 
 def _snapshot(model: Any) -> dict[str, Any]:
