@@ -20,6 +20,8 @@ __all__ = [
     "FixedCUDAGraphTransform",
     "LegacyCUDAGraphTransform",
     "jit",
+    "jit_step",
+    "capturability",
     "recover_from_failed_capture",
     "compare",
     "Comparison",
@@ -60,6 +62,10 @@ def __getattr__(name: str) -> Any:
         from . import fix
 
         return getattr(fix, name)
+    if name in ("jit_step", "capturability"):
+        from . import step
+
+        return getattr(step, name)
     if name in ("compare", "Comparison"):
         from . import comparison
 

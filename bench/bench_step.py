@@ -1,0 +1,225 @@
+"""The whole training iteration as one CUDA graph (thunder_nb.jit_step) against eager, torch.compile and thunder_nb.jit.
+
+    python bench/bench_step.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--pt2] [--out FILE.md]
+    python bench/bench_step.py --device cpu --steps 2     # checks the script (CPU stand-in; no inductor)
+
+The zoo's 2-layer nanoGPT and llama2 AdamW training loops (`thunder_nb.testing.zoo`), each configuration with its
+own model and optimizer from the same initial state. Per configuration: 5 checked steps (the loss read after each
+and held against eager's), then rounds: in each round every configuration runs ``--steps`` consecutive steps
+(zero_grad, forward, backward, optimizer step; no sync inside), synchronised only at the round's ends, taking
+turns. Reported: the median over rounds of ms/step and the ratio to torch.compile reduce-overhead's (RO) with its
+spread (min-max of the per-round ratios). In the same run, torch.profiler's sum of GPU kernel time per step of the
+whole step (the graph's kernels), and the GPU time of back-to-back replays (CUDA events). ``--pt2`` adds PT2's
+closest: torch.compile(mode="reduce-overhead") of the whole step function with compiled autograd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+from bench_zoo import _machine, _sync  # noqa: E402
+
+from thunder_nb.step import jit_step  # noqa: E402
+from thunder_nb.testing import zoo  # noqa: E402
+
+CONFIGS = ("eager", "reduce-overhead", "thunder_nb.jit", "whole step", "pt2 whole step")
+LABELS = {"eager": "eager", "reduce-overhead": "torch.compile reduce-overhead (RO)", "thunder_nb.jit": "thunder_nb.jit",
+          "whole step": "thunder_nb.jit_step (whole step)",
+          "pt2 whole step": "torch.compile RO of the whole step + compiled autograd"}
+CHECKED = 5
+
+
+class TrainLoop:
+    """One configuration's AdamW loop on its own copy of a zoo model; ``step(i)`` returns the loss (not read)."""
+
+    def __init__(self, name: str, config: str, device: str):
+        self.model = zoo.MODELS[name]
+        self.config, self.device = config, device
+        self.net = self.model.build(device).train()
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
+        fn = self.model.loss(self.net)
+        self.batches = [self.model.batch(i, device) for i in range(3)]
+        self.whole = None
+        self.graphs = None
+        if config == "whole step":
+            self.whole = jit_step(self.net, fn, self.opt)
+        elif config == "pt2 whole step":
+            opt = self.opt
+
+            def train_step(idx, targets):
+                opt.zero_grad(set_to_none=True)
+                loss = fn(idx, targets)
+                loss.backward()
+                opt.step()
+                return loss.detach()
+
+            self.whole = torch.compile(train_step, mode="reduce-overhead")
+        else:
+            capture = True if device == "cuda" else "emulated"
+            self.fn, self.transform = zoo.compile_with(config, fn, capture)
+
+    def context(self) -> contextlib.AbstractContextManager:
+        if self.config == "pt2 whole step":
+            return torch._dynamo.config.patch(compiled_autograd=True)
+        if self.device == "cpu" and self.config == "thunder_nb.jit":
+            return zoo.capturing("emulated")
+        return contextlib.nullcontext()
+
+    def step(self, i: int) -> torch.Tensor:
+        (idx,), targets = self.batches[i % 3]
+        if self.whole is not None:
+            loss = self.whole(idx, targets)
+            return loss.clone() if self.config == "pt2 whole step" else loss  # NOTE: RO's output is its buffer
+        self.opt.zero_grad()
+        loss = self.fn(idx, targets)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+
+def kernel_us_per_step(loop: TrainLoop, steps: int) -> float | None:
+    """torch.profiler's GPU kernel time per step (the sum of every kernel's own device time), in µs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(loop.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, loop.context():
+        for i in range(steps):
+            loop.step(i)
+        _sync(loop.device)
+    total = sum(e.self_device_time_total for e in prof.key_averages())
+    return total / steps if total else None
+
+
+def replay_us(loop: TrainLoop, steps: int) -> float | None:
+    """The GPU time of back-to-back replays of the whole step's graph (CUDA events, no host work between them)."""
+    rec = getattr(loop.whole, "_recording", None)
+    if rec is None or not hasattr(rec, "graph"):
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        rec.graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / steps
+
+
+def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[str]) -> dict:
+    rows: dict[str, dict] = {}
+    loops: dict[str, TrainLoop] = {}
+    for config in configs:
+        row = rows[config] = {"ms": [], "note": "", "losses": []}
+        try:
+            started = time.perf_counter()
+            loop = TrainLoop(name, config, device)
+            with loop.context():
+                row["losses"] = [float(loop.step(i)) for i in range(CHECKED)]  # NOTE: compile, warm up, record
+            _sync(device)
+            row["first_s"] = time.perf_counter() - started
+            loops[config] = loop
+        except Exception as e:
+            row["note"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    reference = rows["eager"]["losses"]
+    for row in rows.values():
+        if row["losses"] and reference:
+            worst = max(abs(a - b) for a, b in zip(row["losses"], reference))
+            row["matches"] = f"yes ({worst:.1e})" if worst <= 1e-4 + 1e-4 * abs(reference[-1]) else f"no ({worst:.1e})"
+    for _ in range(rounds):
+        for config, loop in list(loops.items()):
+            try:
+                _sync(device)
+                start = time.perf_counter()
+                with loop.context():
+                    for i in range(steps):
+                        loop.step(i)
+                _sync(device)
+                rows[config]["ms"].append((time.perf_counter() - start) * 1e3 / steps)
+            except Exception as e:
+                rows[config]["note"] = f"fails after warm-up: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                rows[config]["ms"] = []
+                loops.pop(config)
+    ro = rows.get("reduce-overhead", {"ms": []})["ms"]
+    for config, row in rows.items():
+        if row["ms"] and len(ro) == len(row["ms"]):
+            ratios = [a / b for a, b in zip(row["ms"], ro)]
+            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+        loop = loops.get(config)
+        if loop is not None and loop.whole is not None and hasattr(loop.whole, "graphs_recorded"):
+            row["graphs"] = loop.whole.graphs_recorded
+        elif loop is not None and getattr(loop, "transform", None) is not None:
+            graphs, regions = zoo.count_graphs(loop.transform)
+            row["graphs"] = f"{graphs} ({regions} regions)"
+    out = {"rows": rows}
+    whole = loops.get("whole step")
+    if whole is not None and device == "cuda":
+        out["kernel_us"] = kernel_us_per_step(whole, steps)
+        out["replay_us"] = replay_us(whole, steps)
+        if "eager" in loops:
+            out["eager_kernel_us"] = kernel_us_per_step(loops["eager"], steps)
+    return out
+
+
+def table(results: dict, rounds: int, steps: int) -> str:
+    lines = [f"Machine: {_machine()}. {rounds} rounds of {steps} consecutive AdamW steps per configuration, taking "
+             "turns.", "",
+             "| model | configuration | ms/step (median of rounds) | vs RO (min-max) | first 5 losses equal to eager "
+             "(max abs diff) | graphs | first 5 steps, s | note |", "|---|---|---:|---:|---|---:|---:|---|"]
+    for name, res in results.items():
+        for config, row in res["rows"].items():
+            ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"
+            r = row.get("ratio")
+            rtext = f"{r[0]:.3f}x ({r[1]:.3f}-{r[2]:.3f})" if r else "-"
+            first = f"{row['first_s']:.1f}" if row.get("first_s") else "-"
+            lines.append(f"| {name} | {LABELS[config]} | {ms} | {rtext} | {row.get('matches', '-')} | "
+                         f"{row.get('graphs', '')} | {first} | {row['note']} |")
+    lines.append("")
+    for name, res in results.items():
+        k, rep, ek = res.get("kernel_us"), res.get("replay_us"), res.get("eager_kernel_us")
+        ms = res["rows"].get("whole step", {}).get("ms")
+        if k:
+            step_us = statistics.median(ms) * 1e3 if ms else float("nan")
+            lines.append(f"- {name}: whole step's GPU kernel time (torch.profiler, sum of kernels) {k:.0f} µs/step; "
+                         f"its ms/step is {step_us / k:.2f}x that; back-to-back replays take {rep:.0f} µs of GPU time "
+                         f"per step (CUDA events); eager's kernels sum to {ek or float('nan'):.0f} µs/step.")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--models", default="nanogpt,llama2")
+    parser.add_argument("--pt2", action="store_true", help="add torch.compile of the whole step with compiled autograd")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: the CPU stand-in, without inductor's configurations (checks the script only)")
+    parser.add_argument("--out", help="also write the table into this Markdown file")
+    args = parser.parse_args()
+    configs = [c for c in CONFIGS if (c != "pt2 whole step" or args.pt2)
+               and not (args.device == "cpu" and c in ("reduce-overhead", "pt2 whole step"))]
+    results = {}
+    for name in args.models.split(","):
+        started = time.perf_counter()
+        results[name] = bench_model(name, args.rounds, args.steps, args.device, configs)
+        print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
+        print(table({name: results[name]}, args.rounds, args.steps), flush=True)
+    text = table(results, args.rounds, args.steps)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(f"# Whole-step capture, {datetime.date.today()}\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
