@@ -175,7 +175,8 @@ def test_a_reader_without_an_exact_form_stays_out_of_the_graph_and_says_why():
     assert report.defects == ()  # no region reads the number: no graph per value
     (why,) = t.handoff_refusals.values()
     assert "clamp" in why
-    assert [i.detail for i in report.forward.user_islands] == ["item", "clamp"]
+    assert [i.detail for i in report.forward.islands] == ["item"]
+    assert [i.detail for i in report.forward.unfused] == ["clamp"]  # NOTE: kept out of graphs, but no island
 
 
 def test_handoff_can_be_turned_off():

@@ -107,7 +107,7 @@ def test_seed_reproducer_outputs_in_order(ip):
     verdict, view, run = outs
     assert verdict["text/plain"] == cmp.verdict()
     assert verdict["text/plain"].startswith("original (stock): item inside CUDAGraph1")
-    assert "fixed: 0 regions, 2 islands, matches eager" in verdict["text/plain"]
+    assert "fixed: 0 regions, 1 island, matches eager" in verdict["text/plain"]  # NOTE: the sum is an unfused op
     assert VIEW in view
     run_text = run["text/plain"]
     for key in ("device", "value", "check fixed", "check original (stock)", "timings", "graphs captured"):

@@ -223,9 +223,9 @@ def test_region_diagram_source_of_a_small_trace():
                 x [label="x\nf32[2]" shape=ellipse tooltip="input x"]
             }
             island0 [label="island0\nhost sync: item" fillcolor="#fff3bf" shape=box style="rounded,filled" tooltip="island0: f1 = Tensor.item(x)"]
-            island1 [label=return color="#adb5bd" fontcolor="#868e96" fontsize=8 height=0.2 margin="0.04,0.02" shape=box style=rounded tooltip="island1: return f1"]
+            step1 [label=return color="#adb5bd" fontcolor="#6c757d" fontsize=9 height=0.2 margin="0.04,0.02" shape=box style=rounded tooltip="step1: return f1"]
             x -> island0 [label="x\nf32[2]" fontsize=9 tooltip="x f32[2]"]
-            island0 -> island1 [label="f1\nfloat\nPython number" color="#e8590c" fontcolor="#e8590c" fontsize=9 style=dashed tooltip="f1 float"]
+            island0 -> step1 [label="f1\nfloat\nPython number" color="#e8590c" fontcolor="#e8590c" fontsize=9 style=dashed tooltip="f1 float"]
             subgraph legend {
                 rank=sink
                 _legend [label="legend\ldashed orange edge: Python number\l" fontsize=9 shape=note]
@@ -273,7 +273,7 @@ def test_region_diagram_draws_regions_islands_values_and_defects(split_g):
         'CUDAGraph2_in_f20 [label="f20\\nPython number\\n⚠ region-deletes-outside-value\\n⚠ scalar-region-input"',
         'CUDAGraph2_in_f20 -> t21 [label="f20\\nfloat\\nPython number" color="#e8590c"',
         'CUDAGraph2_out_t22 [label="t22\\nas-is"',
-        'island3 [label="return\\n⚠ WRONG RESULT:\\nreturned-graph-memory" color="#a61e4d"',
+        'step3 [label="return\\n⚠ WRONG RESULT:\\nreturned-graph-memory" color="#a61e4d"',
         'x -> CUDAGraph1_in_x [label="x\\nf32[4,3]"',
         "_legend [label=",
         "scalar-region-input ×1: a Python number region",
@@ -313,10 +313,10 @@ def test_region_diagram_rejects_an_unknown_region(split_g):
 
 def test_region_diagram_merges_bookkeeping_islands_when_collapsed(stock_mlp):
     source = render.region_diagram(stock_mlp.backward, collapse=True).source
-    assert 'island1 [label="clear ×2"' in source
-    assert "island2 [" not in source
+    assert 'step1 [label="clear ×2"' in source
+    assert "step2 [" not in source and "island" not in source  # NOTE: bookkeeping is never an island
     full = render.region_diagram(stock_mlp.backward, collapse=False).source
-    assert 'island2 [label="clear C1"' in full
+    assert 'step2 [label="clear C1"' in full
 
 
 def test_region_diagram_marks_hand_offs():
@@ -336,8 +336,8 @@ def test_region_diagram_groups_many_values_into_one_edge():
     src = (f"def computation(c):\n  {params}, = c\n{comments}  [t0] = CUDAGraph1({params})\n  return t0\n\n"
            f"def CUDAGraph1({params}):\n{body}  return [t0]\n")
     source = render.region_diagram(analysis.analyze_source(src, kind="forward"), collapse=True).source
-    assert 'island0 -> CUDAGraph1 [label="6 values\\na0, a1, a2, …"' in source
-    assert source.count("island0 -> CUDAGraph1") == 1
+    assert 'step0 -> CUDAGraph1 [label="6 values\\na0, a1, a2, …"' in source
+    assert source.count("step0 -> CUDAGraph1") == 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -535,7 +535,7 @@ def test_report_text_of_generated_source():
         note: a note
         launches: ≈3 kernels in 2 regions per call, replayed as 2 graph launches: ≈4 µs of host time saved per call (estimate: 4 µs per kernel launch removed, measured on an H200)
 
-        forward trace `computation`: 2 regions (3 ops), 1 user island
+        forward trace `computation`: 2 regions (3 ops), 1 island
           regions:
             CUDAGraph1 @0: 2 ops, ≈2 kernels, not run
               inputs:  x f32[8]
@@ -543,8 +543,9 @@ def test_report_text_of_generated_source():
             CUDAGraph2 @3: 1 op, ≈1 kernel, not run
               inputs:  t1 f32[8], f3 float (Python number)
               outputs: t4 f32[8]
-          islands:
+          islands (outside every graph: capture cannot take them):
             island1 @1: host sync: item: f3 = Tensor.item(t2)
+          also outside regions (not islands):
             + 1 bookkeeping (unpack, return, collection clearing)
           defects:
             warning region-deletes-outside-value at CUDAGraph2:21 (t1): CUDAGraph2 deletes t1, which was produced outside the region
@@ -570,14 +571,15 @@ def test_report_text_of_a_real_trace(stock_f):
         error: RuntimeError: no GPU
         launches: ≈2 kernels in 1 region per call, replayed as 1 graph launch: ≈4 µs of host time saved per call (estimate: 4 µs per kernel launch removed, measured on an H200)
 
-        forward trace `computation`: 1 region (2 ops), 0 user islands
+        forward trace `computation`: 1 region (2 ops), 0 islands
           constructed by: Unwrap the actual return value
           regions:
             CUDAGraph1 @0: 2 ops, ≈2 kernels, not run
               inputs:  x f32[3]
               outputs: f10 float (Python number)
               copied in: x (copied into the graph's static buffer before each replay)
-          islands:
+          islands: none
+          also outside regions (not islands):
             + 1 bookkeeping (unpack, return, collection clearing)
           defects:
             warning region-deletes-outside-value at CUDAGraph1:6 (x): CUDAGraph1 deletes x, which was produced outside the region
@@ -659,8 +661,8 @@ def test_without_dot_one_warning_and_a_text_fallback(monkeypatch, tmp_path, stoc
 def test_side_by_side_html(stock_g, split_g):
     markup = render.side_by_side_html(stock_g, split_g)
     assert_in_order(markup, '<div class="tnb-side">', "(transform: stock)", "(transform: SplitAtHostSync)",
-                    "forward trace <code>computation</code>: 1 region, 0 user islands",
-                    "forward trace <code>computation</code>: 2 regions, 1 user island")
+                    "forward trace <code>computation</code>: 1 region, 0 islands",
+                    "forward trace <code>computation</code>: 2 regions, 1 island")
     assert "no backward trace" not in markup
     # each report's header says what graph replays save
     assert_in_order(markup, "(transform: stock)", f"launches: {render.common.launch_line(stock_g)}",
@@ -752,9 +754,10 @@ def test_report_text_of_a_fused_trace_gives_kernels_fused_groups_and_launch_time
         "launches: ≈4 kernels in 1 region per call, replayed as 1 graph launch: ≈12 µs of host time saved per call "
         "(estimate: 4 µs per kernel launch removed, measured on an H200)",
         "CUDAGraph1 @0: 4 ops, ≈4 kernels, captured, 3 replays",
-        "TorchCompile0: 1 op fused (inductor): sum",
-        "TorchCompile1: 4 ops fused (inductor): sin, mul, cos, reshape",
-        "TorchCompile2: 2 ops fused (inductor): add, tanh",
+        # NOTE: inductor's own count (torch._inductor.metrics), noted when thunder-nb's executor compiled each group
+        "TorchCompile0: 1 op fused (inductor), inductor generated 1 kernel: sum",
+        "TorchCompile1: 4 ops fused (inductor), inductor generated 1 kernel: sin, mul, cos, reshape",
+        "TorchCompile2: 2 ops fused (inductor), inductor generated 1 kernel: add, tanh",
         "inputs:  x f32[64]",
     )
 
@@ -785,8 +788,10 @@ def test_region_diagram_of_a_fused_trace_draws_fused_groups_inside_their_region(
     assert "CUDAGraph1 · 4 ops · ≈4 kernels · captured" in texts
     # each fused group is a node drawn inside the region's cluster box
     box = _bbox(next(e for e in cluster.iter() if e.tag in (f"{ns}path", f"{ns}polygon")))
-    for node_name, lines in (("y", ["y = TorchCompile1", "4 ops fused (inductor)", "sin, mul, cos, reshape"]),
-                             ("t10", ["t10 = TorchCompile2", "2 ops fused (inductor)", "add, tanh"])):
+    for node_name, lines in (("y", ["y = TorchCompile1", "4 ops fused (inductor)", "inductor generated 1 kernel",
+                                    "sin, mul, cos, reshape"]),
+                             ("t10", ["t10 = TorchCompile2", "2 ops fused (inductor)", "inductor generated 1 kernel",
+                                      "add, tanh"])):
         node = next(g for g in root.iter(f"{ns}g") if g.get("class") == "node" and g.findtext(f"{ns}title") == node_name)
         assert [t.text for t in node.iter(f"{ns}text")] == lines
         inner = _bbox(next(node.iter(f"{ns}polygon")))

@@ -89,14 +89,16 @@ def test_report_text_shows_each_regions_memory_plan(held_mlp):
         "instances: 2 graph instances",
         "graphs: #0 first call",
         "#1 outputs of 1 instance still held for a backward",
-        "island1 @1: hand-out: copies out t52; guards t48, t47 (4 calls: 4 copied out, 8 guarded)",
+        "hand_out1 @1: hand-out: copies out t52; guards t48, t47 (4 calls: 4 copied out, 8 guarded)",
         "backward trace `backward_fn`",
         "read in place: t27, w2, t48, t47, x (saved for the backward: read where the forward's graph left it",
         "keyed by address: 2 addresses)",
         "lent: t58, t61 (a backward's gradient: handed to autograd where the graph wrote it",
-        "island12 @12: hand-out: lends t61, t58 (4 calls: 0 copied out, 0 guarded, 8 lent)",
+        "hand_out12 @12: hand-out: lends t61, t58 (4 calls: 0 copied out, 0 guarded, 8 lent)",
     )
     assert "bookkeeping" in text and "+ 1 bookkeeping" in text  # NOTE: the hand-out is listed, not counted in there
+    # NOTE: the MLP has no island: neither the hand-out nor bookkeeping is one, nor named like one
+    assert "0 islands" in text and "island" not in re.sub(r"0 islands|islands: none|\(not islands\)", "", text)
 
 
 def test_report_text_shows_a_number_baked_into_a_region(slot):
@@ -110,7 +112,7 @@ def test_report_text_shows_a_number_baked_into_a_region(slot):
         "number: f20 (a number the region reads)",
         "copied out: t22",
         "island1 @1: host sync: item: f20 = Tensor.item(t19)",
-        "island5 @5: hand-out: copies out t22",
+        "hand_out5 @5: hand-out: copies out t22",
     )
 
 
@@ -122,9 +124,9 @@ def test_diagram_shows_the_memory_plan(held_mlp, slot):
         "tooltip=\"CUDAGraph1: captured\\ncopied in: x, w1, w2 (an input of the function)",
         'CUDAGraph1_out_t47 [label="t47\\nguarded"',
         'CUDAGraph1_out_t52 [label="t52\\ncopied out"',
-        # NOTE: the hand-out is bookkeeping: drawn small, what it did in the tooltip
-        'island1 [label="hand-out: copied out 1 · guarded 2" color="#adb5bd" fontcolor="#868e96" fontsize=8',
-        "island1: hand-out: copies out t52; guards t48, t47 (4 calls: 4 copied out, 8 guarded)",
+        # NOTE: the hand-out is bookkeeping, not an island: drawn small, what it did in the tooltip
+        'hand_out1 [label="hand-out: copied out 1 · guarded 2" color="#adb5bd" fontcolor="#6c757d" fontsize=9',
+        "hand_out1: hand-out: copies out t52; guards t48, t47 (4 calls: 4 copied out, 8 guarded)",
     )
     collapsed = render.region_diagram(held_mlp.backward, collapse=True).source
     summary = 'CUDAGraph2 [label="CUDAGraph2\\n9 ops · captured\\nin 5: 5 in place (2 addresses)\\nout 2: 2 lent'
@@ -182,7 +184,7 @@ def test_an_input_past_its_addresses_is_demoted_by_name_and_position():
 def test_wrong_results_stand_out(stock_mlp):
     trace = stock_mlp.forward
     source = render.region_diagram(trace).source
-    assert re.search(r'island\d+ \[label="return\\n⚠ WRONG RESULT:\\nreturned-graph-memory\\nsaved-graph-memory" '
+    assert re.search(r'step\d+ \[label="return\\n⚠ WRONG RESULT:\\nreturned-graph-memory\\nsaved-graph-memory" '
                      r'color="#a61e4d"', source)
     assert "defects: 3 wrong results, 0 errors, 3 warnings" in source
     pane = render.html.side_html(stock_mlp)
@@ -217,9 +219,11 @@ def test_lifetime_chart_has_axis_key_named_islands_and_readable_rows(slot):
     assert axis[0] == "step" and axis[1:3] == ["0", "5"]
     key = [t.text for t in _texts(groups["tnb-key"])]
     assert key == ["live: defined to last use", "a Python number", "held after its last use", "never freed", "del",
-                   "use after del", "region (its statements)", "island"]
+                   "use after del", "region (its statements)", "island", "hand-out (not an island)"]
     islands = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-island" for t in _texts(g)]
-    assert islands == ["island1", "island5"]  # the host sync and the hand-out, by name on the chart
+    assert islands == ["island1"]  # the host sync, by name on the chart
+    hand_outs = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-hand-out" for t in _texts(g)]
+    assert hand_outs == ["hand-out"]  # NOTE: its own column, never named island5
     spans = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-span" for t in _texts(g)]
     assert spans == ["CUDAGraph1", "CUDAGraph2"]
     ys = [float(_texts(g)[0].get("y")) for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-row"]

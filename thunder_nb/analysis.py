@@ -5,11 +5,13 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
-from .model import Defect, FusedGroup, Island, Op, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value
+from .model import (
+    Defect, FusedGroup, Op, Outside, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value, outside_name,
+)
 from .ops import (
     BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard,
     classify_bsym, classify_op, parse_type, type_of_proxy,
@@ -50,10 +52,11 @@ def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
     Each call that launches work counts 1; these count 0: dels, the return and unpacking, views
     (`thunder_nb.ops.VIEW_NAMES`), metadata reads (``METADATA_NAMES``), thunder's ``update_aliases``,
     arithmetic on Python numbers alone (no tensor in or out), and ``to``/``float``/``type_as`` when the
-    dtype and device stay the same. A fusion symbol counts as its `FusedGroup.kernels`: 1 per fusion
-    symbol, because inductor and nvFuser decide their kernels when they compile, and thunder keeps no
-    count of them to read afterwards. So ``≈``: an op like ``cross_entropy`` launches several kernels and
-    counts 1; a fusion inductor splits counts 1.
+    dtype and device stay the same. A fusion symbol counts as its `FusedGroup.kernels`: the kernels inductor
+    generated for it (thunder-nb's torchcompile executor notes them when it compiles), or 1 when no count is
+    known (nvFuser, thunder's own executor): then the total is a lower bound (`Region.undecided`). So ``≈``: an
+    op like ``cross_entropy`` launches several kernels and counts 1, and a fusion's matmuls (library calls) are
+    not among inductor's generated kernels.
 
     Args:
         ops: the statements (`Region.ops`).
@@ -67,7 +70,7 @@ def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
             continue
         base = base_name(op.callee)
         if base in fusions:
-            kernels += fusions[base].kernels
+            kernels += fusions[base].kernels or 1
             continue
         if base in _NO_KERNEL:
             continue
@@ -93,8 +96,12 @@ def _executor_label(name: str) -> str:
 
 def _fused_group(bsym: Any) -> FusedGroup:
     """The `FusedGroup` of a fusion bound symbol: its name, executor and fused ops."""
+    from .internals import KERNELS_ATTRIBUTE
+
     ops = tuple(b.sym.name for b in bsym.subsymbols if base_name(b.sym.name) not in BOOKKEEPING_NAMES)
-    return FusedGroup(bsym.sym.name, _executor_label(getattr(bsym.sym.executor, "name", "") or ""), ops)
+    fn = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name)
+    return FusedGroup(bsym.sym.name, _executor_label(getattr(bsym.sym.executor, "name", "") or ""), ops,
+                      getattr(fn, KERNELS_ATTRIBUTE, None))
 
 
 def _named_fusions(fn: ParsedFunction) -> tuple[FusedGroup, ...]:
@@ -104,22 +111,28 @@ def _named_fusions(fn: ParsedFunction) -> tuple[FusedGroup, ...]:
                  for n in names if _FUSION_NAME.match(n))
 
 
-def _island_for(op: Op, position: int, facts: TraceFacts, cuda: bool) -> Island | None:
+def _outside_for(op: Op, position: int, facts: TraceFacts, cuda: bool) -> Outside | None:
+    """What a top-level statement outside every region is: an island (capture cannot take it), bookkeeping, the
+    hand-out, or an unfused op; None for a del or a region call."""
     if op.kind in ("del", "region"):
         return None
+
+    def made(reason: str, detail: str) -> Outside:
+        return Outside(outside_name(reason, position), position, op, reason, detail)
+
     base = op.callee.rsplit(".", 1)[-1]
     if base == HAND_OUT_NAME:
-        return Island(f"island{position}", position, op, "hand-out", f"{len(op.inputs)} tensors")
+        return made("hand-out", f"{len(op.inputs)} tensors")
     if op.kind in ("return", "unpack") or base in BOOKKEEPING_NAMES:
-        return Island(f"island{position}", position, op, "bookkeeping", base if op.kind != "unpack" else "unpack")
+        return made("bookkeeping", base if op.kind != "unpack" else "unpack")
     if base in COLLECTION_NAMES:
-        return Island(f"island{position}", position, op, "collection", ", ".join(op.inputs))
+        return made("collection", ", ".join(op.inputs))
     c = classify_statement(op, facts, cuda)
     if c is not None:
-        return Island(f"island{position}", position, op, c[0], c[1])
+        return made(c[0], c[1])
     if base in IN_PLACE_NAMES:
-        return Island(f"island{position}", position, op, "in-place", base)
-    return Island(f"island{position}", position, op, "single", base)
+        return made("in-place", base)
+    return made("unfused", base)
 
 
 @dataclass(slots=True)
@@ -187,7 +200,7 @@ def _build(facts: TraceFacts, fusions: Mapping[str, tuple[FusedGroup, ...]] | No
     if top is None:  # region functions alone (source text)
         top = ParsedFunction(facts.name, (), [], "", 0)
     regions: list[Region] = []
-    islands: list[Island] = []
+    outside: list[Outside] = []
     life = _Lifetimes()
     for pos, op in enumerate(top.ops):
         site = Site(pos, None, None, op.line)
@@ -196,9 +209,9 @@ def _build(facts: TraceFacts, fusions: Mapping[str, tuple[FusedGroup, ...]] | No
         elif op.kind == "del":
             life.delete(op.inputs, site)
         else:
-            isl = _island_for(op, pos, facts, cuda)
+            isl = _outside_for(op, pos, facts, cuda)
             if isl is not None:
-                islands.append(isl)
+                outside.append(isl)
             if op.kind == "return":
                 life.returned.update(op.inputs)
             life.use(op.inputs, site)
@@ -212,7 +225,7 @@ def _build(facts: TraceFacts, fusions: Mapping[str, tuple[FusedGroup, ...]] | No
         source=top.source,
         ops=tuple(top.ops),
         regions=tuple(regions),
-        islands=tuple(islands),
+        outside=tuple(outside),
         values=_values(top.params, facts, life),
         defects=defects,
         params=top.params,
@@ -340,6 +353,24 @@ def _argument_names(prologue: Any) -> frozenset[str]:
     return frozenset(derived - roots)
 
 
+# NOTE: thunder's ``x = obj.get_parameter('h.0.ln_1.weight')`` and thunder-nb's fast prologue's
+# ``x = thunder_nb_get_parameter(obj, m, 'weight', 'h.0.ln_1.weight')``: the path is the call's last string
+_GET_PARAMETER = re.compile(r"^\s*(\w+)(?::[^=\n]*)? = [\w.]*get_(?:parameter|buffer)\([^\n]*'([^'\n]+)'\)", re.M)
+
+
+def _parameter_paths(prologues: Iterable[Any]) -> dict[str, str]:
+    """Name -> dotted path of each module parameter or buffer a prologue fetches (``get_parameter('h.0.ln_1.weight')``)."""
+    paths: dict[str, str] = {}
+    for prologue in prologues:
+        try:
+            source = prologue.python()
+        except Exception:  # NOTE: only a grouping aid for the diagrams: a prologue that does not print gives none
+            continue
+        for m in _GET_PARAMETER.finditer(source):
+            paths.setdefault(m.group(1), m.group(2))
+    return paths
+
+
 def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[str] | None = None) -> TraceReport:
     """Build a `TraceReport` from one thunder trace (fused by a CUDA-graph transform or not).
 
@@ -444,11 +475,17 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
             notes.append(f"{number} stays a Python number: {why}")
     prologues = thunder.last_prologue_traces(jfn)
     arguments = _argument_names(prologues[-1]) if prologues else None
+    paths = _parameter_paths(prologues or ())
+
+    def with_paths(t: TraceReport) -> TraceReport:
+        names = {v.name for v in t.values}
+        return replace(t, parameters=tuple((n, p) for n, p in paths.items() if n in names))
+
     return Report(
         function=fname,
         transform=_transform_label(jfn),
-        forward=analyze_trace(fwd[-1], kind="forward", arguments=arguments),
-        backward=analyze_trace(bwd[-1], kind="backward", arguments=arguments) if bwd else None,
+        forward=with_paths(analyze_trace(fwd[-1], kind="forward", arguments=arguments)),
+        backward=with_paths(analyze_trace(bwd[-1], kind="backward", arguments=arguments)) if bwd else None,
         error=error,
         notes=tuple(notes),
     )

@@ -372,10 +372,49 @@ def _island_aware_torch_compile(name: str) -> Any:
                 return False
             return super().can_fuse(bsym)
 
+        def fuse(self, region: Any, fusion_counter: int) -> Any:
+            bsym = super().fuse(region, fusion_counter)
+            name = bsym.sym.name
+            bsym._call_ctx = {name: _counting_kernels(bsym._call_ctx[name])}
+            return bsym
+
     ex = IslandAwareTorchCompile(f"thunder_nb_{name}", original.required_ops, mode=original.mode)
     ex._implmap = dict(original._implmap)
     _TORCH_COMPILE[name] = ex
     return ex
+
+
+#: The attribute of a fusion's callable that holds the kernels inductor generated for it when it compiled.
+KERNELS_ATTRIBUTE = "thunder_nb_kernels"
+
+
+def _counting_kernels(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a fusion torch.compile compiles at its first call) that notes the kernels inductor generated then.
+
+    ``wrapper.thunder_nb_kernels``: ``torch._inductor.metrics.generated_kernel_count`` across the first call, or
+    None when that compiled nothing here (inductor's caches, another thread) or the metric is missing: then
+    inductor decided, and the count is not known.
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        if wrapper.thunder_nb_first:
+            wrapper.thunder_nb_first = False
+            try:
+                from torch._inductor import metrics
+            except ImportError:
+                return fn(*args)
+            before = metrics.generated_kernel_count
+            out = fn(*args)
+            n = metrics.generated_kernel_count - before
+            setattr(wrapper, KERNELS_ATTRIBUTE, n if n > 0 else None)
+            return out
+        return fn(*args)
+
+    wrapper.thunder_nb_first = True
+    setattr(wrapper, KERNELS_ATTRIBUTE, None)
+    return wrapper
 
 
 def executors(names: Sequence[str]) -> list[Any] | None:

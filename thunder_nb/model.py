@@ -8,6 +8,8 @@ __all__ = [
     "RULES",
     "ERROR_RULES",
     "ISLAND_REASONS",
+    "OUTSIDE_REASONS",
+    "outside_name",
     "WRONG_RESULT_RULES",
     "CRASH_RULES",
     "INPUT_ROLES",
@@ -28,6 +30,7 @@ __all__ = [
     "Site",
     "Op",
     "Region",
+    "Outside",
     "Island",
     "Value",
     "Defect",
@@ -96,7 +99,8 @@ STATIC_INPUT_CHANGES: dict[str, str] = {
 #: notebook 05 (about 4 µs of host time per kernel launch removed). The launch-time estimate multiplies by it.
 LAUNCH_HOST_US: float = 4.0
 
-#: Why a top-level symbol stays outside every region.
+#: Why an op is an island: it runs outside every graph because capture cannot take it. Only these are
+#: islands, and only these are counted as islands (headers, diagrams, lifetimes, verdicts).
 ISLAND_REASONS: dict[str, str] = {
     "host-sync": "data-dependent / host-synchronising",
     "device-transfer": "device transfer",
@@ -104,11 +108,14 @@ ISLAND_REASONS: dict[str, str] = {
     "host-data": "makes a tensor from host data (a list index, torch.tensor(list)): capture refuses the copy",
     "capture-dependent": "dropout attention: its seed and offset must be made and read outside graphs",
     "in-place": "in-place update (runs on the caller's tensors)",
+}
+
+#: What else runs at top level outside every region: never an island, drawn apart and not counted.
+OUTSIDE_REASONS: dict[str, str] = {
     "hand-out": "hand-out: what leaves the trace, checked by storage (copied out, guarded or lent)",
     "bookkeeping": "trace bookkeeping (unpack, return)",
-    "collection": "collection clearing",
-    "single": "single-symbol group",
-    "other": "not fused",
+    "collection": "collection clearing (bookkeeping)",
+    "unfused": "unfused op: capturable, but no region took it (a one-op stretch), so it runs eagerly",
 }
 
 
@@ -327,10 +334,19 @@ class FusedGroup:
     name: str  # the fusion symbol's name, "TorchCompile0", "nvFusion1"
     executor: str  # who compiles it: "inductor", "nvFuser", or the executor's name
     ops: tuple[str, ...]  # the fused ops' names in order ("sin", "mul", ...); empty when unknown (source text)
-    kernels: int = 1  # kernels one call launches: an estimate (see `thunder_nb.analysis.estimate_kernels`)
+    # kernels inductor generated for it when it compiled (torch._inductor.metrics); None: not known, the executor
+    # decides (nvFuser, thunder's own torch_compile executor, or inductor's cache compiled nothing here)
+    kernels: int | None = None
 
     def __str__(self) -> str:
         return f"{self.name}: {self.ops_text()} fused ({self.executor})"
+
+    def kernels_text(self) -> str:
+        """``inductor generated 12 kernels`` (matmuls and other library calls come on top), or ``inductor decides its
+        kernels`` when no count is known."""
+        if self.kernels is None:
+            return f"{self.executor} decides its kernels"
+        return f"{self.executor} generated {self.kernels} kernel{'' if self.kernels == 1 else 's'}"
 
     def ops_text(self) -> str:
         """``7 ops``, or ``ops`` when they are not known."""
@@ -352,8 +368,15 @@ class Region:
     user_lines: tuple[SourceLine, ...]  # user source lines the region covers
     plan: RegionPlan | None = None  # the transform's plan (thunder-nb transforms only)
     stats: RegionStats = RegionStats()
-    kernels: int = 0  # ≈ kernels one run of the region launches: an estimate (`thunder_nb.analysis.estimate_kernels`)
+    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.analysis.estimate_kernels`); a fused group
+    # whose count is not known counts 1, so then it is a lower bound (`undecided`)
+    kernels: int = 0
     fusions: tuple[FusedGroup, ...] = ()  # fusion symbols among its statements, in order
+
+    @property
+    def undecided(self) -> tuple[FusedGroup, ...]:
+        """Fused groups whose kernels the executor decides (no count known): `kernels` is then a lower bound."""
+        return tuple(g for g in self.fusions if g.kernels is None)
 
     @property
     def launches_saved(self) -> int:
@@ -387,21 +410,48 @@ class Region:
 
 
 @dataclass(frozen=True, slots=True)
-class Island:
-    """A top-level statement that runs outside every region."""
+class Outside:
+    """A top-level statement that runs outside every region: an island, bookkeeping, the hand-out or an unfused op.
 
-    name: str  # "island3" (its top-level position)
+    Only an island (``reason`` in `ISLAND_REASONS`: capture cannot take it) is called and counted an island;
+    `TraceReport.islands` holds those, `TraceReport.outside` all of them.
+    """
+
+    name: str  # "island3" for an island, "hand_out5", "step2" (bookkeeping), "op4" (unfused): kind and top-level position
     position: int
     op: Op
-    reason: str  # a key of ISLAND_REASONS
+    reason: str  # a key of ISLAND_REASONS or OUTSIDE_REASONS
     detail: str  # e.g. "item", "cpu -> cuda:0"
 
     @property
+    def is_island(self) -> bool:
+        """True for an island: an op capture cannot take (`ISLAND_REASONS`)."""
+        return self.reason in ISLAND_REASONS
+
+    @property
+    def kind(self) -> str:
+        """``island``, ``hand-out``, ``bookkeeping`` (collection clearing included) or ``unfused``."""
+        if self.is_island:
+            return "island"
+        return "bookkeeping" if self.reason == "collection" else self.reason
+
+    @property
     def label(self) -> str:
-        """A short human label, e.g. ``host sync: item``."""
+        """A short human label, e.g. ``host sync: item``, ``unfused: sum``."""
         short = {"host-sync": "host sync", "device-transfer": "device transfer", "cpu-op": "CPU op"}
         head = short.get(self.reason, self.reason)
         return f"{head}: {self.detail}" if self.detail else head
+
+
+#: The record of a top-level statement outside every region (`Outside`); an island when ``is_island``.
+Island = Outside
+
+
+def outside_name(reason: str, position: int) -> str:
+    """The name of a top-level statement outside every region: ``island3``, ``hand_out5``, ``step2``, ``op4``."""
+    if reason in ISLAND_REASONS:
+        return f"island{position}"
+    return {"hand-out": "hand_out", "unfused": "op"}.get(reason, "step") + str(position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +461,7 @@ class Value:
     name: str
     type: TypeInfo
     defined: Site | None  # None for a function parameter
-    defined_in: str  # "input", a region name, an island name, or "top"
+    defined_in: str  # "input", a region name, the name of a statement outside regions (`Outside.name`), or "top"
     uses: tuple[Site, ...]
     dels: tuple[Site, ...]
     crosses_region_boundary: bool
@@ -457,7 +507,7 @@ class Defect:
 
 @dataclass(frozen=True, slots=True)
 class TraceReport:
-    """One trace (forward or backward) of a compiled function, split into regions and islands."""
+    """One trace (forward or backward) of a compiled function: its regions and what runs outside them."""
 
     kind: str  # "forward" | "backward" | "source"
     name: str  # the generated function's name, "computation" / "backward_fn"
@@ -465,13 +515,16 @@ class TraceReport:
     source: str  # the top-level Python source
     ops: tuple[Op, ...]  # top-level statements in order
     regions: tuple[Region, ...]
-    islands: tuple[Island, ...]
+    outside: tuple[Outside, ...]  # top-level statements outside every region (islands among them)
     values: tuple[Value, ...]
     defects: tuple[Defect, ...]
     params: tuple[str, ...] = ()
     is_cuda: bool = False
     hand_out: HandOutPlan | None = None  # what leaves the trace (thunder-nb transforms only)
     hand_out_stats: HandOutStats = HandOutStats()
+    # (value name, dotted path of the module parameter or buffer it is, "transformer.h.0.attn.c_attn.weight"): from
+    # the prologue's get_parameter/get_buffer calls; the diagrams group ops by module with it
+    parameters: tuple[tuple[str, str], ...] = ()
 
     def region(self, name: str) -> Region:
         """Return the region called ``name``."""
@@ -498,9 +551,19 @@ class TraceReport:
         return sum(r.launches_saved for r in self.regions)
 
     @property
-    def user_islands(self) -> tuple[Island, ...]:
-        """Islands that a user's op caused (bookkeeping and collection clearing left out)."""
-        return tuple(i for i in self.islands if i.reason not in ("bookkeeping", "collection", "hand-out"))
+    def islands(self) -> tuple[Outside, ...]:
+        """The islands: ops outside every region because capture cannot take them (`ISLAND_REASONS`)."""
+        return tuple(o for o in self.outside if o.is_island)
+
+    @property
+    def user_islands(self) -> tuple[Outside, ...]:
+        """The islands (`islands`; the name of an older version, when bookkeeping was counted among islands)."""
+        return self.islands
+
+    @property
+    def unfused(self) -> tuple[Outside, ...]:
+        """Capturable ops no region took (a one-op stretch): they run eagerly, and are not islands."""
+        return tuple(o for o in self.outside if o.reason == "unfused")
 
 
 @dataclass(frozen=True, slots=True)
@@ -547,7 +610,7 @@ class Report:
 
         def counts(t: TraceReport) -> str:
             errors = sum(1 for d in t.defects if d.is_error)
-            return (f"{t.kind}: {n(len(t.regions), 'region')}, {n(len(t.user_islands), 'island')}, "
+            return (f"{t.kind}: {n(len(t.regions), 'region')}, {n(len(t.islands), 'island')}, "
                     f"{n(errors, 'error')}, {n(len(t.defects) - errors, 'warning')}")
 
         error = f", error={self.error!r}" if self.error else ""

@@ -43,7 +43,7 @@ DEFECT_COLOR = "#e03131"
 WRONG_COLOR = "#a61e4d"  # NOTE: "wrong result" is worse than an error: the run succeeds with wrong numbers
 SCALAR_COLOR = "#e8590c"
 HANDOFF_COLOR = "#1971c2"
-#: Island reasons drawn small and left out of user-facing lists.
+#: Reasons of statements outside regions that are bookkeeping (the hand-out too): drawn small, never islands.
 BOOKKEEPING = ("bookkeeping", "collection", "hand-out")
 
 _TIMING = re.compile(r"\s*\(took \d+ milliseconds\)")
@@ -136,14 +136,20 @@ def verdict(defects: Sequence[Defect]) -> str:
 
 
 def kernels(region: Region) -> str:
-    """``≈3 kernels``: the estimate of the kernels one run of the region launches."""
-    return "≈" + plural(region.kernels, "kernel")
+    """``≈3 kernels``: the estimate of the kernels one run of the region launches; ``≥3 kernels (inductor decides
+    for 1 fused group)`` when a fused group's count is not known (it counted 1)."""
+    if not region.undecided:
+        return "≈" + plural(region.kernels, "kernel")
+    who = "/".join(dict.fromkeys(g.executor for g in region.undecided))
+    return f"≥{plural(region.kernels, 'kernel')} ({who} decides for {plural(len(region.undecided), 'fused group')})"
 
 
 def fused_line(group: FusedGroup, limit: int = 12) -> str:
-    """``TorchCompile0: 7 ops fused (inductor): sin, mul, …``: a fused group and (the first ``limit`` of) its ops."""
+    """``TorchCompile0: 7 ops fused (inductor), inductor generated 2 kernels: sin, mul, …``: a fused group, its
+    kernels (or who decides them) and (the first ``limit`` of) its ops."""
     shown = ", ".join(group.ops[:limit]) + (f", +{len(group.ops) - limit} more" if len(group.ops) > limit else "")
-    return f"{group}: {shown}" if shown else str(group)
+    head = f"{group}, {group.kernels_text()}"
+    return f"{head}: {shown}" if shown else head
 
 
 def launch_line(report: Report) -> str:
@@ -151,8 +157,9 @@ def launch_line(report: Report) -> str:
     regions = [r for t in report.traces for r in t.regions]
     n_kernels = sum(r.kernels for r in regions)
     graphs = sum(1 for r in regions if r.kernels)
+    about = "≥" if any(r.undecided for r in regions) else "≈"
     return (
-        f"≈{plural(n_kernels, 'kernel')} in {plural(len(regions), 'region')} per call, replayed as "
-        f"{plural(graphs, 'graph launch', 'graph launches')}: ≈{report.launch_us_saved:g} µs of host time saved "
+        f"{about}{plural(n_kernels, 'kernel')} in {plural(len(regions), 'region')} per call, replayed as "
+        f"{plural(graphs, 'graph launch', 'graph launches')}: {about}{report.launch_us_saved:g} µs of host time saved "
         f"per call (estimate: {LAUNCH_HOST_US:g} µs per kernel launch removed, measured on an H200)"
     )

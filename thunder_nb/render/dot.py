@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import graphviz
 
-from ..model import ISLAND_REASONS, RULES, Defect, FusedGroup, Island, Op, Region, Site, TraceReport, Value
+from ..model import ISLAND_REASONS, RULES, Defect, FusedGroup, Op, Outside, Region, Site, TraceReport, Value
 from .common import (
     DEFECT_COLOR, FUSION_FILL, HANDOFF_COLOR, ISLAND_FILL, SCALAR_COLOR, STATE_FILL, WRONG_COLOR, fused_line,
     count_phrases, has_region, severity_counts, kernels, plural, state, type_label, values,
@@ -26,13 +26,15 @@ __all__ = ["COLLAPSE_THRESHOLD", "region_diagram", "dot_text", "node_id"]
 COLLAPSE_THRESHOLD = 150
 
 _LEGEND_WIDTH = 52  # NOTE: characters per legend line: a wide legend makes the whole diagram wide
-_SMALL = {"color": "#adb5bd", "fontcolor": "#868e96", "fontsize": "8", "height": "0.2", "margin": "0.04,0.02",
+# NOTE: 9 pt is dot's smallest font here: 12 px at natural size, and a default view never shrinks a diagram below
+# 11/12 of it (`thunder_nb.render.html`), so no text is smaller than 11 px
+_SMALL = {"color": "#adb5bd", "fontcolor": "#6c757d", "fontsize": "9", "height": "0.2", "margin": "0.04,0.02",
           "shape": "box", "style": "rounded"}
 _MAX_INPUTS = 8  # NOTE: more top-level inputs than this are drawn as one node
 _INPUTS = "_inputs"
 _EDGE_GROUP = 4  # NOTE: more values than this between two nodes are drawn as one summary edge
 _BOOKKEEPING = ("bookkeeping", "collection")
-_MERGEABLE = ("bookkeeping", "collection", "single", "other")
+_MERGEABLE = ("bookkeeping", "collection", "unfused")
 _DOT_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
 
@@ -42,6 +44,15 @@ def dot_text(*lines: str, sep: str = r"\n", end: str = "") -> str:
     # NOTE: graphviz.escape doubles backslashes; nohtml keeps a label like "<script>" from reading as HTML-like
     parts = [graphviz.escape(p) for line in lines for p in str(line).split("\n")]
     return graphviz.nohtml(sep.join(parts) + end)
+
+
+_TIP_LINES, _TIP_WIDTH = 16, 400  # NOTE: a tooltip listing a model's 187 outputs made one node 8 KB of SVG
+
+
+def tip_lines(lines: Sequence[str]) -> list[str]:
+    """At most `_TIP_LINES` tooltip lines of at most `_TIP_WIDTH` characters, then ``… N more``."""
+    out = [line if len(line) <= _TIP_WIDTH else line[: _TIP_WIDTH - 1] + "…" for line in lines[:_TIP_LINES]]
+    return out + ([f"… {len(lines) - _TIP_LINES} more"] if len(lines) > _TIP_LINES else [])
 
 
 def node_id(*parts: str) -> str:
@@ -78,7 +89,7 @@ class _Mark:
         """Red node attributes (crimson for a wrong result); the tooltip lists ``tips``, then the defects."""
         color = WRONG_COLOR if self.wrong else DEFECT_COLOR
         return {"color": color, "fontcolor": color, "penwidth": "3" if self.wrong else "2",
-                "tooltip": dot_text(*tips, *self.tips)}
+                "tooltip": dot_text(*tip_lines([*tips, *self.tips]))}
 
     def label_lines(self) -> list[str]:
         """One line per rule (narrow nodes); wrong results first, under their own heading."""
@@ -99,20 +110,20 @@ class _DiagramBuilder:
         self.grouped_inputs = len(self.inputs) > _MAX_INPUTS
         self.values = values(trace)
         self.regions = {r.position: r for r in trace.regions if r.position >= 0}
-        self.islands = {i.position: i for i in trace.islands}
+        self.outside = {i.position: i for i in trace.outside}
         self.island_node: dict[int, str] = {}
-        self.island_groups: list[list[Island]] = self._group_islands(merge_islands)
+        self.island_groups: list[list[Outside]] = self._group_islands(merge_islands)
         self.marks: dict[str, _Mark] = {}
         self.region_marks: dict[str, _Mark] = {}  # defects of a full region with no better anchor
 
     # -- layout of the top level
 
-    def _group_islands(self, merge: bool) -> list[list[Island]]:
-        """Group runs of adjacent bookkeeping (or unfused) islands into one node each when merging."""
-        groups: list[list[Island]] = []
+    def _group_islands(self, merge: bool) -> list[list[Outside]]:
+        """Group runs of adjacent bookkeeping (or unfused ops) outside regions into one node each when merging."""
+        groups: list[list[Outside]] = []
         prev_key = None
-        for pos in sorted(set(self.regions) | set(self.islands)):
-            isl = self.islands.get(pos)
+        for pos in sorted(set(self.regions) | set(self.outside)):
+            isl = self.outside.get(pos)
             key = None
             if isl is not None and merge and isl.reason in _MERGEABLE:
                 key = (isl.reason, isl.detail if isl.reason == "bookkeeping" else "")
@@ -207,7 +218,7 @@ class _DiagramBuilder:
             lines = [*lines, *mark.label_lines()]
             attrs = {**attrs, **mark.attrs(tips)}
         else:
-            attrs = {**attrs, "tooltip": dot_text(*tips)}
+            attrs = {**attrs, "tooltip": dot_text(*tip_lines(list(tips)))}
         g.node(nid, dot_text(*lines), **attrs)
 
     # -- drawing
@@ -236,7 +247,7 @@ class _DiagramBuilder:
                 lines = [name] + ([type_label(v)] if type_label(v) else [])
                 self.node(sub, node_id(name), lines, [f"input {name}"], {"shape": "ellipse"})
 
-    def draw_island_group(self, g: graphviz.Digraph, group: list[Island]) -> None:
+    def draw_island_group(self, g: graphviz.Digraph, group: list[Outside]) -> None:
         first = group[0]
         nid = node_id(first.name)
         tips = [f"{i.name}: {i.op.text}" for i in group[:20]]
@@ -251,6 +262,13 @@ class _DiagramBuilder:
             if len(group) > 1:
                 head = ("clear" if first.reason == "collection" else first.detail) + f" ×{len(group)}"
             self.node(g, nid, [head], tips, _SMALL)
+            return
+        if first.reason == "unfused":
+            # NOTE: not an island (capture could take it): a plain white box, named by its op, never "island"
+            self.keys.add("unfused")
+            lines = ([f"{len(group)} unfused ops", _some([i.detail for i in group])] if len(group) > 1
+                     else [f"unfused: {first.detail}"])
+            self.node(g, nid, lines, tips, {"fillcolor": "white", "shape": "box", "style": "dashed,filled"})
             return
         if len(group) > 1:
             reason = ISLAND_REASONS.get(first.reason, first.reason)
@@ -326,7 +344,7 @@ class _DiagramBuilder:
         if r.scalar_handoffs:
             label.append("hand-offs: " + ", ".join(map(str, r.scalar_handoffs)))
         attrs = {"fillcolor": STATE_FILL.get(r.captured, "white"), "style": "filled,rounded",
-                 "tooltip": dot_text(*self.region_tips(r))}
+                 "tooltip": dot_text(*tip_lines(self.region_tips(r)))}
         mark = self.region_marks.get(r.name)
         if mark is not None:
             label += mark.label_lines()
@@ -391,7 +409,7 @@ class _DiagramBuilder:
             head = _some(names)
             label = [f"{len(names)} values", head]
             tips = [f"{n} {type_label(v)}".rstrip() for n, v in zip(names, vals)]
-            attrs = {"fontsize": "9", "tooltip": dot_text(*tips)}
+            attrs = {"fontsize": "9", "tooltip": dot_text(*tip_lines(tips))}
         g.edge(src, dst, dot_text(*label), **attrs)
 
     def draw_flows(self, g: graphviz.Digraph) -> None:
@@ -442,8 +460,11 @@ class _DiagramBuilder:
             lines.append("dashed orange edge: Python number")
         if "hand-off" in self.keys:
             lines.append("blue edge: scalar hand-off")
+        if "unfused" in self.keys:
+            lines += _wrap("dashed box: an unfused op (no region took it; not an island)", "")
         if "fusion" in self.keys:
-            lines += _wrap("double box: ops a fusion executor compiles together (counted ≈1 kernel)", "")
+            lines += _wrap("double box: ops a fusion executor compiles together (its kernels: the count inductor gave, "
+                           "or the executor decides)", "")
         if len(lines) == 1:
             return  # NOTE: nothing to explain (a region's colour is also said in its label: captured, eager, not run)
         attrs = {"fontsize": "9", "shape": "note"}
@@ -513,7 +534,7 @@ def _region_counts(r: Region) -> list[str]:
 
 def _fused_label(group: FusedGroup) -> list[str]:
     """``7 ops fused (inductor)``, then the fused ops on up to two short lines."""
-    lines = [f"{group.ops_text()} fused ({group.executor})"]
+    lines = [f"{group.ops_text()} fused ({group.executor})", group.kernels_text()]
     if group.ops:
         text = ", ".join(group.ops)
         wrapped = textwrap.wrap(text, 28, break_on_hyphens=False)

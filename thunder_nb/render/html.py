@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Sequence
 
 from ..model import Report, TraceReport
@@ -10,12 +12,16 @@ from .common import WRONG_COLOR, esc, launch_line, plural, severity_counts, verd
 from .dot import region_diagram
 from .lifetimes import lifetime_svg
 from .memory import known, region_memory
+from .modules import TREE_MIN_OPS, module_tree_html
 from .source import source_html, trace_source_html
 from .text import report_text, trace_text
 
 __all__ = [
     "CSS",
     "FIT",
+    "COLUMN",
+    "MIN_TEXT_PX",
+    "trees_html",
     "SIDE_VIEWS",
     "rows_table",
     "verdict_spans",
@@ -35,6 +41,16 @@ __all__ = [
 SIDE_VIEWS = ("diagram", "lifetimes", "source")
 #: (width, height) in px a diagram may take in a default view before its regions are collapsed.
 FIT = (880, 900)
+#: A notebook's column width in px (JupyterLab at a 1,280-px window); no view is wider than two of them.
+COLUMN = 1040
+#: The smallest text in px any view shows at `COLUMN` width: a diagram shrinks to fit no further than this allows.
+MIN_TEXT_PX = 11
+#: Bytes a drawing behind "full diagram" may take (a model's full drawing is megabytes: its module tree replaces it).
+FULL_MAX_BYTES = 150_000
+#: Lifetime rows a pane shows of a big trace (the text report and `lifetime_svg` keep `MAX_ROWS`).
+PANE_ROWS = 40
+#: Lines of each generated source a pane shows (defect lines always).
+PANE_CODE_LINES = 200
 
 #: The style of every HTML view, scoped to ``.thunder-nb``; each top-level fragment carries it once.
 # NOTE: .tnb-tall's max-height is FIT's height
@@ -42,7 +58,10 @@ CSS = """<style>
 .thunder-nb{font-family:system-ui,sans-serif;font-size:13px;line-height:1.4;max-width:100%;overflow-wrap:anywhere}
 .thunder-nb .tnb-h{font-weight:600;margin:8px 0 4px}
 .thunder-nb table{border-collapse:collapse}
-.thunder-nb td,.thunder-nb th{padding:1px 6px;text-align:left;vertical-align:top}
+.thunder-nb td,.thunder-nb th{padding:1px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+.thunder-nb small{font-size:11px}
+.thunder-nb code,.thunder-nb pre{font-size:12px}
+.thunder-nb .tnb-memory td:nth-child(-n+2){white-space:nowrap}
 .thunder-nb .tnb-ln{color:#868e96;text-align:right;user-select:none}
 .thunder-nb .tnb-badge{border-radius:3px;padding:0 4px;margin-right:3px;font-size:11px}
 .thunder-nb .tnb-island{background:#fff3bf}
@@ -50,8 +69,17 @@ CSS = """<style>
 .thunder-nb .tnb-wrong-result,.thunder-nb .tnb-wrong{color:#a61e4d;font-weight:600}
 .thunder-nb .tnb-defect-line{background:#ffe3e3;display:inline-block;min-width:100%}
 .thunder-nb pre{background:#f8f9fa;padding:6px;overflow:auto;margin:0;line-height:1.3;max-width:100%}
-.thunder-nb .tnb-diagram{max-width:100%}
-.thunder-nb .tnb-diagram svg,.thunder-nb svg.tnb-lifetime{max-width:100%;height:auto}
+.thunder-nb .tnb-diagram,.thunder-nb .tnb-scroll{max-width:100%;overflow-x:auto}
+.thunder-nb .tnb-diagram svg{max-width:100%;height:auto}
+.thunder-nb svg.tnb-lifetime{max-width:none}
+.thunder-nb .tnb-tree{border-left:4px solid;padding-left:6px;margin:6px 0}
+.thunder-nb ol.tnb-level{list-style:none;margin:0;padding-left:14px}
+.thunder-nb .tnb-tree>ol.tnb-level{padding-left:0}
+.thunder-nb ol.tnb-level>li{margin:2px 0}
+.thunder-nb .tnb-tree summary{font-weight:400}
+.thunder-nb .tnb-box{display:inline-block;border:1px solid #868e96;border-radius:3px;padding:0 5px;background:#fff;font-weight:600}
+.thunder-nb .tnb-ops{font-weight:400;border-style:dashed}
+.thunder-nb .tnb-op code{font-size:12px;white-space:pre-wrap}
 .thunder-nb .tnb-tall{max-height:900px;overflow-y:auto}
 .thunder-nb details{margin:2px 0}
 .thunder-nb details>summary{cursor:pointer;font-weight:600;margin:2px 0}
@@ -105,19 +133,48 @@ def _diagram_parts(trace: TraceReport) -> tuple[str, str, bool]:
     if full and (w > FIT[0] or h > FIT[1]):
         small = svg(region_diagram(trace, collapse=True))
         if small is not None:
+            what = f"full diagram: {plural(_ops(trace), 'op')} ({w:.0f} × {h:.0f} px)"
+            if w > 2 * COLUMN or len(image) > FULL_MAX_BYTES:
+                # NOTE: wider than two columns, or megabytes: the module tree below the diagram shows its ops
+                return _box(small), f'<p class="tnb-full">{esc(what)}: too big to show; its ops are listed by module ' \
+                                    "below and in the generated code</p>", True
             return (
                 _box(small),
-                f'<details class="tnb-full"><summary>full diagram: {esc(plural(_ops(trace), "op"))} '
-                f'({w:.0f} × {h:.0f} px)</summary><div class="tnb-diagram">{image}</div></details>',
+                f'<details class="tnb-full"><summary>{esc(what)}</summary>{_box(image, tall=False)}</details>',
                 True,
             )
     return _box(image), "", True
 
 
-def _box(image: str) -> str:
-    """The diagram's box; one still taller than `FIT` (a long chain of regions) scrolls within that height."""
-    tall = svg_size(image)[1] > FIT[1]
+_FONT = re.compile(r'font-size="([\d.]+)"')
+
+
+def _box(image: str, *, tall: bool | None = None) -> str:
+    """The diagram's box; one still taller than `FIT` (a long chain of regions) scrolls within that height.
+
+    The drawing shrinks with a narrow column only down to the width at which its smallest text is `MIN_TEXT_PX`;
+    a narrower column scrolls it sideways.
+    """
+    w, h = svg_size(image)
+    if tall is None:
+        tall = h > FIT[1]
+    sizes = [float(m) for m in _FONT.findall(image)]
+    if w and sizes:
+        smallest = min(sizes) * 4 / 3  # NOTE: dot writes font sizes in pt, its drawing's units
+        floor = min(w, math.ceil(w * MIN_TEXT_PX / smallest))  # NOTE: up, or rounding makes 10.99 px
+        image = image.replace("<svg", f'<svg style="min-width:{floor}px"', 1)
     return f'<div class="tnb-diagram{" tnb-tall" if tall else ""}">{image}</div>'
+
+
+def trees_html(trace: TraceReport) -> str:
+    """The module tree of each region of at least `TREE_MIN_OPS` ops (`thunder_nb.render.modules`)."""
+    return "".join(module_tree_html(trace, r) for r in trace.regions if len(r.compute_ops) >= TREE_MIN_OPS)
+
+
+def _lifetimes(trace: TraceReport, rows: int | None = None) -> str:
+    """The lifetime chart in a box that scrolls sideways in a column narrower than the chart."""
+    chart = lifetime_svg(trace) if rows is None else lifetime_svg(trace, max_rows=rows)
+    return f'<div class="tnb-scroll">{chart}</div>'
 
 
 def diagram_html(trace: TraceReport) -> tuple[str, bool]:
@@ -142,7 +199,8 @@ def memory_html(trace: TraceReport) -> str:
                         f"</code></td><td>{esc(e.reason)}</td></tr>")
     if not rows:
         return ""
-    return f"<table><tr><th>region</th><th>what</th><th>names</th><th>why</th></tr>{''.join(rows)}</table>"
+    return (f'<table class="tnb-memory"><tr><th>region</th><th>what</th><th>names</th><th>why</th></tr>'
+            f"{''.join(rows)}</table>")
 
 
 def defects_html(trace: TraceReport) -> str:
@@ -155,6 +213,11 @@ def defects_html(trace: TraceReport) -> str:
         for d in trace.defects
     )
     return f"<table><tr><th>severity</th><th>rule</th><th>where</th><th>message</th></tr>{rows}</table>"
+
+
+def _counts(trace: TraceReport) -> str:
+    """``2 regions, 1 island``: the counts every header gives (islands: ops capture cannot take, nothing else)."""
+    return f"{plural(len(trace.regions), 'region')}, {plural(len(trace.islands), 'island')}"
 
 
 def _defect_counts(trace: TraceReport) -> str:
@@ -174,12 +237,12 @@ def trace_html(trace: TraceReport) -> str:
     memory = memory_html(trace)
     return (
         f'<div class="tnb-trace"><div class="tnb-h">{esc(trace.kind)} trace <code>{esc(trace.name)}</code>: '
-        f"{esc(plural(len(trace.regions), 'region'))}, {esc(plural(len(trace.user_islands), 'user island'))}</div>"
-        f"{diagram}{defects_html(trace)}"
+        f"{esc(_counts(trace))}</div>"
+        f"{diagram}{trees_html(trace)}{defects_html(trace)}"
         + (f"<details><summary>memory plan</summary>{memory}</details>" if memory else "")
-        + f'<details><summary>lifetimes</summary>{lifetime_svg(trace)}</details>'
+        + f'<details><summary>lifetimes</summary>{_lifetimes(trace, PANE_ROWS)}</details>'
         f"<details><summary>source</summary>{source_html(trace)}</details>"
-        f"<details><summary>generated code</summary>{trace_source_html(trace)}</details></div>"
+        f"<details><summary>generated code</summary>{trace_source_html(trace, max_lines=PANE_CODE_LINES)}</details></div>"
     )
 
 
@@ -234,13 +297,12 @@ def side_by_side_html(original: Report, fixed: Report) -> str:
 def _pane_trace_html(trace: TraceReport, views: Sequence[str]) -> tuple[str, bool]:
     head = (
         f'<div class="tnb-h">{esc(trace.kind)} trace <code>{esc(trace.name)}</code>: '
-        f"{esc(plural(len(trace.regions), 'region'))}, {esc(plural(len(trace.user_islands), 'island'))}, "
-        f"{_defect_counts(trace)}</div>"
+        f"{esc(_counts(trace))}, {_defect_counts(trace)}</div>"
     )
     parts, more, drawn = [head], [], True
     if "diagram" in views:
         diagram, full, drawn = _diagram_parts(trace)
-        parts.append(diagram)
+        parts.append(diagram + trees_html(trace))
         more.append(full)
         memory = memory_html(trace)
         if memory:
@@ -249,9 +311,10 @@ def _pane_trace_html(trace: TraceReport, views: Sequence[str]) -> tuple[str, boo
             more.append(f"<details><summary>defects</summary>{defects_html(trace)}</details>")
     if "lifetimes" in views:
         more.append(f"<details><summary>lifetimes: {esc(plural(len(trace.values), 'value'))}</summary>"
-                    f"{lifetime_svg(trace)}</details>")
+                    f"{_lifetimes(trace, PANE_ROWS)}</details>")
     if "source" in views:
-        more.append(f"<details><summary>generated code</summary>{trace_source_html(trace)}</details>")
+        more.append(f"<details><summary>generated code</summary>{trace_source_html(trace, max_lines=PANE_CODE_LINES)}"
+                    "</details>")
     if any(more):
         # NOTE: the closed parts share one line; an opened one takes a line of its own below them
         parts.append(f'<div class="tnb-more">{"".join(more)}</div>')

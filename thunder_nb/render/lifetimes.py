@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import Island, Site, TraceReport, Value
+from ..model import Outside, Site, TraceReport, Value
 from .common import DEFECT_COLOR, ISLAND_FILL, REGION_COLORS, SCALAR_COLOR, esc, plural, type_label
 
 __all__ = ["MAX_ROWS", "SVG_WIDTH", "lifetime_text", "lifetime_svg"]
@@ -195,6 +195,7 @@ def lifetime_text(trace: TraceReport, *, max_rows: int = MAX_ROWS) -> str:
 #: Width in px the SVG chart keeps within (a notebook column): the step axis shrinks to fit.
 SVG_WIDTH = 860
 
+_NAME_CHARS = 24  # NOTE: longer names (a model's parameters) end in "…" on the chart; the row's tooltip has them whole
 _ROW_H = 18  # NOTE: readable rows: at least 18 px each
 _LANE_H = 15
 _CHAR_W = {10: 6.0, 11: 6.6}  # NOTE: monospace advance at these font sizes, to place labels without cutting them
@@ -221,11 +222,16 @@ def _lanes(labels: list[tuple[float, str]], font: int, right: float) -> list[tup
 
 
 def _tick(n: int, step_w: float) -> int:
-    """Steps between axis labels, so that labels stand at least 36 px apart."""
-    return next((k for k in _TICK_STEPS if k * step_w >= 36), _TICK_STEPS[-1])
+    """Steps between axis labels, so that labels stand at least 40 px apart."""
+    return next((k for k in _TICK_STEPS if k * step_w >= 40), _TICK_STEPS[-1])
 
 
-def _key(width: float, y: float, has_number: bool) -> tuple[list[str], float]:
+def _column_name(o: Outside) -> str:
+    """The label of a column: the island's name (``island3``), or ``hand-out`` (never called an island)."""
+    return o.name if o.is_island else "hand-out"
+
+
+def _key(width: float, y: float, has_number: bool, has_hand_out: bool = False) -> tuple[list[str], float]:
     """The colour key as SVG parts from ``y`` down, wrapped to ``width``; returns (parts, height)."""
     items = [
         ("bar", _LIVE, "live: defined to last use"),
@@ -236,6 +242,7 @@ def _key(width: float, y: float, has_number: bool) -> tuple[list[str], float]:
         ("dot", DEFECT_COLOR, "use after del"),
         ("shade", REGION_COLORS[0], "region (its statements)"),
         ("shade", ISLAND_FILL["host-sync"], "island"),
+        *([("shade", "#e9ecef", "hand-out (not an island)")] if has_hand_out else []),
     ]
     parts = ['<g class="tnb-key">']
     x, line = 4.0, 0
@@ -274,7 +281,8 @@ def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = S
     rows, more = _pick_rows(_rows(trace, axis), max_rows)
     notes = [[s for s, on in (("never freed", r.never_freed), ("use after del", bool(r.late_uses))) if on] for r in rows]
     at = _layout(trace, axis, rows, more, notes, width)
-    key, key_h = _key(width, at.bottom + 8, any(r.value.is_scalar for r in rows))
+    key, key_h = _key(width, at.bottom + 8, any(r.value.is_scalar for r in rows),
+                      any(not o.is_island for o, _ in at.islands))
     height = at.bottom + 8 + key_h
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="tnb-lifetime" width="{width}" height="{height:.0f}" '
@@ -304,7 +312,7 @@ class _Layout:
     top: float
     bottom: float  # below the last row (and the "more values" line)
     span_labels: list[tuple[float, int, str]]  # (x, lane, name) per region span
-    islands: list[tuple[Island, int]]  # (island, its step) for each island drawn
+    islands: list[tuple[Outside, int]]  # (island or hand-out, its step) for each column drawn
     island_labels: list[tuple[float, int, str]]
 
     def x(self, step: float) -> float:
@@ -315,7 +323,7 @@ def _layout(trace: TraceReport, axis: _Axis, rows: list[_Row], more: int, notes:
             width: int) -> _Layout:
     """Size the name and note columns to their longest texts, the steps to what is left, the bands to their lanes."""
     n = len(axis.steps)
-    name_w = max([len(r.value.name) for r in rows] + [6]) * _CHAR_W[11] + 12
+    name_w = max([min(len(r.value.name), _NAME_CHARS) for r in rows] + [6]) * _CHAR_W[11] + 12
     longest = max([len(", ".join(v)) for v in notes if v] + [0])
     note_w = longest * _CHAR_W[11] + (12 if longest else 4)
     plot_w = max(width - name_w - note_w, 120.0)
@@ -325,10 +333,11 @@ def _layout(trace: TraceReport, axis: _Axis, rows: list[_Row], more: int, notes:
     def x(step: float) -> float:
         return round(left + step * step_w, 2)
 
-    span_labels = _lanes([(x(first), name) for name, first, _ in axis.spans], 10, width)
-    drawn = [i for i in trace.islands if i.reason not in ("bookkeeping", "collection")]
+    span_labels = _lanes([(x(first), name) for name, first, _ in axis.spans], 11, width)
+    # NOTE: islands and the hand-out get a column; bookkeeping and unfused ops none (they are no islands)
+    drawn = [i for i in trace.outside if i.is_island or i.reason == "hand-out"]
     islands = [(isl, axis.index[(isl.position, None)]) for isl in drawn if (isl.position, None) in axis.index]
-    island_labels = _lanes([(x(step), isl.name) for isl, step in islands], 10, width)
+    island_labels = _lanes([(x(step), _column_name(isl)) for isl, step in islands], 11, width)
     span_lanes = 1 + max((lane for _, lane, _ in span_labels), default=-1)
     island_lanes = 1 + max((lane for _, lane, _ in island_labels), default=-1)
     top_spans = 4
@@ -349,16 +358,17 @@ def _bands_svg(axis: _Axis, at: _Layout) -> list[str]:
             f'<g class="tnb-span"><title>{esc(f"{name}: steps {first}-{last_step}")}</title>'
             f'<rect x="{at.x(first)}" y="{at.top_spans}" width="{round((last_step - first + 1) * at.step_w, 2)}" '
             f'height="{at.bottom - at.top_spans:.0f}" fill="{color}" opacity="0.6"/>'
-            f'<text x="{lx + 2:.1f}" y="{at.top_spans + lane * _LANE_H + 11}" font-size="10">{esc(name)}</text></g>'
+            f'<text x="{lx + 2:.1f}" y="{at.top_spans + lane * _LANE_H + 11}">{esc(name)}</text></g>'
         )
-    for (isl, step), (lx, lane, _) in zip(at.islands, at.island_labels):
+    for (isl, step), (lx, lane, label) in zip(at.islands, at.island_labels):
         fill = ISLAND_FILL.get(isl.reason, "#e9ecef")
-        what = f"{isl.name}: {isl.label}" if isl.reason != "hand-out" else f"{isl.name}: hand-out"
+        what = f"{isl.name}: {isl.label}" if isl.is_island else f"hand-out @{isl.position}: what leaves the trace"
+        cls = "tnb-island" if isl.is_island else "tnb-hand-out"
         out.append(
-            f'<g class="tnb-island"><title>{esc(what)}</title>'
+            f'<g class="{cls}"><title>{esc(what)}</title>'
             f'<rect x="{at.x(step)}" y="{at.top_islands}" width="{round(max(at.step_w, 2), 2)}" '
             f'height="{at.bottom - at.top_islands:.0f}" fill="{fill}"/>'
-            f'<text x="{lx + 2:.1f}" y="{at.top_islands + lane * _LANE_H + 11}" font-size="10">{esc(isl.name)}</text></g>'
+            f'<text x="{lx + 2:.1f}" y="{at.top_islands + lane * _LANE_H + 11}">{esc(label)}</text></g>'
         )
     return out
 
@@ -366,11 +376,11 @@ def _bands_svg(axis: _Axis, at: _Layout) -> list[str]:
 def _axis_svg(n: int, at: _Layout) -> str:
     """The step axis: a line with a numbered tick every few steps."""
     y = at.top_axis
-    ticks = [f'<text x="4" y="{y + 12}" font-size="10">step</text>',
+    ticks = [f'<text x="4" y="{y + 12}">step</text>',
              f'<path d="M{at.left} {y + 16}H{at.right:.2f}" stroke="{_INK}"/>']
     for s in range(0, n, _tick(n, at.step_w)):
         ticks.append(f'<path d="M{at.x(s + 0.5)} {y + 13}V{y + 19}" stroke="{_INK}"/>'
-                     f'<text x="{at.x(s + 0.5)}" y="{y + 11}" font-size="10" text-anchor="middle">{s}</text>')
+                     f'<text x="{at.x(s + 0.5)}" y="{y + 11}" text-anchor="middle">{s}</text>')
     return f'<g class="tnb-axis">{"".join(ticks)}</g>'
 
 
@@ -381,7 +391,7 @@ def _row_svg(r: _Row, y: float, note: list[str], axis: _Axis, at: _Layout) -> st
     color = SCALAR_COLOR if v.is_scalar else _LIVE
     fill = DEFECT_COLOR if r.defects or r.late_uses else _INK
     parts = [f'<g class="tnb-row"><title>{esc(tip)}</title>',
-             f'<text x="4" y="{y + 13}" fill="{fill}">{esc(v.name)}</text>',
+             f'<text x="4" y="{y + 13}" fill="{fill}">{esc(_fit(v.name, _NAME_CHARS))}</text>',
              f'<rect x="{at.x(r.start)}" y="{y + 4}" width="{round(max((r.last_use - r.start + 1) * at.step_w, 1), 2)}" '
              f'height="10" fill="{color}"/>']
     if r.end > r.last_use:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import HAND_OUT_ACTIONS, INPUT_ROLES, Island, Region, TraceReport
+from ..model import HAND_OUT_ACTIONS, INPUT_ROLES, Outside, Region, TraceReport
 from .common import plural
 
 __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry", "known", "input_roles",
-           "output_actions", "region_memory", "inputs_summary", "outputs_summary", "hand_out_islands", "hand_out_line"]
+           "output_actions", "region_memory", "inputs_summary", "outputs_summary", "hand_outs", "hand_out_line"]
 
 #: How each `INPUT_ROLES` key is named in reports and diagrams.
 ROLE_LABELS = {"static": "read in place", "copied": "copied in", "number": "number"}
@@ -131,9 +131,9 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
     return entries
 
 
-def hand_out_islands(trace: TraceReport) -> tuple[Island, ...]:
-    """The trace's hand-out calls (`thunder_nb_hand_out`): bookkeeping, drawn small."""
-    return tuple(i for i in trace.islands if i.reason == "hand-out")
+def hand_outs(trace: TraceReport) -> tuple[Outside, ...]:
+    """The trace's hand-out calls (`thunder_nb_hand_out`): not islands, drawn small."""
+    return tuple(i for i in trace.outside if i.reason == "hand-out")
 
 
 def hand_out_line(trace: TraceReport) -> str | None:

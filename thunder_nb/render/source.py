@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import RULES, Defect, Island, Region, SourceLine, TraceReport
+from ..model import RULES, Defect, Outside, Region, SourceLine, TraceReport
 from .common import BOOKKEEPING, esc, has_region, region_colors
 
 __all__ = ["source_text", "source_html", "trace_source_text", "trace_source_html"]
@@ -35,8 +35,8 @@ def _source_lines(trace: TraceReport) -> list[_Marked]:
             found[user_line] = _Marked(user_line, [], [], [])
         return found[user_line]
 
-    blocks: list[tuple[int, Region | Island]] = [(r.position, r) for r in trace.regions]
-    blocks += [(i.position, i) for i in trace.islands]
+    blocks: list[tuple[int, Region | Outside]] = [(r.position, r) for r in trace.regions]
+    blocks += [(i.position, i) for i in trace.outside]
     for _, b in sorted(blocks, key=lambda pb: pb[0]):
         if isinstance(b, Region):
             for ul in b.user_lines:
@@ -46,7 +46,7 @@ def _source_lines(trace: TraceReport) -> list[_Marked]:
                     e.regions.append(b.name)
         elif b.op.user_line and b.reason not in BOOKKEEPING:
             e = entry(b.op.user_line)
-            e.places.append(f"{b.name} ({b.label})")
+            e.places.append(f"{b.name} ({b.label})" if b.is_island else b.label)
     for d in trace.defects:
         ul = _defect_user_line(trace, d)
         if ul is not None and d.rule not in entry(ul).defects:
@@ -139,13 +139,30 @@ def trace_source_text(trace: TraceReport) -> str:
     return "\n".join(lines)
 
 
-def trace_source_html(trace: TraceReport) -> str:
-    """Return the generated top-level source and each region's source as HTML, defect lines highlighted."""
+_LINE_CHARS = 240  # NOTE: with max_lines, longer lines (a signature of 79 parameters) end in "…"
+
+
+def trace_source_html(trace: TraceReport, *, max_lines: int | None = None) -> str:
+    """Return the generated top-level source and each region's source as HTML, defect lines highlighted.
+
+    ``max_lines``: show at most this many lines of each source, and every defect line after them (a model's
+    generated code is hundreds of kilobytes); `trace_source_text` has it all.
+    """
     out = ['<div class="tnb-trace-source">']
     for title, source, marks in _sources(trace):
         out.append(f'<div class="tnb-h">{esc(title)}</div><pre class="tnb-code">')
-        for k, text in enumerate(source.splitlines(), start=1):
+        lines = source.splitlines()
+        skipped = 0
+        for k, text in enumerate(lines, start=1):
             ds = marks.get(k)
+            if max_lines is not None and k > max_lines and not ds:
+                skipped += 1
+                continue
+            if skipped:
+                out.append(f'<span class="tnb-ln">   ⋮</span> … {skipped} lines\n')
+                skipped = 0
+            if max_lines is not None and len(text) > _LINE_CHARS:
+                text = text[: _LINE_CHARS - 1] + "…"
             body = f'<span class="tnb-ln">{k:>4}</span> {esc(text)}'
             if ds:
                 tip = "\n".join(f"{d.rule}: {d.message}" for d in ds)
@@ -153,8 +170,8 @@ def trace_source_html(trace: TraceReport) -> str:
                 body = (f'<span class="tnb-defect-line" title="{esc(tip)}">{body}'
                         f'  <span class="tnb-rule">⚠ {esc(rules)}</span></span>')
             out.append(body + "\n")
+        if skipped:
+            out.append(f'<span class="tnb-ln">   ⋮</span> … {skipped} more lines (all of them: Report.to_text())\n')
         out.append("</pre>")
     out.append("</div>")
     return "".join(out)
-
-

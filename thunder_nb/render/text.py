@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from ..model import Region, Report, TraceReport
 from .common import fused_line, kernels, launch_line, plural, provenance, size, state, type_label, values, verdict
 from .lifetimes import lifetime_text
-from .memory import hand_out_islands, hand_out_line, known, region_memory
+from .memory import hand_out_line, hand_outs, known, region_memory
 
 __all__ = ["report_text", "trace_text"]
 
@@ -57,23 +57,28 @@ def trace_text(trace: TraceReport) -> list[str]:
     n_ops = sum(len(r.compute_ops) for r in trace.regions)
     lines = [
         f"{trace.kind} trace `{trace.name}`: {plural(len(trace.regions), 'region')} ({plural(n_ops, 'op')}), "
-        f"{plural(len(trace.user_islands), 'user island')}",
+        f"{plural(len(trace.islands), 'island')}" + (f", {plural(len(trace.unfused), 'unfused op')}" if trace.unfused
+                                                      else ""),
     ]
     if provenance(trace):
         lines.append(f"  constructed by: {provenance(trace)}")
     lines.append("  regions:" if trace.regions else "  regions: none")
     for r in trace.regions:
         lines += _region_text(trace, r)
-    lines.append("  islands:" if trace.islands else "  islands: none")
-    for i in trace.user_islands:
+    lines.append("  islands (outside every graph: capture cannot take them):" if trace.islands else "  islands: none")
+    for i in trace.islands:
         lines.append(f"    {i.name} @{i.position}: {i.label}: {i.op.text}")
-    hand_outs = hand_out_islands(trace)
-    for i in hand_outs:
+    outs = hand_outs(trace)
+    bookkeeping = sum(1 for i in trace.outside if i.kind == "bookkeeping")
+    if trace.unfused or outs or bookkeeping or trace.hand_out is not None:
+        lines.append("  also outside regions (not islands):")
+    for i in trace.unfused:
+        lines.append(f"    {i.name} @{i.position}: {i.label}: {i.op.text}")
+    for i in outs:
         lines.append(f"    {i.name} @{i.position}: hand-out: {hand_out_line(trace)}")
-    hidden = len(trace.islands) - len(trace.user_islands) - len(hand_outs)
-    if hidden:
-        lines.append(f"    + {hidden} bookkeeping (unpack, return, collection clearing)")
-    if trace.hand_out is not None and not hand_outs:
+    if bookkeeping:
+        lines.append(f"    + {bookkeeping} bookkeeping (unpack, return, collection clearing)")
+    if trace.hand_out is not None and not outs:
         lines.append("    (no hand-out: nothing leaves the trace in graph memory)")
     lines.append("  defects:" if trace.defects else "  defects: none")
     for d in trace.defects:

@@ -1,0 +1,207 @@
+"""A region's ops grouped by the module they run in, repeated blocks folded (``h.0 … h.5 ×6``), as nested HTML.
+
+The module of an op comes from the parameters and buffers it reads (`TraceReport.parameters`, the paths the
+prologue fetches them by); an op that reads none belongs to the innermost module around its neighbours. Each
+level opens with a click (``<details>``), so the view works in JupyterLab and in an exported page alike.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..model import Op, Region, TraceReport
+from .common import STATE_FILL, esc, plural
+
+__all__ = ["TREE_MIN_OPS", "Group", "op_scopes", "module_tree", "module_tree_html"]
+
+#: Regions with at least this many ops get a module tree in the default view.
+TREE_MIN_OPS = 30
+
+_OP_TEXT = 110  # NOTE: characters of an op's statement shown in a leaf (the whole statement is in its title)
+_LEAF_OPS = 60  # NOTE: ops listed under one group; the rest are counted
+
+
+@dataclass(slots=True)
+class Group:
+    """A module (or the region itself, ``name`` ""): its ops and submodules in program order."""
+
+    name: str  # "transformer", "attn", "h.0"; "h.0 … h.5" once folded
+    items: list[Group | Op] = field(default_factory=list)
+    base: str = ""  # the name without a block's number: "h" for "h.0"
+    repeat: int = 1  # consecutive blocks of the same ops folded into this one (its items are the first block's)
+
+    def ops(self) -> list[Op]:
+        """Every op under this group (one block's when folded)."""
+        return [o for item in self.items for o in (item.ops() if isinstance(item, Group) else [item])]
+
+    def signature(self) -> tuple:
+        """What makes two blocks the same: their ops' callees and their submodules' shapes, in order."""
+        return tuple(
+            (item.base or item.name, item.repeat, item.signature()) if isinstance(item, Group) else item.callee
+            for item in self.items
+        )
+
+
+def _module(path: str) -> tuple[str, ...]:
+    """``("transformer", "h", "0", "ln_1")`` for the parameter ``transformer.h.0.ln_1.weight``."""
+    return tuple(path.split(".")[:-1])
+
+
+def _common(paths: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    first = paths[0]
+    k = 0
+    while k < len(first) and all(len(p) > k and p[k] == first[k] for p in paths):
+        k += 1
+    return first[:k]
+
+
+def op_scopes(trace: TraceReport, ops: Sequence[Op]) -> list[tuple[str, ...]]:
+    """The module path of each op: the common module of the parameters it reads, else that of its neighbours.
+
+    An op between two ops of different blocks of a sequence (``h.0`` … ``h.1``) belongs to the earlier block
+    (a residual add ends its block); ops before the first or after the last op that reads a parameter belong to
+    the top.
+    """
+    params = dict(trace.parameters)
+    known: list[tuple[str, ...] | None] = []
+    for op in ops:
+        mods = [_module(params[n]) for n in op.inputs if n in params]
+        known.append(_common(mods) if mods else None)
+    scopes: list[tuple[str, ...]] = []
+    prev: tuple[str, ...] | None = None
+    nxt: list[tuple[str, ...] | None] = [None] * len(ops)
+    after = None
+    for i in range(len(ops) - 1, -1, -1):
+        nxt[i] = after
+        if known[i] is not None:
+            after = known[i]
+    for i, k in enumerate(known):
+        if k is not None:
+            scopes.append(k)
+            prev = k
+            continue
+        n = nxt[i]
+        if prev is None or n is None:
+            scopes.append(())
+            continue
+        c = _common([prev, n])
+        # NOTE: h.0.mlp … h.1.ln_1 share (transformer, h), h.5.mlp … ln_f (transformer): what lies between them
+        # closes the block (h.0, h.5) of the earlier op
+        k = len(c)
+        if k < len(prev) and prev[k].isdigit():
+            k += 1
+        elif k + 1 < len(prev) and prev[k + 1].isdigit():
+            k += 2
+        scopes.append(prev[:k])
+    return scopes
+
+
+def module_tree(trace: TraceReport, region: Region) -> Group:
+    """The region's ops as a tree of modules, numbered blocks named ``h.0`` and runs of equal blocks folded."""
+    ops = list(region.compute_ops)
+    root = Group("")
+    for op, scope in zip(ops, op_scopes(trace, ops)):
+        node = root
+        for name in scope:
+            last = node.items[-1] if node.items else None
+            if isinstance(last, Group) and last.name == name:
+                node = last
+            else:
+                child = Group(name)
+                node.items.append(child)
+                node = child
+        node.items.append(op)
+    _tidy(root)
+    return root
+
+
+def _tidy(g: Group) -> None:
+    """Name numbered blocks after their sequence (``h`` holding ``0``, ``1``: ``h.0``, ``h.1``), fold equal runs."""
+    items: list[Group | Op] = []
+    for item in g.items:
+        if isinstance(item, Group):
+            _tidy(item)
+            blocks = [c for c in item.items if isinstance(c, Group)]
+            if blocks and len(blocks) == len(item.items) and all(c.name.split(" ")[0].isdigit() for c in blocks):
+                for c in blocks:
+                    c.name, c.base = f"{item.name}.{c.name}", item.name
+                items.extend(blocks)
+                continue
+        items.append(item)
+    folded: list[Group | Op] = []
+    for item in items:
+        last = folded[-1] if folded else None
+        if (isinstance(item, Group) and isinstance(last, Group) and item.base and item.base == last.base
+                and item.signature() == last.signature()):
+            first = last.name.split(" … ")[0]
+            last.repeat += 1
+            last.name = f"{first} … {item.name}"
+            continue
+        folded.append(item)
+    g.items = folded
+
+
+def _op_line(op: Op) -> str:
+    head = f"{', '.join(op.outputs)} = {op.callee}" if op.outputs else op.callee
+    text = f"{head}({', '.join(op.inputs)})"
+    return text if len(text) <= _OP_TEXT else text[: _OP_TEXT - 1] + "…"
+
+
+def _ops_summary(ops: Sequence[Op]) -> str:
+    counts = Counter(o.callee.rsplit(".", 1)[-1] for o in ops)
+    top = [f"{c} ×{n}" if n > 1 else c for c, n in counts.most_common(3)]
+    return ", ".join(top) + (", …" if len(counts) > 3 else "")
+
+
+def _ops_html(ops: Sequence[Op]) -> str:
+    rows = "".join(f'<li class="tnb-op"><code>{esc(_op_line(o))}</code></li>'
+                   for o in ops[:_LEAF_OPS])
+    if len(ops) > _LEAF_OPS:
+        rows += f'<li class="tnb-op">… {esc(plural(len(ops) - _LEAF_OPS, "more op"))}</li>'
+    return rows
+
+
+def _items_html(items: Sequence[Group | Op]) -> str:
+    out: list[str] = []
+    run: list[Op] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(_ops_html(run))
+        elif run:
+            out.append(f'<li><details><summary><span class="tnb-box tnb-ops">{esc(plural(len(run), "op"))}</span> '
+                       f'{esc(_ops_summary(run))}</summary><ol class="tnb-level">{_ops_html(run)}</ol></details></li>')
+        run.clear()
+
+    for item in items:
+        if isinstance(item, Group):
+            flush()
+            out.append(_group_html(item))
+        else:
+            run.append(item)
+    flush()
+    return "".join(out)
+
+
+def _group_html(g: Group) -> str:
+    n = len(g.ops())
+    count = plural(n, "op") + (" each" if g.repeat > 1 else "")
+    name = g.name + (f", ×{g.repeat}" if g.repeat > 1 else "")
+    return (f'<li><details><summary><span class="tnb-box">{esc(name)}</span> {esc(count)}</summary>'
+            f'<ol class="tnb-level">{_items_html(g.items)}</ol></details></li>')
+
+
+def module_tree_html(trace: TraceReport, region: Region) -> str:
+    """The region's module tree: its top level shown, each module a box that opens one level per click."""
+    root = module_tree(trace, region)
+    fill = STATE_FILL.get(region.captured, "#f1f3f5")
+    head = (f"{region.name} by module: {plural(len(region.compute_ops), 'op')}"
+            + (" (one block of each folded run shown: ×N)" if _folded(root) else ""))
+    return (f'<div class="tnb-tree" style="border-color:{fill}"><div class="tnb-h">{esc(head)}</div>'
+            f'<ol class="tnb-level">{_items_html(root.items)}</ol></div>')
+
+
+def _folded(g: Group) -> bool:
+    return any(isinstance(i, Group) and (i.repeat > 1 or _folded(i)) for i in g.items)
