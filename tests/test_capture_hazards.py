@@ -243,4 +243,26 @@ def test_no_sdpa_leaves_thunders_sdpa_executor_out_and_keeps_the_others():
     names = [e.name for e in thunder.compile_data(fused).executors_list]
     assert names.index("thunder_nb_torchcompile") < names.index("torch") and "sdpa" not in names
     plain = thunder_nb.jit(lambda x: x * 2)
-    assert "sdpa" in [e.name for e in thunder.compile_data(plain).executors_list]
+    names = [e.name for e in thunder.compile_data(plain).executors_list]
+    assert "thunder_nb_sdpa" in names and "sdpa" not in names  # NOTE: thunder's, with the checker below
+
+
+def test_thunder_nb_jits_sdpa_executor_refuses_a_mask_broadcast_over_the_batch():
+    """Issue #31 (KV-cache decoding): litgpt's decode step passes a mask of batch 1 with a query of batch B; thunder's
+    sdpa executor takes it and its meta then fails the trace ("grad_forward_sdpa: Expected all inputs to have same
+    batch_size"). thunder_nb.jit's copy of that executor refuses such a call, so torch's attention runs it."""
+    import thunder.torch as ltorch
+    from thunder.core.proxies import tensorproxy
+    from thunder.core.trace import TraceCtx, tracectx
+
+    from thunder_nb import internals
+
+    checker = internals.checked_sdpa().implmap[ltorch.scaled_dot_product_attention.id].checker
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, 4, 1, 16, device="cuda") for _ in range(3))
+        mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device="cuda")
+        flat = torch.randn(2, 4, 16, device="cuda")
+    with tracectx(TraceCtx()):
+        pq, pk, pv, pm, pf = (tensorproxy(t, name=n) for t, n in zip((q, k, v, mask, flat), "qkvmf"))
+        assert checker(pq, pk, pv, pm, 0.0, False, scale=None) is False
+        assert checker(pf, pf, pf, None, 0.0, False, scale=None) is False  # NOTE: the meta wants 4 dimensions too

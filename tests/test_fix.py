@@ -313,3 +313,38 @@ def test_instance_memory_is_a_fraction_or_bytes():
         FixedCUDAGraphTransform(instance_memory=1.5)
     with pytest.raises(TypeError, match="a fraction .* or bytes"):
         FixedCUDAGraphTransform(instance_memory="1GB")
+
+
+def _conv_bn_relu() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(inplace=True),
+        torch.nn.Conv2d(4, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(inplace=True),
+    )
+
+
+@pytest.mark.parametrize("capture", ["emulated", pytest.param(True, marks=pytest.mark.gpu)])
+def test_in_place_updates_run_inside_the_graph_and_once_per_call(capture):
+    """Issue #31: BatchNorm's running statistics (``copy_`` into module buffers) and ``ReLU(inplace=True)``
+    (``update_aliases``) no longer split a trace into a region per stretch between them (torchvision's resnet18 had
+    80): the forward is one region, and its warm-up calls, which run it for real, do not apply the updates again, so
+    after N training steps ``num_batches_tracked`` is N and the running statistics are eager's."""
+    device = "cuda" if capture is True else "cpu"
+    eager, net = _conv_bn_relu().to(device), _conv_bn_relu().to(device)
+    xs = [torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(i)).to(device) for i in range(5)]
+    with emulated_capture() if capture == "emulated" else contextlib.nullcontext():
+        jfn = thunder.jit(net, transforms=[make_transform(FixedCUDAGraphTransform, capture)])
+        for model, fn in ((eager, eager), (net, jfn)):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x in xs:
+                opt.zero_grad()
+                fn(x).square().mean().backward()
+                opt.step()
+    report = thunder_nb.analyze(jfn)
+    assert len(report.forward.regions) == 1 and report.forward.islands == ()
+    assert report.forward.regions[0].stats.replays == len(xs)
+    for name, buf in net.named_buffers():
+        torch.testing.assert_close(buf, dict(eager.named_buffers())[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert int(net[1].num_batches_tracked) == len(xs) == int(eager[1].num_batches_tracked)
+    for p, q in zip(net.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)

@@ -59,7 +59,9 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     Args:
         executors: fusion executors put before thunder's defaults: names (``"torchcompile"``: inductor's fused
             kernels inside the regions, compiled at the first call; ``"torchcompile_cat"``; ``"nvfuser"``) or
-            thunder executors; ``"no-sdpa"`` leaves thunder's sdpa executor out of the defaults.
+            thunder executors; ``"no-sdpa"`` leaves thunder's sdpa executor out of the defaults. Among the
+            defaults, thunder's sdpa executor refuses what its kernels cannot run (a KV cache's mask broadcast over
+            the batch), which then runs as torch's attention (`internals.checked_sdpa`).
         split_autograd: connect to autograd as ``thunder.jit`` does by default (two Functions per call; see
             `ONE_AUTOGRAD_FUNCTION`). With the single Function, the gradients flowing into the backward call stay
             alive until it returns, as with any ``torch.autograd.Function``.
@@ -71,12 +73,11 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     import thunder
 
     given = [e for e in executors if not isinstance(e, str)]
-    named = internals.executors([e for e in executors if isinstance(e, str)])
+    # NOTE: the whole list: thunder's defaults (its sdpa executor with a checker that refuses what it cannot run,
+    # `internals.checked_sdpa`), less those left out, after the named and given ones
+    named = internals.executors([e for e in executors if isinstance(e, str)], checked=True)
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
-    if given or named is not None:
-        # NOTE: `internals.executors` gives the whole list (thunder's defaults included, less those left out)
-        rest = named if named is not None else thunder.get_default_executors()
-        options["executors"] = given + [e for e in rest if e not in given]
+    options["executors"] = given + [e for e in named if e not in given]
     return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
 
 
@@ -258,7 +259,7 @@ class _BaseTransform(CUDAGraphTransform):
         call, by storage, whether a tensor lies in memory a replay writes. A name both returned and saved
         is handed out twice.
         """
-        graph = _graph_derived(fused.bound_symbols)
+        graph = _graph_derived(fused.bound_symbols, self.cuda_graph_runner.passthrough)
         ret = fused.bound_symbols[-1]
         utils.check(ret.sym.id == prims.PrimIDs.RETURN, lambda: "the fused trace does not end with its return")
         value = ret.args[0] if len(ret.args) == 1 else ret.args
@@ -321,10 +322,12 @@ def _foreign_fusion(bsym: BoundSymbol, owner: Any) -> bool:
     return bool(getattr(bsym.sym, "is_fusion", False)) and ex is not owner and isinstance(ex, FusionExecutor)
 
 
-def _graph_derived(bsyms: Sequence[BoundSymbol]) -> set[str]:
+def _graph_derived(bsyms: Sequence[BoundSymbol], passthrough: dict[str, tuple[tuple[int, int], ...]]) -> set[str]:
     """Names that may lie in graph memory: region outputs, and anything an op outside regions makes from one.
 
-    An in-place update's result is its destination's memory: graph memory only when the destination is.
+    An in-place update's result is its destination's memory: graph memory only when the destination is. So is a
+    region's output that is one of its inputs updated in place (``passthrough``: region name -> (output position,
+    input position) pairs, as the runner hands them out).
     """
     graph: set[str] = set()
     for b in bsyms:
@@ -335,6 +338,12 @@ def _graph_derived(bsyms: Sequence[BoundSymbol]) -> set[str]:
             derived = args[1].name in graph
         elif b.sym.name == "update_aliases":
             graph.update(o.name for o, a in zip(b.flat_proxy_outs, args) if a.name in graph)
+            continue
+        elif b.sym.name in passthrough and getattr(b.sym, "is_fusion", False):
+            through = dict(passthrough[b.sym.name])
+            outs, ins = b.flat_proxy_outs, b.flat_proxy_args
+            graph.update(o.name for j, o in enumerate(outs) if isinstance(o, TensorProxy)
+                         and (j not in through or ins[through[j]].name in graph))
             continue
         else:
             derived = getattr(b.sym, "is_fusion", False) or any(p.name in graph for p in args)
@@ -430,10 +439,6 @@ class FixedCUDAGraphTransform(_BaseTransform):
             return False
         if self._keep_out and any(p.name in self._keep_out for p in bsym.flat_proxy_outs):
             return False  # NOTE: the scalar hand-off keeps a number's fill, or a reader it cannot hand over, outside
-        if bsym.sym.name in IN_PLACE_NAMES:
-            # NOTE: inside a graph an in-place update writes the runner's static copy of a tensor, and
-            # its result leaves the region as a static buffer; run it on the real tensors instead
-            return False
         return classify_bsym(bsym, cuda_trace=self._cuda) is None
 
     def region_dels(self, bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy], outputs: Sequence[Proxy]):

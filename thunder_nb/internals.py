@@ -417,14 +417,48 @@ def _counting_kernels(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def executors(names: Sequence[str]) -> list[Any] | None:
+_CHECKED_SDPA: list[Any] = []
+
+
+def checked_sdpa() -> Any:
+    """thunder's sdpa executor (fused attention) with a checker that refuses what its meta functions reject.
+
+    thunder 0.2.6's checker asks torch which fused kernel would run, but not whether the attention mask's batch
+    matches the query's: a KV-cache decode step (litgpt's mask broadcast over the batch) then fails while it is
+    traced, "grad_forward_sdpa: Expected all inputs to have same batch_size", where thunder could have run
+    attention with torch's own kernel. With this checker such a call goes to the next executor; every call the
+    fused kernels take runs as with thunder's executor (the same transforms, the same symbols).
+    """
+    if _CHECKED_SDPA:
+        return _CHECKED_SDPA[0]
+    import thunder.torch as ltorch
+    from thunder.executors import sdpaex
+    from thunder.extend import OperatorExecutor, register_executor
+
+    def checker(query, key, value, attn_mask, dropout_p, is_causal, *, scale=None) -> bool:
+        tensors = [t for t in (query, key, value, attn_mask) if t is not None]
+        if any(t.ndim != 4 for t in tensors) or any(t.shape[0] != query.shape[0] for t in tensors):
+            return False
+        return sdpaex._scaled_dot_product_attention_checker(query, key, value, attn_mask, dropout_p, is_causal,
+                                                           scale=scale)
+
+    ex = OperatorExecutor("thunder_nb_sdpa", version=sdpaex.sdpa_ex.version)
+    register_executor(ex)
+    ex.register_implementation(ltorch.scaled_dot_product_attention, checker=checker,
+                               execution_transform=sdpaex._scaled_dot_product_attention_fused,
+                               grad_transform=sdpaex._scaled_dot_product_attention_grad)
+    _CHECKED_SDPA.append(ex)
+    return ex
+
+
+def executors(names: Sequence[str], *, checked: bool = False) -> list[Any] | None:
     """thunder's executor list with the named fusion executors first (less sdpa for ``no-sdpa``); None (thunder's
-    defaults) for no names.
+    defaults) for no names, unless ``checked``: then thunder's sdpa executor is always `checked_sdpa` instead.
 
     Raises:
         ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
     """
-    if not names:
+    if not names and not checked:
         return None
     import thunder
 
@@ -441,5 +475,7 @@ def executors(names: Sequence[str]) -> list[Any] | None:
                 raise ValueError("executor 'nvfuser' is not available: no nvFuser wheel matches this torch "
                                  "(see the README's development notes)")
             chosen.append(ex)
-    left_out = {"sdpa"} if "no-sdpa" in names else set()
-    return chosen + [ex for ex in thunder.get_default_executors() if ex not in chosen and ex.name not in left_out]
+    rest = [ex for ex in thunder.get_default_executors() if ex not in chosen]
+    if "no-sdpa" in names:
+        return chosen + [ex for ex in rest if ex.name != "sdpa"]
+    return chosen + [checked_sdpa() if checked and ex.name == "sdpa" else ex for ex in rest]

@@ -98,7 +98,7 @@ def in_place_plan(
     """Which inputs a region writes in place, and which outputs are inputs under another name.
 
     thunder names aliases with ``update_aliases``: ``(t10,) = update_aliases((x,))`` makes ``t10``
-    the same tensor as ``x``, and ``copy_(t11, t10)`` then updates ``x``.
+    the same tensor as ``x``, and ``t12 = copy_(t11, t10)`` then updates ``x`` (``t12`` is ``x`` too).
 
     Returns:
         (positions of inputs written by a ``copy_``, ((output position, input position), ...))
@@ -115,6 +115,9 @@ def in_place_plan(
             srcs = [p for p in tree_flatten(b.args[0])[0] if isinstance(p, Proxy)]
             for out, src in zip(b.flat_proxy_outs, srcs):
                 root[out.name] = find(src.name)
+        elif b.sym.name == "copy_" and len(b.flat_proxy_args) > 1 and b.flat_proxy_outs:
+            # NOTE: ``copy_(src, dst)`` returns ``dst`` itself: its result is the destination under another name
+            root[b.flat_proxy_outs[0].name] = find(b.flat_proxy_args[1].name)
     # NOTE: one update_aliases call names a whole alias group (a tensor and its views): a copy_ into
     # any member writes the memory of every input in the group
     group_of = alias_root(

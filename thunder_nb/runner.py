@@ -470,11 +470,19 @@ class ThunderNBRunner(CUDAGraphRunner):
         )
         cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
         before, reserved = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) if cuda else (0, 0)
+        # NOTE: the warm-up calls (and an emulated recording) run the region for real: what it updates in place where
+        # it lies (a module buffer: BatchNorm's running statistics, num_batches_tracked) is put back afterwards, so
+        # that the call's own replay applies the update once
+        written = [static_inputs[i] for i in self.write_back.get(fn_name, ()) if mask[i]]
+        kept = [t.clone() for t in written]
         try:
             graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1)
         except BaseException:
             internals.recover_generators()
             raise
+        finally:
+            for t, k in zip(written, kept):
+                t.copy_(k)
         pool = torch.cuda.memory_allocated() - before if cuda else None
         reserved = torch.cuda.memory_reserved() - reserved if cuda else 0
         inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
