@@ -1,6 +1,6 @@
 """The whole training iteration as one CUDA graph (thunder_nb.jit_step) against eager, torch.compile and thunder_nb.jit.
 
-    python bench/bench_step.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--pt2] [--out FILE.md]
+    python bench/bench_step.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--pt2] [--configs ...] [--out FILE.md]
     python bench/bench_step.py --device cpu --steps 2     # checks the script (CPU stand-in; no inductor)
 
 The zoo's 2-layer nanoGPT and llama2 AdamW training loops (`thunder_nb.testing.zoo`), each configuration with its
@@ -171,6 +171,35 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
     return out
 
 
+#: The zoo's training protocols (a loop with an optimizer step) and the optimizer each uses.
+TRAINING = {"train": "adamw", "logged": "adamw", "autocast": "adamw", "zero-grad": "sgd", "batchnorm": "sgd"}
+
+
+def zoo_capturability(device: str) -> str:
+    """`thunder_nb.step.capturability` of every zoo training case, one line each (traces only: nothing runs)."""
+    from thunder_nb.step import capturability
+
+    lines = [f"Capturability of the zoo's training cases on {device} traces (`thunder_nb.step.capturability`):", "",
+             "| model | protocol | in one graph | what stops the rest (line: fix) |", "|---|---|---:|---|"]
+    for name, model in zoo.MODELS.items():
+        for protocol in model.protocols:
+            if protocol not in TRAINING or zoo.missing_package(model):
+                continue
+            net = model.build(device).train()
+            opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if TRAINING[protocol] == "adamw"
+                   else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+            args, targets = model.batch(0, device)
+            around = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if protocol == "autocast"
+                      else contextlib.nullcontext())
+            with around:
+                report = capturability(net, model.loss(net), opt, *args, targets)
+            stops = "; ".join(f"{b.kind}: {b.op} at {b.place}: {b.fix}" for b in report.blockers) or "nothing"
+            lines.append(f"| {name} | {protocol} | {report.fraction:.1%} ({report.in_graph}/{report.ops} ops) | "
+                         f"{stops.replace('|', '/')} |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def table(results: dict, rounds: int, steps: int) -> str:
     lines = [f"Machine: {_machine()}. {rounds} rounds of {steps} consecutive AdamW steps per configuration, taking "
              "turns.", "",
@@ -202,11 +231,22 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--models", default="nanogpt,llama2")
     parser.add_argument("--pt2", action="store_true", help="add torch.compile of the whole step with compiled autograd")
+    parser.add_argument("--configs", default="", help="only these configurations, comma-separated (eager always runs: "
+                                                      "the losses are checked against it)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: the CPU stand-in, without inductor's configurations (checks the script only)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
+    parser.add_argument("--capturability", action="store_true",
+                        help="instead of timing: the capturability report of every zoo training case")
     args = parser.parse_args()
-    configs = [c for c in CONFIGS if (c != "pt2 whole step" or args.pt2)
+    if args.capturability:
+        text = zoo_capturability(args.device)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(f"# Whole-step capturability, {datetime.date.today()}\n\n{text}\n")
+        return 0
+    chosen = set(args.configs.split(",")) | {"eager"} if args.configs else set(CONFIGS)
+    configs = [c for c in CONFIGS if c in chosen and (c != "pt2 whole step" or args.pt2)
                and not (args.device == "cpu" and c in ("reduce-overhead", "pt2 whole step"))]
     results = {}
     for name in args.models.split(","):
