@@ -1,6 +1,8 @@
 """The whole training iteration as one CUDA graph (thunder_nb.jit_step) against eager, torch.compile and thunder_nb.jit.
 
-    python bench/bench_step.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--pt2] [--configs ...] [--out FILE.md]
+    python bench/bench_step.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--pt2] [--configs ...]
+                               [--out FILE.md]
+    python bench/bench_step.py --capturability [--device cpu]  # what stops each zoo training case
     python bench/bench_step.py --device cpu --steps 2     # checks the script (CPU stand-in; no inductor)
 
 The zoo's 2-layer nanoGPT and llama2 AdamW training loops (`thunder_nb.testing.zoo`), each configuration with its

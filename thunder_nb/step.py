@@ -1,4 +1,4 @@
-"""One CUDA graph per training iteration: forward, loss, backward and the optimizer's step, recorded once and replayed."""
+"""One CUDA graph per training iteration: forward, loss, backward and the optimizer's step, recorded and replayed."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class StepRefused(RuntimeError):
     def __init__(self, blockers: Sequence[Blocker], reason: str = "cannot record this step as one CUDA graph"):
         self.blockers = tuple(blockers)
         first = self.blockers[0]
-        more = f" (and {len(self.blockers) - 1} more: see thunder_nb.step.capturability)" if len(self.blockers) > 1 else ""
+        n = len(self.blockers) - 1
+        more = f" (and {n} more: see thunder_nb.step.capturability)" if n else ""
         super().__init__(f"jit_step {reason}: {first}{more}")
 
 
@@ -168,29 +169,30 @@ class Step:
         self._slots = [(m, n, p) for m in model.modules() for n, p in m._parameters.items() if p is not None]
         self._modules = list(model.modules())
         self._recording: _CudaRecording | _EmulatedRecording | None = None
-        self._key: tuple | None = None  # the batch key of the recording, or of the warm-up steps
+        self._key: tuple | None = None  # `_key_of` the recording's batch, or of the warm-up steps
         self._checked: tuple | None = None  # the batch key whose traces were checked for blockers
         self._state: tuple | None = None  # `_state_now()` at the recording
         self._warm = 0  # uncaptured steps since the key last changed
         self._grad_norm: torch.Tensor | None = None
         self.graphs_recorded = 0
         self.recordings: list[str] = []  # why each recording was made
+        self._why = "first recording"  # why the next one will be
 
     # --- the call ---------------------------------------------------------------------------------
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         """Run one training iteration on ``batch``; returns the loss (see `jit_step` for what it and ``.grad`` hold)."""
         rec = self._recording
-        if rec is not None and self._key == _batch_key(batch) and self._state_unchanged():
+        if rec is not None and self._key == self._key_of(batch) and self._state_unchanged():
             return self._replay(rec, batch)
         return self._slow(batch)
 
     def _replay(self, rec: Any, batch: Sequence[Any]) -> torch.Tensor:
         if self._tensor_lr:
             self._lr_to_tensor()
-        dst = [s for s, b in zip(rec.static, batch) if isinstance(b, torch.Tensor) and b is not s]
-        if dst:
-            internals.copy_into(dst, [b for s, b in zip(rec.static, batch) if isinstance(b, torch.Tensor) and b is not s])
+        pairs = [(s, b) for s, b in zip(rec.static, batch) if isinstance(b, torch.Tensor) and b is not s]
+        if pairs:
+            internals.copy_into([s for s, _ in pairs], [b for _, b in pairs])
         rec.replay()
         for p, g in zip(self._params, rec.grads):
             if p.grad is not g:
@@ -200,7 +202,7 @@ class Step:
     def _slow(self, batch: Sequence[Any]) -> torch.Tensor:
         if not torch.is_grad_enabled():
             raise RuntimeError("a training step needs grad mode: call the step outside torch.no_grad()")
-        key = _batch_key(batch)
+        key = self._key_of(batch)
         micro = self._micro(batch)
         if self._mode is not False and self._checked != key:
             self._refuse_blockers(micro[0])  # NOTE: before anything runs: a refusal leaves the model as it was
@@ -209,17 +211,16 @@ class Step:
             why, retrace = self._why_again(key)
             warnings.warn(RecordAgainWarning(f"jit_step: recording the step again: {why}"), stacklevel=3)
             self._drop()
-            if retrace:
-                self._warm = 0
-            elif self._mode is not False:
-                return self._record(batch, f"again: {why}")
-        elif self._key != key:
-            self._warm = 0
+            self._why = why
+            if not retrace:
+                return self._record(batch)
+        if self._key != key:
+            self._warm = 0  # NOTE: thunder traces again: its first call, and any compilation, stay out of the graph
         self._key = key
         if self._mode is False or self._warm < self.warmup:
             self._warm += 1
             return self._uncaptured(batch)
-        return self._record(batch, "first recording" if not self.recordings else "after warm-up")
+        return self._record(batch)
 
     # --- what runs --------------------------------------------------------------------------------
 
@@ -256,7 +257,7 @@ class Step:
         loss.record_stream(current)
         return loss
 
-    def _record(self, batch: Sequence[Any], why: str) -> torch.Tensor:
+    def _record(self, batch: Sequence[Any]) -> torch.Tensor:
         static = [b.clone() if isinstance(b, torch.Tensor) else b for b in batch]  # NOTE: the graph's input buffers
         for p in self._params:
             p.grad = None  # NOTE: the recipe's zero_grad(set_to_none=True): gradients allocated in the graph's pool
@@ -286,7 +287,7 @@ class Step:
         self._recording = rec
         self._state = self._state_now()
         self.graphs_recorded += 1
-        self.recordings.append(why)
+        self.recordings.append(self._why)
         return self._replay(rec, batch)
 
     def _drop(self) -> None:
@@ -296,24 +297,28 @@ class Step:
 
     # --- guards -----------------------------------------------------------------------------------
 
+    def _key_of(self, batch: Sequence[Any]) -> tuple:
+        """What thunder's trace depends on: the batch's shapes, dtypes, devices and values, modules' training flags,
+        autocast. Another key means another trace: warm-up steps before the next recording."""
+        return _batch_key(batch), tuple(m.training for m in self._modules), _autocast_key(self.device)
+
     def _state_now(self) -> tuple:
         opt = self.optimizer
         groups = tuple(
             tuple((k, v) for k, v in g.items() if k != "params" and not (k == "lr" and self._lr_live))
             for g in opt.param_groups)
-        return (tuple(p.data_ptr() for _, _, p in self._slots), tuple(m.training for m in self._modules),
-                _autocast_key(self.device), opt.state, opt.param_groups, tuple(len(g["params"]) for g in opt.param_groups),
-                groups)
+        return (tuple(p.data_ptr() for _, _, p in self._slots), opt.state, opt.param_groups,
+                tuple(len(g["params"]) for g in opt.param_groups), groups)
 
     def _state_unchanged(self) -> bool:
-        ptrs, training, autocast, state, groups, sizes, hyper = self._state
+        ptrs, state, groups, sizes, hyper = self._state
         for m, n, p in self._slots:
             if m._parameters.get(n) is not p:
                 return False
-        if tuple(p.data_ptr() for _, _, p in self._slots) != ptrs or tuple(m.training for m in self._modules) != training:
+        if tuple(p.data_ptr() for _, _, p in self._slots) != ptrs:
             return False
         opt = self.optimizer
-        if opt.state is not state or opt.param_groups is not groups or _autocast_key(self.device) != autocast:
+        if opt.state is not state or opt.param_groups is not groups:
             return False
         for g, items in zip(groups, hyper):
             for k, v in items:
@@ -324,9 +329,16 @@ class Step:
 
     def _why_again(self, key: tuple) -> tuple[str, bool]:
         """What changed since the recording, and whether thunder's trace changes with it (then warm up again)."""
-        if key != self._key:
-            return _key_difference(self._key, key), True
-        ptrs, training, autocast, state, groups, sizes, hyper = self._state
+        (batch, training, autocast), (was_batch, was_training, was_autocast) = key, self._key
+        if batch != was_batch:
+            return _key_difference(was_batch, batch), True
+        for m, now, was in zip(self._modules, training, was_training):
+            if now != was:
+                mode = "training" if now else "eval"
+                return f"{type(m).__name__} is now in {mode} mode (model.train() / model.eval())", True
+        if autocast != was_autocast:
+            return f"autocast changed: {was_autocast} -> {autocast}", True
+        ptrs, state, groups, sizes, hyper = self._state
         names = {id(p): f"{type(m).__name__}.{n}" for m, n, p in self._slots}
         for m, n, p in self._slots:
             if m._parameters.get(n) is not p:
@@ -334,12 +346,6 @@ class Step:
         for (m, n, p), ptr in zip(self._slots, ptrs):
             if p.data_ptr() != ptr:
                 return f"parameter {names[id(p)]} now lives in other memory (its .data was set)", False
-        for m, was in zip(self._modules, training):
-            if m.training != was:
-                return (f"{type(m).__name__} is now in {'training' if m.training else 'eval'} mode "
-                        f"(model.train() / model.eval())"), True
-        if _autocast_key(self.device) != autocast:
-            return f"autocast changed: {autocast} -> {_autocast_key(self.device)}", True
         opt = self.optimizer
         if opt.state is not state or opt.param_groups is not groups:
             return "the optimizer's state was replaced (load_state_dict)", False

@@ -1,4 +1,4 @@
-"""What stops a training iteration from being one CUDA graph: frozen records and their text and HTML (no thunder here)."""
+"""What stops a training iteration from being one CUDA graph: frozen records, their text and HTML (no thunder)."""
 
 from __future__ import annotations
 
@@ -88,14 +88,16 @@ class Capturability:
         return self.to_text()
 
     def __repr__(self) -> str:
-        return (f"Capturability({self.function!r}, {_percent(self.in_graph, self.ops)} in one graph, {self.in_graph}/{self.ops} ops, "
+        share = _percent(self.in_graph, self.ops)
+        return (f"Capturability({self.function!r}, {share} in one graph, {self.in_graph}/{self.ops} ops, "
                 f"{len(self.blockers)} blockers)")
 
     def _repr_html_(self) -> str:
         e = html.escape
         colour = "#1a7f37" if self.whole_step else "#cf222e"
         parts = [f'<div class="thunder-nb-capturability"><b>{e(self.function)}</b>: '
-                 f'<span style="color:{colour}"><b>{_percent(self.in_graph, self.ops)}</b> of the iteration in one graph</span> '
+                 f'<span style="color:{colour}"><b>{_percent(self.in_graph, self.ops)}</b> of the iteration in one '
+                 f"graph</span> "
                  f"({self.in_graph} of {self.ops} ops; optimizer: {e(self.optimizer)})"]
         if self.blockers:
             parts.append("<table><tr><th>what stops it</th><th>op</th><th>where</th><th>fix</th></tr>")
