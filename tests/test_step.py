@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from thunder_nb.step import Capturability, RecordAgainWarning, StepRefused, capturability, jit_step
 from thunder_nb.testing.models import model_case
 from thunder_nb.testing.zoo import TOLERANCES
-from thunder_nb.values import compare_values
+from thunder_nb.notebook.values import compare_values
 
 RTOL, ATOL = TOLERANCES["logged"]
 
@@ -288,3 +288,36 @@ def test_capturability_of_a_clean_step_is_the_whole_iteration():
         "  note: shapes: recorded for [8, 8] float32, [8] int64; another shape records again",
     ]
     assert "whole step" in report._repr_html_() and repr(report).startswith("Capturability('mlp_loss', 100% in one")
+
+
+def test_an_item_whose_value_only_reaches_python_is_refused_as_python_side_state():
+    """thunder runs the Python of the loss function once, when it traces: a logged ``.item()`` inside would log the
+    first step's number only; the report and the step both name the line."""
+    net = _mlp()
+    logged = []
+
+    def logs_the_loss(x, y):
+        loss = F.cross_entropy(net(x), y)
+        logged.append(loss.item())
+        return loss
+
+    report = capturability(net, logs_the_loss, _adamw(net), *_batch(0))
+    (blocker,) = report.blockers
+    assert blocker.kind == "python-side state" and blocker.op == "item (its value only reaches Python)"
+    assert blocker.where.endswith("`logged.append(loss.item())`") and blocker.line and blocker.filename
+    assert report.in_graph == report.ops - 1
+    with pytest.raises(StepRefused, match=r"python-side state: item .* at .*test_step\.py:\d+: `logged\.append"):
+        jit_step(net, logs_the_loss, _adamw(net))(*_batch(0))
+
+
+def test_compare_step_runs_the_step_against_eager_and_puts_the_state_back():
+    from thunder_nb.step import compare_step
+
+    net = _mlp()
+    opt = _adamw(net)
+    before = _state(net)
+    result = compare_step(net, _loss_of(net), opt, *_batch(0))
+    assert result.matches and result.capture == "emulated" and result.graphs == 1 and result.steps == 6
+    assert not result.timings and "not timed" in result.to_text()
+    assert not opt.state and all(p.grad is None for p in net.parameters())
+    assert all(torch.equal(before[n], p) for n, p in net.named_parameters())

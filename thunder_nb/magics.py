@@ -13,7 +13,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from . import diagnose
+from .diagnosis import failures
 
 __all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES", "options_markdown"]
 
@@ -58,7 +58,8 @@ class ThunderCUDAGraphMagics(Magics):
         help="with --train: follow every call by an SGD step (p -= LR * p.grad) on each run's own copy of the "
         "parameters, and check the parameters against eager's after the last step",
     )
-    @argument("-o", "--output", metavar="NAME", help="store the Comparison in the namespace under NAME")
+    @argument("-o", "--output", metavar="NAME",
+              help="store the Comparison (with --whole-step: the StepComparison) in the namespace under NAME")
     @argument(
         "--views",
         default=",".join(("diagram", "lifetimes", "source", "run")),
@@ -94,6 +95,16 @@ class ThunderCUDAGraphMagics(Magics):
         help='also check and time torch.compile(fn, mode="reduce-overhead") on the same inputs; the verdict '
         "then gives the fixed side's speed against eager and against it (its failing is reported, not raised)",
     )
+    @argument(
+        "--whole-step",
+        metavar="MODEL,OPTIMIZER",
+        help="check one whole training iteration as one CUDA graph (thunder_nb.jit_step): name your nn.Module and "
+        "torch.optim optimizer, and the call is your loss function on one batch, e.g. --whole-step model,opt "
+        "loss_fn(xb, yb). Shows what share of the iteration one graph holds and what stops the rest, each with your "
+        "line and the fix; when nothing does, runs 6 steps (3 uncaptured, the recording, 2 replays) against eager "
+        "PyTorch from the same state and times --repeats consecutive steps of each (without a GPU: capture's CPU "
+        "stand-in, not timed). Your model and optimizer are trained, then put back as they were",
+    )
     @cell_magic
     def thunder_cudagraph(self, line: str, cell: str) -> None:
         """Run the cell, then compile the call on the magic line with the original and the fixed CUDA-graph transform.
@@ -106,11 +117,15 @@ class ThunderCUDAGraphMagics(Magics):
             %%thunder_cudagraph --train --lr 0.01 -o cmp step(xb)
             def step(x):
                 return model(x).pow(2).mean()
+
+        With ``--whole-step model,opt loss_fn(xb, yb)`` it diagnoses and runs the whole training iteration instead
+        (forward, backward and ``opt.step()`` as one CUDA graph, `thunder_nb.jit_step`), against eager PyTorch.
         """
         args, call_text = _parse_line(self.thunder_cudagraph, line)
         views = _check_arguments(args)
         executors = _check_executors(args.executors)
         call = _parse_call(call_text)
+        whole_step = _check_whole_step(args) if args.whole_step is not None else None
 
         defined = self._run_cell(cell)
         fn = self._resolve_function(args.function, call, defined)
@@ -118,12 +133,87 @@ class ThunderCUDAGraphMagics(Magics):
 
         progress = _Progress()
         with _addressed_warnings():
-            self._compare_and_show(args, fn, call_args, call_kwargs, views, executors, progress)
+            if whole_step is not None:
+                model, optimizer = self._resolve_whole_step(whole_step, defined)
+                if call_kwargs:
+                    raise UsageError(f"--whole-step passes the batch as positional arguments: {ast.unparse(call.func)}"
+                                     f"(x, y), not keywords ({', '.join(call_kwargs)})")
+                self._whole_step_and_show(args, model, fn, optimizer, call_args, executors, progress)
+            else:
+                self._compare_and_show(args, fn, call_args, call_kwargs, views, executors, progress)
+
+    def _whole_step_and_show(self, args: Any, model: Any, fn: Any, optimizer: Any, batch: tuple,
+                             executors: tuple[str, ...], progress: _Progress) -> None:
+        """``--whole-step``: `thunder_nb.step.compare_step` on the user's objects; its report, with lines of this cell
+        worded as the rest of the magic words them."""
+        import dataclasses
+
+        from .step import compare_step
+
+        try:
+            result = compare_step(model, fn, optimizer, *batch, repeats=args.repeats, executors=executors,
+                                  capture={"auto": "auto", "on": True}[args.capture], execute=not args.no_run,
+                                  progress=progress)
+        except Exception as e:
+            progress.clear()
+            where = failures.user_frame(e.__traceback__)
+            if where is None and isinstance(e, ValueError):  # NOTE: compare_step's own check of the arguments
+                raise UsageError(f"--whole-step: {e}") from None
+            at = f" ({self._where(where)})" if where is not None else ""
+            name = getattr(fn, "__name__", "the loss function")
+            raise UsageError(f"{name} raised {failures.error_line(e)} in eager PyTorch{at}; your model and optimizer "
+                             "are as they were") from None
+        blockers = tuple(dataclasses.replace(b, where=self._where(failures.Where(b.filename, b.line, _source_line(b),
+                                                                                  "")))
+                         if b.filename is not None and b.line is not None else b for b in result.report.blockers)
+        result = dataclasses.replace(result, report=dataclasses.replace(result.report, blockers=blockers))
+        if args.output:
+            self.shell.user_ns[args.output] = result
+        progress.done({"text/plain": result.to_text(), "text/html": result._repr_html_()})
+
+    def _resolve_whole_step(self, names: tuple[str, str], defined: list[str]) -> tuple[Any, Any]:
+        """The model and the optimizer that ``--whole-step MODEL,OPTIMIZER`` names, checked.
+
+        Raises:
+            UsageError: a name that is not defined, a model that is not an ``nn.Module`` or has nothing to train, an
+                optimizer that is not a ``torch.optim.Optimizer`` or updates none of the model's parameters.
+        """
+        import torch
+
+        ns = self.shell.user_ns
+        found = {"module": [k for k, v in ns.items() if not k.startswith("_") and isinstance(v, torch.nn.Module)],
+                 "optimizer": [k for k, v in ns.items()
+                               if not k.startswith("_") and isinstance(v, torch.optim.Optimizer)]}
+        objects = []
+        kinds = (("module", torch.nn.Module, "torch.nn.Module"),
+                 ("optimizer", torch.optim.Optimizer, "torch.optim.Optimizer"))
+        for text, (kind, cls, cls_name), (_, other, _) in zip(names, kinds, kinds[::-1]):
+            try:
+                value = eval(compile(text, "<thunder_cudagraph --whole-step>", "eval"), ns)
+            except Exception as e:
+                here = found[kind]
+                hint = (f"; {kind}s in the namespace: {', '.join(here)}" if here
+                        else f"; there is no {kind} in the namespace")
+                raise UsageError(f"--whole-step {names[0]},{names[1]}: {text} failed: {failures.error_line(e)}{hint}"
+                                 ) from None
+            if not isinstance(value, cls):
+                what = type(value).__name__
+                swapped = " (the model comes first: --whole-step MODEL,OPTIMIZER)" if isinstance(value, other) else ""
+                raise UsageError(f"--whole-step: {text!r} is {_article(what)} {what}, not a {cls_name}{swapped}")
+            objects.append(value)
+        model, optimizer = objects
+        trained = {id(p) for p in model.parameters() if p.requires_grad}
+        if not trained:
+            raise UsageError(f"--whole-step: {names[0]} has no parameter that requires grad: nothing to train")
+        if not any(id(p) in trained for g in optimizer.param_groups for p in g["params"]):
+            raise UsageError(f"--whole-step: {names[1]} updates none of {names[0]}'s parameters (was it made for "
+                             "another model?)")
+        return model, optimizer
 
     def _compare_and_show(self, args: Any, fn: Any, call_args: tuple, call_kwargs: dict, views: list[str],
                           executors: tuple[str, ...], progress: _Progress) -> None:
-        from . import widget
-        from .comparison import CompareError, compare
+        from .notebook import widget
+        from .notebook.comparison import CompareError, compare
 
         try:
             comparison = compare(
@@ -183,16 +273,16 @@ class ThunderCUDAGraphMagics(Magics):
             shell.custom_exceptions, shell.CustomTB = saved
         error = result.error_before_exec or result.error_in_exec
         if error is not None:
-            where = diagnose.user_frame(error.__traceback__)
+            where = failures.user_frame(error.__traceback__)
             at = f" ({self._where(where)})" if where is not None else ""
-            raise UsageError(f"the cell raised {diagnose.error_line(error)}{at}") from None
+            raise UsageError(f"the cell raised {failures.error_line(error)}{at}") from None
         return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
-    def _where(self, where: diagnose.Where) -> str:
+    def _where(self, where: failures.Where) -> str:
         """A line of user code in words: ``line 4 of the cell: `...``` for this cell (counting the magic's line)."""
         if where.filename == self._cell_name:
             return f"line {where.line + 1} of the cell" + (f": `{where.text}`" if where.text else "")
-        return diagnose.where_text(where)
+        return failures.where_text(where)
 
     def _resolve_function(self, name: str | None, call: ast.Call, defined: list[str]) -> Any:
         ns = self.shell.user_ns
@@ -212,7 +302,7 @@ class ThunderCUDAGraphMagics(Magics):
             try:
                 fn = eval(compile(ast.Expression(call.func), "<thunder_cudagraph call>", "eval"), ns)
             except Exception as e:
-                raise UsageError(f"the call {ast.unparse(call.func)}(...) failed: {diagnose.error_line(e)}") from None
+                raise UsageError(f"the call {ast.unparse(call.func)}(...) failed: {failures.error_line(e)}") from None
         if not callable(fn):
             kind = type(fn).__name__
             raise UsageError(f"{name or ast.unparse(call.func)!r} is {_article(kind)} {kind}, not a function")
@@ -226,7 +316,7 @@ class ThunderCUDAGraphMagics(Magics):
         try:
             return eval(compile(expr, "<thunder_cudagraph call>", "eval"), self.shell.user_ns, scope)
         except Exception as e:
-            raise UsageError(f"the call {call_text} failed: {diagnose.error_line(e)}") from None
+            raise UsageError(f"the call {call_text} failed: {failures.error_line(e)}") from None
 
 
 #: Where a warning of thunder-nb's own code is shown as coming from: the magic the user typed, not a line of
@@ -299,7 +389,7 @@ def _check_arguments(args: Any) -> list[str]:
     Raises:
         UsageError: an option's value is out of range, ``--lr`` without ``--train``, or ``--peers`` with ``--no-run``.
     """
-    from . import widget
+    from .notebook import widget
 
     try:
         views = widget.parse_views(args.views)
@@ -318,18 +408,61 @@ def _check_arguments(args: Any) -> list[str]:
     return views
 
 
+def _check_whole_step(args: Any) -> tuple[str, str]:
+    """The two names of ``--whole-step MODEL,OPTIMIZER``, and the options it cannot take, checked before the cell runs.
+
+    Raises:
+        UsageError: not two Python expressions, an option that belongs to the comparison of transforms, ``--capture
+            off``, or ``--capture on`` without a GPU.
+    """
+    example = "--whole-step model,opt loss_fn(xb, yb)"
+    parts = [p.strip() for p in args.whole_step.split(",")]
+    if len(parts) != 2 or not all(parts):
+        hint = " (no space after the comma)" if args.whole_step.endswith(",") else ""
+        raise UsageError(f"--whole-step needs MODEL,OPTIMIZER, the names of your nn.Module and your optimizer, not "
+                         f"{args.whole_step!r}{hint}: write it like {example}")
+    for part in parts:
+        try:
+            ast.parse(part, mode="eval")
+        except SyntaxError:
+            raise UsageError(f"--whole-step: {part!r} is not a Python name or expression (write it like "
+                             f"{example})") from None
+    default_views = ",".join(("diagram", "lifetimes", "source", "run"))
+    other = [name for name, given in (("--train", args.train), ("--lr", args.lr is not None), ("--peers", args.peers),
+                                      ("--original", args.original != "stock"),
+                                      ("--views", args.views != default_views)) if given]
+    if other:
+        raise UsageError(f"--whole-step does not take {', '.join(other)}: it trains the step itself, and shows its "
+                         "capturability report and its run against eager PyTorch")
+    if args.capture == "off":
+        raise UsageError("--whole-step records the step as one graph: not with --capture off (auto or on)")
+    if args.capture == "on":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--whole-step with --capture on needs a CUDA GPU, and torch sees none (--capture auto "
+                             "runs capture's CPU stand-in)")
+    return parts[0], parts[1]
+
+
+def _source_line(blocker: Any) -> str:
+    import linecache
+
+    return linecache.getline(blocker.filename, blocker.line).strip()
+
+
 def _check_executors(text: str) -> tuple[str, ...]:
     """The ``--executors`` names, checked.
 
     Raises:
         UsageError: an unknown name, or one thunder cannot use here.
     """
-    from .internals import executor_names, executors
+    from .cudagraph.executors import executor_list, executor_names
 
     try:
         names = executor_names([n.strip() for n in text.split(",") if n.strip()])
         if "nvfuser" in names:
-            executors(names)  # NOTE: imports thunder; only nvFuser may be missing here
+            executor_list(names)  # NOTE: imports thunder; only nvFuser may be missing here
     except ValueError as e:
         raise UsageError(str(e)) from None
     return names

@@ -11,15 +11,17 @@ from typing import Any
 import torch
 
 from . import internals
-from .step_report import Blocker, Capturability
+from .cudagraph.executors import executor_list
+from .step_report import Blocker, Capturability, StepComparison
 
-__all__ = ["jit_step", "Step", "StepRefused", "RecordAgainWarning", "capturability", "Capturability", "Blocker"]
+__all__ = ["jit_step", "Step", "StepRefused", "RecordAgainWarning", "capturability", "Capturability", "Blocker",
+           "compare_step", "StepComparison"]
 
 #: Optimizers whose capturable step reads ``lr`` from a device tensor (torch 2.11: Adam's and AdamW's foreach and
 #: fused paths): a schedule that changes it on the host needs no new recording.
 _TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
 
-#: What to do about each kind of op that cannot be in a graph (`thunder_nb.ops.classify_bsym`'s reasons).
+#: What to do about each kind of op that cannot be in a graph (`thunder_nb.diagnosis.ops.classify_bsym`'s reasons).
 _FIXES = {
     "host-sync": ("host sync", "return the tensor and read it after the step (the step returns the loss: "
                                "`loss.item()` after the call reads the graph's result, with eager's value)"),
@@ -275,10 +277,10 @@ class Step:
                 internals.recover_generators()
                 for p in self._params:
                     p.grad = None
-                where = _where_from_traceback(e)
-                raise StepRefused([Blocker("capture", type(e).__name__ + ": " + str(e).splitlines()[0][:200],
-                                           where, "see thunder_nb.step.capturability; run with capture=False to "
-                                           "train uncaptured")], "failed while recording the graph") from e
+                raise StepRefused([Blocker("capture", type(e).__name__ + ": " + (str(e).splitlines() or [""])[0][:200],
+                                           fix="see thunder_nb.step.capturability; run with capture=False to "
+                                           "train uncaptured", **_where_from_traceback(e))],
+                                  "failed while recording the graph") from e
             finally:
                 internals.clear_cublas_workspaces()
             rec: Any = _CudaRecording(graph, static, loss, [p.grad for p in self._params])
@@ -415,7 +417,7 @@ def _thunder_jit(fn: Callable[..., Any], executors: Sequence[Any]) -> Any:
 
     options: dict[str, Any] = {}
     given = [e for e in executors if not isinstance(e, str)]
-    named = internals.executors([e for e in executors if isinstance(e, str)])
+    named = executor_list([e for e in executors if isinstance(e, str)])
     if given or named is not None:
         rest = named if named is not None else thunder.get_default_executors()
         options["executors"] = given + [e for e in rest if e not in given]
@@ -512,37 +514,47 @@ def _source_lines(traces: Sequence[Any]) -> tuple[dict[str, tuple[str, int]], di
 
 
 def _where(file: str, line: int) -> str:
-    from .diagnose import Where, where_text
+    from .diagnosis.failures import Where, where_text
 
     return where_text(Where(file, line, linecache.getline(file, line).strip(), ""))
 
 
-def _definition_line(fn: Any) -> str | None:
+def _at(pos: tuple[str, int] | None) -> dict[str, Any]:
+    """A `Blocker`'s ``where``, ``filename`` and ``line`` for the user's line ``(file, line)`` (none when unknown)."""
+    if pos is None:
+        return {"where": None}
+    return {"where": _where(*pos), "filename": pos[0], "line": pos[1]}
+
+
+def _definition_line(fn: Any) -> dict[str, Any]:
+    """`_at` the line that defines ``fn``."""
     try:
         code = inspect.unwrap(fn).__code__
     except AttributeError:
-        return None
-    return _where(code.co_filename, code.co_firstlineno)
+        return _at(None)
+    return _at((code.co_filename, code.co_firstlineno))
 
 
 def _loss_blocker(loss_fn: Any, out: Any) -> Blocker:
     what = type(out).__name__ if not isinstance(out, torch.Tensor) else f"a tensor of shape {tuple(out.shape)}"
     if isinstance(out, torch.Tensor) and out.numel() == 1:
         what = "a loss that does not require grad"
-    return Blocker("loss", f"loss_fn returns {what}", _definition_line(loss_fn),
-                   "return the loss alone, one tensor of one element computed from the parameters; return other "
-                   "values from another function, or read them after the step", trace="loss_fn")
+    return Blocker("loss", f"loss_fn returns {what}",
+                   fix="return the loss alone, one tensor of one element computed from the parameters; return other "
+                   "values from another function, or read them after the step", trace="loss_fn",
+                   **_definition_line(loss_fn))
 
 
 def trace_blockers(jfn: Any, loss_fn: Any, *, cuda: bool) -> tuple[list[Blocker], list[bool], int]:
     """What in ``jfn``'s last forward and backward traces cannot be in a graph, each with the user's line and the fix.
 
     Returns:
-        (blockers, for each op of the forward then the backward trace whether it blocks, the number of forward ops)
+        (blockers, for each op whether it blocks (a host sync whose value only reaches Python first, then the
+        forward then the backward trace's ops), the number of forward ops)
     """
     import thunder
 
-    from .ops import classify_bsym
+    from .diagnosis.ops import classify_bsym
 
     traces = thunder.last_traces(jfn)
     backward = thunder.last_backward_traces(jfn)
@@ -563,15 +575,42 @@ def trace_blockers(jfn: Any, loss_fn: Any, *, cuda: bool) -> tuple[list[Blocker]
             if pos is None and name == "forward":
                 ats = by_op.get(b.sym.name, [])
                 pos = ats[nth] if nth < len(ats) else None
-            blockers.append(Blocker(kind, found[1], _where(*pos) if pos else None, fix, trace=name))
+            blockers.append(Blocker(kind, found[1], fix=fix, trace=name, **_at(pos)))
+    for b in _python_only(traces[0], cuda=cuda):  # NOTE: not in the traces that run: one op outside the graph each,
+        flags.insert(0, True)  # counted before the forward (the rest of the iteration can still be one graph)
+        pos = next((by_name[p.name] for p in b.flat_proxy_outs if p.name in by_name), None)
+        blockers.append(Blocker("python-side state", f"{b.sym.name} (its value only reaches Python)", fix=_PYTHON_SIDE,
+                                trace="forward", **_at(pos)))
     out = _flat_output(traces[-1])
     if out is not None and not _one_tensor(out):
         blockers.append(_loss_blocker_of_trace(loss_fn, out))
     if not backward:
-        blockers.append(Blocker("loss", "no backward trace", _definition_line(loss_fn),
-                                "the loss must depend on parameters that require grad, with grad mode on",
-                                trace="loss_fn"))
+        blockers.append(Blocker("loss", "no backward trace",
+                                fix="the loss must depend on parameters that require grad, with grad mode on",
+                                trace="loss_fn", **_definition_line(loss_fn)))
     return blockers, flags, len(forward_ops)
+
+
+_PYTHON_SIDE = ("thunder runs the loss function's Python once, when it traces; no later step runs it (a print, a list "
+                "append, a global or an `if` on the value keeps the first step's): return the loss and read "
+                "loss.item() after the step")
+
+
+def _python_only(trace: Any, *, cuda: bool) -> list[Any]:
+    """The host syncs of thunder's first trace (what the user's code called) whose value no op and no output uses:
+    a ``.item()`` that is printed, logged, kept in a list, tested by an ``if``."""
+    from thunder.core.pytree import tree_flatten
+
+    from .diagnosis.ops import classify_bsym
+
+    used = {p.name for b in trace.bound_symbols for p in b.flat_proxy_args}
+    used.update(getattr(p, "name", None) for p in tree_flatten(trace.output)[0])
+    found = []
+    for b in _ops(trace):
+        kind = classify_bsym(b, cuda_trace=cuda)
+        if kind is not None and kind[0] == "host-sync" and not any(p.name in used for p in b.flat_proxy_outs):
+            found.append(b)
+    return found
 
 
 def _flat_output(trace: Any) -> Any:
@@ -594,16 +633,17 @@ def _loss_blocker_of_trace(loss_fn: Any, flat: tuple) -> Blocker:
 
     kinds = ", ".join("tensor" if isinstance(p, TensorProxy) else type(p).__name__.replace("Proxy", "").lower()
                       for p in flat)
-    return Blocker("loss", f"loss_fn returns ({kinds})", _definition_line(loss_fn),
-                   "return the loss alone, one tensor of one element; read other values after the step",
-                   trace="loss_fn")
+    return Blocker("loss", f"loss_fn returns ({kinds})",
+                   fix="return the loss alone, one tensor of one element; read other values after the step",
+                   trace="loss_fn", **_definition_line(loss_fn))
 
 
-def _where_from_traceback(e: BaseException) -> str | None:
-    from .diagnose import user_frame, where_text
+def _where_from_traceback(e: BaseException) -> dict[str, Any]:
+    """`_at` the deepest line of the user's own code in ``e``'s traceback."""
+    from .diagnosis.failures import user_frame
 
     frame = user_frame(e.__traceback__)
-    return where_text(frame) if frame else None
+    return _at((frame.filename, frame.line)) if frame else _at(None)
 
 
 def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *batch: Any,
@@ -611,7 +651,7 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
     """How much of one training iteration one CUDA graph holds, and what stops the rest (nothing runs).
 
     Builds thunder's forward and backward traces of ``loss_fn`` for ``batch`` (the first micro-batch with
-    ``accumulate``) and reads them with the rules of `thunder_nb.ops` (host syncs, device transfers, host
+    ``accumulate``) and reads them with the rules of `thunder_nb.diagnosis.ops` (host syncs, device transfers, host
     memory, capture-dependent attention), plus the optimizer's step and the loss's form. Each blocker carries the
     user's line and the fix.
     """
@@ -625,11 +665,19 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
     try:
         internals.build_traces(jfn, *first)
     except Exception as e:
-        from .diagnose import error_line, known_limit
+        from .diagnosis.failures import error_line, known_limit, untraceable
 
-        limit = known_limit(e)
-        fix = f"{limit[0]}: {limit[1]}" if limit else "see the error; jit_step(..., capture=False) trains uncaptured"
-        blocker = Blocker("thunder", error_line(e)[:200], _where_from_traceback(e), fix, trace="forward")
+        limit, op, known = known_limit(e), untraceable(e), internals.untraceable_op(e)
+        kind = "thunder"
+        if op is not None:  # NOTE: an op thunder cannot trace: nonzero, a boolean mask (a data-dependent shape), ...
+            what, fix = op[0], f"{op[1]}: keep it outside the loss function (thunder compiles all of it)"
+            if known is not None and known[1] in ("data-dependent-shape", "boolean-mask"):
+                kind = "dynamic shape"
+        else:
+            what = error_line(e)[:200]
+            fix = (f"{limit[0]}: {limit[1]}" if limit
+                   else "see the error; jit_step(..., capture=False) trains uncaptured")
+        blocker = Blocker(kind, what, fix=fix, trace="forward", **_where_from_traceback(e))
         return Capturability(name, 1, 0, (blocker,), desc, tuple(notes))
     blockers, flags, _ = trace_blockers(jfn, loss_fn, cuda=device.type == "cuda")
     flags.append(opt_blocker is not None)
@@ -639,9 +687,198 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
     for blocked in flags:
         run = 0 if blocked else run + 1
         longest = max(longest, run)
-    if blockers and not any(flags):  # NOTE: a loss of the wrong form blocks the whole step, not one op
+    if any(b.kind == "loss" for b in blockers) and not any(flags):  # NOTE: a loss of the wrong form blocks it all
         longest = 0
     return Capturability(name, len(flags), longest, tuple(blockers), desc, tuple(notes))
+
+
+
+# --- the whole step against eager PyTorch -----------------------------------------------------------
+
+
+def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *batch: Any,
+                 replays: int = 2, warmup: int = 3, repeats: int = 20, rounds: int = 3, capture: bool | str = "auto",
+                 executors: Sequence[Any] = (), execute: bool = True,
+                 progress: Callable[[str], None] | None = None) -> StepComparison:
+    """Diagnose one training iteration, and when nothing stops it, run it as `jit_step` against eager PyTorch.
+
+    First `capturability` (nothing runs). When it finds no blocker, eager PyTorch (``zero_grad``, ``loss_fn(*batch)``,
+    ``backward``, ``optimizer.step()``) and `jit_step` each take ``warmup + 1 + replays`` steps on ``batch`` from the
+    same state (parameters, buffers, optimizer state, torch's random state): ``warmup`` uncaptured steps, the
+    recording, then replays. Their losses at every step and the parameters after the last are compared. On a GPU,
+    ``rounds`` rounds of ``repeats`` consecutive steps of each are then timed (median round); the CPU stand-in
+    (``capture="emulated"``, what ``"auto"`` picks without CUDA) is not timed.
+
+    The model and the optimizer are the caller's own objects, trained here and put back: on return (or an
+    exception) their parameters, buffers, optimizer state and hyperparameters, every ``.grad`` and torch's random
+    state are what they were at the call.
+
+    Args:
+        model, loss_fn, optimizer: as `jit_step` takes them.
+        batch: one batch, ``loss_fn(*batch) -> loss``; every step reuses it.
+        capture: ``"auto"``, ``True`` (CUDA required) or ``"emulated"``, as `jit_step` takes it.
+        execute: False: the report only.
+        progress: called with a short text before each stage.
+
+    Raises:
+        ValueError: ``capture`` asks for what this model cannot do (``True`` with the model on the CPU, ``False``).
+        Exception: what eager PyTorch raises in ``loss_fn``, also when thunder fails to trace it because the
+            user's code fails (the state is put back first).
+    """
+    say = progress or (lambda _: None)
+    if capture is False:
+        raise ValueError("compare_step runs the step captured: capture must be 'auto', True or 'emulated'")
+    params = _tensors_trained(model, optimizer)
+    device = params[0].device if params else torch.device("cpu")
+    mode = _capture_mode(capture, device)
+    device_text = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    say(f"tracing {name} with thunder and reading what stops one graph…")
+    report = capturability(model, loss_fn, optimizer, *batch, executors=executors)
+    if any(b.kind == "thunder" for b in report.blockers):
+        _eager_forward(model, loss_fn, optimizer, batch)  # NOTE: a step that fails in eager too is the user's to fix
+    if report.blockers or not execute:
+        return StepComparison(report, device_text, "none", 0)
+    rtol, atol = _tolerance(params)
+    n = warmup + 1 + replays
+    saved = _Saved(model, optimizer, params)
+    step = None
+    try:
+        say(f"running {n} steps of eager PyTorch…")
+        eager_losses = [float(_eager_step(loss_fn, optimizer, batch)) for _ in range(n)]
+        eager_params = [p.detach().clone() for p in params]
+        saved.restore()
+        say(f"running {n} steps of the whole step ({warmup} uncaptured, the recording, {replays} replays)…")
+        step = jit_step(model, loss_fn, optimizer, capture=capture, warmup=warmup, executors=executors)
+        notes = []
+        try:
+            whole_losses = [float(step(*batch)) for _ in range(n)]
+        except StepRefused as e:
+            return StepComparison(report, device_text, mode, n, graphs=step.graphs_recorded, error=str(e),
+                                  notes=(_PUT_BACK,))
+        loss_ok, loss_error = _close(torch.tensor(whole_losses, dtype=torch.float64),
+                                     torch.tensor(eager_losses, dtype=torch.float64), rtol, atol)
+        param_ok, param_error = True, 0.0
+        for p, ref in zip(params, eager_params):
+            ok, err = _close(p.detach(), ref, rtol, atol)
+            param_ok, param_error = param_ok and ok, max(param_error, err)
+        notes.extend(f"in the run: {note}" for note in step.notes)
+        timings: list[tuple[str, float]] = []
+        if mode == "cuda" and repeats > 0:
+            say(f"timing {rounds} rounds of {repeats} consecutive steps: the whole step…")
+            timings.append(("eager", 0.0))
+            timings.append(("whole step", _time_steps(lambda: step(*batch), repeats, rounds, device)))
+            saved.restore()
+            say(f"timing {rounds} rounds of {repeats} consecutive steps: eager PyTorch…")
+            for _ in range(2):
+                _eager_step(loss_fn, optimizer, batch)
+            timings[0] = ("eager", _time_steps(lambda: _eager_step(loss_fn, optimizer, batch), repeats, rounds, device))
+        return StepComparison(report, device_text, mode, n, (tuple(eager_losses), tuple(whole_losses)), len(params),
+                              loss_error, param_error, (rtol, atol), loss_ok and param_ok, step.graphs_recorded,
+                              tuple(timings), repeats if timings else 0, notes=(*notes, _PUT_BACK))
+    finally:
+        del step  # NOTE: the graph and its memory go before the state is put back
+        saved.restore()
+
+
+_PUT_BACK = ("your model and optimizer are as they were: this run trained them, then put back their parameters, "
+             "buffers, optimizer state and hyperparameters, .grad and torch's random state")
+
+
+class _Saved:
+    """The state `compare_step` trains and puts back: parameters and buffers (in place), the optimizer's state dict,
+    each ``.grad``, torch's random state."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]):
+        import copy
+
+        self._model, self._optimizer, self._params = model, optimizer, params
+        self._tensors = [(t, t.detach().clone()) for t in (*params, *model.buffers())]
+        self._grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        self._opt = copy.deepcopy(optimizer.state_dict())
+        self._cpu_rng = torch.get_rng_state()
+        self._cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        import copy
+
+        with torch.no_grad():
+            for t, value in self._tensors:
+                t.copy_(value)
+        for p, g in zip(self._params, self._grads):
+            p.grad = None if g is None else g.clone()
+        # NOTE: a copy each time: load_state_dict keeps the tensors it is given, and the next steps update them in place
+        self._optimizer.load_state_dict(copy.deepcopy(self._opt))
+        torch.set_rng_state(self._cpu_rng)
+        if self._cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self._cuda_rng)
+
+
+def _tensors_trained(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The model's parameters that require grad, then any other tensor the optimizer updates (each once)."""
+    seen: dict[int, torch.Tensor] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            seen.setdefault(id(p), p)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _tolerance(params: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """(rtol, atol): the zoo's tolerances for a logged loss (float32), wider for 16-bit parameters."""
+    if any(p.dtype in (torch.float16, torch.bfloat16) for p in params):
+        return 2e-2, 2e-2
+    return 1e-4, 1e-4
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:
+    """(whether ``got`` equals ``ref`` within the tolerance, the largest absolute difference)."""
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    if got.shape != ref.shape:
+        return False, float("inf")
+    if not got.numel():
+        return True, 0.0
+    diff = (got - ref).abs()
+    ok = bool(torch.all(diff <= atol + rtol * ref.abs())) and not bool(torch.isnan(got).any() ^ torch.isnan(ref).any())
+    return ok, float(diff.nan_to_num(nan=0.0).max())
+
+
+def _eager_forward(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,
+                   batch: Sequence[Any]) -> None:
+    """Call ``loss_fn(*batch)`` once in eager PyTorch, state put back after; what it raises, raised."""
+    saved = _Saved(model, optimizer, _tensors_trained(model, optimizer))
+    try:
+        with torch.no_grad():
+            loss_fn(*batch)
+    finally:
+        saved.restore()
+
+
+def _eager_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, batch: Sequence[Any]) -> torch.Tensor:
+    """One step of eager PyTorch, as the user writes it; the loss, detached (no host sync)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(*batch)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _time_steps(run: Callable[[], Any], repeats: int, rounds: int, device: torch.device) -> float:
+    """Milliseconds per step: the median of ``rounds`` rounds of ``repeats`` consecutive calls (no sync inside)."""
+    import statistics
+    import time
+
+    per_round = []
+    for _ in range(rounds):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        torch.cuda.synchronize(device)
+        per_round.append((time.perf_counter() - start) / repeats * 1e3)
+    return statistics.median(per_round)
 
 
 def _split(batch: Sequence[Any], k: int) -> list[list[Any]]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-__all__ = ["Blocker", "Capturability", "BLOCKER_KINDS"]
+__all__ = ["Blocker", "Capturability", "StepComparison", "BLOCKER_KINDS"]
 
 #: `Blocker.kind`, in the order a report lists them.
-BLOCKER_KINDS = ("thunder", "host sync", "device transfer", "cpu op", "host data", "capture-dependent", "optimizer",
-                 "loss", "capture")
+BLOCKER_KINDS = ("thunder", "dynamic shape", "host sync", "device transfer", "cpu op", "host data", "capture-dependent",
+                 "python-side state", "optimizer", "loss", "capture")
 
 
 _PLACES = {"forward": "thunder's forward trace", "backward": "thunder's backward trace",
@@ -34,6 +34,8 @@ class Blocker:
     where: str | None  # the user's line: "train.py:12: `return loss, loss.item()`"; None where no line is known
     fix: str
     trace: str = "forward"  # "forward", "backward", "optimizer", "loss_fn"
+    filename: str | None = None  # the file (or notebook cell) of ``where``, for a caller that words it its own way
+    line: int | None = None
 
     @property
     def place(self) -> str:
@@ -71,10 +73,20 @@ class Capturability:
         """Whether `jit_step` records the whole iteration as one graph."""
         return not self.blockers
 
+    @property
+    def traced(self) -> bool:
+        """Whether thunder traced the step (without a trace nothing is known of its ops)."""
+        return not any(b.kind in ("thunder", "dynamic shape") for b in self.blockers)
+
+    def share_text(self) -> str:
+        """``100% of the iteration in one graph (41 of 41 ops; optimizer: ...)``."""
+        count = f"{self.in_graph} of {self.ops} ops" if self.traced else "thunder cannot trace it"
+        share = _percent(self.in_graph, self.ops)
+        return f"{share} of the iteration in one graph ({count}; optimizer: {self.optimizer})"
+
     def to_text(self) -> str:
         """The report as plain text: the figure, then each blocker with its line and fix."""
-        head = (f"{self.function}: {_percent(self.in_graph, self.ops)} of the iteration in one graph "
-                f"({self.in_graph} of {self.ops} ops; optimizer: {self.optimizer})")
+        head = f"{self.function}: {self.share_text()}"
         lines = [head]
         if self.whole_step:
             lines.append("  whole step: forward, loss, backward and optimizer step record as one CUDA graph")
@@ -97,8 +109,7 @@ class Capturability:
         colour = "#1a7f37" if self.whole_step else "#cf222e"
         parts = [f'<div class="thunder-nb-capturability"><b>{e(self.function)}</b>: '
                  f'<span style="color:{colour}"><b>{_percent(self.in_graph, self.ops)}</b> of the iteration in one '
-                 f"graph</span> "
-                 f"({self.in_graph} of {self.ops} ops; optimizer: {e(self.optimizer)})"]
+                 f"graph</span> {e(self.share_text().partition(' graph ')[2])}"]
         if self.blockers:
             parts.append("<table><tr><th>what stops it</th><th>op</th><th>where</th><th>fix</th></tr>")
             for b in self.blockers:
@@ -112,3 +123,119 @@ class Capturability:
             parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>")
         parts.append("</div>")
         return "".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class StepComparison:
+    """The whole step against eager PyTorch (`thunder_nb.step.compare_step`): the report, the check and the timings.
+
+    ``losses`` holds eager's loss at each checked step, then the whole step's (``None`` for a side that did not
+    run); ``max_loss_error`` and ``max_param_error`` are the largest absolute differences, over the steps' losses
+    and over the parameters after the last step. ``timings`` is milliseconds per step for ``"eager"`` and
+    ``"whole step"``, from ``repeats`` consecutive steps each (empty where nothing was timed).
+    """
+
+    report: Capturability
+    device: str  # "cpu", "cuda:0 (NVIDIA H200)"
+    capture: str  # "cuda": a real CUDA graph; "emulated": the CPU stand-in; "none": not run
+    steps: int  # steps checked against eager
+    losses: tuple[tuple[float, ...] | None, tuple[float, ...] | None] = (None, None)
+    params: int = 0  # parameter tensors compared after the last step
+    max_loss_error: float | None = None
+    max_param_error: float | None = None
+    tolerance: tuple[float, float] = (1e-4, 1e-5)  # (rtol, atol)
+    matches: bool | None = None  # None: not checked
+    graphs: int = 0  # CUDA graphs (or stand-in recordings) the whole step made
+    timings: tuple[tuple[str, float], ...] = ()  # (configuration, ms per step)
+    repeats: int = 0
+    error: str | None = None  # why the whole step did not run to the end
+    notes: tuple[str, ...] = ()
+
+    @property
+    def function(self) -> str:
+        return self.report.function
+
+    @property
+    def ran(self) -> bool:
+        """Whether the whole step ran and was checked against eager."""
+        return self.matches is not None
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager's time per step over the whole step's (None when not timed)."""
+        t = dict(self.timings)
+        return t["eager"] / t["whole step"] if "eager" in t and t.get("whole step") else None
+
+    def verdict(self) -> str:
+        """One line: the share in one graph, and how the run went."""
+        head = f"{self.function}: {_percent(self.report.in_graph, self.report.ops)} of the iteration in one graph"
+        return f"{head}; {self._outcome()}"
+
+    def _outcome(self) -> str:
+        r = self.report
+        if r.blockers:
+            n = len(r.blockers)
+            return f"not run: {n} blocker{'s' if n > 1 else ''} stop{'' if n > 1 else 's'} the whole step (above)"
+        if self.error is not None:
+            return f"the whole step failed: {self.error}"
+        if not self.ran:
+            return "not run (--no-run)"
+        what = f"over {self.steps} steps (losses, and {self.params} parameters after the last)"
+        check = f"matches eager {what}" if self.matches else f"DIFFERS from eager {what}"
+        if self.capture == "emulated":
+            return f"{check}; emulated on the CPU (no GPU): no CUDA graph recorded, not timed"
+        speed = self.speedup
+        return check + (f"; {speed:.2f}x eager's speed" if speed is not None else "")
+
+    def run_lines(self) -> list[tuple[str, str]]:
+        """The run as (label, text) rows: the outcome, device, capture, check, timings, graphs, notes."""
+        rows = [("whole step", self._outcome()), ("device", self.device)]
+        if not self.ran and self.error is None:
+            rows.extend(("note", n) for n in self.notes)
+            return rows
+        capture = {"cuda": "one CUDA graph per step, replayed",
+                   "emulated": "emulated on the CPU: no GPU, so no CUDA graph; each replay runs the recorded step "
+                               "eagerly and writes its results into the recording's memory, as a graph's replay does"}
+        rows.append(("capture", capture.get(self.capture, self.capture)))
+        if self.error is not None:
+            rows.append(("error", self.error))
+        if self.ran:
+            rtol, atol = self.tolerance
+            verdict = "matches eager" if self.matches else "DIFFERS from eager"
+            rows.append(("check", f"{verdict} (rtol {rtol:g}, atol {atol:g}): losses of {self.steps} steps, max abs "
+                                  f"diff {self.max_loss_error:.1e}; {self.params} parameters after the last step, max "
+                                  f"abs diff {self.max_param_error:.1e}"))
+            eager, whole = self.losses
+            if eager is not None and whole is not None:
+                rows.append(("losses, eager", ", ".join(f"{v:.6g}" for v in eager)))
+                rows.append(("losses, whole step", ", ".join(f"{v:.6g}" for v in whole)))
+        if self.timings:
+            t = ", ".join(f"{name} {ms:.3f} ms" for name, ms in self.timings)
+            speed = self.speedup
+            rows.append(("time per step", f"{t} ({self.repeats} consecutive steps each)"
+                                          + (f": {speed:.2f}x eager's speed" if speed is not None else "")))
+        elif self.ran:
+            rows.append(("time per step", "not timed: the CPU stand-in says nothing about a CUDA graph's speed"))
+        rows.append(("graphs recorded", str(self.graphs)))
+        rows.extend(("note", n) for n in self.notes)
+        return rows
+
+    def to_text(self) -> str:
+        """The capturability report, then the run, as plain text."""
+        rows = self.run_lines()
+        width = max(len(k) for k, _ in rows)
+        return "\n".join([self.report.to_text(), *(f"{k.ljust(width)}  {v}" for k, v in rows)])
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        return f"<StepComparison of {self.function}: {self._outcome()}>"
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        colour = "#1a7f37" if self.matches else ("#cf222e" if self.matches is False or self.error else "#9a6700")
+        rows = "".join(f"<tr><th style='text-align:left'>{e(k)}</th><td style='text-align:left'>{e(v)}</td></tr>"
+                       for k, v in self.run_lines())
+        return (f'<div class="thunder-nb-step">{self.report._repr_html_()}'
+                f'<p style="color:{colour}"><b>whole step: {e(self._outcome())}</b></p><table>{rows}</table></div>')
