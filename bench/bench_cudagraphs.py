@@ -62,7 +62,7 @@ def _inductor_graphs() -> int | None:
 #: thunder-nb's recommended configuration for speed: inductor's fused kernels inside the fixed transform's regions
 FUSED = "thunder-nb Fixed + torchcompile"
 NO_COPY = "thunder-nb Fixed, copy_outputs=False"
-SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"  # NOTE: thunder's own module lookups: what thunder_nb.prologue saves
+SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"  # NOTE: thunder's own module lookups: what thunder_nb.cudagraph.prologue saves
 SPLIT_AUTOGRAD = "thunder-nb Fixed, split_autograd=True"  # NOTE: thunder.jit's two autograd Functions: what thunder_nb.jit's one saves
 COMPILED = 'torch.compile(mode="reduce-overhead")'
 
@@ -137,7 +137,7 @@ def configs(fn):
 
 
 def _same(a, b) -> bool:
-    from thunder_nb.values import compare_values
+    from thunder_nb.notebook.values import compare_values
 
     # NOTE: looser than assert_close's float32 defaults: graphs, fusions and eager may order sums differently
     return compare_values(a, b, rtol=1e-4, atol=1e-5).matches
@@ -184,7 +184,7 @@ def measure(program: str, fn, make_inputs, calls: int, cfg: str, factory) -> Row
         row.peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
         row.graphs = graphs()
     except Exception as e:  # a failing configuration is a finding, not a crash
-        from thunder_nb.diagnose import error_line
+        from thunder_nb.diagnosis.failures import error_line
 
         row.note = f"fails: {error_line(e)[:120]}"
         traceback.print_exc(limit=2, file=sys.stderr)

@@ -114,7 +114,8 @@ def _predicted_crash(model: zoo.ZooModel, protocol: str) -> str | None:
     return crash.rule if crash else None
 
 
-def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: str = "cuda") -> list[dict]:
+def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: str = "cuda",
+              configs: tuple[str, ...] = CONFIGS) -> list[dict]:
     model = zoo.MODELS[model_name]
     capture = True if device == "cuda" else "emulated"
 
@@ -124,7 +125,7 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
     reference = run("eager")
     out = []
     loops: dict[str, Loop] = {}
-    for config in CONFIGS:
+    for config in configs:
         if config.endswith("no-sdpa") and protocol != "decode":
             continue
         if device == "cpu" and config in ("fused", "reduce-overhead"):
@@ -158,6 +159,9 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
             loops[config] = loop
         except Exception as e:
             row["note"] = f"fails in the loop: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    for row in out:  # NOTE: progress on stderr, so that a run cut short by a time limit still says how far it got
+        print(f"  {model_name} {protocol} {row['config']}: equal to eager {row.get('matches', '-')}, first steps "
+              f"{row.get('first_s', 0):.1f} s {row['note']}", file=sys.stderr, flush=True)
     for _ in range(rounds):
         for row in out:
             loop = loops.get(row["config"])
@@ -226,6 +230,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rows", default="", help="model:protocol,... (default: every row of ROWS)")
+    parser.add_argument("--configs", default="", help="configuration,... (default: every one of CONFIGS; "
+                        "reduce-overhead is the ratios' reference)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: emulated capture, without inductor's configurations (checks the script, times "
@@ -238,7 +244,8 @@ def main() -> int:
             print(f"skipped {model}: needs {zoo.missing_package(zoo.MODELS[model])}", flush=True)
             continue
         started = time.perf_counter()
-        results[(model, protocol)] = bench_row(model, protocol, args.rounds, args.steps, args.device)
+        configs = tuple(c.strip() for c in args.configs.split(",")) if args.configs else CONFIGS
+        results[(model, protocol)] = bench_row(model, protocol, args.rounds, args.steps, args.device, configs)
         print(f"{model} {protocol}: {time.perf_counter() - started:.0f} s", flush=True)
         print(table({(model, protocol): results[(model, protocol)]}, args.rounds, args.steps), flush=True)
     text = table(results, args.rounds, args.steps)

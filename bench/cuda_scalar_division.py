@@ -5,7 +5,7 @@
 On the H200 with torch 2.11 (2026-11-30): ``x * float32(1.0 / d)`` (reciprocal in double precision,
 then rounded) matched eager for 300 of 300 divisors in float32, float16 and bfloat16, where
 ``x * (1.0f / float32(d))`` matched 228/300 in float32 and ``x / float32(d)`` 0/300. thunder-nb's
-scalar hand-off (`thunder_nb.scalars._reader_form`) uses the first form.
+scalar hand-off (`thunder_nb.cudagraph.scalars._reader_form`) uses the first form.
 """
 import torch
 

@@ -47,7 +47,7 @@ import thunder
 import torch
 from thunder.transforms.cudagraph import CUDAGraphRunner, CUDAGraphTransform
 
-from thunder_nb import internals
+from thunder_nb.cudagraph.executors import executor_list
 from thunder_nb.fix import ONE_AUTOGRAD_FUNCTION, FixedCUDAGraphTransform
 from thunder_nb.testing import EmulatedGraph, emulated_capture
 from thunder_nb.testing.models import model_case
@@ -145,7 +145,7 @@ def configs(emulated: bool):
     def fused():
         # NOTE: the executors `thunder_nb.jit(step, executors=["torchcompile"])` uses (bench_cudagraphs' row of this
         # name): thunder-nb's island-aware inductor executor, not thunder's own torch_compile_ex
-        return fixed({**ONE_AUTOGRAD_FUNCTION, "executors": internals.executors(["torchcompile"])})
+        return fixed({**ONE_AUTOGRAD_FUNCTION, "executors": executor_list(["torchcompile"])})
 
     def fixed_thunder_path():
         t, runner, _, options = fixed()

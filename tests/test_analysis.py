@@ -11,8 +11,8 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import programs
 import thunder_nb
-from thunder_nb.analysis import analyze_source, classify_op, estimate_kernels, parse_type
-from thunder_nb.model import TypeInfo
+from thunder_nb.diagnosis.analysis import analyze_source, classify_op, estimate_kernels, parse_type
+from thunder_nb.diagnosis.model import TypeInfo
 
 
 def jit_and_call(fn, *args, transform=None, **jit_kwargs):
@@ -320,13 +320,13 @@ def test_estimate_kernels_leaves_out_number_arithmetic_and_same_dtype_conversion
 
 @pytest.mark.slow
 def test_kernels_of_a_region_with_an_inductor_fusion():
-    from thunder_nb import internals
+    from thunder_nb.cudagraph.executors import executor_list
     from thunder_nb.fix import FixedCUDAGraphTransform
     from thunder_nb.testing.emulate import emulated_capture
 
     transform = FixedCUDAGraphTransform(capture=False)
     transform.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
-    jfn = thunder.jit(five_and_a_view, transforms=[transform], executors=internals.executors(["torchcompile"]))
+    jfn = thunder.jit(five_and_a_view, transforms=[transform], executors=executor_list(["torchcompile"]))
     with emulated_capture():
         x = programs.vec()
         torch.testing.assert_close(jfn(x), five_and_a_view(x))

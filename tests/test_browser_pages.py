@@ -1,6 +1,6 @@
 """Every notebook's exported page, as committed, in a real browser offline: diagrams with JavaScript off, the toggle with it on.
 
-The pages are exported from the stored outputs (`thunder_nb.export.export_html`, as ``python -m
+The pages are exported from the stored outputs (`thunder_nb.notebook.export.export_html`, as ``python -m
 thunder_nb notebooks`` does after a run), opened from ``file://`` with every other request refused,
 in Debian's Chromium driven by Playwright (never ``playwright install``). Screenshots of each page go
 to ``out/test-artifacts/`` (their paths are printed at the end).
@@ -17,7 +17,7 @@ import pytest
 
 import nbcheck
 from test_browser import ARTIFACTS, _missing, browser, open_offline, screenshots  # noqa: F401 (fixtures)
-from thunder_nb import export
+from thunder_nb.notebook import export
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

@@ -20,9 +20,9 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
 from thunder_nb import render
-from thunder_nb.comparison import TraceError
+from thunder_nb.notebook.comparison import TraceError
 from thunder_nb.fix import FixedCUDAGraphTransform
-from thunder_nb.ops import CAPTURE_DEPENDENT, CAPTURE_DEPENDENT_ATEN, capture_hazard
+from thunder_nb.diagnosis.ops import CAPTURE_DEPENDENT, CAPTURE_DEPENDENT_ATEN, capture_hazard
 from thunder_nb.testing.modes import stock_transform
 
 
@@ -255,9 +255,9 @@ def test_thunder_nb_jits_sdpa_executor_refuses_a_mask_broadcast_over_the_batch()
     from thunder.core.proxies import tensorproxy
     from thunder.core.trace import TraceCtx, tracectx
 
-    from thunder_nb import internals
+    from thunder_nb.cudagraph.executors import checked_sdpa
 
-    checker = internals.checked_sdpa().implmap[ltorch.scaled_dot_product_attention.id].checker
+    checker = checked_sdpa().implmap[ltorch.scaled_dot_product_attention.id].checker
     with FakeTensorMode():
         q, k, v = (torch.randn(2, 4, 1, 16, device="cuda") for _ in range(3))
         mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device="cuda")

@@ -1,4 +1,4 @@
-"""An ``.item()`` whose number is only returned runs in thunder's epilogue (`thunder_nb.defer`)."""
+"""An ``.item()`` whose number is only returned runs in thunder's epilogue (`thunder_nb.cudagraph.defer`)."""
 
 from __future__ import annotations
 

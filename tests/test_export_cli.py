@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from thunder_nb import export
+from thunder_nb.notebook import export
 
 STATE, VIEW = export.WIDGET_STATE, export.WIDGET_VIEW
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}

@@ -268,7 +268,7 @@ def test_two_forwards_before_one_backward(capture):
 def test_forwards_kept_before_their_backwards_get_an_instance_each_while_memory_allows(capture):
     """Issue #29 point 3: three forwards kept before their backwards all replay a graph (an instance each, bounded by
     the memory an instance costs, not by a count of 2), each instance says why it exists, and a byte budget
-    (``instance_memory``) that leaves no room for a second instance runs the held call without a graph, saying so.
+    (``instance_bytes``) that leaves no room for a second instance runs the held call without a graph, saying so.
     """
     device = "cuda" if capture is True else "cpu"
     g = torch.Generator().manual_seed(1)
@@ -294,12 +294,12 @@ def test_forwards_kept_before_their_backwards_get_an_instance_each_while_memory_
         assert causes == ["first call", "outputs of 1 instance still held for a backward",
                           "outputs of 2 instances still held for a backward"]
 
-        tight = make_transform(FixedCUDAGraphTransform, capture, instance_memory=1)  # bytes: no room for a second
+        tight = make_transform(FixedCUDAGraphTransform, capture, instance_bytes=1)  # no room for a second
         jfn = thunder.jit(loss_of, transforms=[tight])
         w = w0.clone().requires_grad_()
         jfn(xs[0], w).backward()
         w.grad = None
-        with pytest.warns(HeldOutputsWarning, match=r"no further instance: another would take .* beyond instance_memory=1"):
+        with pytest.warns(HeldOutputsWarning, match=r"no further instance: another would take .* beyond instance_bytes=1"):
             losses = [jfn(x, w) for x in xs]
         for loss in losses:
             loss.backward()
@@ -308,11 +308,13 @@ def test_forwards_kept_before_their_backwards_get_an_instance_each_while_memory_
         assert region.stats.instances == 1 and region.stats.held_calls == 2
 
 
-def test_instance_memory_is_a_fraction_or_bytes():
+def test_instance_memory_is_a_fraction_and_instance_bytes_a_count_of_bytes():
     with pytest.raises(ValueError, match="fraction of the free device memory"):
         FixedCUDAGraphTransform(instance_memory=1.5)
-    with pytest.raises(TypeError, match="a fraction .* or bytes"):
-        FixedCUDAGraphTransform(instance_memory="1GB")
+    with pytest.raises(ValueError, match="instance_bytes is a number of bytes"):
+        FixedCUDAGraphTransform(instance_bytes="1GB")
+    with pytest.raises(ValueError, match="instance_bytes is a number of bytes"):
+        FixedCUDAGraphTransform(instance_bytes=1.5)
 
 
 def _conv_bn_relu() -> torch.nn.Module:

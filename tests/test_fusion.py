@@ -9,7 +9,8 @@ import torch
 
 import thunder
 from thunder.core.proxies import NumberProxy
-from thunder_nb import internals, ops
+from thunder_nb.cudagraph.executors import executor_list
+from thunder_nb.diagnosis import ops
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing.emulate import emulated_capture
 from thunder_nb.testing.models import model_case
@@ -73,7 +74,7 @@ def test_thunder_nb_torchcompile_leaves_the_logged_item_out_so_the_forward_is_st
     captured; thunder-nb's ``torchcompile`` keeps the island out: a region, the island, 2 graphs in all.
     (``defer_items=False``: by default the logged item runs in thunder's epilogue, out of the forward.)"""
     with emulated_capture():
-        t, j = _compare_steps("cpu", capture=True, executors=internals.executors(["torchcompile"]), log_loss=True,
+        t, j = _compare_steps("cpu", capture=True, executors=executor_list(["torchcompile"]), log_loss=True,
                               defer_items=False)
     forward = thunder.last_traces(j)[-1]
     names = [b.sym.name for b in forward.bound_symbols]
@@ -94,7 +95,7 @@ def test_thunder_nb_torchcompile_keeps_an_islands_number_out_of_fusions_so_one_g
 
     t = FixedCUDAGraphTransform(capture=False)
     t.cuda_graph_runner.capture = True
-    j = thunder.jit(f, transforms=[t], executors=internals.executors(["torchcompile"]))
+    j = thunder.jit(f, transforms=[t], executors=executor_list(["torchcompile"]))
     with emulated_capture():
         for _ in range(4):
             x = torch.randn(64)

@@ -38,9 +38,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, assume, event, given, note, seed, settings
 
-from thunder_nb.model import ERROR_RULES, RULES
+from thunder_nb.diagnosis.model import ERROR_RULES, RULES
 from thunder_nb.testing import fuzz
-from thunder_nb.values import compare_values, first_difference
+from thunder_nb.notebook.values import compare_values, first_difference
 
 EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "120"))
 FIXED_SEED = 0
@@ -127,7 +127,7 @@ def test_every_error_rule_says_how_it_shows():
 
 
 def test_predict_sets_defects_against_failure_kinds():
-    from thunder_nb.model import Defect
+    from thunder_nb.diagnosis.model import Defect
 
     def defect(rule, trace="forward"):
         return Defect(rule, trace, None, "t1", 1, "", "")

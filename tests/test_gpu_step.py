@@ -13,7 +13,7 @@ import torch
 from thunder_nb.step import RecordAgainWarning, StepRefused, jit_step
 from thunder_nb.testing.models import model_case
 from thunder_nb.testing.zoo import MODELS, TOLERANCES
-from thunder_nb.values import compare_values
+from thunder_nb.notebook.values import compare_values
 
 pytestmark = pytest.mark.gpu
 

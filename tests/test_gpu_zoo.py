@@ -18,7 +18,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
 from thunder_nb.testing.zoo import MODELS, judge, missing_package, run_in_child, run_protocol
-from thunder_nb.values import compare_values
+from thunder_nb.notebook.values import compare_values
 
 pytestmark = pytest.mark.gpu
 

@@ -188,7 +188,7 @@ def test_handoff_can_be_turned_off():
 
 def test_a_number_left_in_the_graph_takes_a_bounded_number_of_graphs():
     """With the hand-off off, each new value of the island's number is a new graph; past max_values, none."""
-    from thunder_nb.runner import RecaptureWarning
+    from thunder_nb.cudagraph.runner import RecaptureWarning
     from thunder_nb.testing import emulated_capture
 
     xs = [programs.vec(64, seed_=i) for i in range(6)]

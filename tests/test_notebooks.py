@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 import nbcheck
-from thunder_nb import export
+from thunder_nb.notebook import export
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

@@ -24,7 +24,7 @@ def test_import_needs_neither_ipython_nor_a_gpu():
 
 def test_render_never_imports_thunder_and_analysis_never_imports_render():
     render = "".join(p.read_text() for p in (ROOT / "thunder_nb" / "render").glob("*.py"))
-    analysis = (ROOT / "thunder_nb" / "analysis.py").read_text()
+    analysis = (ROOT / "thunder_nb" / "diagnosis" / "analysis.py").read_text()
     assert "import thunder" not in render and "from thunder" not in render
     assert "render" not in "".join(l for l in analysis.splitlines() if "import" in l)
 

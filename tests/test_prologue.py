@@ -1,4 +1,4 @@
-"""The prologue's module lookups along their paths (`thunder_nb.prologue`): the same objects as ``Module.get_*``."""
+"""The prologue's module lookups along their paths (`thunder_nb.cudagraph.prologue`): the same objects as ``Module.get_*``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from thunder_nb.fix import FixedCUDAGraphTransform
-from thunder_nb.prologue import (
+from thunder_nb.cudagraph.prologue import (
     check_tensor,
     child,
     get_buffer,

@@ -1,4 +1,4 @@
-"""`thunder_nb.reach.bind`: each run gets its own copy of the modules and trainable tensors a function reaches."""
+"""`thunder_nb.notebook.reach.bind`: each run gets its own copy of the modules and trainable tensors a function reaches."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import functools
 import torch
 from torch import nn
 
-from thunder_nb.reach import bind, is_user_file
+from thunder_nb.diagnosis.failures import is_user_file
+from thunder_nb.notebook.reach import bind
 
 torch.manual_seed(0)
 MODEL = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 import torch
 
-from thunder_nb import export
+from thunder_nb.notebook import export
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -200,8 +200,8 @@ def test_public_names_are_the_function_and_the_class(tmp_path):
         with capture_output():
             ip.run_cell_magic("thunder_cudagraph", "--repeats 1 f(torch.randn(4))", "import torch\\ndef f(x):\\n    return x.cos()\\n")
         assert callable(thunder_nb.compare) and isinstance(thunder_nb.compare(ip.user_ns["f"], (torch.randn(4),), repeats=1), thunder_nb.Comparison)
-        import thunder_nb.comparison
-        assert thunder_nb.compare is thunder_nb.comparison.compare
+        import thunder_nb.notebook.comparison
+        assert thunder_nb.compare is thunder_nb.notebook.comparison.compare
         print("ok")
         """
     )
@@ -223,7 +223,7 @@ def test_every_relative_link_leads_to_a_file_in_the_repository(page):
 
 def test_the_checker_rule_table_lists_every_rule_with_its_severity():
     """CONTRIBUTING.md's table of checker rules (the README links to it) against the model's rules and severities."""
-    from thunder_nb.model import RULES, Defect
+    from thunder_nb.diagnosis.model import RULES, Defect
 
     text = CONTRIBUTING.read_text(encoding="utf-8")
     table = text[text.index("## Checker rules"):]

@@ -14,8 +14,9 @@ from typing import Any
 import graphviz
 import pytest
 
-from thunder_nb import analysis, render
-from thunder_nb.model import (
+from thunder_nb.diagnosis import analysis
+from thunder_nb import render
+from thunder_nb.diagnosis.model import (
     Defect, GraphRecord, Island, Op, Region, RegionPlan, RegionStats, Report, ScalarHandoff, Site, SourceLine,
     TraceReport, TypeInfo, Value,
 )
@@ -727,13 +728,13 @@ def fused(thunder_mod) -> Report:
         y = torch.cos(torch.sin(x) * 2.0).reshape(-1)
         return torch.tanh(y * s + 1.0)
 
-    from thunder_nb import internals
+    from thunder_nb.cudagraph.executors import executor_list
     from thunder_nb.fix import FixedCUDAGraphTransform
     from thunder_nb.testing.emulate import emulated_capture
 
     transform = FixedCUDAGraphTransform(capture=False)
     transform.cuda_graph_runner.capture = True  # NOTE: emulated_capture takes the capture path on the CPU
-    jfn = thunder.jit(hand_off_then_fuse, transforms=[transform], executors=internals.executors(["torchcompile"]))
+    jfn = thunder.jit(hand_off_then_fuse, transforms=[transform], executors=executor_list(["torchcompile"]))
     g = torch.Generator().manual_seed(0)
     with emulated_capture():
         for _ in range(3):

@@ -18,8 +18,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import programs
-from thunder_nb import analysis, render
-from thunder_nb.model import Report
+from thunder_nb.diagnosis import analysis
+from thunder_nb import render
+from thunder_nb.diagnosis.model import Report
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
 SVG = "{http://www.w3.org/2000/svg}"

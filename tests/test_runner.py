@@ -13,7 +13,8 @@ from thunder.transforms.cudagraph import to_arg_descriptor
 import thunder_nb
 from thunder_nb import internals
 from thunder_nb.fix import FixedCUDAGraphTransform
-from thunder_nb.runner import ThunderNBRunner, _descriptor
+from thunder_nb.cudagraph.keys import _descriptor
+from thunder_nb.cudagraph.runner import ThunderNBRunner
 from thunder_nb.testing import emulated_capture
 from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
@@ -290,7 +291,7 @@ def test_two_forwards_before_each_backward_replay_two_instances_round_after_roun
     t = emulated()
     jfn = thunder.jit(mlp, transforms=[t])
     with emulated_capture(), warnings.catch_warnings():
-        warnings.simplefilter("error", thunder_nb.runner.HeldOutputsWarning)
+        warnings.simplefilter("error", thunder_nb.cudagraph.runner.HeldOutputsWarning)
         for _ in range(4):
             (jfn(x, w1, w2) + jfn(x * 2, w1, w2)).backward()
             instances = [inst for v in t.cuda_graph_runner.cuda_graph_cache.values() for inst in v]
@@ -395,7 +396,7 @@ def test_a_region_whose_proof_keeps_failing_on_the_same_key_stops_proving_it():
 def test_every_proof_a_training_run_relies_on_is_the_key_key_makes(model, monkeypatch):
     """Each call whose key was proved (`_KeyAgain`) is keyed by `_key` as well: the two must agree, on real models'
     steps, with the batch size changing, two forwards before their backwards, and a weight transposed in place."""
-    from thunder_nb.runner import _KeyAgain
+    from thunder_nb.cudagraph.keys import _KeyAgain
 
     proved = []
     holds = _KeyAgain.holds

@@ -4,7 +4,7 @@ Each program reads a number from ``.item()`` and computes with it; the fixed tra
 number over as a 0-d device tensor (no graph per value). The reference is plain ``thunder.jit``: the
 same torch calls with the Python number (eager PyTorch may differ from both: ``s / x`` is
 ``x.reciprocal() * s`` there). On the CPU regions run as plain Python (the CPU kernels); on the GPU
-they run captured (the CUDA kernels, whose scalar paths differ: see `thunder_nb.scalars._reader_form`).
+they run captured (the CUDA kernels, whose scalar paths differ: see `thunder_nb.cudagraph.scalars._reader_form`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import Defect, Island, Region, Report, Site, TraceReport, Value
+from . import render  # NOTE: a Report shows itself through it (`diagnosis.model.VIEWS`); it never imports thunder
+from .diagnosis.model import Defect, Island, Region, Report, Site, TraceReport, Value
 
 __all__ = [
     "Defect",
@@ -32,15 +33,15 @@ __version__ = "0.1.0"
 
 
 def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
-    """Build the `Report` of a ``thunder.jit`` function after a call (see `thunder_nb.analysis.analyze`)."""
-    from .analysis import analyze as _analyze
+    """Build the `Report` of a ``thunder.jit`` function after a call (see `thunder_nb.diagnosis.analysis.analyze`)."""
+    from .diagnosis.analysis import analyze as _analyze
 
     return _analyze(jfn, error=error)
 
 
 def analyze_trace(trace: Any) -> Report:
     """Build the `Report` of one thunder trace (its only trace is ``report.forward``, whatever its kind)."""
-    from .analysis import analyze_trace as _analyze_trace
+    from .diagnosis.analysis import analyze_trace as _analyze_trace
 
     tr = _analyze_trace(trace)
     labels = {getattr(b.sym.executor, "label", None) for b in trace.bound_symbols if getattr(b.sym, "is_fusion", False)}
@@ -51,7 +52,7 @@ def analyze_trace(trace: Any) -> Report:
 
 def check(x: Any) -> list[Defect]:
     """Find defects in a `Report`, a thunder trace, or generated source text."""
-    from .analysis import check as _check
+    from .diagnosis.analysis import check as _check
 
     return _check(x)
 
@@ -67,7 +68,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(step, name)
     if name in ("compare", "Comparison"):
-        from . import comparison
+        from .notebook import comparison
 
         return getattr(comparison, name)
     raise AttributeError(f"module 'thunder_nb' has no attribute {name!r}")

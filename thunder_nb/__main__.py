@@ -1,4 +1,4 @@
-"""``python -m thunder_nb``: run notebooks in a real kernel and export them as standalone pages (the work is `thunder_nb.export`).
+"""``python -m thunder_nb``: run notebooks in a real kernel and export them as standalone pages (the work is `thunder_nb.notebook.export`).
 
     python -m thunder_nb example [--out DIR]                 notebook 01: executed .ipynb + standalone .html
     python -m thunder_nb notebooks [--out DIR | --in-place]  all notebooks; exit 1 if a cell raised
@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(path: Path, timeout: int):
-    from . import export
+    from .notebook import export
 
     print(f"thunder-nb: running {path.name} ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def _run(path: Path, timeout: int):
 
 
 def _export(nb, dest: Path) -> Path:
-    from . import export
+    from .notebook import export
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", export.OfflineWidgetWarning)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"thunder-nb: {e.name} is missing: install the test extra (pip install -e '.[test]')", file=sys.stderr)
         return 2
-    from . import export
+    from .notebook import export
 
     if args.command == "export":
         return _export_one(args)
@@ -143,7 +143,7 @@ def _export_one(args: argparse.Namespace) -> int:
     """``export NOTEBOOK.ipynb``: run it (unless --no-execute) and write its standalone page."""
     import nbformat
 
-    from . import export
+    from .notebook import export
 
     path: Path = args.notebook
     if not path.is_file():

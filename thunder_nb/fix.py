@@ -18,13 +18,21 @@ from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
 from . import internals
-from .defer import defer_returned_items
-from .model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
-from .ops import IN_PLACE_NAMES, classify_bsym
-from .passes import has_in_place, in_place_plan, is_cuda_trace, region_del_pass, returned_names, strip_top_level_dels
-from .prologue import fast_module_lookups
-from .runner import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning, ThunderNBRunner
-from .scalars import handoff_numbers
+from .cudagraph.defer import defer_returned_items
+from .cudagraph.executors import checked_sdpa, executor_list
+from .cudagraph.passes import (
+    has_in_place,
+    in_place_plan,
+    is_cuda_trace,
+    region_del_pass,
+    returned_names,
+    strip_top_level_dels,
+)
+from .cudagraph.prologue import fast_module_lookups
+from .cudagraph.runner import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning, ThunderNBRunner
+from .cudagraph.scalars import handoff_numbers
+from .diagnosis.model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
+from .diagnosis.ops import classify_bsym
 
 __all__ = [
     "FixedCUDAGraphTransform",
@@ -61,7 +69,7 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
             kernels inside the regions, compiled at the first call; ``"torchcompile_cat"``; ``"nvfuser"``) or
             thunder executors; ``"no-sdpa"`` leaves thunder's sdpa executor out of the defaults. Among the
             defaults, thunder's sdpa executor refuses what its kernels cannot run (a KV cache's mask broadcast over
-            the batch), which then runs as torch's attention (`internals.checked_sdpa`).
+            the batch), which then runs as torch's attention (`thunder_nb.cudagraph.executors.checked_sdpa`).
         split_autograd: connect to autograd as ``thunder.jit`` does by default (two Functions per call; see
             `ONE_AUTOGRAD_FUNCTION`). With the single Function, the gradients flowing into the backward call stay
             alive until it returns, as with any ``torch.autograd.Function``.
@@ -72,12 +80,12 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     """
     import thunder
 
-    given = [e for e in executors if not isinstance(e, str)]
-    # NOTE: the whole list: thunder's defaults (its sdpa executor with a checker that refuses what it cannot run,
-    # `internals.checked_sdpa`), less those left out, after the named and given ones
-    named = internals.executors([e for e in executors if isinstance(e, str)], checked=True)
+    # NOTE: the whole list: thunder's defaults, less those left out, after the named and given ones; thunder's sdpa
+    # executor, given or default, is the one with a checker that refuses what it cannot run (`checked_sdpa`)
+    given = [checked_sdpa() if getattr(e, "name", None) == "sdpa" else e for e in executors if not isinstance(e, str)]
+    named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
-    options["executors"] = given + [e for e in named if e not in given]
+    options["executors"] = list(dict.fromkeys(given + [e for e in named if e not in given]))
     return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
 
 
@@ -102,8 +110,8 @@ class _BaseTransform(CUDAGraphTransform):
     safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
 
     def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, share_mem_pool: bool = False,
-                 max_instances: int = 16, instance_memory: float | int = 0.25, max_addresses: int = 32,
-                 max_values: int = 8, lend_gradients: bool = False):
+                 max_instances: int = 16, instance_memory: float = 0.25, instance_bytes: int | None = None,
+                 max_addresses: int = 32, max_values: int = 8, lend_gradients: bool = False):
         super().__init__(share_mem_pool=False)
         internals.check_versions()
         self.capture = _check_capture(capture)
@@ -111,6 +119,7 @@ class _BaseTransform(CUDAGraphTransform):
         self.lend_gradients = lend_gradients
         self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, share_mem_pool=share_mem_pool,
                                                  max_instances=max_instances, instance_memory=instance_memory,
+                                                 instance_bytes=instance_bytes,
                                                  max_addresses=max_addresses, max_values=max_values)
         self.hand_outs: dict[str, HandOutPlan] = {}  # "forward" / "backward" -> the plan of the latest such trace
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
@@ -359,25 +368,26 @@ class FixedCUDAGraphTransform(_BaseTransform):
         capture: ``"auto"`` (default: capture on CUDA, otherwise run regions eagerly with one
             `EagerFallbackWarning`), True (always capture; error without CUDA), False (always eager).
         scalar_handoff: hand the Python numbers regions read to them as 0-d device tensors, computed
-            bit for bit as PyTorch would (default True; see `thunder_nb.scalars`).
+            bit for bit as PyTorch would (default True; see `thunder_nb.cudagraph.scalars`).
         copy_outputs: copy returned tensors that lie in graph memory out of it (default True).
             False returns them as they are: the next call then overwrites them, as with thunder's transform.
         share_mem_pool: as thunder's transform.
         max_instances: graph instances a region may have for tensors it handed out that are still held (saved
             for a backward, lent gradients): at most 16 by default, and fewer where memory runs short (below).
-        instance_memory: what a further instance may cost, as a fraction of the device's free memory (default
-            0.25), or as bytes for all of a region's instances (an int). Past either bound a call whose
-            instances are all held runs without a graph (`HeldOutputsWarning`, saying which bound).
+        instance_memory: the fraction of the device's free memory a further instance may take (default 0.25);
+            the first instance is always recorded.
+        instance_bytes: a cap in bytes on a region's further instances together (default None: no cap). Past a
+            bound, a call whose instances are all held runs without a graph (`HeldOutputsWarning`, naming it).
         max_addresses: addresses one static input may take (one per layer is normal) before it is copied.
         max_values: values of a Python number a region still bakes in (no exact hand-off, not from an
             island) before the region runs without a graph (default 8; `RecaptureWarning`).
         defer_items: run an ``.item()`` whose number is only returned (``return loss, loss.item()``) in
             thunder's epilogue, after the outputs are connected to autograd, instead of in the forward:
             the host then waits for the forward graph later, having done that work meanwhile (default
-            True; see `thunder_nb.defer`).
+            True; see `thunder_nb.cudagraph.defer`).
         fast_prologue: find the submodules, parameters and buffers thunder's prologue looks up on every
             call along their paths' dicts instead of through ``Module.get_parameter`` and its kin, with
-            the same results (default True; see `thunder_nb.prologue`).
+            the same results (default True; see `thunder_nb.cudagraph.prologue`).
         lend_gradients: hand the gradients a backward's graph wrote to autograd where they lie, guarded,
             instead of copying them out (default True): autograd makes them the parameters' ``.grad``, and
             while any is still referenced (``.grad`` not reset, gradient accumulation, a name) the next
@@ -394,7 +404,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
         copy_outputs: bool = True,
         share_mem_pool: bool = False,
         max_instances: int = 16,
-        instance_memory: float | int = 0.25,
+        instance_memory: float = 0.25,
+        instance_bytes: int | None = None,
         max_addresses: int = 32,
         max_values: int = 8,
         defer_items: bool = True,
@@ -402,7 +413,8 @@ class FixedCUDAGraphTransform(_BaseTransform):
         lend_gradients: bool = True,
     ):
         super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool,
-                         max_instances=max_instances, instance_memory=instance_memory, max_addresses=max_addresses,
+                         max_instances=max_instances, instance_memory=instance_memory, instance_bytes=instance_bytes,
+                         max_addresses=max_addresses,
                          max_values=max_values,
                          lend_gradients=lend_gradients)
         self.scalar_handoff = scalar_handoff
@@ -410,7 +422,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
         self.fast_prologue = fast_prologue
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
-        """As the base transform; then make the prologue's module lookups path walks (`thunder_nb.prologue`), and
+        """As the base transform; then make the prologue's module lookups path walks (`thunder_nb.cudagraph.prologue`), and
         move each ``.item()`` whose number is only returned into the epilogue."""
         prologue_trace, computation_trace, epilogue_trace = super().transform_traces_pre_prologue(
             prologue_trace, computation_trace, epilogue_trace, **kwargs)

@@ -6,7 +6,7 @@ import html
 import re
 from collections.abc import Sequence
 
-from ..model import LAUNCH_HOST_US, Defect, FusedGroup, Region, Report, TraceReport, Value
+from ..diagnosis.model import LAUNCH_HOST_US, Defect, FusedGroup, Region, Report, TraceReport, Value
 
 __all__ = [
     "STATE",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import graphviz
 
-from ..model import ISLAND_REASONS, RULES, Defect, FusedGroup, Op, Outside, Region, Site, TraceReport, Value
+from ..diagnosis.model import ISLAND_REASONS, RULES, Defect, FusedGroup, Op, Outside, Region, Site, TraceReport, Value
 from .common import (
     DEFECT_COLOR, FUSION_FILL, HANDOFF_COLOR, ISLAND_FILL, SCALAR_COLOR, STATE_FILL, WRONG_COLOR, fused_line,
     count_phrases, has_region, severity_counts, kernels, plural, state, type_label, values,

@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-from ..model import Report, TraceReport
+from ..diagnosis.model import Report, TraceReport
 from .backend import svg, svg_size
 from .common import WRONG_COLOR, esc, launch_line, plural, severity_counts, verdict
 from .dot import region_diagram

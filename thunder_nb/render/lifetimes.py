@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import Outside, Site, TraceReport, Value
+from ..diagnosis.model import Outside, Site, TraceReport, Value
 from .common import DEFECT_COLOR, ISLAND_FILL, REGION_COLORS, SCALAR_COLOR, esc, plural, type_label
 
 __all__ = ["MAX_ROWS", "SVG_WIDTH", "lifetime_text", "lifetime_svg"]

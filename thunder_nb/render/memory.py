@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import HAND_OUT_ACTIONS, INPUT_ROLES, Outside, Region, TraceReport
+from ..diagnosis.model import HAND_OUT_ACTIONS, INPUT_ROLES, Outside, Region, TraceReport
 from .common import plural
 
 __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry", "known", "input_roles",

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..model import Op, Region, TraceReport
+from ..diagnosis.model import Op, Region, TraceReport
 from .common import STATE_FILL, esc, plural
 
 __all__ = ["TREE_MIN_OPS", "Group", "op_scopes", "module_tree", "module_tree_html"]

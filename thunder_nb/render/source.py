@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import RULES, Defect, Outside, Region, SourceLine, TraceReport
+from ..diagnosis.model import RULES, Defect, Outside, Region, SourceLine, TraceReport
 from .common import BOOKKEEPING, esc, has_region, region_colors
 
 __all__ = ["source_text", "source_html", "trace_source_text", "trace_source_html"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..model import Region, Report, TraceReport
+from ..diagnosis.model import Region, Report, TraceReport
 from .common import fused_line, kernels, launch_line, plural, provenance, size, state, type_label, values, verdict
 from .lifetimes import lifetime_text
 from .memory import hand_out_line, hand_outs, known, region_memory

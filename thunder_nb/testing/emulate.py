@@ -71,7 +71,7 @@ def emulated_capture() -> Iterator[None]:
     """
     from thunder.transforms.cudagraph import CUDAGraphRunner
 
-    from .. import runner as runner_module
+    from ..cudagraph import runner as runner_module
 
     saved = CUDAGraphRunner.build_cuda_graph, runner_module.RECORDERS["record"]
     CUDAGraphRunner.build_cuda_graph = _build_stock

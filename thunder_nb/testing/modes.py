@@ -52,7 +52,7 @@ def stock_transform(capture: CaptureMode) -> Any:
     """
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
-    from ..runner import ThunderNBRunner
+    from ..cudagraph.runner import ThunderNBRunner
 
     transform = CUDAGraphTransform()
     transform.cuda_graph_runner = ThunderNBRunner(capture=check_mode(capture) is not False, stock=True)

@@ -187,7 +187,7 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
 )}
 
 #: The configurations a protocol can run, in the order tables show them; "... no-sdpa": thunder's defaults without
-#: its sdpa executor, the choice `thunder_nb.diagnose.LIMITS` offers where that executor refuses a model.
+#: its sdpa executor, the choice `thunder_nb.diagnosis.failures.LIMITS` offers where that executor refuses a model.
 CONFIGS = ("eager", "thunder", "stock", "fixed", "thunder_nb.jit", "fused", "reduce-overhead", "thunder no-sdpa",
            "thunder_nb.jit no-sdpa")
 
@@ -210,9 +210,9 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
     if config == "thunder":
         return thunder.jit(fn), None
     if config == "thunder no-sdpa":
-        from .. import internals
+        from ..cudagraph.executors import executor_list
 
-        return thunder.jit(fn, executors=internals.executors(["no-sdpa"])), None
+        return thunder.jit(fn, executors=executor_list(["no-sdpa"])), None
     if config == "stock":
         transform = stock_transform(capture)
         return thunder.jit(fn, transforms=[transform]), transform
@@ -238,7 +238,7 @@ class ZooRun:
     model: str
     protocol: str
     config: str
-    values: Any = None  # nested tensors and numbers (compared with eager's by `thunder_nb.values.compare_values`)
+    values: Any = None  # nested tensors and numbers (compared with eager's by `thunder_nb.notebook.values.compare_values`)
     error: str | None = None  # the exception that stopped it, ``Type: first line``
     limit: str | None = None  # where it is one of thunder's known limits: the component, and what to try
     graphs: int | None = None  # CUDA graphs the transform recorded
@@ -393,7 +393,7 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
                 masked, _ = compile_with(config, lambda x: F.dropout(x.sin(), p, training=True) * 1.0, capture)
                 run.values["keep rate"], run.values["masks change"] = keep_rate(masked, device)
         except Exception as e:  # NOTE: a configuration failing is a finding of the zoo, reported with the case
-            from ..diagnose import error_line, known_limit
+            from ..diagnosis.failures import error_line, known_limit
 
             run.error = error_line(e)
             limit = known_limit(e)
@@ -424,7 +424,7 @@ def judge(run: ZooRun, reference: ZooRun, plain: Callable[[], ZooRun]) -> Judgem
     only then): where thunder without graphs differs from eager as well, the difference is thunder's numerics,
     and ``run`` must equal plain thunder's values instead. Values of ``run.protocol`` use its `TOLERANCES`.
     """
-    from ..values import compare_values
+    from ..notebook.values import compare_values
 
     rtol, atol = TOLERANCES.get(run.protocol, FLOAT32)
     c = compare_values(run.values, reference.values, rtol=rtol, atol=atol, reference="eager's")

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...values import first_difference
+from ...notebook.values import first_difference
 from .programs import Program
 
 __all__ = ["Call", "PROTOCOL", "FAILURE_KINDS", "Run", "Failure", "execute", "differences"]

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...notebook.values import first_difference
 from ..modes import CaptureMode, capturing, check_mode, make_transform, stock_transform
-from ...values import first_difference
 from .calls import Failure, Run, differences, execute
 from .programs import Program
 from .rules import KNOWN_BUGS, Prediction, known_analyze_error, known_by_values, predict

@@ -43,7 +43,7 @@ class Showing:
         return getattr(self, mode_name(capture))
 
 
-#: Every error rule of `thunder_nb.model.ERROR_RULES`, and how its defect shows. In a given capture
+#: Every error rule of `thunder_nb.diagnosis.model.ERROR_RULES`, and how its defect shows. In a given capture
 #: mode a defect *must* show (a run without the failure it causes is a false positive of the
 #: checker), *may* show (it can explain a failure, but a run without one is no contradiction), or
 #: *never* shows (a run that fails needs another explanation). A run's failure is explained when
@@ -97,7 +97,7 @@ SHOWING: dict[str, Showing] = {s.rule: s for s in (
 
 
 def _check_table() -> None:
-    from thunder_nb.model import ERROR_RULES
+    from thunder_nb.diagnosis.model import ERROR_RULES
 
     if set(SHOWING) != ERROR_RULES:
         raise AssertionError(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "RULES",
@@ -107,7 +109,6 @@ ISLAND_REASONS: dict[str, str] = {
     "cpu-op": "op on CPU tensors in a CUDA trace",
     "host-data": "makes a tensor from host data (a list index, torch.tensor(list)): capture refuses the copy",
     "capture-dependent": "dropout attention: its seed and offset must be made and read outside graphs",
-    "in-place": "in-place update (runs on the caller's tensors)",
 }
 
 #: What else runs at top level outside every region: never an island, drawn apart and not counted.
@@ -368,7 +369,7 @@ class Region:
     user_lines: tuple[SourceLine, ...]  # user source lines the region covers
     plan: RegionPlan | None = None  # the transform's plan (thunder-nb transforms only)
     stats: RegionStats = RegionStats()
-    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.analysis.estimate_kernels`); a fused group
+    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.analysis.estimate_kernels`); a fused group
     # whose count is not known counts 1, so then it is a lower bound (`undecided`)
     kernels: int = 0
     fusions: tuple[FusedGroup, ...] = ()  # fusion symbols among its statements, in order
@@ -599,9 +600,7 @@ class Report:
 
     def to_text(self) -> str:
         """Return the plain-text report (every view in text form)."""
-        from . import render
-
-        return render.report_text(self)
+        return VIEWS["text"](self)
 
     def __repr__(self) -> str:
         """One line at the Python prompt: the function, the transform, each trace's counts; ``to_text()`` has the rest."""
@@ -617,6 +616,9 @@ class Report:
         return f"<Report {self.function!r} ({self.transform}): {'; '.join(counts(t) for t in self.traces)}{error}>"
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        from . import render
+        return VIEWS["mimebundle"](self, include=include, exclude=exclude)
 
-        return render.report_mimebundle(self, include=include, exclude=exclude)
+
+#: How a `Report` shows itself: ``"text"`` (`Report.to_text`) and ``"mimebundle"`` (Jupyter's display), filled in by
+#: `thunder_nb.render` when it is imported (``thunder_nb`` imports it): the records never import what draws them.
+VIEWS: dict[str, Callable[..., Any]] = {}

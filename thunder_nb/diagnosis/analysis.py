@@ -13,7 +13,7 @@ from .model import (
     Defect, FusedGroup, Op, Outside, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value, outside_name,
 )
 from .ops import (
-    BOOKKEEPING_NAMES, COLLECTION_NAMES, IN_PLACE_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard,
+    BOOKKEEPING_NAMES, COLLECTION_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard,
     classify_bsym, classify_op, parse_type, type_of_proxy,
 )
 from .source import REGION_NAME, ParsedFunction, comment_types, parse_functions
@@ -50,7 +50,7 @@ def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
     """Estimate the kernels one run of ``ops`` (a region's statements) launches: a static count, never measured.
 
     Each call that launches work counts 1; these count 0: dels, the return and unpacking, views
-    (`thunder_nb.ops.VIEW_NAMES`), metadata reads (``METADATA_NAMES``), thunder's ``update_aliases``,
+    (`thunder_nb.diagnosis.ops.VIEW_NAMES`), metadata reads (``METADATA_NAMES``), thunder's ``update_aliases``,
     arithmetic on Python numbers alone (no tensor in or out), and ``to``/``float``/``type_as`` when the
     dtype and device stay the same. A fusion symbol counts as its `FusedGroup.kernels`: the kernels inductor
     generated for it (thunder-nb's torchcompile executor notes them when it compiles), or 1 when no count is
@@ -96,7 +96,7 @@ def _executor_label(name: str) -> str:
 
 def _fused_group(bsym: Any) -> FusedGroup:
     """The `FusedGroup` of a fusion bound symbol: its name, executor and fused ops."""
-    from .internals import KERNELS_ATTRIBUTE
+    from ..cudagraph.executors import KERNELS_ATTRIBUTE
 
     ops = tuple(b.sym.name for b in bsym.subsymbols if base_name(b.sym.name) not in BOOKKEEPING_NAMES)
     fn = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name)
@@ -130,8 +130,6 @@ def _outside_for(op: Op, position: int, facts: TraceFacts, cuda: bool) -> Outsid
     c = classify_statement(op, facts, cuda)
     if c is not None:
         return made(c[0], c[1])
-    if base in IN_PLACE_NAMES:
-        return made("in-place", base)
     return made("unfused", base)
 
 
@@ -378,8 +376,8 @@ def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[s
     """
     from thunder.core.proxies import Proxy
 
-    from . import internals
-    from .passes import returned_names
+    from .. import internals
+    from ..cudagraph.passes import returned_names
 
     source = trace.python()
     fns = parse_functions(source)
@@ -450,7 +448,7 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
     """
     import thunder
 
-    from . import internals
+    from .. import internals
 
     try:
         cd = thunder.compile_data(jfn)

@@ -11,7 +11,7 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
 
-from .ops import alias_root
+from ..diagnosis.ops import alias_root
 
 __all__ = [
     "strip_top_level_dels",

@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 import re
 import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from . import internals
-from .reach import is_user_file
+from .. import internals
 
 __all__ = ["Where", "Failure", "FAILURE_KINDS", "error_line", "user_frame", "where_text", "untraceable", "trace_failure",
-           "LIMITS", "known_limit", "NO_GPU"]
+           "LIMITS", "known_limit", "NO_GPU", "is_user_file"]
 
 #: What a side says when thunder's own runner needs a GPU this machine does not have.
 NO_GPU = "needs a GPU to run: thunder's transform captures CUDA graphs, and torch sees no GPU here; only its trace is shown"
@@ -184,3 +184,23 @@ class Failure:
         else:
             kind = "compile" if stage == "trace" else "crash"
         return cls(kind, stage, type(e).__name__, error_line(e))
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # thunder_nb itself
+    dirs.update(p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")))
+    return tuple(os.path.abspath(d) + os.sep for d in dirs)
+
+
+_LIBRARY_DIRS = _library_dirs()
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether code from ``filename`` is the user's (a notebook cell, a script) rather than Python's or a package's."""
+    if not filename or filename.startswith("<frozen"):
+        return False
+    if filename.startswith("<"):  # "<ipython-input-3-...>", "<string>", "<stdin>"
+        return True
+    return not os.path.abspath(filename).startswith(_LIBRARY_DIRS)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import internals
+from .. import internals
 
 __all__ = [
     "Instance",

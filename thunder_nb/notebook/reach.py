@@ -5,17 +5,15 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import os
-import sys
-import sysconfig
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..diagnosis.failures import is_user_file
 from .values import clone_tensor, map_tensors
 
-__all__ = ["Bound", "bind", "is_user_file"]
+__all__ = ["Bound", "bind"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,26 +100,6 @@ def bind(fn: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> 
 
 
 # ---------------------------------------------------------------------------------------------------
-
-
-def _library_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    dirs.add(os.path.dirname(os.path.abspath(__file__)))  # thunder_nb itself
-    dirs.update(p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")))
-    return tuple(os.path.abspath(d) + os.sep for d in dirs)
-
-
-_LIBRARY_DIRS = _library_dirs()
-
-
-def is_user_file(filename: str) -> bool:
-    """Whether code from ``filename`` is the user's (a notebook cell, a script) rather than Python's or a package's."""
-    if not filename or filename.startswith("<frozen"):
-        return False
-    if filename.startswith("<"):  # "<ipython-input-3-...>", "<string>", "<stdin>"
-        return True
-    return not os.path.abspath(filename).startswith(_LIBRARY_DIRS)
 
 
 def _code_names(code: types.CodeType) -> set[str]:

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 #: The repository checkout this package was imported from (an editable install or the source tree).
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: The notebook ``python -m thunder_nb example`` runs and exports.
 EXAMPLE = "01_del_bug.ipynb"
 #: Environment variable naming a folder with ``require.js`` and ``embed-amd.js`` (default: `default_assets_dir`).

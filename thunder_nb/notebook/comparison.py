@@ -9,15 +9,25 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnose
-from .diagnose import Failure, Where
-from .model import Defect, Report
-from .render.common import plural
+from ..cudagraph.executors import executor_list
+from ..diagnosis import failures
+from ..diagnosis.failures import Failure, Where
+from ..diagnosis.model import Defect, Report
+from ..render.common import plural
+from . import runs
+from .outcome import (
+    CAPTURE_MODES,
+    EAGER_DEVICE,
+    ORIGINALS,
+    PEER,
+    PEER_MODE,
+    CaptureUnavailableError,
+    CompareError,
+    EagerError,
+    Outcome,
+    TraceError,
+)
 from .values import short
-
-#: The ``torch.compile`` mode of the peer run (``peers``), and how the run section and the verdict name it.
-PEER_MODE = "reduce-overhead"
-PEER = f"torch.compile {PEER_MODE}"
 
 __all__ = [
     "compare",
@@ -33,78 +43,6 @@ __all__ = [
     "PEER",
     "PEER_MODE",
 ]
-
-#: The transforms a fixed run can be compared against.
-ORIGINALS = ("stock", "legacy")
-#: Accepted values of ``capture``.
-CAPTURE_MODES = ("auto", True, False)
-#: `Comparison.device` when no input is on a CUDA device.
-EAGER_DEVICE = "cpu (eager mode: no CUDA graphs)"
-
-
-class CompareError(Exception):
-    """`compare` cannot do what was asked (the user must act: fix the function, inputs or options).
-
-    ``where`` is the line of the user's code it is about, if any; `render` words it.
-    """
-
-    def __init__(self, message: str, where: Where | None = None):
-        self.template, self.where = message, where
-        super().__init__(self.render())
-
-    def render(self, where_text: Callable[[Where], str] = diagnose.where_text) -> str:
-        """The message, with ``{where}`` filled in by ``where_text``."""
-        if self.where is None:
-            return self.template
-        return self.template.replace("{where}", where_text(self.where))
-
-
-class TraceError(CompareError):
-    """thunder cannot trace the function (so neither transform has anything to work on)."""
-
-
-class CaptureUnavailableError(CompareError):
-    """``capture=True`` was asked for, but there is no CUDA device (or the inputs are not on it)."""
-
-
-class EagerError(CompareError):
-    """The function fails in eager PyTorch: the user's own code raised, so there is nothing to check against."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# The result objects
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one compiled version (original or fixed) did against eager PyTorch."""
-
-    ran: bool  # the call (and the backward, when training) returned
-    failure: Failure | None = None  # how tracing or the call failed, when it did
-    value: str = ""  # a one-line repr of the result
-    matches: bool | None = None  # the result equals eager's (None: not run)
-    max_abs_error: float | None = None
-    mismatch: str | None = None  # the first difference, when it does not match
-    grads_match: bool | None = None  # None unless training
-    grads_max_abs_error: float | None = None
-    eager_regions: bool = False  # regions ran as plain Python (no graph captured for them)
-    params_match: bool | None = None  # after every SGD step (None unless lr, or when a step failed)
-    params_max_abs_error: float | None = None
-
-    @property
-    def error(self) -> str | None:
-        """``UnboundLocalError: ...`` when tracing or the call failed."""
-        return self.failure.error if self.failure is not None else None
-
-    @property
-    def stage(self) -> str | None:
-        """Where it failed: ``"trace"`` or ``"run"`` (None: it did not fail)."""
-        return self.failure.stage if self.failure is not None else None
-
-    @property
-    def ok(self) -> bool:
-        """Ran, and its value (and gradients and parameters, when checked) match eager."""
-        return self.ran and bool(self.matches) and self.grads_match is not False and self.params_match is not False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +82,7 @@ class Comparison:
     @property
     def random_ops(self) -> tuple[str, ...]:
         """The random ops the fixed side's traces run (``uniform`` for dropout): their draws are not eager's."""
-        from .ops import CAPTURE_DEPENDENT, RANDOM_NAMES
+        from ..diagnosis.ops import CAPTURE_DEPENDENT, RANDOM_NAMES
 
         found = {base for t in self.fixed.traces for op in (*t.ops, *(o for r in t.regions for o in r.ops))
                  if (base := op.callee.rsplit(".", 1)[-1]) in RANDOM_NAMES or base in CAPTURE_DEPENDENT}
@@ -182,7 +120,7 @@ class Comparison:
     def _fixed_phrase(self) -> str:
         rep, out = self.fixed, self.results["fixed"]
         regions = sum(len(t.regions) for t in rep.traces)
-        islands = sum(len(t.user_islands) for t in rep.traces)
+        islands = sum(len(t.islands) for t in rep.traces)
         parts = [plural(regions, "region"), plural(islands, "island")]
         nothing = _nothing_captured(rep) if regions == 0 else None
         if nothing:
@@ -282,14 +220,14 @@ class Comparison:
 
     def run_html(self) -> str:
         """Return the run section as an HTML table."""
-        from .render.html import rows_table
+        from ..render.html import rows_table
 
         return rows_table(self.run_rows())
 
     def verdict_html(self) -> str:
         """Return the verdict as one HTML line, each side's phrase in the colour of its worst finding (red: it would
         crash, fails, computes a wrong result or differs from eager; amber: warnings; green: nothing wrong)."""
-        from .render.html import verdict_spans
+        from ..render.html import verdict_spans
 
         phrases = [(self._original_phrase(), self._level(self.original, self.results["original"])),
                    (self._fixed_phrase(), self._level(self.fixed, self.results["fixed"]))]
@@ -313,7 +251,7 @@ class Comparison:
 
     def to_text(self) -> str:
         """Return the whole comparison as text: verdict, both reports, the run section."""
-        from . import render
+        from .. import render
 
         return "\n\n".join(
             [
@@ -326,7 +264,7 @@ class Comparison:
 
     def to_html(self) -> str:
         """Return the whole comparison as static HTML: verdict, both reports side by side, the run section."""
-        from . import render
+        from .. import render
 
         return self.verdict_html() + render.side_by_side_html(self.original, self.fixed) + self.run_html()
 
@@ -379,11 +317,14 @@ WRONG_WHEN = {
 
 
 def _nothing_captured(report: Report) -> str | None:
-    """Why a function with no region has nothing to capture, when the reason is that no op computes on a tensor."""
-    if any(v.type.kind == "tensor" for t in report.traces for v in t.values):
-        return None
-    return ("nothing to capture: no op computes on a tensor (its arguments are Python numbers, which thunder "
-            "computes as Python; pass tensors)")
+    """Why a function with no region has nothing captured: no op computes on a tensor, or each op stands alone."""
+    if not any(v.type.kind == "tensor" for t in report.traces for v in t.values):
+        return ("nothing to capture: no op computes on a tensor (its arguments are Python numbers, which thunder "
+                "computes as Python; pass tensors)")
+    lone = sum(len(t.unfused) for t in report.traces)
+    if lone:
+        return f"nothing captured: {plural(lone, 'op')} alone, and one op alone is not worth a graph"
+    return None
 
 
 def _failure_phrase(failure: Failure) -> str:
@@ -415,7 +356,7 @@ def _run_phrase(out: Outcome, c: Comparison) -> str:
 def _check_text(out: Outcome, c: Comparison) -> str:
     if out.failure:
         if out.failure.kind == "no-gpu":
-            return f"not run: {diagnose.NO_GPU}"
+            return f"not run: {failures.NO_GPU}"
         return f"fails at {out.stage}: {out.error}"
     if not out.ran:
         return "not run"
@@ -525,7 +466,8 @@ def _import_thunder(say: Callable[[str], None]) -> None:
         warnings.filterwarnings("ignore", message="transformer_engine module not found")
         import thunder  # noqa: F401
 
-        from . import analysis, fix  # noqa: F401
+        from ..diagnosis import analysis
+        from .. import fix  # noqa: F401
 
 
 def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
@@ -535,8 +477,6 @@ def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
     Returns:
         (eager's checked call, an `Outcome` per key of ``compiled``, the timings, notes on later failures).
     """
-    from . import runs
-
     say(f"running {plan.name} in eager PyTorch…")
     reference = runs.reference(eager, plan)
     timings, notes = runs.Timings(), []
@@ -562,7 +502,7 @@ def _fatal_defect(run: Any) -> Defect | None:
     A segmentation fault cannot be caught: in a notebook it takes the kernel and the user's namespace with it, so
     a version the checker says would crash is not called at all.
     """
-    from .analysis import analyze
+    from ..diagnosis.analysis import analyze
 
     if run.jfn is None or not hasattr(run.jfn, "_lc_cd"):
         return None
@@ -595,7 +535,7 @@ def compare(
     """Compile ``fn`` with the original and the fixed CUDA-graph transform, run both and check them against eager.
 
     Each run (eager, fixed, original) gets its own copy of the modules and trainable tensors ``fn``
-    reaches, through its arguments, closure cells and the globals it names (`thunder_nb.reach.bind`),
+    reaches, through its arguments, closure cells and the globals it names (`thunder_nb.notebook.reach.bind`),
     and fresh clones of the other input tensors on every call: runs never see each other's results,
     gradients or updates, and the caller's objects are never touched. With ``original="stock"``,
     thunder's fusion and del passes are used as they are; its runner is replaced by one that captures
@@ -616,7 +556,7 @@ def compare(
         capture: ``"auto"`` (capture on CUDA, eager regions otherwise), True (capture; needs CUDA
             inputs), False (regions run eagerly).
         executors: fusion executors to put before thunder's defaults, for both transforms, by name
-            (`thunder_nb.internals.EXECUTOR_NAMES`: ``"torchcompile"`` fuses with inductor; its first
+            (`thunder_nb.cudagraph.executors.EXECUTOR_NAMES`: ``"torchcompile"`` fuses with inductor; its first
             call compiles, which can take tens of seconds).
         peers: also check and time ``torch.compile(fn, mode="reduce-overhead")`` on its own copies; the
             verdict then gives the fixed side's speed against it too. Its failing is recorded, not raised.
@@ -635,14 +575,13 @@ def compare(
     _check_options(original, capture, repeats, training, lr, peers, execute)
     say = progress or (lambda message: None)
     _import_thunder(say)
-    from . import internals
+    from .. import internals
 
-    chosen = internals.executors(tuple(executors))
+    chosen = executor_list(tuple(executors))
     import torch
 
-    from . import runs
-    from .analysis import analyze
-    from .fix import EagerFallbackWarning
+    from ..diagnosis.analysis import analyze
+    from ..fix import EagerFallbackWarning
 
     args, kwargs, name = tuple(args), dict(kwargs or {}), _name(fn)
     eager = runs.Run.eager(fn, args, kwargs)

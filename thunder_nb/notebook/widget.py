@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .render.html import SIDE_VIEWS, side_html
+from ..render.html import SIDE_VIEWS, side_html
 
 if TYPE_CHECKING:  # NOTE: ipywidgets is imported only when a widget is built
     import ipywidgets
@@ -39,8 +39,8 @@ def static_html(original_html: str, fixed_html: str, labels: Sequence[str] = ("o
     This is what a page without the widget's JavaScript shows (GitHub, nbviewer without JavaScript,
     ``nbconvert --to markdown``, a notebook opened after its kernel is gone).
     """
-    from .render.common import esc
-    from .render.html import CSS
+    from ..render.common import esc
+    from ..render.html import CSS
 
     return (
         f'<div class="thunder-nb tnb-static">{CSS}{fixed_html}'

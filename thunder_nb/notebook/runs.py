@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnose, internals
-from .comparison import PEER, PEER_MODE, CompareError, EagerError, Outcome, TraceError
-from .diagnose import Failure, error_line
+from .. import internals
+from ..diagnosis import failures
+from ..diagnosis.failures import Failure, error_line
+from .outcome import PEER, PEER_MODE, CompareError, EagerError, Outcome, TraceError
 from .reach import Bound, bind
 from .values import compare_values, short
 
@@ -100,7 +101,7 @@ class Run:
 def _original_transform(kind: str, capture: bool | str) -> Any:
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
-    from .fix import LegacyCUDAGraphTransform, ThunderNBRunner
+    from ..fix import LegacyCUDAGraphTransform, ThunderNBRunner
 
     if kind == "legacy":
         return LegacyCUDAGraphTransform(capture=capture)
@@ -120,7 +121,7 @@ def _trace(run: Run) -> None:
 
 def eager_error(name: str, e: BaseException) -> EagerError:
     """The function's own code raised: say so, and where."""
-    where = diagnose.user_frame(e.__traceback__)
+    where = failures.user_frame(e.__traceback__)
     at = " ({where})" if where is not None else ""
     return EagerError(f"{name} raised {error_line(e)}{at}: the function's own code fails, in eager PyTorch too", where)
 
@@ -131,8 +132,8 @@ def _untraceable(name: str, fn: Any, args: tuple, kwargs: dict, error: BaseExcep
         Run.eager(fn, args, kwargs).call(training=False)
     except Exception as e:
         return eager_error(name, e)
-    where = diagnose.user_frame(error.__traceback__)
-    message, advice = diagnose.trace_failure(name, error, where)
+    where = failures.user_frame(error.__traceback__)
+    message, advice = failures.trace_failure(name, error, where)
     return TraceError(message + (f". {advice}" if advice else ""), where)
 
 
@@ -151,7 +152,7 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
     """
     import thunder
 
-    from .fix import jit
+    from ..fix import jit
 
     # NOTE: the fixed side is what `thunder_nb.jit` makes (one autograd Function per call); the original is what
     # thunder.jit makes by default
@@ -300,7 +301,7 @@ def params(run: Run) -> dict[str, Any]:
 def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Timings, notes: list[str],
                    plan: Plan, say: Callable[[str], None]) -> Outcome:
     """Check one compiled version against eager, time it, and (with ``lr``) compare its parameters after as many steps."""
-    from .fix import recover_from_failed_capture
+    from ..fix import recover_from_failed_capture
 
     thunder_run = run.transform is not None
     what = f"the {run.label} transform" if thunder_run else run.label

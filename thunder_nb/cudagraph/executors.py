@@ -1,0 +1,163 @@
+"""thunder's executors as thunder-nb chooses them: fusion executors by name, inductor's that leaves islands out of its
+fusions, and thunder's sdpa executor with a checker that refuses what its kernels cannot run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "checked_sdpa", "KERNELS_ATTRIBUTE"]
+
+
+#: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
+#: thunder's defaults without its sdpa executor (fused attention), which refuses some calls (a KV cache's
+#: broadcast batch, autocast's mixed dtypes); attention then runs as thunder's decomposition.
+EXECUTOR_NAMES = ("torchcompile", "torchcompile_cat", "nvfuser", "no-sdpa")
+
+
+def executor_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` checked, each once (no thunder import).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    for name in names:
+        if name not in EXECUTOR_NAMES:
+            raise ValueError(f"unknown executor: {name!r} (must be one of {list(EXECUTOR_NAMES)})")
+    return tuple(dict.fromkeys(names))  # NOTE: a name given twice is one executor
+
+
+_TORCH_COMPILE: dict[str, Any] = {}
+
+
+def _island_aware_torch_compile(name: str) -> Any:
+    """thunder's torch_compile executor ``name`` that leaves islands, and arithmetic on numbers, out of its fusions.
+
+    thunder's own fuses ``.item()`` into the kernel group in front of it, and an island's number into the
+    ops that read it. A fusion holding an island cannot be captured; one reading an island's number
+    would bake the number into the graph (thunder-nb's scalar hand-off rewrites the ops that read it,
+    which it cannot do inside a compiled fusion). So those stay plain symbols between fusions.
+    """
+    if name in _TORCH_COMPILE:
+        return _TORCH_COMPILE[name]
+    from thunder.core.proxies import NumberProxy
+    from thunder.executors import torch_compile
+
+    from ..diagnosis.ops import capture_hazard, classify_bsym
+
+    original = torch_compile.torch_compile_ex if name == "torchcompile" else torch_compile.torch_compile_cat_ex
+
+    class IslandAwareTorchCompile(torch_compile.TorchCompileExecutor):
+        def can_fuse(self, bsym: Any) -> bool:
+            if (classify_bsym(bsym) is not None or capture_hazard(bsym) is not None
+                    or any(isinstance(a, NumberProxy) for a in bsym.flat_proxy_args)):
+                return False
+            return super().can_fuse(bsym)
+
+        def fuse(self, region: Any, fusion_counter: int) -> Any:
+            bsym = super().fuse(region, fusion_counter)
+            name = bsym.sym.name
+            bsym._call_ctx = {name: _counting_kernels(bsym._call_ctx[name])}
+            return bsym
+
+    ex = IslandAwareTorchCompile(f"thunder_nb_{name}", original.required_ops, mode=original.mode)
+    ex._implmap = dict(original._implmap)
+    _TORCH_COMPILE[name] = ex
+    return ex
+
+
+#: The attribute of a fusion's callable that holds the kernels inductor generated for it when it compiled.
+KERNELS_ATTRIBUTE = "thunder_nb_kernels"
+
+
+def _counting_kernels(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a fusion torch.compile compiles at its first call) that notes the kernels inductor generated then.
+
+    ``wrapper.thunder_nb_kernels``: ``torch._inductor.metrics.generated_kernel_count`` across the first call, or
+    None when that compiled nothing here (inductor's caches, another thread) or the metric is missing: then
+    inductor decided, and the count is not known.
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        if wrapper.thunder_nb_first:
+            wrapper.thunder_nb_first = False
+            try:
+                from torch._inductor import metrics
+            except ImportError:
+                return fn(*args)
+            before = metrics.generated_kernel_count
+            out = fn(*args)
+            n = metrics.generated_kernel_count - before
+            setattr(wrapper, KERNELS_ATTRIBUTE, n if n > 0 else None)
+            return out
+        return fn(*args)
+
+    wrapper.thunder_nb_first = True
+    setattr(wrapper, KERNELS_ATTRIBUTE, None)
+    return wrapper
+
+
+_CHECKED_SDPA: list[Any] = []
+
+
+def checked_sdpa() -> Any:
+    """thunder's sdpa executor (fused attention) with a checker that refuses what its meta functions reject.
+
+    thunder 0.2.6's checker asks torch which fused kernel would run, but not whether the attention mask's batch
+    matches the query's: a KV-cache decode step (litgpt's mask broadcast over the batch) then fails while it is
+    traced, "grad_forward_sdpa: Expected all inputs to have same batch_size", where thunder could have run
+    attention with torch's own kernel. With this checker such a call goes to the next executor; every call the
+    fused kernels take runs as with thunder's executor (the same transforms, the same symbols).
+    """
+    if _CHECKED_SDPA:
+        return _CHECKED_SDPA[0]
+    import thunder.torch as ltorch
+    from thunder.executors import sdpaex
+    from thunder.extend import OperatorExecutor, register_executor
+
+    def checker(query, key, value, attn_mask, dropout_p, is_causal, *, scale=None) -> bool:
+        tensors = [t for t in (query, key, value, attn_mask) if t is not None]
+        if any(t.ndim != 4 for t in tensors) or any(t.shape[0] != query.shape[0] for t in tensors):
+            return False
+        return sdpaex._scaled_dot_product_attention_checker(query, key, value, attn_mask, dropout_p, is_causal,
+                                                           scale=scale)
+
+    ex = OperatorExecutor("thunder_nb_sdpa", version=sdpaex.sdpa_ex.version)
+    register_executor(ex)
+    ex.register_implementation(ltorch.scaled_dot_product_attention, checker=checker,
+                               execution_transform=sdpaex._scaled_dot_product_attention_fused,
+                               grad_transform=sdpaex._scaled_dot_product_attention_grad)
+    _CHECKED_SDPA.append(ex)
+    return ex
+
+
+def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] | None:
+    """thunder's executor list with the named fusion executors first (less sdpa for ``no-sdpa``); None (thunder's
+    defaults) for no names, unless ``checked``: then thunder's sdpa executor is always `checked_sdpa` instead.
+
+    Raises:
+        ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
+    """
+    if not names and not checked:
+        return None
+    import thunder
+
+    chosen = []
+    names = executor_names(names)
+    for name in names:
+        if name == "no-sdpa":
+            continue
+        if name.startswith("torchcompile"):
+            chosen.append(_island_aware_torch_compile(name))
+        else:
+            ex = thunder.get_executor("nvfuser")
+            if ex is None:
+                raise ValueError("executor 'nvfuser' is not available: no nvFuser wheel matches this torch "
+                                 "(see the README's development notes)")
+            chosen.append(ex)
+    rest = [ex for ex in thunder.get_default_executors() if ex not in chosen]
+    if "no-sdpa" in names:
+        return chosen + [ex for ex in rest if ex.name != "sdpa"]
+    return chosen + [checked_sdpa() if checked and ex.name == "sdpa" else ex for ex in rest]

@@ -1,0 +1,232 @@
+"""The hand-out: each tensor leaving a trace checked by its storage, copied out of graph memory, guarded or lent."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import internals
+from .instances import Instance, copy_together, storage
+
+__all__ = ["HandOut"]
+
+_Tensor = torch.Tensor
+_detach = torch.Tensor.detach
+
+
+@dataclass(frozen=True, slots=True)
+class _HandOutMemo:
+    """`ThunderNBRunner._memo`: one hand-out's work on the graphs' own outputs, valid while its ids stay the same."""
+
+    own: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None  # the tensors at the positions of own outputs
+    own_ids: list[int]  # their ids when made
+    recordings: int  # the runner's recordings when made
+    saved: frozenset[int]  # storage addresses of the own outputs guarded
+    guarded: int  # how many own outputs are guarded (watched)
+    loose_guard: tuple[int, ...]  # guard positions that are not own outputs: looked up at each call
+    copy: tuple[tuple[int, int, Any], ...]  # per copy position: (position, storage address, owner); owner None: look up
+    # `_copy_groups` of ``copy`` worked out once (singles, shared, lent): all are own outputs, none in a saved one's
+    # memory (None: per call)
+    groups: tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...]] | None
+
+
+def _groups(groups: dict[int, list[int]], lend: frozenset[int]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...],
+                                                                        tuple[int, ...]]:
+    """Positions grouped by storage as ``(singles, shared, lent)``: copied one by one (`internals.copy_all`), copied
+    together, or lent (a single whose position is in ``lend``)."""
+    singles = [js[0] for js in groups.values() if len(js) == 1]
+    return (tuple(j for j in singles if j not in lend),
+            tuple(tuple(js) for js in groups.values() if len(js) > 1),
+            tuple(j for j in singles if j in lend))
+
+
+def _hand_out_plan(actions: tuple[str, ...], n: int, lending_stopped: bool,
+                   ) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[int]]:
+    """The positions a hand-out of ``n`` tensors guards, those it copies or lends (any action but "guard" and
+    "as-is"), and of those the ones it lends (none once ``lending_stopped``)."""
+    actions = actions[:n]
+    return (tuple(j for j, a in enumerate(actions) if a == "guard"),
+            tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"),
+            frozenset() if lending_stopped else frozenset(j for j, a in enumerate(actions) if a == "lend"))
+
+
+class HandOut:
+    """`ThunderNBRunner`'s hand-out (`hand_out`), called by the generated code before each trace returns.
+
+    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`, whose state it reads and writes: not used alone.
+    """
+
+    def hand_out(self, kind: str, actions: Sequence[str], *tensors: Any) -> list[Any]:
+        """Check each tensor leaving a trace by its storage: copy out (``"copy"``), guard (``"guard"``) or lend (``"lend"``).
+
+        A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
+        copied together so that they still share one copy. A tensor saved for the backward in such
+        memory goes out as it is, and its graph instance watches it (`Instance.watch`): while anything
+        references it, that instance does not replay. A returned tensor sharing memory with a saved one
+        goes out as a fresh alias, watched too. A lent one (a backward's gradient) alone in its memory
+        goes out as a fresh alias, watched: autograd can then make it the parameter's ``.grad`` as it
+        is, which holds that instance until the gradient is reset; lent ones sharing memory are copied
+        together. Anything else goes out as it is.
+        """
+        out = list(tensors)
+        counts = self._hand_out_counts.get(kind)
+        if counts is None:
+            counts = self._hand_out_counts[kind] = {"calls": 0, "copied": 0, "guarded": 0, "lent": 0}
+        counts["calls"] += 1
+        which = (actions if type(actions) is tuple else tuple(actions), len(tensors), self.lending_stopped)
+        plan = self._hand_out_plans.get(which)
+        if plan is None:
+            plan = self._hand_out_plans[which] = _hand_out_plan(*which)
+        memo = self._hand_out_memo.get(which)
+        if memo is None or memo.recordings != self._recordings or (
+                memo.own and list(map(id, memo.own(tensors))) != memo.own_ids):
+            memo = self._hand_out_memo[which] = self._memo(plan, tensors)
+        # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
+        # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
+        saved, guarded = memo.saved, memo.guarded
+        grown = False
+        if memo.loose_guard:
+            owners = self._owner
+            for j in memo.loose_guard:
+                t = tensors[j]
+                if isinstance(t, _Tensor):
+                    ptr = t.untyped_storage().data_ptr()
+                    owner = owners.get(ptr)
+                    if owner is not None:
+                        # NOTE: every time: a loose position may hold a graph's own output on a later call (its
+                        # region ran without a graph when the memo was made), whose object must be watched too
+                        owner.watch(t, ptr)
+                        guarded += 1
+                        if not grown:
+                            saved, grown = set(saved), True
+                        saved.add(ptr)
+        if memo.groups is not None and not grown:
+            # NOTE: only own outputs to copy or lend, none sharing memory with a saved one; the lent ones' storages
+            # were watched when the memo was made
+            singles, shared, lent = memo.groups
+            lent_at = ()
+        else:
+            singles, shared, lent, aliased, lent_at = self._copy_groups(memo.copy, tensors, saved, out, plan[2])
+            guarded += aliased
+        counts["guarded"] += guarded
+        if lent:
+            # NOTE: a fresh alias, referenced by nothing else: autograd's AccumulateGrad then makes it the parameter's
+            # .grad as it is (a tensor referenced elsewhere it would clone)
+            for ptr, owner in lent_at:  # NOTE: the per-call path's; the memo's were watched when it was made
+                owner.watch_storage(ptr)
+                owner.lent = True
+            for j in lent:
+                out[j] = _detach(tensors[j])
+            counts["lent"] += len(lent)
+        if singles:
+            for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
+                out[j] = c
+        for js in shared:
+            for j, c in zip(js, copy_together([tensors[j] for j in js])):
+                out[j] = c
+        counts["copied"] += len(singles) + sum(map(len, shared))
+        return out
+
+    def _copy_groups(self, copies: tuple[tuple[int, int, Any], ...], tensors: tuple[Any, ...],
+                     saved: frozenset[int] | set[int], out: list[Any], lend: frozenset[int],
+                     ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], int,
+                                tuple[tuple[int, Any], ...]]:
+        """The copy positions (`_HandOutMemo.copy`) in graph memory, grouped by storage: ``(singles, shared, lent, aliased, lent_at)``.
+
+        One in memory a saved tensor shares goes out as a fresh alias instead (into ``out``), watched;
+        ``aliased`` counts those. Of the singles, those in ``lend`` are ``lent`` instead (`hand_out`);
+        ``lent_at`` gives each lent one's storage address and the `Instance` whose replay writes it.
+        """
+        groups: dict[int, list[int]] = {}
+        placed: dict[int, tuple[int, Any]] = {}  # position -> (storage address, its instance), of the grouped ones
+        where = self._where
+        aliased = 0
+        for j, ptr, owner in copies:
+            if owner is None:  # NOTE: not a graph's own output: looked up at each call
+                t = tensors[j]
+                if not isinstance(t, _Tensor):
+                    continue
+                ptr, owner = where(t)
+                if owner is None:
+                    continue
+            if ptr in saved:
+                # NOTE: a fresh alias: autograd makes a returned tensor its function's output, and the graph's
+                # own tensor must not become one
+                alias = tensors[j].detach()
+                owner.watch(alias, ptr)
+                out[j] = alias
+                aliased += 1
+            else:
+                groups.setdefault(ptr, []).append(j)
+                placed[j] = (ptr, owner)
+        singles, shared, lent = _groups(groups, lend)
+        return singles, shared, lent, aliased, tuple(placed[j] for j in lent)
+
+    def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
+        """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
+
+        A tensor whose id is among the graphs' own outputs is that output (both are alive, and the runner
+        holds its own outputs for good), so while the same ids come back at those positions, and nothing
+        new was recorded, the same own outputs come back, already watched: a forward's saved tensors and
+        a backward's gradients, call after call. The others (``loose``: inputs, views made outside a
+        region) are looked up by storage at each call.
+        """
+        guard, copy, lend = plan
+        own = self._own_outputs
+        ids = list(map(id, tensors))
+        saved: set[int] = set()
+        guarded, loose_guard = 0, []
+        for j in guard:
+            hit = own.get(ids[j])
+            if hit is None:
+                loose_guard.append(j)
+                continue
+            ptr, owner = hit[1], hit[2]
+            owner.watch(tensors[j], ptr)
+            saved.add(ptr)
+            guarded += 1
+        copies = []
+        for j in copy:
+            hit = own.get(ids[j])
+            copies.append((j, hit[1], hit[2]) if hit is not None else (j, 0, None))
+        positions = [j for j in (*guard, *copy) if ids[j] in own]
+        # NOTE: itemgetter gives a tuple for two positions or more, the item itself for one
+        get = operator.itemgetter(*positions) if len(positions) > 1 else (
+            (lambda ts, j=positions[0]: (ts[j],)) if positions else None)
+        copies = tuple(copies)
+        groups = None
+        if all(owner is not None and ptr not in saved for _, ptr, owner in copies):
+            # NOTE: none goes out as an alias (none is in a saved one's memory), so `out` stays untouched
+            singles, shared, lent, _, lent_at = self._copy_groups(copies, tensors, saved, [], lend)
+            groups = (singles, shared, lent)
+            for ptr, owner in lent_at:  # NOTE: the lent ones: the same storages at every call this memo serves
+                owner.watch_storage(ptr)
+                owner.lent = True
+        return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
+                            tuple(loose_guard), copies, groups)
+
+    def _foreign(self, args: tuple[Any, ...]) -> list[tuple[Instance, list[int] | None, list[int] | None]]:
+        """For each tensor in ``args`` in memory an instance writes: that instance, its storage's and object's entries.
+
+        A graph recorded on them may keep references to that memory for good (its static inputs are
+        aliases of it): `rebase` then moves the counts the owner's `held` compares with.
+        """
+        found = []
+        for a in args:
+            if isinstance(a, _Tensor):
+                ptr, owner = self._where(a)
+                if owner is not None:
+                    found.append((owner, owner.storages.get(ptr), owner.objects.get(id(a))))
+        return found
+
+    def _where(self, t: torch.Tensor) -> tuple[int, Any]:
+        """``t``'s storage address and the `Instance` whose replay writes it (None: no graph's)."""
+        hit = self._own_outputs.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1], hit[2]
+        ptr = t.untyped_storage().data_ptr()
+        return ptr, self._owner.get(ptr)

@@ -1,0 +1,215 @@
+"""Recording a region's graph instance: warm-up and capture, what it costs, and whether another may be recorded."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from thunder.transforms.cudagraph import CUDAGraphRunner
+
+from .. import internals
+from ..diagnosis.model import GraphRecord
+from .instances import Instance, non_overlapping, span, storage, view_plan
+from .notices import HeldOutputsWarning
+
+__all__ = ["record_graph", "RECORDERS", "Recording"]
+
+_Tensor = torch.Tensor
+
+
+def _check_instance_budget(fraction: Any, nbytes: Any) -> tuple[float, int | None]:
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"instance_memory is a fraction of the free device memory, in [0, 1], not {fraction!r}")
+    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
+        raise ValueError(f"instance_bytes is a number of bytes (an int, 0 or more) or None, not {nbytes!r}")
+    return float(fraction), nbytes
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs: Sequence[Any], warmups: int) -> tuple[Any, Any]:
+    """Warm ``fn`` up on a side stream, then record it into a CUDA graph; return (graph, static outputs).
+
+    cuBLAS's workspaces are dropped right before and after the recording, so the workspace the
+    graph's matmuls use is allocated inside the graph's own pool and lives as long as the graph
+    (`internals.clear_cublas_workspaces` says why).
+    """
+    torch.cuda.synchronize()
+    device = next((a.device.index for a in static_inputs if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    if device is None:  # NOTE: a region without tensor inputs (factory ops only) records on the current device
+        device = torch.cuda.current_device()
+    if runner.stream:
+        stream, pool = runner.stream[device], runner.mem_pool[device]
+    else:
+        stream, pool = torch.cuda.Stream(), None
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn(*static_inputs)
+    stream.synchronize()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    internals.clear_cublas_workspaces()
+    try:
+        with torch.cuda.graph(graph, stream=stream, pool=pool):
+            static_outputs = fn(*static_inputs)
+    finally:
+        internals.clear_cublas_workspaces()
+    return graph, static_outputs
+
+
+#: How graphs are recorded: `record_graph` on a GPU; `thunder_nb.testing.emulated_capture` swaps in a CPU stand-in.
+RECORDERS: dict[str, Callable[..., tuple[Any, Any]]] = {"record": record_graph}
+
+
+_detach = torch.Tensor.detach
+
+
+def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]:
+    """A graph's outputs with each view (``_base`` set) replaced by a plain alias of the same memory, but in ``graph_inputs``.
+
+    The memory, sizes and strides are the same; only autograd's view link to the base goes. thunder's
+    autograd connection detaches every saved tensor that is a view, on every call (48 of the 80 saved
+    tensors of the nanoGPT step: about 35 µs of host time per forward on a CPU); an output that is no
+    view it saves as it is. Nothing the runner does with its outputs reads ``_base``. One alias per object.
+
+    ``graph_inputs``: storage addresses of the graph's inputs that lie in memory an instance writes (another
+    region's output, read in place). A view of those stays a view: that instance watches its memory by
+    the storage's use count alone, and only the alias thunder's connection makes of a saved view raises
+    it. The graph's own outputs (watched object by object, `Instance.watch`) and views of memory no
+    instance writes (a transposed weight) go without their view link.
+    """
+    plain: dict[int, Any] = {}
+    out = []
+    for o in outputs:
+        if (isinstance(o, _Tensor) and o._base is not None and o.untyped_storage().nbytes()
+                and storage(o) not in graph_inputs):
+            alias = plain.get(id(o))
+            if alias is None:
+                alias = plain[id(o)] = _detach(o)
+            o = alias
+        out.append(o)
+    return tuple(out)
+
+
+class Recording:
+    """`ThunderNBRunner`'s recording: a new graph instance for a key, its memory registered with the runner.
+
+    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`, whose state it reads and writes: not used alone.
+    """
+
+    def _record(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
+                cause: str, index: int) -> Instance:
+        # NOTE: a static input is held as a fresh alias: it keeps the memory the graph reads alive, and
+        # not the caller's tensor object (a guarded hand-out is watched by its identity)
+        static_inputs = tuple(
+            a if not isinstance(a, torch.Tensor) else (a.detach() if m else self.get_static_buffer(a))
+            for a, m in zip(args, mask)
+        )
+        cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        # NOTE: the warm-up calls (and an emulated recording) run the region for real: what it updates in place where
+        # it lies (a module buffer: BatchNorm's running statistics, num_batches_tracked) is put back afterwards, so
+        # that the call's own replay applies the update once
+        written = [static_inputs[i] for i in self.write_back.get(fn_name, ()) if mask[i]]
+        kept = [t.clone() for t in written]
+        before = torch.cuda.memory_allocated() if cuda else 0  # NOTE: after `kept`, which the recording does not keep
+        try:
+            graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1)
+        except BaseException:
+            internals.recover_generators()
+            raise
+        finally:
+            for t, k in zip(written, kept):
+                t.copy_(k)
+            del kept
+        pool = torch.cuda.memory_allocated() - before if cuda else None
+        inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
+        static_outputs = _unviewed(static_outputs, {ptr for ptr in inputs_memory if ptr in self._owner})
+        copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
+        inst = Instance(graph, static_inputs, tuple(static_outputs),
+                         view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
+                         tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
+                         self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
+        for s, a, m in zip(static_inputs, args, mask):
+            if isinstance(s, torch.Tensor) and not m:
+                self._owner[storage(s)] = inst
+                inst.storages[storage(s)] = [s.untyped_storage()._cdata, 0]
+        for i, o in enumerate(inst.static_outputs):
+            if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and storage(o) not in inputs_memory:
+                self._owner[storage(o)] = inst
+                self._own_outputs[id(o)] = (o, storage(o), inst, (o.dtype, o.size(), o.stride()), o.data_ptr())
+                inst.storages.setdefault(storage(o), [o.untyped_storage()._cdata, 0])
+                inst.objects.setdefault(id(o), [i, 0, 0])
+        # NOTE: what it costs: its copies of inputs, and its graph's private pool on a GPU (outputs and intermediates:
+        # the segments the allocator holds for it), or its outputs' storages where there is no pool (emulated)
+        pool_segments = internals.graph_pool_bytes(graph) if cuda else None
+        outputs = {id(o): o for o in inst.static_outputs if isinstance(o, torch.Tensor) and id(o) in inst.objects}
+        inst.nbytes = (sum(static_inputs[i].untyped_storage().nbytes() for i in copied)
+                       + (pool_segments if pool_segments is not None
+                          else sum(o.untyped_storage().nbytes() for o in outputs.values())))
+        inst.cuda = cuda
+        self._recordings += 1
+        counts = self._count(fn_name)
+        counts.graphs.append(GraphRecord(
+            index=len(counts.graphs),
+            cause=cause,
+            static_bytes=sum(a.nbytes for a, m in zip(args, mask) if isinstance(a, torch.Tensor) and not m),
+            pool_bytes=max(pool, 0) if pool is not None else None,
+            instance=index,
+        ))
+        return inst
+
+    def get_static_buffer(self, x: Any) -> Any:
+        """A copy of ``x`` with ``x``'s strides (so views of it can be re-made on the caller's tensor)."""
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.is_contiguous() or not non_overlapping(x):
+            return torch.empty_like(x).copy_(x)
+        lo, hi = span(x)
+        base = torch.empty(hi - lo, dtype=x.dtype, device=x.device)
+        buf = base.as_strided(x.size(), x.stride(), x.storage_offset() - lo)
+        return buf.copy_(x)
+
+    def _no_room(self, instances: list[Instance]) -> str | None:
+        """Why no further instance of a key may be recorded (None: one may): `max_instances`, `instance_bytes`,
+        `instance_memory`."""
+        n = len(instances)
+        if n == 0:
+            return None
+        if n >= self.max_instances:
+            return f"max_instances={self.max_instances}"
+        cost = instances[0].nbytes  # NOTE: another instance of the same key costs what the first one did
+        if self.instance_bytes is not None:
+            have = sum(inst.nbytes for inst in instances[1:])
+            if have + cost > self.instance_bytes:
+                return (f"another would take {_mib(cost)} beyond instance_bytes={self.instance_bytes} "
+                        f"({_mib(have)} taken by further instances)")
+        if instances[0].cuda:
+            free = torch.cuda.mem_get_info()[0]
+            if cost > self.instance_memory * free:
+                return (f"another would take {_mib(cost)}, more than instance_memory={self.instance_memory} of the "
+                        f"{_mib(free)} free on the device")
+        return None
+
+    def _warn_held(self, fn_name: str, lent: bool, n: int, full: str) -> None:
+        if self._warned_held:
+            return
+        self._warned_held = True
+        instances = f"{n} graph instance{'' if n == 1 else 's'}"
+        if lent:
+            why = (f"gradients that each of its {instances} lent to autograd are still "
+                   "referenced (a parameter's .grad not reset, or a name), and a replay would overwrite them (reset "
+                   "the gradients, optimizer.zero_grad(), before the next backward to keep the graph, or pass "
+                   "lend_gradients=False to copy them out)")
+        else:
+            why = (f"tensors saved for the backward by each of its {instances} are still "
+                   "waiting for that backward, and a replay would overwrite them (run each forward's backward "
+                   "before the next forward to keep the graph)")
+        why += f"; no further instance: {full}"
+        warnings.warn(f"thunder-nb: {fn_name} runs without its CUDA graph on this call: {why}", HeldOutputsWarning,
+                      stacklevel=4)
