@@ -143,7 +143,7 @@ def test_stock_transform_asserts_on_the_same_backward():
 
 
 def test_capture_option():
-    with pytest.raises(ValueError, match=r"capture must be one of \['auto', True, False\], not 'yes'"):
+    with pytest.raises(ValueError, match=r"capture must be one of 'auto', True \('on'\) or False \('off'\), not 'yes'"):
         FixedCUDAGraphTransform(capture="yes")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs a CUDA device"):

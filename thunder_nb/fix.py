@@ -18,6 +18,7 @@ from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
 from . import internals
+from .cudagraph.capture import capture_mode
 from .cudagraph.defer import defer_returned_items
 from .cudagraph.executors import checked_sdpa, executor_list
 from .cudagraph.passes import (
@@ -31,7 +32,7 @@ from .cudagraph.passes import (
 from .cudagraph.prologue import fast_module_lookups
 from .cudagraph.runner import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning, ThunderNBRunner
 from .cudagraph.scalars import handoff_numbers
-from .diagnosis.model import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
+from .diagnosis.model import HandOutAction, HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .diagnosis.ops import classify_bsym
 
 __all__ = [
@@ -98,8 +99,7 @@ def recover_from_failed_capture() -> None:
 
 
 def _check_capture(capture: Any) -> bool | str:
-    if not (capture is True or capture is False or capture == "auto"):
-        raise ValueError(f"capture must be one of ['auto', True, False], not {capture!r}")
+    capture = capture_mode(capture)
     if capture is True and not torch.cuda.is_available():
         raise RuntimeError("capture=True needs a CUDA device, and torch sees none (use capture='auto' or False)")
     return capture
@@ -299,7 +299,8 @@ class _BaseTransform(CUDAGraphTransform):
             reset_tracectx(tok)
         ins = list(returned) + list(saved)
         outs = list(fresh_returned.values()) + list(fresh_saved.values())
-        actions = ("lend" if plan.lend else "copy",) * len(returned) + ("guard",) * len(saved)
+        given = HandOutAction.LEND if plan.lend else HandOutAction.COPY
+        actions = (given.value,) * len(returned) + (HandOutAction.GUARD.value,) * len(saved)
         call = functools.partial(self.cuda_graph_runner.hand_out, "backward" if backward else "forward", actions)
         hand = internals.fusion_symbol(HAND_OUT_NAME, self, call, ins, outs)
 

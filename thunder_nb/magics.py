@@ -13,12 +13,13 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from .cudagraph.capture import CAPTURE_WORDS, capture_mode
 from .diagnosis import failures
 
 __all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES", "options_markdown"]
 
-#: ``--capture`` values and what `compare` gets for them.
-CAPTURE_CHOICES = {"auto": "auto", "on": True, "off": False}
+#: ``--capture`` values and what `compare` gets for them (`thunder_nb.cudagraph.capture.CAPTURE_WORDS`).
+CAPTURE_CHOICES = CAPTURE_WORDS
 
 _EXAMPLE = "%%thunder_cudagraph f(x)"
 
@@ -152,7 +153,7 @@ class ThunderCUDAGraphMagics(Magics):
 
         try:
             result = compare_step(model, fn, optimizer, *batch, repeats=args.repeats, executors=executors,
-                                  capture={"auto": "auto", "on": True}[args.capture], execute=not args.no_run,
+                                  capture=capture_mode(args.capture), execute=not args.no_run,
                                   progress=progress)
         except Exception as e:
             progress.clear()
@@ -225,7 +226,7 @@ class ThunderCUDAGraphMagics(Magics):
                 lr=args.lr,
                 repeats=args.repeats,
                 execute=not args.no_run,
-                capture=CAPTURE_CHOICES[args.capture],
+                capture=capture_mode(args.capture),
                 executors=executors,
                 peers=args.peers,
                 progress=progress,

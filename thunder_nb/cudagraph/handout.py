@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .. import internals
+from ..diagnosis.model import HandOutAction
 from .instances import Instance, copy_together, storage
 
 __all__ = ["HandOut"]
@@ -49,9 +50,10 @@ def _hand_out_plan(actions: tuple[str, ...], n: int, lending_stopped: bool,
     """The positions a hand-out of ``n`` tensors guards, those it copies or lends (any action but "guard" and
     "as-is"), and of those the ones it lends (none once ``lending_stopped``)."""
     actions = actions[:n]
-    return (tuple(j for j, a in enumerate(actions) if a == "guard"),
-            tuple(j for j, a in enumerate(actions) if a != "guard" and a != "as-is"),
-            frozenset() if lending_stopped else frozenset(j for j, a in enumerate(actions) if a == "lend"))
+    guard, as_is, lend = HandOutAction.GUARD, HandOutAction.AS_IS, HandOutAction.LEND
+    return (tuple(j for j, a in enumerate(actions) if a == guard),
+            tuple(j for j, a in enumerate(actions) if a != guard and a != as_is),
+            frozenset() if lending_stopped else frozenset(j for j, a in enumerate(actions) if a == lend))
 
 
 class HandOut:

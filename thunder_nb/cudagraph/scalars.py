@@ -273,7 +273,7 @@ def _reader_form(r: BoundSymbol, made: dict[str, TensorProxy], cuda: bool) -> li
     reciprocal taken in double precision, then rounded to the math type (measured on the H200 with
     torch 2.11 over 300 divisors per dtype: ``x / d`` equals ``x * float(1.0 / d)`` bit for bit in
     float32, float16 and bfloat16, where ``x * (1.0f / float(d))`` is one ulp off for a quarter of
-    the divisors that float32 cannot hold: `bench/cuda_scalar_division.py`; `tests/test_scalar_exactness.py`
+    the divisors that float32 cannot hold: `bench/cuda_scalar_division.py`; `tests/cudagraph/test_scalar_exactness.py`
     checks the hand-off on the GPU).
     """
     out: list[BoundSymbol] = []

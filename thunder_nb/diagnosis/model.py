@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "CRASH_RULES",
     "INPUT_ROLES",
     "HAND_OUT_ACTIONS",
+    "HandOutAction",
     "TypeInfo",
     "SourceLine",
     "ScalarHandoff",
@@ -82,14 +84,46 @@ INPUT_ROLES: dict[str, str] = {
 }
 
 #: What the runner does with a tensor that leaves a trace (`HandOutPlan`).
-HAND_OUT_ACTIONS: dict[str, str] = {
-    "copy": "returned: copied out of graph memory when it lies there (views of one buffer stay views of one copy)",
-    "guard": "saved for the backward: left where the graph wrote it and guarded (while held, the next call "
-    "replays another graph instance)",
-    "as-is": "returned as the graph's own buffer (copy_outputs=False: the next call overwrites it)",
-    "lend": "a backward's gradient: handed to autograd where the graph wrote it, and guarded (while held, as "
-    "a parameter's .grad, the next backward replays another graph instance)",
+class HandOutAction(str, Enum):
+    """What the hand-out does with a tensor leaving a trace that may lie in graph memory: the one list of actions
+    the transform asks for (`thunder_nb.fix`), the runner carries out (`thunder_nb.cudagraph.handout`), the checker
+    reads and `render` words (`label`, `short`, `meaning`). A member equals its value (``HandOutAction.COPY ==
+    "copy"``), so the generated code's tuples of actions stay plain."""
+
+    COPY = "copy"
+    GUARD = "guard"
+    LEND = "lend"
+    AS_IS = "as-is"
+
+    @property
+    def meaning(self) -> str:
+        """What it does, in a sentence."""
+        return _ACTION_WORDS[self.value][2]
+
+    @property
+    def label(self) -> str:
+        """How reports name it: ``copied out``, ``guarded``, ``lent``, ``returned as-is``."""
+        return _ACTION_WORDS[self.value][0]
+
+    @property
+    def short(self) -> str:
+        """How a diagram's output node names it: ``copied out``, ``guarded``, ``lent``, ``as-is``."""
+        return _ACTION_WORDS[self.value][1]
+
+
+_ACTION_WORDS: dict[str, tuple[str, str, str]] = {
+    "copy": ("copied out", "copied out", "returned: copied out of graph memory when it lies there (views of one "
+             "buffer stay views of one copy)"),
+    "guard": ("guarded", "guarded", "saved for the backward: left where the graph wrote it and guarded (while held, "
+              "the next call replays another graph instance)"),
+    "as-is": ("returned as-is", "as-is", "returned as the graph's own buffer (copy_outputs=False: the next call "
+              "overwrites it)"),
+    "lend": ("lent", "lent", "a backward's gradient: handed to autograd where the graph wrote it, and guarded "
+             "(while held, as a parameter's .grad, the next backward replays another graph instance)"),
 }
+
+#: Each action's `HandOutAction.meaning`, by its value.
+HAND_OUT_ACTIONS: dict[str, str] = {a.value: a.meaning for a in HandOutAction}
 
 #: Why the runner no longer reads a static region input as it was captured (`StaticInputChange`).
 STATIC_INPUT_CHANGES: dict[str, str] = {
@@ -224,15 +258,15 @@ class HandOutPlan:
     copy_outputs: bool = True
     lend: bool = False  # returned tensors are lent, not copied (a backward's gradients, `lend_gradients`)
 
-    def action(self, name: str) -> str | None:
-        """The `HAND_OUT_ACTIONS` key for ``name``, or None when it cannot lie in graph memory."""
+    def action(self, name: str) -> HandOutAction | None:
+        """What the hand-out does with ``name``, or None when it cannot lie in graph memory."""
         if name not in self.graph_memory:
             return None
         if name in self.saved:
-            return "guard"
+            return HandOutAction.GUARD
         if self.lend:
-            return "lend"
-        return "copy" if self.copy_outputs else "as-is"
+            return HandOutAction.LEND
+        return HandOutAction.COPY if self.copy_outputs else HandOutAction.AS_IS
 
 
 @dataclass(frozen=True, slots=True)

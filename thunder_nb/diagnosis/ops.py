@@ -88,7 +88,7 @@ class CaptureDependent:
     dropout: int = 0  # position of ``dropout_p``: with a literal 0 no seed is made nor read
 
 
-#: thunder's symbols with capture-dependent tensors, by name. `tests/test_capture_hazards.py` checks that every
+#: thunder's symbols with capture-dependent tensors, by name. `tests/diagnosis/test_capture_hazards.py` checks that every
 #: aten op torch's note names maps to them (`CAPTURE_DEPENDENT_ATEN`) and that the positions are thunder's;
 #: `tests/test_gpu_zoo.py` that thunder's transform dies where the checker says.
 CAPTURE_DEPENDENT: dict[str, CaptureDependent] = {

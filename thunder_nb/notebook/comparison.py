@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cudagraph.capture import capture_mode
 from ..cudagraph.executors import executor_list
 from ..diagnosis import failures
 from ..diagnosis.failures import Failure, Where
@@ -16,7 +17,6 @@ from ..diagnosis.model import Defect, Report
 from ..render.common import plural
 from . import runs
 from .outcome import (
-    CAPTURE_MODES,
     EAGER_DEVICE,
     ORIGINALS,
     PEER,
@@ -38,7 +38,6 @@ __all__ = [
     "CaptureUnavailableError",
     "EagerError",
     "ORIGINALS",
-    "CAPTURE_MODES",
     "EAGER_DEVICE",
     "PEER",
     "PEER_MODE",
@@ -429,8 +428,7 @@ def _check_options(original: str, capture: Any, repeats: int, training: bool, lr
                    peers: bool = False, execute: bool = True) -> None:
     if original not in ORIGINALS:
         raise ValueError(f"unknown original: {original!r} (must be one of {list(ORIGINALS)})")
-    if not (capture is True or capture is False or capture == "auto"):
-        raise ValueError(f"unknown capture: {capture!r} (must be one of {list(CAPTURE_MODES)})")
+    capture_mode(capture)
     if int(repeats) < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats!r}")
     if lr is not None and not training:

@@ -16,7 +16,6 @@ __all__ = [
     "CaptureUnavailableError",
     "EagerError",
     "ORIGINALS",
-    "CAPTURE_MODES",
     "EAGER_DEVICE",
     "PEER",
     "PEER_MODE",
@@ -29,8 +28,6 @@ PEER = f"torch.compile {PEER_MODE}"
 
 #: The transforms a fixed run can be compared against.
 ORIGINALS = ("stock", "legacy")
-#: Accepted values of ``capture``.
-CAPTURE_MODES = ("auto", True, False)
 #: `Comparison.device` when no input is on a CUDA device.
 EAGER_DEVICE = "cpu (eager mode: no CUDA graphs)"
 

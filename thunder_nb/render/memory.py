@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..diagnosis.model import HAND_OUT_ACTIONS, INPUT_ROLES, Outside, Region, TraceReport
+from ..diagnosis.model import INPUT_ROLES, HandOutAction, Outside, Region, TraceReport
 from .common import plural
 
 __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry", "known", "input_roles",
@@ -12,8 +12,8 @@ __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry"
 
 #: How each `INPUT_ROLES` key is named in reports and diagrams.
 ROLE_LABELS = {"static": "read in place", "copied": "copied in", "number": "number"}
-#: How each `HAND_OUT_ACTIONS` key is named in reports and diagrams.
-ACTION_LABELS = {"copy": "copied out", "guard": "guarded", "as-is": "returned as-is", "lend": "lent"}
+#: How each hand-out action is named in reports and diagrams (`HandOutAction.label`).
+ACTION_LABELS = {a.value: a.label for a in HandOutAction}
 
 # NOTE: thunder's own runner has no hand-out: what a region returns leaves as the graph's buffer
 _STOCK_RETURNED = "the graph's own buffer, no hand-out: the next replay overwrites it"
@@ -60,7 +60,7 @@ def input_roles(trace: TraceReport, region: Region) -> dict[str, str]:
 
 
 def output_actions(trace: TraceReport, region: Region) -> dict[str, tuple[str, str]]:
-    """The region outputs that leave the trace: name -> (`HAND_OUT_ACTIONS` key, what leaves: "returned"/"saved")."""
+    """The region outputs that leave the trace: name -> (`HandOutAction` value, what leaves: "returned"/"saved")."""
     out: dict[str, tuple[str, str]] = {}
     if trace.hand_out is not None:
         plans = {o.name: o for o in region.plan.outputs} if region.plan is not None else {}
@@ -105,7 +105,7 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
     flagged = {d.value for d in trace.defects if d.rule in _GRAPH_MEMORY_RULES}
     for (action, fate), names in by_action.items():
         if trace.hand_out is not None:
-            label, why = ACTION_LABELS[action], HAND_OUT_ACTIONS[action]
+            label, why = HandOutAction(action).label, HandOutAction(action).meaning
         elif fate == "saved":
             label, why = "saved as-is", _STOCK_SAVED
         else:
@@ -162,8 +162,8 @@ def hand_out_line(trace: TraceReport) -> str | None:
 
 #: Short words for the diagram's input nodes (the default, "copied", goes unsaid).
 ROLE_SHORT = {"static": "in place", "copied": "", "number": "Python number"}
-#: Short words for the diagram's output nodes.
-ACTION_SHORT = {"copy": "copied out", "guard": "guarded", "as-is": "as-is", "lend": "lent"}
+#: Short words for the diagram's output nodes (`HandOutAction.short`).
+ACTION_SHORT = {a.value: a.short for a in HandOutAction}
 
 
 def inputs_summary(trace: TraceReport, region: Region) -> str:

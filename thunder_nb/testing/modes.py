@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Literal, Union
 
+from ..cudagraph.capture import capture_mode
 from .emulate import emulated_capture
 
 __all__ = ["CaptureMode", "MODES", "check_mode", "mode_name", "capturing", "make_transform", "stock_transform"]
@@ -18,10 +19,14 @@ MODES: dict[Any, str] = {False: "eager", "emulated": "emulated", True: "real"}
 
 
 def check_mode(capture: Any) -> CaptureMode:
-    """Return ``capture`` if it is a `CaptureMode`, else raise ValueError."""
-    if capture is True or capture is False or capture == "emulated":
+    """Return ``capture`` if it is a `CaptureMode` (`thunder_nb.cudagraph.capture`'s True or False, or ``"emulated"``:
+    the tests' third mode), else raise ValueError."""
+    if capture == "emulated":
         return capture
-    raise ValueError(f"unknown capture mode: {capture!r} (must be one of [True, False, 'emulated'])")
+    mode = capture_mode(capture)
+    if mode == "auto":
+        raise ValueError("the tests name their capture mode: True, False or 'emulated', not 'auto'")
+    return mode
 
 
 def mode_name(capture: CaptureMode) -> str:

@@ -19,7 +19,7 @@ import nbcheck
 from test_browser import ARTIFACTS, _missing, browser, open_offline, screenshots  # noqa: F401 (fixtures)
 from thunder_nb.notebook import export
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]

@@ -274,7 +274,7 @@ def test_training_needs_grad_inputs_and_a_scalar():
     "option, message",
     [
         (dict(original="nightly"), r"unknown original: 'nightly' \(must be one of \['stock', 'legacy'\]\)"),
-        (dict(capture="yes"), r"unknown capture: 'yes'"),
+        (dict(capture="yes"), r"capture must be one of .*, not 'yes'"),
         (dict(repeats=0), "repeats must be at least 1"),
         (dict(peers=True, execute=False), r"peers needs a run \(torch.compile is timed\): not with execute=False"),
     ],

@@ -21,7 +21,7 @@ from thunder_nb.diagnosis.model import (
     TraceReport, TypeInfo, Value,
 )
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGEN = os.environ.get("THUNDER_NB_REGEN_GOLDEN") == "1"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
 

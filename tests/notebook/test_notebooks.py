@@ -18,7 +18,7 @@ import pytest
 import nbcheck
 from thunder_nb.notebook import export
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 #: the notebooks with a %%thunder_cudagraph toggle
 WITH_TOGGLE = {"01_del_bug.ipynb", "04_training_step.ipynb", "05_nanogpt_training.ipynb"}
