@@ -209,3 +209,20 @@ def test_after_a_mistake_the_shell_runs_the_next_magic(ip):
     assert shown.count("UsageError") == 1 and "Traceback" not in shown
     _, result = run_whole_step(ip, "model,opt", CLEAN)
     assert result.matches
+
+
+def test_the_options_table_shows_a_default_of_zero_and_choices_that_are_not_strings(monkeypatch):
+    """A default of 0 equals False, and ``",".join`` refuses numbers: the table keeps both."""
+    import argparse
+
+    from thunder_nb import magics
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--warmup", type=int, default=0, help="steps")
+    parser.add_argument("--level", type=int, choices=[1, 2], default=1, help="level")
+    parser.add_argument("--quiet", action="store_true", help="quiet")
+    parser.add_argument("--name", default="", help="name")
+    monkeypatch.setattr(magics.ThunderCUDAGraphMagics.thunder_cudagraph, "parser", parser)
+    rows = magics.options_markdown().splitlines()[3:]
+    assert rows == ["| `--warmup WARMUP` | steps | `0` |", "| `--level {1,2}` | level | `1` |",
+                    "| `--quiet` | quiet |  |", "| `--name NAME` | name |  |"]

@@ -538,14 +538,16 @@ def options_markdown() -> str:
     rows = ["| option | what it does | default |", "|---|---|---|"]
     # NOTE: argparse keeps the declarations in _actions; its help formatter wraps text for a terminal instead
     for action in ThunderCUDAGraphMagics.thunder_cudagraph.parser._actions:
-        value = "{" + ",".join(action.choices) + "}" if action.choices else action.metavar or action.dest.upper()
+        value = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.metavar or action.dest.upper()
         if not action.option_strings:
             written = f"`{value}`"
         elif action.nargs == 0:
             written = ", ".join(f"`{s}`" for s in action.option_strings)
         else:
             written = ", ".join(f"`{s} {value}`" for s in action.option_strings)
-        default = f"`{action.default}`" if action.default not in (None, False, "") else ""
+        # NOTE: by identity: a default of 0 equals False, and is shown
+        shown = action.default is not None and action.default is not False and action.default != ""
+        default = f"`{action.default}`" if shown else ""
         rows.append(f"| {written} | {(action.help or '').replace('|', chr(92) + '|')} | {default} |")
     return "\n".join(rows) + "\n"
 
