@@ -12,7 +12,7 @@ import ipywidgets
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import get_ipython
+from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 from ipywidgets.widgets.widget_link import Link
 
@@ -56,7 +56,7 @@ VIEW = "application/vnd.jupyter.widget-view+json"
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = get_ipython()
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # NOTE: IPython starts it once
     shell.run_line_magic("load_ext", "thunder_nb")
     return shell
 
@@ -323,9 +323,9 @@ def test_thunders_first_import_is_a_progress_line(tmp_path):
     code = textwrap.dedent(
         """
         import sys
-        from IPython.testing.globalipapp import get_ipython
+        from IPython.testing import globalipapp
         from IPython.utils.capture import capture_output
-        ip = get_ipython()
+        ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # NOTE: IPython starts it once
         ip.run_line_magic("load_ext", "thunder_nb")
         assert "thunder" not in sys.modules
         with capture_output() as cap:

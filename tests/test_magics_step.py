@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import get_ipython
+from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 
 from thunder_nb.step_report import StepComparison
@@ -42,7 +42,7 @@ UNTRACEABLE = ("def loss_fn(x, y):\n    keep = torch.nonzero(y)[:, 0]\n"
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = get_ipython()
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()  # NOTE: IPython starts it once
     shell.run_line_magic("load_ext", "thunder_nb")
     return shell
 

@@ -193,9 +193,9 @@ def test_public_names_are_the_function_and_the_class(tmp_path):
         assert thunder_nb.Comparison.__name__ == "Comparison"
         c = thunder_nb.compare(lambda x: x.sin().sum(), (torch.randn(4),), repeats=1)
         assert isinstance(c, thunder_nb.Comparison)
-        from IPython.testing.globalipapp import get_ipython
+        from IPython.testing import globalipapp
         from IPython.utils.capture import capture_output
-        ip = get_ipython()
+        ip = globalipapp.start_ipython() or globalipapp.get_ipython()  # NOTE: IPython starts it once
         ip.run_line_magic("load_ext", "thunder_nb")
         with capture_output():
             ip.run_cell_magic("thunder_cudagraph", "--repeats 1 f(torch.randn(4))", "import torch\\ndef f(x):\\n    return x.cos()\\n")
