@@ -17,7 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("thunder_nb.diagnosis.model", "thunder_nb.diagnosis.ops"),  # the records and what each op is: shared vocabulary
     ("thunder_nb.cudagraph.*", "thunder_nb.step_report"),  # the runtime: it records what the diagnosis reads
     ("thunder_nb.diagnosis.*", "thunder_nb.render.*"),  # reading what the runtime did, and drawing it
-    ("thunder_nb.fix", "thunder_nb.step"),  # the transforms and the whole-step graph: the front doors of the runtime
+    ("thunder_nb.fix", "thunder_nb.step", "thunder_nb.step_capture", "thunder_nb.step_guard", "thunder_nb.step_graph",
+     "thunder_nb.step_compare"),  # the transforms and the whole-step graph: the front doors of the runtime
     ("thunder_nb.notebook.*",),  # compare, the widget, exported pages
     ("thunder_nb", "thunder_nb.magics", "thunder_nb.__main__", "thunder_nb.testing.*"),  # the front doors
 )

@@ -105,8 +105,8 @@ def _loss_of(net):
     return mlp_loss
 
 
-def _eager_mlp(batches, make_opt, *, between=None, accumulate=1, max_grad_norm=None):
-    net = _mlp()
+def _eager_mlp(batches, make_opt, *, between=None, accumulate=1, max_grad_norm=None, make_net=_mlp):
+    net = make_net()
     opt = make_opt(net)
     losses = []
     for i, (x, y) in enumerate(batches):
@@ -125,8 +125,8 @@ def _eager_mlp(batches, make_opt, *, between=None, accumulate=1, max_grad_norm=N
     return losses, _state(net)
 
 
-def _stepped(batches, make_opt, *, between=None, **options):
-    net = _mlp()
+def _stepped(batches, make_opt, *, between=None, make_net=_mlp, **options):
+    net = make_net()
     opt = make_opt(net)
     step = jit_step(net, _loss_of(net), opt, **options)
     losses = []
@@ -321,3 +321,155 @@ def test_compare_step_runs_the_step_against_eager_and_puts_the_state_back():
     assert not result.timings and "not timed" in result.to_text()
     assert not opt.state and all(p.grad is None for p in net.parameters())
     assert all(torch.equal(before[n], p) for n, p in net.named_parameters())
+
+
+# --- what the guards see besides the batch (review of #34) ------------------------------------------
+
+
+def _bn_mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 4))
+
+
+def _replace_head(i, net, opt):
+    if i == 4:
+        torch.manual_seed(1)
+        net[2] = torch.nn.Linear(16, 4)  # NOTE: not in the optimizer: trained by nothing, read by the loss
+
+
+def _freeze_first_weight(i, net, opt):
+    if i == 4:
+        net[0].weight.requires_grad_(False)
+
+
+def _rebind_running_mean(i, net, opt):
+    if i == 4:
+        net[1].running_mean = torch.zeros(16)
+
+
+@pytest.mark.parametrize("between, make_net, expected", [
+    (_replace_head, _mlp, "submodule Sequential.2 was replaced by a Linear"),
+    (_freeze_first_weight, _mlp, "parameter Linear.weight now has requires_grad=False"),
+    (_rebind_running_mean, _bn_mlp, "buffer BatchNorm1d.running_mean was replaced by another tensor"),
+], ids=["submodule", "requires_grad", "buffer"])
+def test_a_replaced_submodule_a_requires_grad_change_and_a_rebound_buffer_record_again(between, make_net, expected):
+    """A replay never calls thunder: on a GPU it would run the old module, update the old buffer, train the frozen
+    weight. The CPU stand-in calls thunder again, so the values cannot show it: the warning does."""
+    batches = [_batch(i) for i in range(8)]
+    losses, state = _eager_mlp(batches, _sgd, between=between, make_net=make_net)
+    got, got_state, step, again = _stepped(batches, _sgd, between=between, make_net=make_net, warmup=1)
+    assert again == [f"jit_step: recording the step again: {expected}"]
+    assert step.graphs_recorded == 2 and step.recordings == ["first recording", expected]
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+
+
+def test_a_replaced_parameter_records_again_once_not_at_every_later_step():
+    def between(i, net, opt):
+        if i == 4:
+            net[0].weight = torch.nn.Parameter(net[0].weight.detach().clone())
+
+    batches = [_batch(i) for i in range(10)]
+    losses, state = _eager_mlp(batches, _sgd, between=between)
+    got, got_state, step, again = _stepped(batches, _sgd, between=between)
+    assert again == ["jit_step: recording the step again: parameter Linear.weight was replaced by another tensor"]
+    assert step.graphs_recorded == 2
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+
+
+def test_warmup_zero_is_refused_and_the_optimizers_lazy_state_is_made_before_a_recording(monkeypatch):
+    """Adam's moments (and SGD's momentum) are made at a parameter's first ``optimizer.step()``: made inside a graph,
+    each replay would make them anew. A param group added later gets one uncaptured step before the recording."""
+    from thunder_nb.step import Step
+
+    net = _mlp()
+    with pytest.raises(ValueError, match=r"warmup must be >= 1 \(got 0\)"):
+        jit_step(net, _loss_of(net), _adamw(net), warmup=0)
+
+    missing = []
+    record = Step._record
+
+    def checked(self, batch):
+        opt = self.optimizer
+        missing.extend(p.shape for g in opt.param_groups for p in g["params"] if not opt.state.get(p))
+        return record(self, batch)
+
+    monkeypatch.setattr(Step, "_record", checked)
+
+    def adamw_first_layer(net):
+        return torch.optim.AdamW(net[0].parameters(), lr=1e-2)
+
+    def unfreeze(i, net, opt):
+        if i == 4:
+            opt.add_param_group({"params": list(net[2].parameters())})
+
+    batches = [_batch(i) for i in range(8)]
+    losses, state = _eager_mlp(batches, adamw_first_layer, between=unfreeze)
+    got, got_state, step, again = _stepped(batches, adamw_first_layer, between=unfreeze, warmup=1)
+    assert missing == [] and step.graphs_recorded == 2
+    assert again == ["jit_step: recording the step again: the optimizer's param groups changed"]
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+
+
+def test_load_state_dict_after_construction_gets_the_capture_settings_again(monkeypatch):
+    """``load_state_dict`` replaces the param groups (capturable False, lr a number): the recording after it sets them
+    again, or Adam's capture health check raises on a GPU. Here the CPU is made a capturable device for Adam."""
+    import importlib
+
+    from torch.optim.optimizer import _get_capturable_supported_devices as devices
+
+    monkeypatch.setattr(importlib.import_module("torch.optim.adam"), "_get_capturable_supported_devices",
+                        lambda supports_xla=True: [*devices(supports_xla), "cpu"])
+    net = _mlp()
+    opt = _adamw(net)
+    saved = torch.optim.AdamW(net.parameters(), lr=5e-3).state_dict()  # NOTE: a plain optimizer's: no state
+    step = jit_step(net, _loss_of(net), opt, warmup=1)
+    step._capturable = step._tensor_lr = True  # NOTE: what a CUDA model gets
+    step._set_up_optimizer()
+    assert all(g["capturable"] and isinstance(g["lr"], torch.Tensor) for g in opt.param_groups)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i in range(3):
+            step(*_batch(i))
+        opt.load_state_dict(saved)
+        assert not opt.param_groups[0]["capturable"] and opt.param_groups[0]["lr"] == 5e-3
+        for i in range(3, 6):
+            step(*_batch(i))
+    again = [str(w.message) for w in seen if issubclass(w.category, RecordAgainWarning)]
+    assert again == ["jit_step: recording the step again: the optimizer's state was replaced (load_state_dict)"]
+    group = opt.param_groups[0]
+    assert group["capturable"] and isinstance(group["lr"], torch.Tensor) and float(group["lr"]) == pytest.approx(5e-3)
+    assert step._lrs == [group["lr"]]  # NOTE: the tensor the recording reads is the one a schedule writes
+    assert all(opt.state[p]["step"].dtype == torch.float32 for p in net.parameters())
+
+
+def test_a_recorded_step_refuses_a_call_under_no_grad():
+    net = _mlp()
+    step = jit_step(net, _loss_of(net), _adamw(net), warmup=1)
+    step(*_batch(0))
+    step(*_batch(1))
+    before = _state(net)
+    with pytest.raises(RuntimeError, match="a training step needs grad mode"), torch.no_grad():
+        step(*_batch(2))
+    assert all(torch.equal(before[n], p) for n, p in net.named_parameters())
+
+
+def test_jit_step_and_thunder_nb_jit_take_the_same_executors():
+    """Both build ``thunder.jit``'s executor list with one helper: thunder's sdpa executor is the checked one."""
+    import thunder
+
+    import thunder_nb
+    from thunder_nb.cudagraph.executors import checked_sdpa
+
+    def names_of(jfn):  # NOTE: less the executor thunder makes for each function
+        return [e.name for e in thunder.compile_data(jfn).executors_list if not e.name.startswith("__ad_hoc")]
+
+    net = _mlp()
+    for names in ((), ("no-sdpa",), ("torchcompile",)):
+        got = names_of(jit_step(net, _loss_of(net), _adamw(net), executors=names)._jfn)
+        expected = names_of(thunder_nb.jit(_loss_of(net), executors=names))
+        assert got == expected and "sdpa" not in got, names
+        assert (checked_sdpa().name in got) == ("no-sdpa" not in names)

@@ -23,6 +23,7 @@ __all__ = [
     "jit",
     "jit_step",
     "capturability",
+    "compare_step",
     "recover_from_failed_capture",
     "compare",
     "Comparison",
@@ -63,7 +64,7 @@ def __getattr__(name: str) -> Any:
         from . import fix
 
         return getattr(fix, name)
-    if name in ("jit_step", "capturability"):
+    if name in ("jit_step", "capturability", "compare_step"):
         from . import step
 
         return getattr(step, name)

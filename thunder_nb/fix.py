@@ -20,7 +20,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 from . import internals
 from .cudagraph.capture import capture_mode
 from .cudagraph.defer import defer_returned_items
-from .cudagraph.executors import checked_sdpa, executor_list
+from .cudagraph.executors import jit_executors
 from .cudagraph.passes import (
     has_in_place,
     in_place_plan,
@@ -81,12 +81,8 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     """
     import thunder
 
-    # NOTE: the whole list: thunder's defaults, less those left out, after the named and given ones; thunder's sdpa
-    # executor, given or default, is the one with a checker that refuses what it cannot run (`checked_sdpa`)
-    given = [checked_sdpa() if getattr(e, "name", None) == "sdpa" else e for e in executors if not isinstance(e, str)]
-    named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
-    options["executors"] = list(dict.fromkeys(given + [e for e in named if e not in given]))
+    options["executors"] = jit_executors(executors)
     return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
 
 

@@ -32,6 +32,13 @@ __all__ = [
     "untraceable_op",
     "UNTRACEABLE_REASONS",
     "thunder_limit",
+    "source_line",
+    "flat_output",
+    "flatten",
+    "is_tensor_proxy",
+    "own_parameters",
+    "own_buffers",
+    "own_modules",
 ]
 
 #: The versions whose private names this module was written against.
@@ -337,3 +344,51 @@ def graph_pool_bytes(graph: Any) -> int | None:
 
     pid = tuple(pool())
     return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) == pid)
+
+
+# --- traces and modules, as jit_step reads them -----------------------------------------------------
+
+
+def source_line(bsym: Any) -> tuple[str, int] | None:
+    """``(file, line)`` of the user's code that made the bound symbol ``bsym``; None where thunder kept none."""
+    pos = getattr(bsym, "source_positions", None)
+    filename = getattr(bsym, "source_filename", None)
+    return (filename, pos.lineno) if filename and pos is not None else None
+
+
+def flatten(tree: Any) -> list[Any]:
+    """The leaves of a thunder pytree (``thunder.core.pytree.tree_flatten``)."""
+    from thunder.core.pytree import tree_flatten
+
+    return tree_flatten(tree)[0]
+
+
+def flat_output(trace: Any) -> tuple[Any, ...] | None:
+    """The flattened outputs of the user's function in a forward trace that returns ``({"flat_output": ...}, saved)``
+    (thunder's split forward); None for a trace of another form."""
+    out = trace.output
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict) and "flat_output" in out[0]:
+        return tuple(flatten(out[0]["flat_output"]))
+    return None
+
+
+def is_tensor_proxy(x: Any) -> bool:
+    """Whether ``x`` is a thunder tensor proxy (a tensor in a trace)."""
+    from thunder.core.proxies import TensorProxy
+
+    return isinstance(x, TensorProxy)
+
+
+def own_parameters(module: Any) -> dict[str, Any]:
+    """``module``'s own parameters by name, the live dict (None for one registered as None): ``module._parameters``."""
+    return module._parameters
+
+
+def own_buffers(module: Any) -> dict[str, Any]:
+    """``module``'s own buffers by name, the live dict: ``module._buffers``."""
+    return module._buffers
+
+
+def own_modules(module: Any) -> dict[str, Any]:
+    """``module``'s direct submodules by name, the live dict: ``module._modules``."""
+    return module._modules

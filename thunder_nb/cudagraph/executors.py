@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "checked_sdpa", "KERNELS_ATTRIBUTE"]
+__all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "KERNELS_ATTRIBUTE"]
 
 
 #: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
@@ -161,3 +161,18 @@ def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] |
     if "no-sdpa" in names:
         return chosen + [ex for ex in rest if ex.name != "sdpa"]
     return chosen + [checked_sdpa() if checked and ex.name == "sdpa" else ex for ex in rest]
+
+
+def jit_executors(executors: Sequence[Any]) -> list[Any]:
+    """``thunder.jit``'s ``executors=`` list for a user's mix of names (`EXECUTOR_NAMES`) and thunder executors.
+
+    The given executors first, then the named ones, then thunder's defaults (less sdpa for ``no-sdpa``), each once;
+    thunder's sdpa executor, given or default, is `checked_sdpa`. `thunder_nb.jit` and `thunder_nb.step.jit_step`
+    both take their executors this way.
+
+    Raises:
+        ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
+    """
+    given = [checked_sdpa() if getattr(e, "name", None) == "sdpa" else e for e in executors if not isinstance(e, str)]
+    named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
+    return list(dict.fromkeys(given + [e for e in named if e not in given]))

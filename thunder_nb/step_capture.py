@@ -1,0 +1,275 @@
+"""What keeps a training iteration from one CUDA graph, read from thunder's traces: `capturability` and the refusal."""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import internals
+from .cudagraph.executors import jit_executors
+from .step_report import Blocker, Capturability
+
+__all__ = ["capturability", "trace_blockers", "StepRefused", "optimizer_plan", "loss_blocker", "TENSOR_LR"]
+
+#: Optimizers whose capturable step reads ``lr`` from a device tensor (torch 2.11: Adam's and AdamW's foreach and
+#: fused paths): a schedule that changes it on the host needs no new recording.
+TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
+
+#: What to do about each kind of op that cannot be in a graph (`thunder_nb.diagnosis.ops.classify_bsym`'s reasons).
+_FIXES = {
+    "host-sync": ("host sync", "return the tensor and read it after the step (the step returns the loss: "
+                               "`loss.item()` after the call reads the graph's result, with eager's value)"),
+    "device-transfer": ("device transfer", "make the tensor on the model's device outside the step (device=...), "
+                                           "and pass it in with the batch"),
+    "cpu-op": ("cpu op", "make the tensor on the model's device (device=...): an op on host memory runs once at "
+                         "recording and never again"),
+    "host-data": ("host data", "replace the Python list or number array by a slice (x[:, -1:]) or a device tensor "
+                               "made once outside the step; CUDA refuses a copy from pageable host memory while "
+                               "recording"),
+    "capture-dependent": ("capture-dependent", "set the attention's dropout to 0, or leave thunder's sdpa executor "
+                                               "out: jit_step(..., executors=['no-sdpa'])"),
+}
+
+_PYTHON_SIDE = ("thunder runs the loss function's Python once, when it traces; no later step runs it (a print, a list "
+                "append, a global or an `if` on the value keeps the first step's): return the loss and read "
+                "loss.item() after the step")
+
+_NOT_OPS = frozenset({"return", "python_return", "del", "python_del", "unpack_trivial", "unpack_sequence", "unpack_key",
+                      "unpack_empty_dict", "unpack_attr", "clear_mutable_collection"})
+
+
+class StepRefused(RuntimeError):
+    """The iteration cannot be recorded as one CUDA graph: the message names the op, the user's line and the fix."""
+
+    def __init__(self, blockers: Sequence[Blocker], reason: str = "cannot record this step as one CUDA graph"):
+        self.blockers = tuple(blockers)
+        first = self.blockers[0]
+        n = len(self.blockers) - 1
+        more = f" (and {n} more: see thunder_nb.step.capturability)" if n else ""
+        super().__init__(f"jit_step {reason}: {first}{more}")
+
+
+def thunder_jit(fn: Callable[..., Any], executors: Sequence[Any]) -> Any:
+    """``thunder.jit(fn)`` with no graph transform, with ``executors`` as `thunder_nb.jit` takes them."""
+    import thunder
+
+    return thunder.jit(fn, executors=jit_executors(executors))
+
+
+def split(batch: Sequence[Any], k: int) -> list[list[Any]]:
+    """``batch`` as ``k`` micro-batches: each tensor chunked along dim 0, other values repeated."""
+    if k == 1:
+        return [list(batch)]
+    parts = []
+    for i, b in enumerate(batch):
+        if isinstance(b, torch.Tensor):
+            if b.dim() == 0 or b.shape[0] % k:
+                raise ValueError(f"accumulate={k}: the batch's argument {i} has shape {tuple(b.shape)}, whose "
+                                 f"first dimension does not split in {k} equal micro-batches")
+            parts.append(b.chunk(k))
+        else:
+            parts.append([b] * k)
+    return [list(p) for p in zip(*parts)]
+
+
+def optimizer_plan(optimizer: torch.optim.Optimizer) -> tuple[str, Blocker | None]:
+    """(how the step runs the optimizer, in words; what stops it from being captured, or None)."""
+    name = type(optimizer).__name__
+    if "capturable" in optimizer.defaults:
+        lr = "lr from a device tensor" if isinstance(optimizer, TENSOR_LR) else "lr fixed in the graph"
+        return f"{name} (capturable=True, {lr})", None
+    if isinstance(optimizer, torch.optim.SGD):
+        return f"{name} (no step counter; lr fixed in the graph)", None
+    return name, Blocker("optimizer", name, None,
+                         f"{name} has no capturable step in torch {torch.__version__.split('+')[0]}: use "
+                         "torch.optim.AdamW / Adam (capturable) or SGD", trace="optimizer")
+
+
+# --- where the user's code is -----------------------------------------------------------------------
+
+
+def _source_lines(traces: Sequence[Any]) -> tuple[dict[str, tuple[str, int]], dict[str, list[Any]]]:
+    """Where the user's code made each value: (proxy name -> (file, line), op name -> [(file, line) or None, ...] in
+    program order), from the traces that still carry source positions (thunder renames values when it splits the
+    forward from the backward, so the second map pairs an op with the same op of an earlier trace by its order)."""
+    by_name: dict[str, tuple[str, int]] = {}
+    by_op: dict[str, list[Any]] = {}
+    for trace in traces:
+        ops: dict[str, list[Any]] = {}
+        for b in trace.bound_symbols:
+            at = internals.source_line(b)
+            ops.setdefault(b.sym.name, []).append(at)
+            if at is not None:
+                for p in b.flat_proxy_outs:
+                    by_name.setdefault(p.name, at)
+        by_op.update((name, ats) for name, ats in ops.items() if any(ats))
+    return by_name, by_op
+
+
+def _at(pos: tuple[str, int] | None) -> dict[str, Any]:
+    """A `Blocker`'s ``where``, ``filename`` and ``line`` for the user's line ``(file, line)`` (none when unknown)."""
+    if pos is None:
+        return {"where": None}
+    from .diagnosis.failures import Where, where_text
+
+    file, line = pos
+    return {"where": where_text(Where(file, line, linecache.getline(file, line).strip(), "")), "filename": file,
+            "line": line}
+
+
+def _definition_line(fn: Any) -> dict[str, Any]:
+    """`_at` the line that defines ``fn``."""
+    try:
+        code = inspect.unwrap(fn).__code__
+    except AttributeError:
+        return _at(None)
+    return _at((code.co_filename, code.co_firstlineno))
+
+
+def where_from_traceback(e: BaseException) -> dict[str, Any]:
+    """`_at` the deepest line of the user's own code in ``e``'s traceback."""
+    from .diagnosis.failures import user_frame
+
+    frame = user_frame(e.__traceback__)
+    return _at((frame.filename, frame.line)) if frame else _at(None)
+
+
+def loss_blocker(loss_fn: Any, returned: str) -> Blocker:
+    """The blocker of a loss function that returns ``returned`` ("(tensor, float)", "a tensor of shape (8,)") rather
+    than one tensor of one element that requires grad."""
+    return Blocker("loss", f"loss_fn returns {returned}",
+                   fix="return the loss alone, one tensor of one element computed from the parameters; return other "
+                   "values from another function, or read them after the step", trace="loss_fn",
+                   **_definition_line(loss_fn))
+
+
+def returned_value(out: Any) -> str:
+    """What a loss function returned, in `loss_blocker`'s words."""
+    if not isinstance(out, torch.Tensor):
+        return type(out).__name__
+    return "a loss that does not require grad" if out.numel() == 1 else f"a tensor of shape {tuple(out.shape)}"
+
+
+# --- what stops a graph -----------------------------------------------------------------------------
+
+
+def _ops(trace: Any) -> list[Any]:
+    return [b for b in trace.bound_symbols if b.sym.name not in _NOT_OPS]
+
+
+def trace_blockers(jfn: Any, loss_fn: Any, *, cuda: bool) -> tuple[list[Blocker], list[bool], int]:
+    """What in ``jfn``'s last forward and backward traces cannot be in a graph, each with the user's line and the fix.
+
+    Returns:
+        (blockers, for each op whether it blocks (a host sync whose value only reaches Python first, then the
+        forward then the backward trace's ops), the number of forward ops)
+    """
+    import thunder
+
+    from .diagnosis.ops import classify_bsym
+
+    traces = thunder.last_traces(jfn)
+    backward = thunder.last_backward_traces(jfn)
+    by_name, by_op = _source_lines(traces)
+    blockers: list[Blocker] = []
+    flags: list[bool] = []
+    forward_ops = _ops(traces[-1])
+    for name, ops in (("forward", forward_ops), ("backward", _ops(backward[-1]) if backward else [])):
+        seen: dict[str, int] = {}
+        for b in ops:
+            nth = seen[b.sym.name] = seen.get(b.sym.name, -1) + 1
+            found = classify_bsym(b, cuda_trace=cuda)
+            flags.append(found is not None)
+            if found is None:
+                continue
+            kind, fix = _FIXES.get(found[0], (found[0], "keep it out of the step"))
+            pos = next((by_name[p.name] for p in b.flat_proxy_outs if p.name in by_name), None)
+            if pos is None and name == "forward":
+                ats = by_op.get(b.sym.name, [])
+                pos = ats[nth] if nth < len(ats) else None
+            blockers.append(Blocker(kind, found[1], fix=fix, trace=name, **_at(pos)))
+    for b in _python_only(traces[0], cuda=cuda):  # NOTE: not in the traces that run: one op outside the graph each,
+        flags.insert(0, True)  # counted before the forward (the rest of the iteration can still be one graph)
+        pos = next((by_name[p.name] for p in b.flat_proxy_outs if p.name in by_name), None)
+        blockers.append(Blocker("python-side state", f"{b.sym.name} (its value only reaches Python)", fix=_PYTHON_SIDE,
+                                trace="forward", **_at(pos)))
+    out = internals.flat_output(traces[-1])
+    if out is not None and not (len(out) == 1 and internals.is_tensor_proxy(out[0]) and out[0].numel == 1):
+        kinds = ", ".join("tensor" if internals.is_tensor_proxy(p) else type(p).__name__.replace("Proxy", "").lower()
+                          for p in out)
+        blockers.append(loss_blocker(loss_fn, f"({kinds})"))
+    if not backward:
+        blockers.append(Blocker("loss", "no backward trace",
+                                fix="the loss must depend on parameters that require grad, with grad mode on",
+                                trace="loss_fn", **_definition_line(loss_fn)))
+    return blockers, flags, len(forward_ops)
+
+
+def _python_only(trace: Any, *, cuda: bool) -> list[Any]:
+    """The host syncs of thunder's first trace (what the user's code called) whose value no op and no output uses:
+    a ``.item()`` that is printed, logged, kept in a list, tested by an ``if``."""
+    from .diagnosis.ops import classify_bsym
+
+    used = {p.name for b in trace.bound_symbols for p in b.flat_proxy_args}
+    used.update(getattr(p, "name", None) for p in internals.flatten(trace.output))
+    found = []
+    for b in _ops(trace):
+        kind = classify_bsym(b, cuda_trace=cuda)
+        if kind is not None and kind[0] == "host-sync" and not any(p.name in used for p in b.flat_proxy_outs):
+            found.append(b)
+    return found
+
+
+def _shapes(batch: Sequence[Any]) -> str:
+    return ", ".join(f"{list(b.shape)} {str(b.dtype).replace('torch.', '')}" if isinstance(b, torch.Tensor)
+                     else repr(b) for b in batch)
+
+
+def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *batch: Any,
+                  accumulate: int = 1, executors: Sequence[Any] = ()) -> Capturability:
+    """How much of one training iteration one CUDA graph holds, and what stops the rest (nothing runs).
+
+    Builds thunder's forward and backward traces of ``loss_fn`` for ``batch`` (the first micro-batch with
+    ``accumulate``) and reads them with the rules of `thunder_nb.diagnosis.ops` (host syncs, device transfers, host
+    memory, capture-dependent attention), plus the optimizer's step and the loss's form. Each blocker carries the
+    user's line and the fix.
+    """
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    desc, opt_blocker = optimizer_plan(optimizer)
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    first = split(batch, accumulate)[0]
+    jfn = thunder_jit(loss_fn, executors)
+    notes = [f"shapes: recorded for {_shapes(first)}; another shape records again"]
+    try:
+        internals.build_traces(jfn, *first)
+    except Exception as e:
+        from .diagnosis.failures import error_line, known_limit, untraceable
+
+        limit, op, known = known_limit(e), untraceable(e), internals.untraceable_op(e)
+        kind = "thunder"
+        if op is not None:  # NOTE: an op thunder cannot trace: nonzero, a boolean mask (a data-dependent shape), ...
+            what, fix = op[0], f"{op[1]}: keep it outside the loss function (thunder compiles all of it)"
+            if known is not None and known[1] in ("data-dependent-shape", "boolean-mask"):
+                kind = "dynamic shape"
+        else:
+            what = error_line(e)[:200]
+            fix = (f"{limit[0]}: {limit[1]}" if limit
+                   else "see the error; jit_step(..., capture=False) trains uncaptured")
+        blocker = Blocker(kind, what, fix=fix, trace="forward", **where_from_traceback(e))
+        return Capturability(name, 1, 0, (blocker,), desc, tuple(notes))
+    blockers, flags, _ = trace_blockers(jfn, loss_fn, cuda=device.type == "cuda")
+    flags.append(opt_blocker is not None)
+    if opt_blocker is not None:
+        blockers.append(opt_blocker)
+    longest = run = 0
+    for blocked in flags:
+        run = 0 if blocked else run + 1
+        longest = max(longest, run)
+    if any(b.kind == "loss" for b in blockers) and not any(flags):  # NOTE: a loss of the wrong form blocks it all
+        longest = 0
+    return Capturability(name, len(flags), longest, tuple(blockers), desc, tuple(notes))

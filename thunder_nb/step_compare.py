@@ -1,0 +1,200 @@
+"""The whole step against eager PyTorch from the same state: `compare_step`, what ``%%thunder_cudagraph --whole-step``
+runs (the user's model and optimizer are trained, then put back)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .step_capture import StepRefused, capturability
+from .step_graph import capture_mode, jit_step
+from .step_report import StepComparison
+
+__all__ = ["compare_step"]
+
+
+def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *batch: Any,
+                 replays: int = 2, warmup: int = 3, repeats: int = 20, rounds: int = 3, capture: bool | str = "auto",
+                 executors: Sequence[Any] = (), execute: bool = True,
+                 progress: Callable[[str], None] | None = None) -> StepComparison:
+    """Diagnose one training iteration, and when nothing stops it, run it as `jit_step` against eager PyTorch.
+
+    First `capturability` (nothing runs). When it finds no blocker, eager PyTorch (``zero_grad``, ``loss_fn(*batch)``,
+    ``backward``, ``optimizer.step()``) and `jit_step` each take ``warmup + 1 + replays`` steps on ``batch`` from the
+    same state (parameters, buffers, optimizer state, torch's random state): ``warmup`` uncaptured steps, the
+    recording, then replays. Their losses at every step and the parameters after the last are compared. On a GPU,
+    ``rounds`` rounds of ``repeats`` consecutive steps of each are then timed (median round); the CPU stand-in
+    (``capture="emulated"``, what ``"auto"`` picks without CUDA) is not timed.
+
+    The model and the optimizer are the caller's own objects, trained here and put back: on return (or an
+    exception) their parameters, buffers, optimizer state and hyperparameters, every ``.grad`` and torch's random
+    state are what they were at the call.
+
+    Args:
+        model, loss_fn, optimizer: as `jit_step` takes them.
+        batch: one batch, ``loss_fn(*batch) -> loss``; every step reuses it.
+        capture: ``"auto"``, ``True`` (CUDA required) or ``"emulated"``, as `jit_step` takes it.
+        execute: False: the report only.
+        progress: called with a short text before each stage.
+
+    Raises:
+        ValueError: ``capture`` asks for what this model cannot do (``True`` with the model on the CPU, ``False``).
+        Exception: what eager PyTorch raises in ``loss_fn``, also when thunder fails to trace it because the
+            user's code fails (the state is put back first).
+    """
+    say = progress or (lambda _: None)
+    if capture is False:
+        raise ValueError("compare_step runs the step captured: capture must be 'auto', True or 'emulated'")
+    params = _tensors_trained(model, optimizer)
+    device = params[0].device if params else torch.device("cpu")
+    mode = capture_mode(capture, device)
+    device_text = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    say(f"tracing {name} with thunder and reading what stops one graph…")
+    report = capturability(model, loss_fn, optimizer, *batch, executors=executors)
+    if any(b.kind == "thunder" for b in report.blockers):
+        _eager_forward(model, loss_fn, optimizer, batch)  # NOTE: a step that fails in eager too is the user's to fix
+    if report.blockers or not execute:
+        return StepComparison(report, device_text, "none", 0)
+    rtol, atol = _tolerance(params)
+    n = warmup + 1 + replays
+    saved = _Saved(model, optimizer, params)
+    step = None
+    try:
+        say(f"running {n} steps of eager PyTorch…")
+        eager_losses = [float(_eager_step(loss_fn, optimizer, batch)) for _ in range(n)]
+        eager_params = [p.detach().clone() for p in params]
+        saved.restore()
+        say(f"running {n} steps of the whole step ({warmup} uncaptured, the recording, {replays} replays)…")
+        step = jit_step(model, loss_fn, optimizer, capture=capture, warmup=warmup, executors=executors)
+        notes = []
+        try:
+            whole_losses = [float(step(*batch)) for _ in range(n)]
+        except StepRefused as e:
+            return StepComparison(report, device_text, mode, n, graphs=step.graphs_recorded, error=str(e),
+                                  notes=(_PUT_BACK,))
+        loss_ok, loss_error = _close(torch.tensor(whole_losses, dtype=torch.float64),
+                                     torch.tensor(eager_losses, dtype=torch.float64), rtol, atol)
+        param_ok, param_error = True, 0.0
+        for p, ref in zip(params, eager_params):
+            ok, err = _close(p.detach(), ref, rtol, atol)
+            param_ok, param_error = param_ok and ok, max(param_error, err)
+        notes.extend(f"in the run: {note}" for note in step.notes)
+        timings: list[tuple[str, float]] = []
+        if mode == "cuda" and repeats > 0:
+            say(f"timing {rounds} rounds of {repeats} consecutive steps: the whole step…")
+            timings.append(("eager", 0.0))
+            timings.append(("whole step", _time_steps(lambda: step(*batch), repeats, rounds, device)))
+            saved.restore()
+            say(f"timing {rounds} rounds of {repeats} consecutive steps: eager PyTorch…")
+            for _ in range(2):
+                _eager_step(loss_fn, optimizer, batch)
+            timings[0] = ("eager", _time_steps(lambda: _eager_step(loss_fn, optimizer, batch), repeats, rounds, device))
+        return StepComparison(report, device_text, mode, n, (tuple(eager_losses), tuple(whole_losses)), len(params),
+                              loss_error, param_error, (rtol, atol), loss_ok and param_ok, step.graphs_recorded,
+                              tuple(timings), repeats if timings else 0, notes=(*notes, _PUT_BACK))
+    finally:
+        del step  # NOTE: the graph and its memory go before the state is put back
+        saved.restore()
+
+
+_PUT_BACK = ("your model and optimizer are as they were: this run trained them, then put back their parameters, "
+             "buffers, optimizer state and hyperparameters, .grad and torch's random state")
+
+
+class _Saved:
+    """The state `compare_step` trains and puts back: parameters and buffers (in place), the optimizer's state dict,
+    each ``.grad``, torch's random state."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]):
+        import copy
+
+        self._model, self._optimizer, self._params = model, optimizer, params
+        self._tensors = [(t, t.detach().clone()) for t in (*params, *model.buffers())]
+        self._grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        self._opt = copy.deepcopy(optimizer.state_dict())
+        self._cpu_rng = torch.get_rng_state()
+        self._cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        import copy
+
+        with torch.no_grad():
+            for t, value in self._tensors:
+                t.copy_(value)
+        for p, g in zip(self._params, self._grads):
+            p.grad = None if g is None else g.clone()
+        # NOTE: a copy each time: load_state_dict keeps the tensors it is given, and the next steps update them in place
+        self._optimizer.load_state_dict(copy.deepcopy(self._opt))
+        torch.set_rng_state(self._cpu_rng)
+        if self._cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self._cuda_rng)
+
+
+def _tensors_trained(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The model's parameters that require grad, then any other tensor the optimizer updates (each once)."""
+    seen: dict[int, torch.Tensor] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            seen.setdefault(id(p), p)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _tolerance(params: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """(rtol, atol): the zoo's tolerances for a logged loss (float32), wider for 16-bit parameters."""
+    if any(p.dtype in (torch.float16, torch.bfloat16) for p in params):
+        return 2e-2, 2e-2
+    return 1e-4, 1e-4
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:
+    """(whether ``got`` equals ``ref`` within the tolerance, the largest absolute difference)."""
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    if got.shape != ref.shape:
+        return False, float("inf")
+    if not got.numel():
+        return True, 0.0
+    diff = (got - ref).abs()
+    ok = bool(torch.all(diff <= atol + rtol * ref.abs())) and not bool(torch.isnan(got).any() ^ torch.isnan(ref).any())
+    return ok, float(diff.nan_to_num(nan=0.0).max())
+
+
+def _eager_forward(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,
+                   batch: Sequence[Any]) -> None:
+    """Call ``loss_fn(*batch)`` once in eager PyTorch, state put back after; what it raises, raised."""
+    saved = _Saved(model, optimizer, _tensors_trained(model, optimizer))
+    try:
+        with torch.no_grad():
+            loss_fn(*batch)
+    finally:
+        saved.restore()
+
+
+def _eager_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, batch: Sequence[Any]) -> torch.Tensor:
+    """One step of eager PyTorch, as the user writes it; the loss, detached (no host sync)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(*batch)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _time_steps(run: Callable[[], Any], repeats: int, rounds: int, device: torch.device) -> float:
+    """Milliseconds per step: the median of ``rounds`` rounds of ``repeats`` consecutive calls (no sync inside)."""
+    import statistics
+    import time
+
+    per_round = []
+    for _ in range(rounds):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        torch.cuda.synchronize(device)
+        per_round.append((time.perf_counter() - start) / repeats * 1e3)
+    return statistics.median(per_round)

@@ -1,0 +1,380 @@
+"""The whole-step graph: `jit_step` records forward, loss, backward and the optimizer's step as one CUDA graph, and
+replays it while its host guards (`thunder_nb.step_guard`) find nothing changed."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import internals
+from .step_capture import (TENSOR_LR, StepRefused, loss_blocker, optimizer_plan, returned_value, split, thunder_jit,
+                           trace_blockers, where_from_traceback)
+from .step_guard import Snapshot, autocast_key, batch_key, key_difference, trained_parameters
+from .step_report import Blocker
+
+__all__ = ["jit_step", "Step", "RecordAgainWarning", "capture_mode"]
+
+
+class RecordAgainWarning(UserWarning):
+    """The step was recorded again; the message says what changed since the last recording."""
+
+
+def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
+             accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str = "auto", warmup: int = 3,
+             copy_loss: bool = True, executors: Sequence[Any] = ()) -> Step:
+    """Compile one training iteration of ``model`` into one CUDA graph: ``step(*batch) -> loss``.
+
+    Each call is ``zero_grad``, ``loss = loss_fn(*batch)`` (run as thunder's trace of the function: the model and
+    the loss), ``loss.backward()``, optional clipping, ``optimizer.step()``. The first ``warmup`` calls run it
+    uncaptured on a side stream (real steps, as PyTorch's whole-network capture recipe asks); the next call
+    records it as one ``torch.cuda.CUDAGraph`` (gradients set to None first, so they are allocated in the graph's
+    own memory) and every later call copies the batch into the graph's static input buffers and replays it.
+
+    Replay is guarded on the host: the batch's shapes, dtypes and devices (and its non-tensor values), autocast,
+    every module of the model (its submodules, parameters and buffers: the same objects in the same memory; each
+    parameter's ``requires_grad``; its training flag) and the optimizer's state, param groups and hyperparameters.
+    A change records again, after ``warmup`` more uncaptured steps where thunder's trace changes, with a
+    `RecordAgainWarning` that states the cause; a parameter the optimizer has no state for yet (a param group
+    added later) gets one uncaptured step first, so that its state (Adam's moments) is not made inside the graph.
+    A call under ``torch.no_grad()`` is refused.
+
+    Args:
+        model: the module trained; its parameters are the ones the graph updates.
+        loss_fn: ``loss_fn(*batch) -> loss``: calls ``model`` and returns the loss, one tensor of one element
+            (the function you would give ``thunder.jit``).
+        optimizer: a ``torch.optim`` optimizer. On CUDA, one with a ``capturable`` option (Adam, AdamW, ...) gets
+            ``capturable=True`` set in every param group; Adam and AdamW also get ``lr`` as a 0-d float32 device
+            tensor, so a learning-rate scheduler (or ``group["lr"] = x``) changes it without a new recording.
+            SGD needs no option; its lr is a number in the graph, and a change records again.
+        accumulate: gradient accumulation: each batch tensor is split in ``accumulate`` micro-batches along dim 0,
+            and the graph runs forward and backward on each (loss divided by ``accumulate``) before one step.
+        max_grad_norm: clip the gradients' total norm to this, inside the graph
+            (``torch.nn.utils.clip_grad_norm_``, which never reads the norm on the host); `Step.last_grad_norm`.
+        capture: ``"auto"``: a real CUDA graph when the model is on CUDA, else the CPU stand-in; ``True``: CUDA
+            required; ``"emulated"``: the CPU stand-in (every replay runs the iteration eagerly and writes its
+            loss and gradients into the recorded memory, as a replay does); ``False``: never record (every call
+            is an uncaptured step; no refusals).
+        warmup: uncaptured steps before each recording, at least 1 (thunder's first call and the optimizer's first
+            step, which makes its state, stay out of the graph).
+        copy_loss: return a copy of the graph's loss (one small copy per step). With False the returned tensor is
+            the graph's own loss buffer, overwritten by the next replay.
+        executors: thunder executors, or names as `thunder_nb.jit` takes them (``"no-sdpa"``, ``"torchcompile"``).
+
+    Returns:
+        a `Step`. What it returns is the loss as a tensor on the model's device (a copy: a logged ``loss.item()``
+        after the call gives eager's number). Between steps each parameter's ``.grad`` holds the last step's
+        gradients (clipped when ``max_grad_norm`` is set), in the graph's memory: the next replay overwrites them
+        in place. The step never accumulates into them across calls; ``zero_grad`` between calls changes nothing
+        the next step computes (with ``set_to_none=True`` the next call puts the graph's gradients back).
+        Optimizer step hooks do not run on replays.
+
+    Raises:
+        ValueError: ``warmup`` below 1, ``accumulate`` below 1, a model with no parameter that requires grad.
+        StepRefused: at the first call with a batch (before anything runs), when the iteration cannot be one
+            graph: a host sync (``.item()``), a device transfer or a host-memory op inside ``loss_fn``, an
+            optimizer with no capturable step, a loss that is not one tensor; the message names the op, the
+            user's line and the fix. `capturability` lists them all.
+    """
+    return Step(model, loss_fn, optimizer, accumulate=accumulate, max_grad_norm=max_grad_norm, capture=capture,
+                warmup=warmup, copy_loss=copy_loss, executors=executors)
+
+
+class _CudaRecording:
+    """One recorded iteration: the graph, its static batch, and the loss and gradients it writes."""
+
+    def __init__(self, graph: Any, static: list[Any], loss: torch.Tensor, grads: list[Any]):
+        self.graph, self.static, self.loss, self.grads = graph, static, loss, grads
+        self.replay = graph.replay
+
+
+class _EmulatedRecording:
+    """The CPU stand-in: a replay runs the iteration eagerly on the static batch, then writes its loss and gradients
+    into the memory the first replay made, as a graph's replay writes its own memory."""
+
+    def __init__(self, run: Callable[[list[Any]], torch.Tensor], static: list[Any], params: list[torch.Tensor]):
+        self._run, self.static, self._params = run, static, params
+        self.loss: torch.Tensor | None = None
+        self.grads: list[Any] = []
+
+    def replay(self) -> None:
+        for p in self._params:
+            p.grad = None
+        loss = self._run(self.static)
+        if self.loss is None:
+            self.loss, self.grads = loss, [p.grad for p in self._params]
+            return
+        with torch.no_grad():
+            self.loss.copy_(loss)
+            for p, g in zip(self._params, self.grads):
+                if g is not None and p.grad is not None:
+                    g.copy_(p.grad)
+                p.grad = g
+
+
+class Step:
+    """A training iteration recorded as one CUDA graph (see `jit_step`); call it with a batch."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
+                 accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str = "auto",
+                 warmup: int = 3, copy_loss: bool = True, executors: Sequence[Any] = ()):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        if accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1 (got {accumulate})")
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1 (got {warmup}): thunder's first call and the optimizer's first step "
+                             "(which makes its state: Adam's moments, SGD's momentum) must run outside the graph, or "
+                             "every replay would make that state anew")
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.accumulate, self.max_grad_norm, self.warmup, self.copy_loss = accumulate, max_grad_norm, warmup, copy_loss
+        self._params = trained_parameters(model)
+        if not self._params:
+            raise ValueError("the model has no parameter that requires grad: nothing to train")
+        self.device = self._params[0].device
+        self._mode = capture_mode(capture, self.device)
+        self._jfn = thunder_jit(loss_fn, executors)
+        self.notes: list[str] = []  # what jit_step changed or decided, in words
+        self.optimizer_text, self._optimizer_blocker = optimizer_plan(optimizer)
+        # NOTE: Adam's and AdamW's lr is read at every step (a device tensor in the graph; the optimizer itself in the
+        # CPU stand-in), so it stays out of the guards; other optimizers' lr is a number recorded in the graph
+        self._lr_live = self._optimizer_blocker is None and isinstance(optimizer, TENSOR_LR)
+        self._capturable = self._mode == "cuda" and self._optimizer_blocker is None  # capturable=True set on it
+        self._tensor_lr = self._capturable and self._lr_live
+        self._lrs: list[torch.Tensor] = []  # the lr tensors the graph reads
+        if self._capturable:
+            self.notes.extend(self._set_up_optimizer())
+        self._stream = torch.cuda.Stream(self.device) if self._mode == "cuda" else None
+        self._snap = Snapshot(model, optimizer, lr_live=self._lr_live)  # the model and optimizer the last step saw
+        self._recording: _CudaRecording | _EmulatedRecording | None = None
+        self._key: tuple | None = None  # `_key_of` the recording's batch, or of the warm-up steps
+        self._checked: tuple | None = None  # the batch key whose traces were checked for blockers
+        self._stateless: frozenset[int] | None = None  # `_without_state()` after the last uncaptured step
+        self._warm = 0  # uncaptured steps since the key last changed
+        self._grad_norm: torch.Tensor | None = None
+        self.graphs_recorded = 0
+        self.recordings: list[str] = []  # why each recording was made
+        self._why = "first recording"  # why the next one will be
+
+    # --- the call ---------------------------------------------------------------------------------
+
+    def __call__(self, *batch: Any) -> torch.Tensor:
+        """Run one training iteration on ``batch``; returns the loss (see `jit_step` for what it and ``.grad`` hold)."""
+        if not torch.is_grad_enabled():
+            raise RuntimeError("a training step needs grad mode: call the step outside torch.no_grad()")
+        key = self._key_of(batch)
+        rec = self._recording
+        if rec is not None and key == self._key and self._snap.change() is None:
+            return self._replay(rec, batch)
+        return self._slow(batch, key)
+
+    def _replay(self, rec: Any, batch: Sequence[Any]) -> torch.Tensor:
+        if self._tensor_lr:
+            self._lr_to_tensor()
+        pairs = [(s, b) for s, b in zip(rec.static, batch) if isinstance(b, torch.Tensor) and b is not s]
+        if pairs:
+            internals.copy_into([s for s, _ in pairs], [b for _, b in pairs])
+        rec.replay()
+        for p, g in zip(self._params, rec.grads):
+            if p.grad is not g:
+                p.grad = g
+        return rec.loss.clone() if self.copy_loss else rec.loss
+
+    def _slow(self, batch: Sequence[Any], key: tuple) -> torch.Tensor:
+        first = self._micro(batch)[0]  # NOTE: a batch that does not split is refused before anything changes
+        if self._capturable:  # NOTE: load_state_dict replaces the param groups: capturable=False, lr a number
+            self.notes.extend(f"{note} (again: the optimizer's param groups had lost it)"
+                              for note in self._set_up_optimizer())
+        change = self._snap.change()
+        retrace = change is not None and change[1]
+        if self._recording is not None:
+            why = key_difference(self._key, key) if key != self._key else (change or ("the step's state changed",))[0]
+            warnings.warn(RecordAgainWarning(f"jit_step: recording the step again: {why}"), stacklevel=3)
+            self._drop()
+            self._why = why
+        if retrace:
+            self._checked = None  # NOTE: another module, another parameter: thunder traces other code
+        if key != self._key or retrace:
+            self._warm = 0  # NOTE: thunder traces again: its first call, and any compilation, stay out of the graph
+        self._key = key
+        self._snap = Snapshot(self.model, self.optimizer, lr_live=self._lr_live)
+        self._params = self._snap.params
+        if self._mode is not False and self._checked != key:
+            self._refuse_blockers(first)  # NOTE: before anything runs: the model stays as it was
+            self._checked = key
+        if self._mode is False or self._warm < self.warmup or self._lazy_state_pending():
+            self._warm += 1
+            loss = self._uncaptured(batch)
+            self._stateless = self._without_state()
+            return loss
+        return self._record(batch)
+
+    # --- what runs --------------------------------------------------------------------------------
+
+    def _micro(self, batch: Sequence[Any]) -> list[list[Any]]:
+        return split(batch, self.accumulate)
+
+    def _iteration(self, batch: Sequence[Any]) -> torch.Tensor:
+        """Forward, loss, backward (per micro-batch), clipping, optimizer step; the loss, detached."""
+        k = self.accumulate
+        total = None
+        for part in self._micro(batch):
+            loss = self._jfn(*part)
+            if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
+                raise StepRefused([loss_blocker(self.loss_fn, returned_value(loss))], "needs the loss")
+            if k > 1:
+                loss = loss / k
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.max_grad_norm is not None:
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+        self.optimizer.step()
+        return total
+
+    def _uncaptured(self, batch: Sequence[Any]) -> torch.Tensor:
+        for p in self._params:
+            p.grad = None
+        if self._stream is None:
+            return self._iteration(batch)
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            loss = self._iteration(batch)
+        current.wait_stream(self._stream)
+        loss.record_stream(current)
+        return loss
+
+    def _record(self, batch: Sequence[Any]) -> torch.Tensor:
+        static = [b.clone() if isinstance(b, torch.Tensor) else b for b in batch]  # NOTE: the graph's input buffers
+        for p in self._params:
+            p.grad = None  # NOTE: the recipe's zero_grad(set_to_none=True): gradients allocated in the graph's pool
+        if self._tensor_lr:
+            self._lr_to_tensor()
+        if self._mode == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            internals.clear_cublas_workspaces()
+            try:
+                with torch.cuda.graph(graph, stream=self._stream):
+                    loss = self._iteration(static)
+            except StepRefused:
+                raise
+            except Exception as e:
+                internals.recover_generators()
+                for p in self._params:
+                    p.grad = None
+                raise StepRefused([Blocker("capture", type(e).__name__ + ": " + (str(e).splitlines() or [""])[0][:200],
+                                           fix="see thunder_nb.step.capturability; run with capture=False to "
+                                           "train uncaptured", **where_from_traceback(e))],
+                                  "failed while recording the graph") from e
+            finally:
+                internals.clear_cublas_workspaces()
+            rec: Any = _CudaRecording(graph, static, loss, [p.grad for p in self._params])
+        else:
+            rec = _EmulatedRecording(self._iteration, static, self._params)
+        self._recording = rec
+        self.graphs_recorded += 1
+        self.recordings.append(self._why)
+        return self._replay(rec, batch)
+
+    def _drop(self) -> None:
+        self._recording = None
+        for p in self._params:
+            p.grad = None  # NOTE: the old graph's gradients go with its memory
+
+    # --- guards and the optimizer -----------------------------------------------------------------
+
+    def _key_of(self, batch: Sequence[Any]) -> tuple:
+        """What thunder's trace depends on besides the model: the batch's shapes, dtypes, devices and values, and
+        autocast. Another key means another trace: warm-up steps before the next recording."""
+        return batch_key(batch), autocast_key(self.device)
+
+    def _without_state(self) -> frozenset[int]:
+        """The ids of the parameters the optimizer trains that it has no state for (yet)."""
+        opt = self.optimizer
+        return frozenset(id(p) for g in opt.param_groups for p in g["params"] if p.requires_grad and not opt.state.get(p))
+
+    def _lazy_state_pending(self) -> bool:
+        """Whether the optimizer's next step would still make state (Adam's moments, SGD's momentum) for a parameter:
+        made inside the graph, each replay would make it anew. One uncaptured step makes it; a parameter that still
+        has none after it gets none (no gradient reaches it, or the optimizer keeps no state)."""
+        missing = self._without_state()
+        return bool(missing) and missing != self._stateless
+
+    def _set_up_optimizer(self) -> list[str]:
+        """Give the optimizer what a capture needs (`_make_capturable`) and keep its lr tensors; what changed, in words."""
+        notes = _make_capturable(self.optimizer, self.device, tensor_lr=self._tensor_lr)
+        if self._tensor_lr:
+            self._lrs = [g["lr"] for g in self.optimizer.param_groups]
+        return notes
+
+    def _lr_to_tensor(self) -> None:
+        """Keep each group's ``lr`` the device tensor the graph reads: a number set on the host is written into it."""
+        for g, t in zip(self.optimizer.param_groups, self._lrs):
+            if g["lr"] is not t:
+                t.fill_(float(g["lr"]))
+                g["lr"] = t
+
+    def _refuse_blockers(self, first: Sequence[Any]) -> None:
+        internals.build_traces(self._jfn, *first)
+        blockers, _, _ = trace_blockers(self._jfn, self.loss_fn, cuda=self.device.type == "cuda")
+        if self._optimizer_blocker is not None:
+            blockers.append(self._optimizer_blocker)
+        if blockers:
+            raise StepRefused(blockers)
+
+    # --- what a user reads ------------------------------------------------------------------------
+
+    @property
+    def last_grad_norm(self) -> torch.Tensor | None:
+        """The gradients' total norm before clipping at the last step (a copy; None without ``max_grad_norm``)."""
+        return None if self._grad_norm is None else self._grad_norm.clone()
+
+    @property
+    def captured(self) -> bool:
+        """Whether the next call with the same batch shapes replays a graph."""
+        return self._recording is not None
+
+    def __repr__(self) -> str:
+        mode = {"cuda": "CUDA graph", "emulated": "emulated on the CPU", False: "uncaptured"}[self._mode]
+        return (f"<thunder_nb.step.Step of {getattr(self.loss_fn, '__name__', 'loss_fn')}: {mode}, "
+                f"{self.graphs_recorded} recorded, optimizer {self.optimizer_text}>")
+
+
+def capture_mode(capture: Any, device: torch.device) -> str | bool:
+    """``capture`` as the step runs it: ``"cuda"``, ``"emulated"`` or False (``"auto"`` decided by ``device``)."""
+    if capture == "auto":
+        return "cuda" if device.type == "cuda" else "emulated"
+    if capture is True:
+        if device.type != "cuda":
+            raise ValueError(f"capture=True needs the model on a CUDA device; its parameters are on {device}")
+        return "cuda"
+    if capture is False or capture == "emulated":
+        return capture
+    raise ValueError(f"capture must be one of ['auto', True, False, 'emulated'], not {capture!r}")
+
+
+def _make_capturable(optimizer: torch.optim.Optimizer, device: torch.device, *, tensor_lr: bool) -> list[str]:
+    """Set ``capturable=True`` (and the lr tensor) in every param group, and move step counters onto the device; what
+    it changed, in words (nothing when all was set)."""
+    notes = []
+    if "capturable" in optimizer.defaults and not all(g.get("capturable") for g in optimizer.param_groups):
+        for g in optimizer.param_groups:
+            g["capturable"] = True
+        notes.append(f"{type(optimizer).__name__}: capturable=True set in every param group (its step counters live "
+                     "on the device)")
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and step.device != device:
+            state["step"] = step.to(device=device, dtype=torch.float32)
+    if tensor_lr and not all(isinstance(g["lr"], torch.Tensor) and g["lr"].device == device
+                             for g in optimizer.param_groups):
+        for g in optimizer.param_groups:
+            if not isinstance(g["lr"], torch.Tensor):
+                g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=device)
+            elif g["lr"].device != device:
+                g["lr"] = g["lr"].to(device)
+        notes.append("lr is a 0-d device tensor in every param group: schedulers and group['lr'] = x change it "
+                     "without recording again")
+    return notes

@@ -1,0 +1,148 @@
+"""What a recorded training step depends on besides its batch, and the words for what changed (`jit_step`'s guards)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import internals
+
+__all__ = ["Snapshot", "batch_key", "key_difference", "autocast_key", "trained_parameters"]
+
+
+def trained_parameters(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters of ``model`` that require grad, each once."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _ptr(t: Any) -> int | None:
+    return t.data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+def _meta(t: Any) -> Any:
+    return (t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t)
+
+
+class Snapshot:
+    """The model and optimizer as one step saw them: every module (its training flag, its own submodules, parameters
+    and buffers: the objects, their memory and each parameter's ``requires_grad``) and the optimizer (its state and
+    param groups, the objects, and each group's size and hyperparameters; ``lr`` left out when it is ``lr_live``).
+
+    `change` compares the live objects with it by identity, and words a difference only when it finds one.
+    """
+
+    __slots__ = ("model", "optimizer", "modules", "params", "_entries", "_state", "_groups", "_sizes", "_hyper")
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, lr_live: bool):
+        self.model, self.optimizer = model, optimizer
+        self.modules = list(model.modules())
+        self.params = trained_parameters(model)
+        self._entries = []
+        for m in self.modules:
+            members = []
+            for kind, live in (("submodule", internals.own_modules(m)), ("parameter", internals.own_parameters(m)),
+                               ("buffer", internals.own_buffers(m))):
+                items = tuple((n, t, _ptr(t), t.requires_grad if kind == "parameter" and t is not None else None)
+                              for n, t in live.items())
+                members.append((kind, live, items))
+            self._entries.append((m, m.training, tuple(members)))
+        self._state, self._groups = optimizer.state, optimizer.param_groups
+        self._sizes = tuple(len(g["params"]) for g in optimizer.param_groups)
+        self._hyper = tuple(tuple((k, v) for k, v in g.items() if k != "params" and not (k == "lr" and lr_live))
+                            for g in optimizer.param_groups)
+
+    def change(self) -> tuple[str, bool] | None:
+        """What changed since the snapshot, in words, and whether thunder's trace changes with it (then the step warms
+        up again before recording); None when nothing did."""
+        for m, training, members in self._entries:
+            if m.training != training:
+                mode = "training" if m.training else "eval"
+                return f"{type(m).__name__} is now in {mode} mode (model.train() / model.eval())", True
+            for kind, live, items in members:
+                if len(live) != len(items):
+                    return _members_change(m, kind, live, items), True
+                for name, was, ptr, requires_grad in items:
+                    now = live.get(name, _GONE)
+                    if now is not was:
+                        return _replaced(m, kind, name, was, now)
+                    if ptr is not None and now.data_ptr() != ptr:
+                        return f"{kind} {type(m).__name__}.{name} now lives in other memory (its .data was set)", False
+                    if requires_grad is not None and now.requires_grad != requires_grad:
+                        return (f"parameter {type(m).__name__}.{name} now has requires_grad={now.requires_grad}",
+                                True)
+        return self._optimizer_change()
+
+    def _optimizer_change(self) -> tuple[str, bool] | None:
+        opt = self.optimizer
+        if opt.state is not self._state or opt.param_groups is not self._groups:
+            return "the optimizer's state was replaced (load_state_dict)", False
+        groups = self._groups
+        if len(groups) != len(self._sizes) or any(len(g["params"]) != n for g, n in zip(groups, self._sizes)):
+            return "the optimizer's param groups changed", False
+        for i, (g, items) in enumerate(zip(groups, self._hyper)):
+            for k, v in items:
+                now = g.get(k)
+                if now is not v and (isinstance(now, torch.Tensor) or isinstance(v, torch.Tensor) or now != v):
+                    extra = (f" ({type(opt).__name__}'s step reads it as a Python number, fixed in the graph; "
+                             f"Adam and AdamW read lr from a device tensor and need no new recording)"
+                             if k == "lr" else "")
+                    return f"param group {i}'s {k!r} changed from {v!r} to {now!r}{extra}", False
+        return None
+
+
+_GONE = object()
+
+
+def _replaced(m: torch.nn.Module, kind: str, name: str, was: Any, now: Any) -> tuple[str, bool]:
+    subject = f"{kind} {type(m).__name__}.{name}"
+    if now is _GONE:
+        return f"{subject} was removed", True
+    if kind == "submodule" or now is None or was is None:
+        return f"{subject} was replaced by {'None' if now is None else 'a ' + type(now).__name__}", True
+    # NOTE: a tensor of the same shape, dtype and device: thunder's trace stays, the graph must read the new one
+    return f"{subject} was replaced by another tensor", _meta(now) != _meta(was)
+
+
+def _members_change(m: torch.nn.Module, kind: str, live: dict[str, Any], items: tuple) -> str:
+    names = [n for n, *_ in items]
+    added = [n for n in live if n not in names]
+    if added:
+        return f"{type(m).__name__} has a new {kind} {added[0]}"
+    gone = next(n for n in names if n not in live)
+    return f"{kind} {type(m).__name__}.{gone} was removed"
+
+
+def batch_key(batch: Sequence[Any]) -> tuple:
+    """The batch's shapes, dtypes and devices, and its other values: what thunder's trace depends on."""
+    return tuple((b.shape, b.dtype, b.device) if isinstance(b, torch.Tensor) else (type(b), b) for b in batch)
+
+
+def key_difference(old: tuple | None, new: tuple) -> str:
+    """What differs between two keys ``(batch_key, autocast_key)``, in words."""
+    (batch, autocast), (was_batch, was_autocast) = new, old
+    if batch != was_batch:
+        return _batch_difference(was_batch, batch)
+    return f"autocast changed: {was_autocast} -> {autocast}"
+
+
+def _batch_difference(old: tuple, new: tuple) -> str:
+    if len(old) != len(new):
+        return f"the step now takes {len(new)} arguments (was {len(old)})"
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            if isinstance(a[0], torch.Size) and isinstance(b[0], torch.Size):
+                what = [f"{name} {x} (was {y})" for name, x, y in zip(("shape", "dtype", "device"), b, a) if x != y]
+                what = [w.replace("torch.Size(", "(").replace("])", ")").replace("([", "(") for w in what]
+                return f"the batch's argument {i} has {', '.join(what)}"
+            return f"the batch's argument {i} is {b[1]!r} (was {a[1]!r})"
+    return "the batch changed"
+
+
+def autocast_key(device: torch.device) -> tuple:
+    """Whether autocast is on for ``device``'s type, and its dtype."""
+    kind = device.type
+    if not torch.is_autocast_enabled(kind):
+        return (False,)
+    return (True, torch.get_autocast_dtype(kind))
