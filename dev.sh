@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # thunder-nb's commands. Each one sets up what it needs first (idempotent), one progress line a step:
 #   bash dev.sh example   run the main job on the built-in example
-#   bash dev.sh test      run the tests (what CI runs)
+#   bash dev.sh test      run the tests (what CI runs); --fast: the inner loop's tier (not slow, browser or gpu)
 #   bash dev.sh lab       open JupyterLab on notebooks/ with the extension ready (as root too)
 # Set-up: uv (on PATH, or else from PyPI into the private virtualenv .cache/uv-venv/: never into the
 # system Python, which Debian's python3 refuses (PEP 668, "externally-managed-environment"); Debian's
@@ -144,8 +144,14 @@ case "${1:-}" in
         ;;
     test)
         setup
-        apt_install "browser" chromium chromium fonts-liberation2
         shift
+        if [ "${1:-}" = "--fast" ]; then
+            # NOTE: the inner loop's tier: what runs in seconds (no kernel, notebook, browser, GPU or long training)
+            shift
+            say "running the fast tier: .venv/bin/python -m pytest -m 'not slow and not browser and not gpu'${*:+ $*}"
+            exec .venv/bin/python -m pytest -m "not slow and not browser and not gpu" "$@"
+        fi
+        apt_install "browser" chromium chromium fonts-liberation2
         say "running the tests: .venv/bin/python -m pytest${*:+ $*}"
         exec .venv/bin/python -m pytest "$@"
         ;;
@@ -159,7 +165,7 @@ case "${1:-}" in
         exec .venv/bin/python -m jupyterlab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks "${root[@]}" "$@"
         ;;
     *)
-        echo "usage: bash dev.sh example | test [pytest args] | lab [jupyterlab args]" >&2
+        echo "usage: bash dev.sh example | test [--fast] [pytest args] | lab [jupyterlab args]" >&2
         exit 2
         ;;
 esac

@@ -25,8 +25,8 @@ import torch  # noqa: E402
 import thunder  # noqa: E402
 from thunder.transforms.cudagraph import CUDAGraphTransform  # noqa: E402
 
-from thunder_nb.diagnosis import analysis  # noqa: E402
 from thunder_nb import render
+from thunder_nb.diagnosis import analysis  # noqa: E402
 
 #: (name, elementwise ops, host syncs): each op is one bound symbol plus about one ``del``
 CASES = (("~100", 48, 2), ("~1,000", 500, 4), ("~5,000", 2500, 8))

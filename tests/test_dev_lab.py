@@ -64,3 +64,17 @@ def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_fast_tier_selects_no_slow_browser_or_gpu_test_and_passes_pytest_arguments_on():
+    """``bash dev.sh test --fast``: the inner loop's tier (CONTRIBUTING.md), pytest's arguments passed on."""
+    out = subprocess.run(["bash", "dev.sh", "test", "--fast", "--collect-only", "-q", "tests/test_layout.py",
+                          "tests/test_dev_lab.py", "tests/cudagraph/test_fusion.py"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "running the fast tier" in out.stderr
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert any(i.startswith("tests/test_layout.py::") for i in ids)
+    # NOTE: this module is marked slow, and so is the fusion test that takes most of a minute
+    assert not any(i.startswith("tests/test_dev_lab.py::") for i in ids)
+    assert not any("keeps_an_islands_number_out_of_fusions" in i for i in ids)

@@ -39,8 +39,8 @@ import torch
 from hypothesis import HealthCheck, Phase, assume, event, given, note, seed, settings
 
 from thunder_nb.diagnosis.model import ERROR_RULES, RULES
-from thunder_nb.testing import fuzz
 from thunder_nb.notebook.values import compare_values, first_difference
+from thunder_nb.testing import fuzz
 
 EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "120"))
 FIXED_SEED = 0

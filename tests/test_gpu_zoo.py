@@ -17,8 +17,8 @@ import torch
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
-from thunder_nb.testing.zoo import MODELS, judge, missing_package, run_in_child, run_protocol
 from thunder_nb.notebook.values import compare_values
+from thunder_nb.testing.zoo import MODELS, judge, missing_package, run_in_child, run_protocol
 
 pytestmark = pytest.mark.gpu
 

@@ -318,6 +318,7 @@ def test_an_error_in_a_function_of_an_earlier_cell_names_that_cell(ip):
     assert "f raised KeyError: 'w' (cell In[" in str(info.value) and "line 3: `raise KeyError('w')`)" in str(info.value)
 
 
+@pytest.mark.slow
 def test_thunders_first_import_is_a_progress_line(tmp_path):
     """In a fresh process the first magic says it is importing thunder before the silent seconds that takes."""
     code = textwrap.dedent(

@@ -69,6 +69,7 @@ def test_the_readme_has_snippets_of_both_kinds():
     assert all(c.startswith("%%thunder_cudagraph") for c in cells[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("snippet", python_snippets(), ids=lambda s: _first_code_line(s)[:40])
 def test_each_python_snippet_runs_on_its_own(snippet, tmp_path):
     """Each Python snippet as one script in a fresh process: no name from another snippet, no set-up beforehand."""
@@ -185,6 +186,7 @@ def test_the_readme_is_a_user_guide():
         assert f"]({page})" in text, page
 
 
+@pytest.mark.slow
 def test_public_names_are_the_function_and_the_class(tmp_path):
     """``thunder_nb.compare`` and ``thunder_nb.Comparison``, first thing in a fresh process, and after the magic ran."""
     code = textwrap.dedent(

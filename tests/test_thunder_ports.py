@@ -50,6 +50,7 @@ def test_cudagraph_empty_inputs():
     assert t.graphs_captured == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["emulated", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_cudagraph_fw_bw(mode):
     """The backward reads the tensors saved for it where the forward's graph left them: it copies only the rest."""

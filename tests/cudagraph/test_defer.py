@@ -11,8 +11,8 @@ import torch
 
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing.emulate import emulated_capture
-from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
+from thunder_nb.testing.modes import make_transform
 
 
 def _emulated() -> FixedCUDAGraphTransform:
@@ -29,6 +29,7 @@ def _epilogue(jfn):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` on the GPU machine)")])])
+@pytest.mark.slow
 def test_a_logged_loss_item_runs_in_the_epilogue_and_the_step_equals_eager(device):
     case = model_case("nanoGPT", device, log_loss=True)
     ref = model_case("nanoGPT", device, model=copy.deepcopy(case.model), log_loss=True)

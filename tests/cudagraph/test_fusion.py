@@ -86,6 +86,7 @@ def test_thunder_nb_torchcompile_leaves_the_logged_item_out_so_the_forward_is_st
     assert _region_names(thunder.last_traces(j)[-1]) == [] and t.graphs_captured == 1
 
 
+@pytest.mark.slow
 def test_thunder_nb_torchcompile_keeps_an_islands_number_out_of_fusions_so_one_graph_serves_every_value():
     """``x * s`` with ``s`` from ``.item()``: fused by inductor, ``s`` would be a number baked into the graph."""
 

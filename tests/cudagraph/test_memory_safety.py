@@ -390,6 +390,7 @@ def test_two_backwards_of_one_forward_add_up_and_zero_grad_in_place_keeps_them(m
     assert backward.stats.instances == 2 and backward.stats.held_calls == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_training_loop_gets_its_gradients_in_graph_memory_with_one_graph_per_region(mode):
     """Gradients reset before each backward (zero_grad's default): each backward lends them, nothing is copied.
@@ -460,6 +461,7 @@ def reference(case, steps: int, seed: int) -> tuple[list[torch.Tensor], dict[str
     return losses, {n: p.grad for n, p in ref.model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("copy_outputs", [True, False])
 @pytest.mark.parametrize("mode", MODES)
 def test_several_jitted_models_alive_in_one_process(mode, copy_outputs):

@@ -22,8 +22,8 @@ from thunder_nb.cudagraph.prologue import (
     value_checks,
 )
 from thunder_nb.testing.emulate import emulated_capture
-from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
+from thunder_nb.testing.modes import make_transform
 
 
 class _Shadowed(nn.Module):
@@ -252,6 +252,7 @@ def _replace_llama2(model, new):
     ("nanoGPT", _replace_nanogpt, lambda m: m.transformer.h[0].mlp.c_fc.weight.shape),
     ("llama2", _replace_llama2, lambda m: m.layers[0].feed_forward.w1.weight.shape),
 ])
+@pytest.mark.slow
 def test_a_training_step_walks_paths_and_follows_replaced_parameters_buffers_and_modules(name, replace, shape_of):
     case = model_case(name, "cpu")
     ref = model_case(name, "cpu", model=copy.deepcopy(case.model))
@@ -283,6 +284,7 @@ def test_a_training_step_walks_paths_and_follows_replaced_parameters_buffers_and
         step(2)
 
 
+@pytest.mark.slow
 def test_fast_prologue_false_keeps_thunders_lookups():
     case = model_case("nanoGPT", "cpu")
     j = thunder.jit(case.step, transforms=[_emulated(fast_prologue=False)])
@@ -301,6 +303,7 @@ def test_a_jitted_module_keeps_its_own_lookups_and_equals_eager():
             torch.testing.assert_close(jm(x), ref(x))
 
 
+@pytest.mark.slow
 def test_a_failed_check_still_means_a_new_trace():
     """A batch of another shape, a frozen parameter and a module in eval mode fail the rewritten checks: thunder
     traces anew, equal to eager."""

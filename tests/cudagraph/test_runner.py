@@ -12,12 +12,12 @@ from thunder.transforms.cudagraph import to_arg_descriptor
 
 import thunder_nb
 from thunder_nb import internals
-from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.cudagraph.keys import _descriptor
 from thunder_nb.cudagraph.runner import ThunderNBRunner
+from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing import emulated_capture
-from thunder_nb.testing.modes import make_transform
 from thunder_nb.testing.models import model_case
+from thunder_nb.testing.modes import make_transform
 
 
 def emulated(**options) -> FixedCUDAGraphTransform:
@@ -197,6 +197,7 @@ def test_recapture_causes_name_the_input_and_what_changed():
         "first call", "w lies at another address (another tensor, e.g. another layer's weights)"]
 
 
+@pytest.mark.slow
 def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step():
     """Steady state of a real training step: one graph per region, every saved tensor guarded, every gradient lent.
 
@@ -238,6 +239,7 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
         assert counts.again is not None and counts.again_misses == 0, name
 
 
+@pytest.mark.slow
 def test_a_graphs_outputs_that_are_views_are_kept_as_plain_aliases_and_saved_as_they_are():
     """Views among a recorded graph's outputs become plain aliases of the same memory (no ``_base``).
 
@@ -392,6 +394,7 @@ def test_a_region_whose_proof_keeps_failing_on_the_same_key_stops_proving_it():
     assert len(counts.graphs) == 1 and counts.replays == 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["nanoGPT", "llama2"])
 def test_every_proof_a_training_run_relies_on_is_the_key_key_makes(model, monkeypatch):
     """Each call whose key was proved (`_KeyAgain`) is keyed by `_key` as well: the two must agree, on real models'

@@ -20,9 +20,9 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
 from thunder_nb import render
-from thunder_nb.notebook.comparison import TraceError
-from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.diagnosis.ops import CAPTURE_DEPENDENT, CAPTURE_DEPENDENT_ATEN, capture_hazard
+from thunder_nb.fix import FixedCUDAGraphTransform
+from thunder_nb.notebook.comparison import TraceError
 from thunder_nb.testing.modes import stock_transform
 
 
@@ -158,6 +158,7 @@ def _llama2_inference(transform):
     return thunder_nb.analyze(jfn)
 
 
+@pytest.mark.slow
 def test_a_list_index_in_llama2_inference_is_an_island_of_the_fixed_transform():
     report = _llama2_inference(FixedCUDAGraphTransform())
     (island,) = [i for i in report.forward.islands if i.reason == "host-data"]
@@ -166,6 +167,7 @@ def test_a_list_index_in_llama2_inference_is_an_island_of_the_fixed_transform():
     assert [d for d in report.defects if d.is_error] == []
 
 
+@pytest.mark.slow
 def test_the_checker_says_a_list_index_fails_capture_in_thunders_region():
     report = _llama2_inference(CUDAGraphTransform())
     (defect,) = [d for d in report.defects if d.rule == "host-data-in-region"]
@@ -189,6 +191,7 @@ def test_torch_tensor_of_a_list_inside_the_function_is_kept_out_too():
             assert all(capture_hazard(s) is None for s in b.subsymbols)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transform", [lambda: stock_transform(False), FixedCUDAGraphTransform], ids=["stock", "fixed"])
 def test_a_cpu_trace_has_no_capture_hazard(transform):
     # NOTE: nothing is captured on the CPU: no region is split, no defect predicted

@@ -13,8 +13,8 @@ import torch
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
-from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.diagnosis.model import Defect
+from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing import fuzz, modes
 
 MODES = ["emulated", pytest.param("gpu", marks=pytest.mark.gpu)]

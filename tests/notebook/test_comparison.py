@@ -206,8 +206,8 @@ def test_thunders_own_transform_without_a_gpu_is_said_plainly():
     import thunder
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
-    from thunder_nb.notebook import comparison
     from thunder_nb.diagnosis import failures
+    from thunder_nb.notebook import comparison
 
     jfn = thunder.jit(programs.island, transforms=[CUDAGraphTransform()])
     with pytest.raises(Exception) as info:
@@ -219,8 +219,8 @@ def test_thunders_own_transform_without_a_gpu_is_said_plainly():
 
 
 def test_failures_are_told_apart_by_where_torch_raised_them_not_by_their_text():
-    from thunder_nb.notebook import comparison
     from thunder_nb.diagnosis import failures
+    from thunder_nb.notebook import comparison
 
     def raised(fn, *args):
         try:
@@ -458,8 +458,8 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     import thunder
 
     from thunder_nb.cudagraph.executors import executor_list
-    from thunder_nb.notebook import runs
     from thunder_nb.fix import FixedCUDAGraphTransform
+    from thunder_nb.notebook import runs
 
     chosen = executor_list(list(names))
     plan = runs.Plan("mlp", True, None, 2, False)

@@ -83,6 +83,7 @@ def test_no_execute_uses_the_saved_outputs_and_out_picks_the_folder(tmp_path):
     assert "has 1 widget output(s) with no saved widget state" in run.stderr
 
 
+@pytest.mark.slow
 def test_mistakes_get_one_line_and_status_2(tmp_path):
     run = export_cli("nothing.ipynb", cwd=tmp_path)
     assert run.returncode == 2 and run.stderr.strip() == "thunder-nb: no such notebook: nothing.ipynb"
@@ -92,6 +93,7 @@ def test_mistakes_get_one_line_and_status_2(tmp_path):
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 def test_a_cell_that_raises_exits_1_with_the_page_written(tmp_path):
     write_notebook(tmp_path / "bad.ipynb", ["x = 1", "raise ValueError('boom')"])
     run = export_cli("bad.ipynb", cwd=tmp_path)

@@ -14,6 +14,8 @@ from nbclient import NotebookClient
 
 from thunder_nb.notebook.widget import toggle
 
+pytestmark = pytest.mark.slow  # NOTE: a real kernel, started once for the module (about 16 s)
+
 VIEW = "application/vnd.jupyter.widget-view+json"
 STATE = "application/vnd.jupyter.widget-state+json"
 

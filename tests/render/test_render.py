@@ -14,8 +14,8 @@ from typing import Any
 import graphviz
 import pytest
 
-from thunder_nb.diagnosis import analysis
 from thunder_nb import render
+from thunder_nb.diagnosis import analysis
 from thunder_nb.diagnosis.model import (
     Defect, GraphRecord, Island, Op, Region, RegionPlan, RegionStats, Report, ScalarHandoff, Site, SourceLine,
     TraceReport, TypeInfo, Value,

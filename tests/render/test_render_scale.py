@@ -18,9 +18,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import programs
-from thunder_nb.diagnosis import analysis
 from thunder_nb import render
+from thunder_nb.diagnosis import analysis
 from thunder_nb.diagnosis.model import Report
+
+pytestmark = pytest.mark.slow  # NOTE: a 6-layer nanoGPT traced once for the module (about 24 s)
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
 SVG = "{http://www.w3.org/2000/svg}"

@@ -16,8 +16,8 @@ import pytest
 
 import programs
 from test_render import USE_AFTER_DEL, assert_in_order, chain_source
-from thunder_nb.diagnosis import analysis
 from thunder_nb import render
+from thunder_nb.diagnosis import analysis
 from thunder_nb.diagnosis.model import Report, StaticInputChange
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
