@@ -140,3 +140,86 @@ def test_gpu_a_host_sync_in_the_step_is_refused_before_anything_runs():
     with pytest.raises(StepRefused, match=r"host sync: item at .*models\.py:\d+: `return loss, loss\.item\(\)`"):
         step(*case.make_batch(0))
     assert all(torch.equal(before[n], p) for n, p in case.model.named_parameters())
+
+
+# --- the review of #34: what only a real replay shows ------------------------------------------------
+
+
+def _mlp_cuda(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 4)).cuda()
+
+
+def _mlp_batches(n):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 8, generator=g).cuda(), torch.randint(0, 4, (8,), generator=g).cuda()) for _ in range(n)]
+
+
+def _mlp_run(batches, between, *, whole):
+    net = _mlp_cuda()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+    def loss_fn(x, y):
+        return torch.nn.functional.cross_entropy(net(x), y)
+
+    step = jit_step(net, loss_fn, opt, warmup=1) if whole else None
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        between(i, net, opt)
+        if whole:
+            losses.append(step(x, y).item())
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    state = {**_state(net), **{n: b.clone() for n, b in net.named_buffers()}}
+    return losses, state, step
+
+
+@pytest.mark.parametrize("change", ["head", "freeze", "buffer", "load_state_dict"])
+def test_gpu_a_changed_model_or_optimizer_is_recorded_again_and_trains_as_eager(change):
+    """A replay never calls thunder: before the review, a replaced head, a frozen weight or a rebound buffer kept the
+    old graph, and load_state_dict's plain param groups failed Adam's capture health check."""
+    saved = {}
+
+    def between(i, net, opt):
+        if i == 0:
+            saved["opt"] = torch.optim.AdamW(net.parameters(), lr=5e-3).state_dict()
+        if i != 4:
+            return
+        if change == "head":
+            torch.manual_seed(1)
+            net[3] = torch.nn.Linear(16, 4).cuda()
+            opt.add_param_group({"params": list(net[3].parameters())})
+        elif change == "freeze":
+            net[0].weight.requires_grad_(False)
+        elif change == "buffer":
+            net[1].running_mean = torch.zeros(16, device="cuda")
+        else:
+            opt.load_state_dict(saved["opt"])
+
+    batches = _mlp_batches(9)
+    losses, state, _ = _mlp_run(batches, between, whole=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got, got_state, step = _mlp_run(batches, between, whole=True)
+    assert sum(issubclass(w.category, RecordAgainWarning) for w in seen) == 1
+    assert step.graphs_recorded == 2
+    c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
+    assert c.matches, c.difference
+
+
+def test_gpu_a_recorded_step_refuses_no_grad():
+    batches = _mlp_batches(3)
+    net = _mlp_cuda()
+    step = jit_step(net, lambda x, y: torch.nn.functional.cross_entropy(net(x), y),
+                    torch.optim.AdamW(net.parameters(), lr=1e-2), warmup=1)
+    step(*batches[0])
+    step(*batches[1])
+    before = _state(net)
+    with pytest.raises(RuntimeError, match="a training step needs grad mode"), torch.no_grad():
+        step(*batches[2])
+    assert all(torch.equal(before[n], p) for n, p in net.named_parameters())
