@@ -207,20 +207,20 @@ def test_thunders_own_transform_without_a_gpu_is_said_plainly():
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
     from thunder_nb.diagnosis import failures
-    from thunder_nb.notebook import comparison
+    from thunder_nb.notebook import verdict
 
     jfn = thunder.jit(programs.island, transforms=[CUDAGraphTransform()])
     with pytest.raises(Exception) as info:
         jfn(programs.vec())
     failure = failures.Failure.of(info.value, "run")  # torch: "Found no NVIDIA driver on your system"
     assert failure.kind == "no-gpu", info.value
-    assert comparison._failure_phrase(failure) == "needs a GPU to run (only its trace is shown)"
+    assert verdict._failure_phrase(failure) == "needs a GPU to run (only its trace is shown)"
     assert failures.NO_GPU.startswith("needs a GPU to run: thunder's transform captures CUDA graphs")
 
 
 def test_failures_are_told_apart_by_where_torch_raised_them_not_by_their_text():
     from thunder_nb.diagnosis import failures
-    from thunder_nb.notebook import comparison
+    from thunder_nb.notebook import verdict
 
     def raised(fn, *args):
         try:
@@ -232,17 +232,17 @@ def test_failures_are_told_apart_by_where_torch_raised_them_not_by_their_text():
     # NOTE: a real frame of torch's capture code (torch.cuda.graphs) raising; on a GPU it is capture_end
     capture = raised(torch.cuda.graphs.CUDAGraph.capture_end, object())
     assert failures.Failure.of(capture, "run").kind == "capture"
-    assert comparison._failure_phrase(failures.Failure.of(capture, "run")) == "capture fails"
+    assert verdict._failure_phrase(failures.Failure.of(capture, "run")) == "capture fails"
     try:
         raise RuntimeError("the region failed") from capture
     except RuntimeError as e:
         assert failures.Failure.of(e, "run").kind == "capture"  # through the chain
     wording = raised(lambda: (_ for _ in ()).throw(RuntimeError("operation not permitted when stream is capturing")))
     failure = failures.Failure.of(wording, "run")
-    assert failure.kind == "crash" and comparison._failure_phrase(failure) == "crashes (RuntimeError)"
+    assert failure.kind == "crash" and verdict._failure_phrase(failure) == "crashes (RuntimeError)"
     failure = failures.Failure.of(raised(lambda: {}["x"]), "trace")
     assert failure == failures.Failure("compile", "trace", "KeyError", "KeyError: 'x'")
-    assert comparison._failure_phrase(failure) == "compile fails (KeyError)"
+    assert verdict._failure_phrase(failure) == "compile fails (KeyError)"
 
 
 def test_sgd_steps_check_the_parameters_after_the_last_step():

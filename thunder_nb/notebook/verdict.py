@@ -1,0 +1,158 @@
+"""The words of `thunder_nb.compare`'s verdict: each version's run, its worst findings first, and the speeds."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from ..diagnosis import failures
+from ..diagnosis.failures import Failure
+from ..diagnosis.model import Defect, Report
+from ..render.common import plural
+from .outcome import Outcome
+
+__all__ = ["WRONG_WHEN"]
+
+
+def _speed(slower_us: float, us: float, than: str) -> str:
+    """``1.8x faster than eager`` (``us`` against ``slower_us``), or ``1.5x slower than ...``."""
+    ratio = slower_us / us
+    return f"{ratio:.1f}x faster than {than}" if ratio >= 1 else f"{1 / ratio:.1f}x slower than {than}"
+
+
+def _us(x: float, unit: bool = True) -> str:
+    text = f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+    return f"{text} us" if unit else text
+
+
+def _warnings_phrase(defects: Iterable[Defect]) -> str:
+    """``13 warnings (9 never-freed, 4 dead-region-input)``: the count, then the most frequent rules."""
+    counts = Counter(d.rule for d in defects)
+    top = [f"{n} {rule}" for rule, n in counts.most_common(2)]
+    if len(counts) > 2:
+        top.append(f"{sum(counts.values()) - sum(n for _, n in counts.most_common(2))} more")
+    return f"{plural(sum(counts.values()), 'warning')} ({', '.join(top)})"
+
+
+#: A few words per `Failure.kind` (``{error_type}``: the exception's class name).
+_FAILURE_PHRASES = {
+    "no-gpu": "needs a GPU to run (only its trace is shown)",
+    "capture": "capture fails",
+    "compile": "compile fails ({error_type})",
+    "crash": "crashes ({error_type})",
+    "would-crash": "not run: it would kill the process",
+}
+
+
+#: When a wrong-result defect that did not show in a run would show (the original side's verdict says so).
+WRONG_WHEN = {
+    "returned-graph-memory": "when a result is kept across calls (the next call overwrites it)",
+    "saved-graph-memory": "when two forwards run before one backward",
+    "static-input-rebound": "when another tensor is passed in a static input's place",
+}
+
+
+def _nothing_captured(report: Report) -> str | None:
+    """Why a function with no region has nothing captured: no op computes on a tensor, or each op stands alone."""
+    if not any(v.type.kind == "tensor" for t in report.traces for v in t.values):
+        return ("nothing to capture: no op computes on a tensor (its arguments are Python numbers, which thunder "
+                "computes as Python; pass tensors)")
+    lone = sum(len(t.unfused) for t in report.traces)
+    if lone:
+        return f"nothing captured: {plural(lone, 'op')} alone, and one op alone is not worth a graph"
+    return None
+
+
+def _failure_phrase(failure: Failure) -> str:
+    return _FAILURE_PHRASES[failure.kind].format(error_type=failure.error_type)
+
+
+def _run_phrase(out: Outcome, c: Any) -> str:
+    if not out.ran:
+        return "not run"
+    if out.matches:
+        text = "matches eager"
+    else:
+        err = f" (max abs error {out.max_abs_error:.3g})" if out.max_abs_error is not None else ""
+        random = c.random_ops
+        # NOTE: a dropout mask is a draw: another run draws another, so a difference says nothing about graphs
+        why = (f" as expected: it draws random numbers ({', '.join(random)}), and eager draws others; compare in "
+               "eval mode or with dropout 0") if random else ""
+        text = f"DIFFERS from eager{err}{why}"
+    if c.training:
+        text += ", grads match" if out.grads_match else ", grads DIFFER"
+    if out.params_match is not None:
+        text += f", {'params match' if out.params_match else 'params DIFFER'} after {c.steps} SGD steps"
+        if c.steps == 1 + c.warmup + c.repeats:
+            # NOTE: the count is the calls' (one step after each), which --repeats alone does not show
+            text += f" (one after each call: 1 checked, {c.warmup} warm-up, {c.repeats} timed)"
+    return text
+
+
+def _check_text(out: Outcome, c: Any) -> str:
+    if out.failure:
+        if out.failure.kind == "no-gpu":
+            return f"not run: {failures.NO_GPU}"
+        return f"fails at {out.stage}: {out.error}"
+    if not out.ran:
+        return "not run"
+    text = _run_phrase(out, c)
+    if out.max_abs_error is not None:
+        text += f" (max abs error {out.max_abs_error:.3g}"
+        if c.training and out.grads_max_abs_error is not None:
+            text += f", grads {out.grads_max_abs_error:.3g}"
+        if out.params_max_abs_error is not None:
+            text += f", params {out.params_max_abs_error:.3g}"
+        text += ")"
+    if out.mismatch:
+        text += f": {out.mismatch}"
+    return text
+
+
+#: Which error a verdict names first: the one that breaks the run soonest, then the rest.
+_PRIORITY = ("capture-dependent-in-region", "host-sync-in-region", "host-data-in-region", "cpu-op-in-region",
+             "use-after-del", "region-deletes-output",
+             "static-input-rebound", "saved-graph-memory", "returned-graph-memory")
+
+
+def _by_priority(defects: Iterable[Defect]) -> list[Defect]:
+    ranked = list(defects)
+    return sorted(ranked, key=lambda d: _PRIORITY.index(d.rule) if d.rule in _PRIORITY else len(_PRIORITY))
+
+
+def _op_of(report: Report, d: Defect):
+    for t in report.traces:
+        if t.kind != d.trace or d.region is None:
+            continue
+        try:
+            region = t.region(d.region)
+        except KeyError:
+            return None
+        return next((o for o in region.ops if o.line == d.line), None)
+    return None
+
+
+#: A few words per rule, with the defect's value and where it is.
+_PHRASES = {
+    "use-after-del": "{value} used after del in {where}",
+    "region-deletes-output": "{where} deletes its own output {value}",
+    "region-deletes-outside-value": "{where} deletes {value} from outside it",
+    "scalar-region-input": "number {value} into {where} (a graph per value)",
+    "returned-graph-memory": "wrong result: {value} returned in graph memory (the next call overwrites it)",
+    "saved-graph-memory": "wrong result: {value} saved for the backward in graph memory (a second forward overwrites it)",
+    "static-input-rebound": "wrong result: {where} copies any other tensor passed as {value} into its static input",
+}
+
+
+def _defect_phrase(report: Report, d: Defect) -> str:
+    """A few words for a defect: ``item inside CUDAGraph1``, ``t9 used after del in CUDAGraph1``."""
+    where = d.region or "the top level"
+    if d.rule in ("host-sync-in-region", "cpu-op-in-region", "host-data-in-region", "capture-dependent-in-region"):
+        op = _op_of(report, d)
+        what = op.callee.rsplit(".", 1)[-1] if op is not None else (d.value or "an op")
+        return f"{what} inside {where}"
+    phrase = _PHRASES.get(d.rule)
+    if phrase is not None:
+        return phrase.format(value=d.value, where=where)
+    return f"{d.rule} ({d.value or where})"
