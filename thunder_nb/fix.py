@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -30,7 +31,13 @@ from .cudagraph.passes import (
     strip_top_level_dels,
 )
 from .cudagraph.prologue import fast_module_lookups
-from .cudagraph.runner import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning, ThunderNBRunner
+from .cudagraph.runner import (
+    EagerFallbackWarning,
+    HeldOutputsWarning,
+    RecaptureWarning,
+    RunnerOptions,
+    ThunderNBRunner,
+)
 from .cudagraph.scalars import handoff_numbers
 from .diagnosis.model import HandOutAction, HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .diagnosis.ops import classify_bsym
@@ -101,22 +108,22 @@ def _check_capture(capture: Any) -> bool | str:
     return capture
 
 
+#: The runner's defaults, declared once (`RunnerOptions`): `FixedCUDAGraphTransform`'s keywords take theirs here.
+_RUNNER = RunnerOptions()
+
+
 class _BaseTransform(CUDAGraphTransform):
     label = "base"
     safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
 
-    def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, share_mem_pool: bool = False,
-                 max_instances: int = 16, instance_memory: float = 0.25, instance_bytes: int | None = None,
-                 max_addresses: int = 32, max_values: int = 8, lend_gradients: bool = False):
+    def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, lend_gradients: bool = False,
+                 runner: RunnerOptions = RunnerOptions()):
         super().__init__(share_mem_pool=False)
         internals.check_versions()
         self.capture = _check_capture(capture)
         self.copy_outputs = copy_outputs
-        self.lend_gradients = lend_gradients
-        self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, share_mem_pool=share_mem_pool,
-                                                 max_instances=max_instances, instance_memory=instance_memory,
-                                                 instance_bytes=instance_bytes,
-                                                 max_addresses=max_addresses, max_values=max_values)
+        self.lend_gradients = lend_gradients  # NOTE: the legacy transform hands nothing out; the fixed one lends
+        self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, **asdict(runner))
         self.hand_outs: dict[str, HandOutPlan] = {}  # "forward" / "backward" -> the plan of the latest such trace
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
         self.notes: list[str] = []  # decisions the report should mention
@@ -399,21 +406,20 @@ class FixedCUDAGraphTransform(_BaseTransform):
         capture: bool | str = "auto",
         scalar_handoff: bool = True,
         copy_outputs: bool = True,
-        share_mem_pool: bool = False,
-        max_instances: int = 16,
-        instance_memory: float = 0.25,
-        instance_bytes: int | None = None,
-        max_addresses: int = 32,
-        max_values: int = 8,
+        share_mem_pool: bool = _RUNNER.share_mem_pool,
+        max_instances: int = _RUNNER.max_instances,
+        instance_memory: float = _RUNNER.instance_memory,
+        instance_bytes: int | None = _RUNNER.instance_bytes,
+        max_addresses: int = _RUNNER.max_addresses,
+        max_values: int = _RUNNER.max_values,
         defer_items: bool = True,
         fast_prologue: bool = True,
         lend_gradients: bool = True,
     ):
-        super().__init__(capture=capture, copy_outputs=copy_outputs, share_mem_pool=share_mem_pool,
-                         max_instances=max_instances, instance_memory=instance_memory, instance_bytes=instance_bytes,
-                         max_addresses=max_addresses,
-                         max_values=max_values,
-                         lend_gradients=lend_gradients)
+        runner = RunnerOptions(share_mem_pool=share_mem_pool, max_instances=max_instances,
+                               instance_memory=instance_memory, instance_bytes=instance_bytes,
+                               max_addresses=max_addresses, max_values=max_values)
+        super().__init__(capture=capture, copy_outputs=copy_outputs, lend_gradients=lend_gradients, runner=runner)
         self.scalar_handoff = scalar_handoff
         self.defer_items = defer_items
         self.fast_prologue = fast_prologue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from .record import RECORDERS, Recording, _check_instance_budget, record_graph
 
 __all__ = [
     "ThunderNBRunner",
+    "RunnerOptions",
     "EagerFallbackWarning",
     "HeldOutputsWarning",
     "RecaptureWarning",
@@ -31,6 +33,22 @@ __all__ = [
 ]
 
 
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """The runner's bounds and choices, declared once: `ThunderNBRunner` and the transforms take their defaults here
+    (`ThunderNBRunner`'s docstring says what each does)."""
+
+    share_mem_pool: bool = False
+    max_instances: int = 16
+    instance_memory: float = 0.25
+    instance_bytes: int | None = None
+    max_addresses: int = 32
+    max_values: int = 8
+
+
+_DEFAULTS = RunnerOptions()
 
 
 class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
@@ -59,9 +77,10 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         max_values: values of the region's Python numbers (each its own graph) before it runs without a graph.
     """
 
-    def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = False, stock: bool = False,
-                 max_instances: int = 16, instance_memory: float = 0.25, instance_bytes: int | None = None,
-                 max_addresses: int = 32, max_values: int = 8):
+    def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = _DEFAULTS.share_mem_pool,
+                 stock: bool = False, max_instances: int = _DEFAULTS.max_instances,
+                 instance_memory: float = _DEFAULTS.instance_memory, instance_bytes: int | None = _DEFAULTS.instance_bytes,
+                 max_addresses: int = _DEFAULTS.max_addresses, max_values: int = _DEFAULTS.max_values):
         super().__init__(share_mem_pool=share_mem_pool)
         self.capture = capture
         self.stock = stock
