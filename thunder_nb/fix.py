@@ -39,8 +39,8 @@ from .cudagraph.runner import (
     ThunderNBRunner,
 )
 from .cudagraph.scalars import handoff_numbers
-from .diagnosis.model import HandOutAction, HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .diagnosis.ops import classify_bsym
+from .diagnosis.plans import HandOutAction, HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 
 __all__ = [
     "FixedCUDAGraphTransform",

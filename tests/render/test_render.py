@@ -17,9 +17,18 @@ import pytest
 from thunder_nb import render
 from thunder_nb.diagnosis import analysis
 from thunder_nb.diagnosis.model import (
-    Defect, GraphRecord, Island, Op, Region, RegionPlan, RegionStats, Report, ScalarHandoff, Site, SourceLine,
-    TraceReport, TypeInfo, Value,
+    Defect,
+    Island,
+    Op,
+    Region,
+    Report,
+    Site,
+    SourceLine,
+    TraceReport,
+    TypeInfo,
+    Value,
 )
+from thunder_nb.diagnosis.plans import GraphRecord, RegionPlan, RegionStats, ScalarHandoff
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGEN = os.environ.get("THUNDER_NB_REGEN_GOLDEN") == "1"

@@ -18,7 +18,8 @@ import programs
 from test_render import USE_AFTER_DEL, assert_in_order, chain_source
 from thunder_nb import render
 from thunder_nb.diagnosis import analysis
-from thunder_nb.diagnosis.model import Report, StaticInputChange
+from thunder_nb.diagnosis.model import Report
+from thunder_nb.diagnosis.plans import StaticInputChange
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
 SVG = "{http://www.w3.org/2000/svg}"

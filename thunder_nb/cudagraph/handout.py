@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .. import internals
-from ..diagnosis.model import HandOutAction
+from ..diagnosis.plans import HandOutAction
 from .instances import Instance, copy_together, storage
 
 __all__ = ["HandOut"]

@@ -13,7 +13,7 @@ import torch
 from thunder.transforms.cudagraph import ArgsDescriptor
 
 from .. import internals
-from ..diagnosis.model import GraphRecord, StaticInputChange
+from ..diagnosis.plans import GraphRecord, StaticInputChange
 from .notices import RecaptureWarning
 
 __all__ = ["Keys"]

@@ -10,7 +10,7 @@ import torch
 from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from .. import internals
-from ..diagnosis.model import GraphRecord
+from ..diagnosis.plans import GraphRecord
 from .instances import Instance, non_overlapping, span, storage, view_plan
 from .notices import HeldOutputsWarning
 

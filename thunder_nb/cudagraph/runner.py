@@ -15,7 +15,7 @@ import torch
 from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from .. import internals
-from ..diagnosis.model import GraphRecord, HandOutStats, RegionPlan, RegionStats, StaticInputChange
+from ..diagnosis.plans import GraphRecord, HandOutStats, RegionPlan, RegionStats, StaticInputChange
 from .handout import HandOut, _HandOutMemo
 from .instances import foreign_counts, rebase, replay
 from .keys import _AGAIN_MISSES, Keys, _Counts, _input_name, _recapture_cause

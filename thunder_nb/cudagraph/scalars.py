@@ -13,7 +13,7 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, tracectx
 from thunder.executors import torchex as tx
 
-from ..diagnosis.model import ScalarHandoff
+from ..diagnosis.plans import ScalarHandoff
 
 __all__ = ["Handoff", "handoff_numbers", "ARITHMETIC", "READERS"]
 

@@ -9,13 +9,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
-from .model import (
-    Defect, FusedGroup, Op, Outside, Region, RegionStats, Report, Site, TraceReport, TypeInfo, Value, outside_name,
-)
+from .model import Defect, FusedGroup, Op, Outside, Region, Report, Site, TraceReport, TypeInfo, Value, outside_name
 from .ops import (
     BOOKKEEPING_NAMES, COLLECTION_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard,
     classify_bsym, classify_op, parse_type, type_of_proxy,
 )
+from .plans import RegionStats
 from .source import REGION_NAME, ParsedFunction, comment_types, parse_functions
 
 #: The generated name of thunder-nb's hand-out call (`thunder_nb.fix.HAND_OUT_NAME`; fix imports thunder, this module does not).

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .model import Defect, HandOutPlan, HandOutStats, Op, RegionPlan, RegionStats, TypeInfo
+from .model import Defect, Op, TypeInfo
 from .ops import IN_PLACE_NAMES, VIEW_NAMES, alias_root, base_name, classify_op
+from .plans import HandOutPlan, HandOutStats, RegionPlan, RegionStats
 from .source import ParsedFunction
 
 __all__ = ["TraceFacts", "check_trace", "graph_derived", "is_cuda", "classify_statement", "UNKNOWN"]

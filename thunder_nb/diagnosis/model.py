@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
+
+from .plans import GraphRecord, HandOutPlan, HandOutStats, RegionPlan, RegionStats, ScalarHandoff
 
 __all__ = [
     "RULES",
@@ -15,20 +16,8 @@ __all__ = [
     "outside_name",
     "WRONG_RESULT_RULES",
     "CRASH_RULES",
-    "INPUT_ROLES",
-    "HAND_OUT_ACTIONS",
-    "HandOutAction",
     "TypeInfo",
     "SourceLine",
-    "ScalarHandoff",
-    "InputPlan",
-    "OutputPlan",
-    "RegionPlan",
-    "HandOutPlan",
-    "StaticInputChange",
-    "STATIC_INPUT_CHANGES",
-    "RegionStats",
-    "HandOutStats",
     "FusedGroup",
     "LAUNCH_HOST_US",
     "Site",
@@ -38,7 +27,6 @@ __all__ = [
     "Island",
     "Value",
     "Defect",
-    "GraphRecord",
     "TraceReport",
     "Report",
 ]
@@ -76,60 +64,6 @@ WRONG_RESULT_RULES: frozenset[str] = frozenset(
     {"returned-graph-memory", "saved-graph-memory", "static-input-rebound"}
 )
 
-#: How a region input reaches its graph (`InputPlan.role`).
-INPUT_ROLES: dict[str, str] = {
-    "static": "read where it lies (a parameter, or memory a graph owns); keyed by address: another tensor gets its own graph",
-    "copied": "copied into the graph's own buffer before each replay",
-    "number": "a Python number baked into the graph: each new value captures a new graph",
-}
-
-#: What the runner does with a tensor that leaves a trace (`HandOutPlan`).
-class HandOutAction(str, Enum):
-    """What the hand-out does with a tensor leaving a trace that may lie in graph memory: the one list of actions
-    the transform asks for (`thunder_nb.fix`), the runner carries out (`thunder_nb.cudagraph.handout`), the checker
-    reads and `render` words (`label`, `short`, `meaning`). A member equals its value (``HandOutAction.COPY ==
-    "copy"``), so the generated code's tuples of actions stay plain."""
-
-    COPY = "copy"
-    GUARD = "guard"
-    LEND = "lend"
-    AS_IS = "as-is"
-
-    @property
-    def meaning(self) -> str:
-        """What it does, in a sentence."""
-        return _ACTION_WORDS[self.value][2]
-
-    @property
-    def label(self) -> str:
-        """How reports name it: ``copied out``, ``guarded``, ``lent``, ``returned as-is``."""
-        return _ACTION_WORDS[self.value][0]
-
-    @property
-    def short(self) -> str:
-        """How a diagram's output node names it: ``copied out``, ``guarded``, ``lent``, ``as-is``."""
-        return _ACTION_WORDS[self.value][1]
-
-
-_ACTION_WORDS: dict[str, tuple[str, str, str]] = {
-    "copy": ("copied out", "copied out", "returned: copied out of graph memory when it lies there (views of one "
-             "buffer stay views of one copy)"),
-    "guard": ("guarded", "guarded", "saved for the backward: left where the graph wrote it and guarded (while held, "
-              "the next call replays another graph instance)"),
-    "as-is": ("returned as-is", "as-is", "returned as the graph's own buffer (copy_outputs=False: the next call "
-              "overwrites it)"),
-    "lend": ("lent", "lent", "a backward's gradient: handed to autograd where the graph wrote it, and guarded "
-             "(while held, as a parameter's .grad, the next backward replays another graph instance)"),
-}
-
-#: Each action's `HandOutAction.meaning`, by its value.
-HAND_OUT_ACTIONS: dict[str, str] = {a.value: a.meaning for a in HandOutAction}
-
-#: Why the runner no longer reads a static region input as it was captured (`StaticInputChange`).
-STATIC_INPUT_CHANGES: dict[str, str] = {
-    "demoted": "took more than {limit} addresses, copied into the graph's buffer from now on",
-    "rebound": "static input received another tensor; thunder's runner copies it into the captured tensor's memory",
-}
 
 #: Host time one kernel launch costs, in microseconds, that a graph replay removes: measured on an H200 for
 #: notebook 05 (about 4 µs of host time per kernel launch removed). The launch-time estimate multiplies by it.
@@ -192,137 +126,6 @@ class SourceLine:
 
 
 @dataclass(frozen=True, slots=True)
-class ScalarHandoff:
-    """A Python number a region reads, handed to it as a 0-d device tensor (so new values capture nothing)."""
-
-    number: str  # "f20"
-    tensor: str | None = None  # "t19": the 0-d tensor the number came from (item), read in its place
-    made: str | None = None  # otherwise: "arithmetic" (Python arithmetic run on the device) or "fill" (written outside)
-    device_tensor: str | None = None  # the 0-d tensor that stands in for the number
-    kept: bool = False  # the Python number is still computed for another reader (its host sync stays)
-
-    def __str__(self) -> str:
-        if self.tensor:
-            return f"{self.number} -> {self.tensor}"
-        how = "arithmetic on the device" if self.made == "arithmetic" else "filled outside the graphs"
-        return f"{self.number} -> 0-d tensor ({how})"
-
-
-@dataclass(frozen=True, slots=True)
-class InputPlan:
-    """How one region input reaches the graph."""
-
-    name: str
-    role: str  # a key of INPUT_ROLES
-    reason: str  # why, e.g. "parameter", "module buffer", "saved for the backward"
-
-
-@dataclass(frozen=True, slots=True)
-class OutputPlan:
-    """Where one region output goes."""
-
-    name: str
-    returned: bool = False  # reaches the caller (directly; views made later are found at the hand-out)
-    saved: bool = False  # saved for the backward
-    view_of: str | None = None  # an input this output is a view of: handed out as that view of the caller's tensor
-
-    @property
-    def fate(self) -> str:
-        """``"returned"``, ``"saved"``, ``"returned, saved"`` or ``"internal"``."""
-        parts = [w for w, on in (("returned", self.returned), ("saved", self.saved)) if on]
-        return ", ".join(parts) or "internal"
-
-
-@dataclass(frozen=True, slots=True)
-class RegionPlan:
-    """What the transform decided for one region, and what the runner must do at each replay."""
-
-    name: str
-    inputs: tuple[InputPlan, ...]
-    outputs: tuple[OutputPlan, ...]
-    write_back: tuple[str, ...] = ()  # inputs updated in place: copied back to the caller's tensor after replay
-    scalar_handoffs: tuple[ScalarHandoff, ...] = ()
-
-    def input(self, name: str) -> InputPlan:
-        """Return the plan of input ``name``."""
-        return next(i for i in self.inputs if i.name == name)
-
-
-@dataclass(frozen=True, slots=True)
-class HandOutPlan:
-    """The tensors that leave one trace, and which of them may lie in graph memory (checked by storage)."""
-
-    returned: tuple[str, ...]  # to the caller (or, for a backward, to autograd)
-    saved: tuple[str, ...]  # saved for the backward
-    graph_memory: tuple[str, ...]  # of those, region outputs and views of them: checked at each hand-out
-    copy_outputs: bool = True
-    lend: bool = False  # returned tensors are lent, not copied (a backward's gradients, `lend_gradients`)
-
-    def action(self, name: str) -> HandOutAction | None:
-        """What the hand-out does with ``name``, or None when it cannot lie in graph memory."""
-        if name not in self.graph_memory:
-            return None
-        if name in self.saved:
-            return HandOutAction.GUARD
-        if self.lend:
-            return HandOutAction.LEND
-        return HandOutAction.COPY if self.copy_outputs else HandOutAction.AS_IS
-
-
-@dataclass(frozen=True, slots=True)
-class StaticInputChange:
-    """A static input of a region that the runner no longer reads as it was captured.
-
-    ``str()`` gives ``w2: static input received another tensor; ...``.
-    """
-
-    name: str  # the input's name in the region's trace ("w2", "t_0")
-    position: int  # its position among the region's inputs
-    reason: str  # a `STATIC_INPUT_CHANGES` key: "demoted" (copied from now on) or "rebound"
-    limit: int | None = None  # "demoted": the number of addresses it took more than
-
-    @property
-    def why(self) -> str:
-        """What happened, in words: ``took more than 32 addresses, copied into the graph's buffer from now on``."""
-        return STATIC_INPUT_CHANGES[self.reason].format(limit=self.limit)
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.why}"
-
-
-@dataclass(frozen=True, slots=True)
-class RegionStats:
-    """What the runner did with one region so far."""
-
-    graphs: tuple["GraphRecord", ...] = ()
-    replays: int = 0
-    eager_calls: int = 0  # calls run as plain Python (no CUDA device, or capture off)
-    held_calls: int = 0  # calls run without a graph: every instance's saved outputs were still held
-    instances: int = 0  # graph instances kept for outputs still held (2 when a second forward came first)
-    address_keys: int = 0  # distinct sets of static-input addresses (one per layer is normal)
-    demoted: tuple[StaticInputChange, ...] = ()  # static inputs copied from now on (they took too many addresses)
-    rebound: tuple[StaticInputChange, ...] = ()  # static inputs that received another tensor (thunder's runner copies into them)
-    eager_reason: str | None = None  # why the region runs without a graph on every call now
-    copied: tuple[str, ...] = ()  # inputs copied into the graph's buffers at the last replay
-
-    @property
-    def captured(self) -> bool | None:
-        """True: a graph was captured; False: ran eagerly only; None: not run."""
-        return True if self.graphs else (False if self.eager_calls or self.held_calls else None)
-
-
-@dataclass(frozen=True, slots=True)
-class HandOutStats:
-    """What the runner did at the hand-outs of one trace so far."""
-
-    calls: int = 0
-    copied: int = 0  # tensors copied out of graph memory
-    guarded: int = 0  # saved tensors left in graph memory and guarded
-    lent: int = 0  # gradients handed to autograd in graph memory and guarded
-    lending_stopped: bool = False  # a lent gradient was still held at the next backward: copied out since
-
-
-@dataclass(frozen=True, slots=True)
 class Site:
     """A place in a trace: a top-level statement, or a statement inside a region."""
 
@@ -349,17 +152,6 @@ class Op:
     line: int  # 1-based line in the source it comes from
     text: str  # the statement as written
     user_line: SourceLine | None = None  # the user's line thunder noted before the statement
-
-
-@dataclass(frozen=True, slots=True)
-class GraphRecord:
-    """One CUDA graph a region's runner captured."""
-
-    index: int
-    cause: str  # "first call", or which input changed ("f20: value 1.5 -> 2.0", "x: shape ...")
-    static_bytes: int  # bytes copied into static input buffers on every replay
-    pool_bytes: int | None = None  # graph-pool bytes, when a GPU measured them
-    instance: int = 0  # 0, or the instance number of a further copy of the same graph
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,7 +298,6 @@ class Value:
     def is_scalar(self) -> bool:
         """True when the value is a Python number."""
         return self.type.is_scalar
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..diagnosis.model import INPUT_ROLES, HandOutAction, Outside, Region, TraceReport
+from ..diagnosis.model import Outside, Region, TraceReport
+from ..diagnosis.plans import INPUT_ROLES, HandOutAction
 from .common import plural
 
 __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry", "known", "input_roles",
