@@ -271,7 +271,7 @@ def test_hand_out_leaves_an_input_updated_from_a_region_alone():
 
     With ``fusion_type="dataflow"`` thunder's own passes move ``update_aliases((x,))`` ahead of
     ``sin``, so ``sin`` and ``add`` form ``[t14] = CUDAGraph1(w, t13)`` and ``t15 = copy_(t14, t13)``
-    stays outside. `fix._graph_derived` counts everything made from a region output as graph
+    stays outside. `cudagraph.handout._graph_derived` counts everything made from a region output as graph
     memory, ``copy_``'s result too, though it lies in the destination's (``x``'s) memory: the hand-out
     then takes ``t16`` (``x`` updated, the trace's ``flat_args``) and ``cos``'s result ``t17``:
     ``(t18, t19) = thunder_nb_hand_out(t16, t17)``. The unwrap pass drops ``flat_args``, so ``t18`` is

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 from thunder.core import prims, utils
 from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy, unvariableify
-from thunder.core.pytree import tree_flatten, tree_map
+from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, reset_tracectx, set_tracectx
 from thunder.executors.data_dependent_partition import Node, consecutive_fusion, dataflow_fusion
@@ -22,6 +21,7 @@ from . import internals
 from .cudagraph.capture import capture_mode
 from .cudagraph.defer import defer_returned_items
 from .cudagraph.executors import jit_executors
+from .cudagraph.handout import insert_hand_out
 from .cudagraph.passes import (
     has_in_place,
     in_place_plan,
@@ -40,7 +40,7 @@ from .cudagraph.runner import (
 )
 from .cudagraph.scalars import handoff_numbers
 from .diagnosis.ops import classify_bsym
-from .diagnosis.plans import HandOutAction, HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
+from .diagnosis.plans import HAND_OUT_NAME, HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 
 __all__ = [
     "FixedCUDAGraphTransform",
@@ -56,10 +56,6 @@ __all__ = [
     "jit",
     "ONE_AUTOGRAD_FUNCTION",
 ]
-
-#: The name under which generated code calls the runner's hand-out (`ThunderNBRunner.hand_out`).
-HAND_OUT_NAME = "thunder_nb_hand_out"
-
 
 #: The compile option of ``thunder.jit`` that `jit` sets: one ``torch.autograd.Function`` per call connects the
 #: outputs to autograd, as thunder's torch.compile backend (ThunderFX) does by default, instead of the pair that
@@ -264,67 +260,11 @@ class _BaseTransform(CUDAGraphTransform):
         raise ValueError(f"unknown fusion_type {kind!r} (must be one of ['consecutive', 'dataflow'])")
 
     def _insert_hand_out(self, fused: TraceCtx, backward: bool) -> None:
-        """Route every tensor that leaves ``fused`` and may lie in graph memory through the runner's hand-out.
-
-        Returned tensors get the action "copy" (or "as-is" with ``copy_outputs=False``; a backward's,
-        "lend" with ``lend_gradients``), tensors saved for the backward "guard"; the runner decides per
-        call, by storage, whether a tensor lies in memory a replay writes. A name both returned and saved
-        is handed out twice.
-        """
-        graph = _graph_derived(fused.bound_symbols, self.cuda_graph_runner.passthrough)
-        ret = fused.bound_symbols[-1]
-        utils.check(ret.sym.id == prims.PrimIDs.RETURN, lambda: "the fused trace does not end with its return")
-        value = ret.args[0] if len(ret.args) == 1 else ret.args
-        saved_part = None
-        if not backward and self._saved and isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], tuple):
-            returned_part, saved_part = value
-        else:
-            returned_part = value
-        copies = self.copy_outputs or backward
-        # NOTE: with copy_outputs=False returned tensors go out as they are (the checker reports them)
-        returned = [p for p in _tensors(returned_part) if p.name in graph] if copies else []
-        saved = [p for p in _tensors(saved_part) if p.name in graph] if saved_part is not None else []
-        plan = HandOutPlan(
-            returned=tuple(p.name for p in _tensors(returned_part)),
-            saved=tuple(p.name for p in _tensors(saved_part)) if saved_part is not None else (),
-            graph_memory=tuple(dict.fromkeys(p.name for p in returned + saved)),
-            copy_outputs=copies,
-            lend=backward and self.lend_gradients,
-        )
-        self.hand_outs["backward" if backward else "forward"] = plan
-        if not returned and not saved:
-            return
-        tok = set_tracectx(fused)
-        try:
-            fresh_returned = {p.name: TensorProxy(like=p) for p in returned}
-            fresh_saved = {p.name: TensorProxy(like=p) for p in saved}
-        finally:
-            reset_tracectx(tok)
-        ins = list(returned) + list(saved)
-        outs = list(fresh_returned.values()) + list(fresh_saved.values())
-        given = HandOutAction.LEND if plan.lend else HandOutAction.COPY
-        actions = (given.value,) * len(returned) + (HandOutAction.GUARD.value,) * len(saved)
-        call = functools.partial(self.cuda_graph_runner.hand_out, "backward" if backward else "forward", actions)
-        hand = internals.fusion_symbol(HAND_OUT_NAME, self, call, ins, outs)
-
-        def swap(names: dict[str, TensorProxy]):
-            return lambda x: names.get(x.name, x) if isinstance(x, TensorProxy) else x
-
-        new_returned = tree_map(swap(fresh_returned), returned_part)
-        new_value = (new_returned, tree_map(swap(fresh_saved), saved_part)) if saved_part is not None else new_returned
-        new_ret = ret.from_bsym(args=(new_value,) if len(ret.args) == 1 else new_value)
-        fused.bound_symbols = fused.bound_symbols[:-1] + [hand, new_ret]
-
-
-def _tensors(x: Any) -> list[TensorProxy]:
-    """The distinct tensor proxies in ``x``, in order."""
-    if x is None:
-        return []
-    found: dict[str, TensorProxy] = {}
-    for p in tree_flatten(x)[0]:
-        if isinstance(p, TensorProxy):
-            found.setdefault(p.name, p)
-    return list(found.values())
+        """Route what leaves ``fused`` through the runner's hand-out (`thunder_nb.cudagraph.handout.insert_hand_out`)."""
+        kind = "backward" if backward else "forward"
+        self.hand_outs[kind] = insert_hand_out(fused, self.cuda_graph_runner, self, backward=backward,
+                                               saving=bool(self._saved), copy_outputs=self.copy_outputs,
+                                               lend_gradients=self.lend_gradients)
 
 
 def _foreign_fusion(bsym: BoundSymbol, owner: Any) -> bool:
@@ -333,36 +273,6 @@ def _foreign_fusion(bsym: BoundSymbol, owner: Any) -> bool:
 
     ex = getattr(bsym.sym, "executor", None)
     return bool(getattr(bsym.sym, "is_fusion", False)) and ex is not owner and isinstance(ex, FusionExecutor)
-
-
-def _graph_derived(bsyms: Sequence[BoundSymbol], passthrough: dict[str, tuple[tuple[int, int], ...]]) -> set[str]:
-    """Names that may lie in graph memory: region outputs, and anything an op outside regions makes from one.
-
-    An in-place update's result is its destination's memory: graph memory only when the destination is. So is a
-    region's output that is one of its inputs updated in place (``passthrough``: region name -> (output position,
-    input position) pairs, as the runner hands them out).
-    """
-    graph: set[str] = set()
-    for b in bsyms:
-        if b.sym.id in (prims.PrimIDs.DEL, prims.PrimIDs.RETURN):
-            continue
-        args = b.flat_proxy_args
-        if b.sym.name == "copy_" and len(args) > 1:
-            derived = args[1].name in graph
-        elif b.sym.name == "update_aliases":
-            graph.update(o.name for o, a in zip(b.flat_proxy_outs, args) if a.name in graph)
-            continue
-        elif b.sym.name in passthrough and getattr(b.sym, "is_fusion", False):
-            through = dict(passthrough[b.sym.name])
-            outs, ins = b.flat_proxy_outs, b.flat_proxy_args
-            graph.update(o.name for j, o in enumerate(outs) if isinstance(o, TensorProxy)
-                         and (j not in through or ins[through[j]].name in graph))
-            continue
-        else:
-            derived = getattr(b.sym, "is_fusion", False) or any(p.name in graph for p in args)
-        if derived:
-            graph.update(p.name for p in b.flat_proxy_outs if isinstance(p, TensorProxy))
-    return graph
 
 
 class FixedCUDAGraphTransform(_BaseTransform):

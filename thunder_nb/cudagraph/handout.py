@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from thunder.core import prims, utils
+from thunder.core.proxies import TensorProxy
+from thunder.core.pytree import tree_flatten, tree_map
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx, reset_tracectx, set_tracectx
 
 from .. import internals
-from ..diagnosis.plans import HandOutAction
+from ..diagnosis.plans import HAND_OUT_NAME, HandOutAction, HandOutPlan
 from .instances import Instance, copy_together, storage
 
-__all__ = ["HandOut"]
+__all__ = ["HandOut", "insert_hand_out"]
 
 _Tensor = torch.Tensor
 _detach = torch.Tensor.detach
@@ -232,3 +238,103 @@ class HandOut:
             return hit[1], hit[2]
         ptr = t.untyped_storage().data_ptr()
         return ptr, self._owner.get(ptr)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The call the transform inserts before each trace returns
+
+
+def insert_hand_out(fused: TraceCtx, runner: Any, executor: Any, *, backward: bool, saving: bool, copy_outputs: bool,
+                    lend_gradients: bool) -> HandOutPlan:
+    """Route every tensor that leaves ``fused`` and may lie in graph memory through ``runner``'s hand-out (`HandOut.hand_out`),
+    a call of ``executor``'s (the transform's) inserted before the return; return the trace's `HandOutPlan`.
+
+    Returned tensors get the action "copy" (or "as-is" with ``copy_outputs=False``; a backward's,
+    "lend" with ``lend_gradients``), tensors saved for the backward "guard"; the runner decides per
+    call, by storage, whether a tensor lies in memory a replay writes. A name both returned and saved
+    is handed out twice.
+    """
+    graph = _graph_derived(fused.bound_symbols, runner.passthrough)
+    ret = fused.bound_symbols[-1]
+    utils.check(ret.sym.id == prims.PrimIDs.RETURN, lambda: "the fused trace does not end with its return")
+    value = ret.args[0] if len(ret.args) == 1 else ret.args
+    saved_part = None
+    if not backward and saving and isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], tuple):
+        returned_part, saved_part = value
+    else:
+        returned_part = value
+    copies = copy_outputs or backward
+    # NOTE: with copy_outputs=False returned tensors go out as they are (the checker reports them)
+    returned = [p for p in _tensors(returned_part) if p.name in graph] if copies else []
+    saved = [p for p in _tensors(saved_part) if p.name in graph] if saved_part is not None else []
+    plan = HandOutPlan(
+        returned=tuple(p.name for p in _tensors(returned_part)),
+        saved=tuple(p.name for p in _tensors(saved_part)) if saved_part is not None else (),
+        graph_memory=tuple(dict.fromkeys(p.name for p in returned + saved)),
+        copy_outputs=copies,
+        lend=backward and lend_gradients,
+    )
+    if not returned and not saved:
+        return plan
+    tok = set_tracectx(fused)
+    try:
+        fresh_returned = {p.name: TensorProxy(like=p) for p in returned}
+        fresh_saved = {p.name: TensorProxy(like=p) for p in saved}
+    finally:
+        reset_tracectx(tok)
+    ins = list(returned) + list(saved)
+    outs = list(fresh_returned.values()) + list(fresh_saved.values())
+    given = HandOutAction.LEND if plan.lend else HandOutAction.COPY
+    actions = (given.value,) * len(returned) + (HandOutAction.GUARD.value,) * len(saved)
+    call = functools.partial(runner.hand_out, "backward" if backward else "forward", actions)
+    hand = internals.fusion_symbol(HAND_OUT_NAME, executor, call, ins, outs)
+
+    def swap(names: dict[str, TensorProxy]):
+        return lambda x: names.get(x.name, x) if isinstance(x, TensorProxy) else x
+
+    new_returned = tree_map(swap(fresh_returned), returned_part)
+    new_value = (new_returned, tree_map(swap(fresh_saved), saved_part)) if saved_part is not None else new_returned
+    new_ret = ret.from_bsym(args=(new_value,) if len(ret.args) == 1 else new_value)
+    fused.bound_symbols = fused.bound_symbols[:-1] + [hand, new_ret]
+    return plan
+
+
+def _tensors(x: Any) -> list[TensorProxy]:
+    """The distinct tensor proxies in ``x``, in order."""
+    if x is None:
+        return []
+    found: dict[str, TensorProxy] = {}
+    for p in tree_flatten(x)[0]:
+        if isinstance(p, TensorProxy):
+            found.setdefault(p.name, p)
+    return list(found.values())
+
+
+def _graph_derived(bsyms: Sequence[BoundSymbol], passthrough: dict[str, tuple[tuple[int, int], ...]]) -> set[str]:
+    """Names that may lie in graph memory: region outputs, and anything an op outside regions makes from one.
+
+    An in-place update's result is its destination's memory: graph memory only when the destination is. So is a
+    region's output that is one of its inputs updated in place (``passthrough``: region name -> (output position,
+    input position) pairs, as the runner hands them out).
+    """
+    graph: set[str] = set()
+    for b in bsyms:
+        if b.sym.id in (prims.PrimIDs.DEL, prims.PrimIDs.RETURN):
+            continue
+        args = b.flat_proxy_args
+        if b.sym.name == "copy_" and len(args) > 1:
+            derived = args[1].name in graph
+        elif b.sym.name == "update_aliases":
+            graph.update(o.name for o, a in zip(b.flat_proxy_outs, args) if a.name in graph)
+            continue
+        elif b.sym.name in passthrough and getattr(b.sym, "is_fusion", False):
+            through = dict(passthrough[b.sym.name])
+            outs, ins = b.flat_proxy_outs, b.flat_proxy_args
+            graph.update(o.name for j, o in enumerate(outs) if isinstance(o, TensorProxy)
+                         and (j not in through or ins[through[j]].name in graph))
+            continue
+        else:
+            derived = getattr(b.sym, "is_fusion", False) or any(p.name in graph for p in args)
+        if derived:
+            graph.update(p.name for p in b.flat_proxy_outs if isinstance(p, TensorProxy))
+    return graph

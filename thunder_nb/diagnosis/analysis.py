@@ -14,11 +14,9 @@ from .ops import (
     BOOKKEEPING_NAMES, COLLECTION_NAMES, METADATA_NAMES, VIEW_NAMES, base_name, capture_hazard,
     classify_bsym, classify_op, parse_type, type_of_proxy,
 )
-from .plans import RegionStats
+from .plans import HAND_OUT_NAME, RegionStats
 from .source import REGION_NAME, ParsedFunction, comment_types, parse_functions
 
-#: The generated name of thunder-nb's hand-out call (`thunder_nb.fix.HAND_OUT_NAME`; fix imports thunder, this module does not).
-HAND_OUT_NAME = "thunder_nb_hand_out"
 
 __all__ = [
     "analyze",

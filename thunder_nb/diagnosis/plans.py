@@ -6,8 +6,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["INPUT_ROLES", "HandOutAction", "HAND_OUT_ACTIONS", "STATIC_INPUT_CHANGES", "ScalarHandoff", "InputPlan", "OutputPlan", "RegionPlan", "HandOutPlan", "StaticInputChange", "RegionStats", "HandOutStats", "GraphRecord"]
+__all__ = [
+    "HAND_OUT_NAME",
+    "INPUT_ROLES",
+    "HandOutAction",
+    "HAND_OUT_ACTIONS",
+    "STATIC_INPUT_CHANGES",
+    "ScalarHandoff",
+    "InputPlan",
+    "OutputPlan",
+    "RegionPlan",
+    "HandOutPlan",
+    "StaticInputChange",
+    "RegionStats",
+    "HandOutStats",
+    "GraphRecord",
+]
 
+
+#: The name under which generated code calls the runner's hand-out (`thunder_nb.cudagraph.handout.insert_hand_out`).
+HAND_OUT_NAME = "thunder_nb_hand_out"
 
 #: How a region input reaches its graph (`InputPlan.role`).
 INPUT_ROLES: dict[str, str] = {
