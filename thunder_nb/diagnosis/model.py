@@ -195,7 +195,7 @@ class Region:
     user_lines: tuple[SourceLine, ...]  # user source lines the region covers
     plan: RegionPlan | None = None  # the transform's plan (thunder-nb transforms only)
     stats: RegionStats = RegionStats()
-    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.analysis.estimate_kernels`); a fused group
+    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.build.estimate_kernels`); a fused group
     # whose count is not known counts 1, so then it is a lower bound (`undecided`)
     kernels: int = 0
     fusions: tuple[FusedGroup, ...] = ()  # fusion symbols among its statements, in order

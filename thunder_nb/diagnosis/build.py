@@ -1,0 +1,247 @@
+"""A `TraceReport` built from the parsed statements of a trace and its facts: regions with their kernel estimates and
+fused groups, what runs outside them, and each value's lifetime (`analysis` gathers the facts from thunder)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
+from .model import FusedGroup, Op, Outside, Region, Site, TraceReport, TypeInfo, Value, outside_name
+from .ops import BOOKKEEPING_NAMES, COLLECTION_NAMES, METADATA_NAMES, VIEW_NAMES, base_name
+from .plans import HAND_OUT_NAME, RegionStats
+from .source import ParsedFunction
+
+__all__ = ["estimate_kernels", "build", "fused_group"]
+
+
+#: View-like ops that copy when they change the dtype or device (``to``, ``float``, ``type_as``).
+_CONVERSIONS = frozenset({"to", "float", "type_as"})
+#: Ops that launch no kernel: views (``contiguous`` aside: it may copy), metadata reads, bookkeeping, aliasing.
+_NO_KERNEL = (
+    (VIEW_NAMES - _CONVERSIONS - {"contiguous"}) | METADATA_NAMES | BOOKKEEPING_NAMES | COLLECTION_NAMES
+    | {"update_aliases", "del", "python_del"}
+)
+#: Fusion symbols by name, for source text (a live trace says so itself: ``sym.is_fusion``).
+_FUSION_NAME = re.compile(r"^(?:TorchCompile|nvFusion)\d+$")
+
+
+def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
+                     fusions: Mapping[str, FusedGroup] | None = None) -> int:
+    """Estimate the kernels one run of ``ops`` (a region's statements) launches: a static count, never measured.
+
+    Each call that launches work counts 1; these count 0: dels, the return and unpacking, views
+    (`thunder_nb.diagnosis.ops.VIEW_NAMES`), metadata reads (``METADATA_NAMES``), thunder's ``update_aliases``,
+    arithmetic on Python numbers alone (no tensor in or out), and ``to``/``float``/``type_as`` when the
+    dtype and device stay the same. A fusion symbol counts as its `FusedGroup.kernels`: the kernels inductor
+    generated for it (thunder-nb's torchcompile executor notes them when it compiles), or 1 when no count is
+    known (nvFuser, thunder's own executor): then the total is a lower bound (`Region.undecided`). So ``≈``: an
+    op like ``cross_entropy`` launches several kernels and counts 1, and a fusion's matmuls (library calls) are
+    not among inductor's generated kernels.
+
+    Args:
+        ops: the statements (`Region.ops`).
+        types: the trace's value types by name (numbers and tensors told apart by them).
+        fusions: the fusion symbols among ``ops``, by name.
+    """
+    fusions = fusions or {}
+    kernels = 0
+    for op in ops:
+        if op.kind != "call":
+            continue
+        base = base_name(op.callee)
+        if base in fusions:
+            kernels += fusions[base].kernels or 1
+            continue
+        if base in _NO_KERNEL:
+            continue
+        names = op.inputs + op.outputs
+        if names and all(n in types and types[n].kind == "number" for n in names):
+            continue  # NOTE: Python arithmetic on numbers runs on the host
+        tensors_in = [types[n] for n in op.inputs if n in types and types[n].kind == "tensor"]
+        tensors_out = [types[n] for n in op.outputs if n in types and types[n].kind == "tensor"]
+        if base in _CONVERSIONS and tensors_in and tensors_out and all(
+            (t.dtype, t.device) == (tensors_in[0].dtype, tensors_in[0].device) for t in tensors_out
+        ):
+            continue
+        kernels += 1
+    return kernels
+
+
+def _executor_label(name: str) -> str:
+    """``inductor`` for thunder's (and thunder-nb's) torch_compile executors, ``nvFuser``, else the executor's name."""
+    if "torchcompile" in name or "torch_compile" in name:
+        return "inductor"
+    return "nvFuser" if "nvfuser" in name else name
+
+
+def fused_group(bsym: Any) -> FusedGroup:
+    """The `FusedGroup` of a fusion bound symbol: its name, executor and fused ops."""
+    from ..cudagraph.executors import KERNELS_ATTRIBUTE
+
+    ops = tuple(b.sym.name for b in bsym.subsymbols if base_name(b.sym.name) not in BOOKKEEPING_NAMES)
+    fn = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name)
+    return FusedGroup(bsym.sym.name, _executor_label(getattr(bsym.sym.executor, "name", "") or ""), ops,
+                      getattr(fn, KERNELS_ATTRIBUTE, None))
+
+
+def _named_fusions(fn: ParsedFunction) -> tuple[FusedGroup, ...]:
+    """The fusion calls of a region function known from its source alone (their ops are not in it)."""
+    names = dict.fromkeys(base_name(o.callee) for o in fn.ops if o.kind == "call")
+    return tuple(FusedGroup(n, "inductor" if n.startswith("TorchCompile") else "nvFuser", ())
+                 for n in names if _FUSION_NAME.match(n))
+
+
+def _outside_for(op: Op, position: int, facts: TraceFacts, cuda: bool) -> Outside | None:
+    """What a top-level statement outside every region is: an island (capture cannot take it), bookkeeping, the
+    hand-out, or an unfused op; None for a del or a region call."""
+    if op.kind in ("del", "region"):
+        return None
+
+    def made(reason: str, detail: str) -> Outside:
+        return Outside(outside_name(reason, position), position, op, reason, detail)
+
+    base = op.callee.rsplit(".", 1)[-1]
+    if base == HAND_OUT_NAME:
+        return made("hand-out", f"{len(op.inputs)} tensors")
+    if op.kind in ("return", "unpack") or base in BOOKKEEPING_NAMES:
+        return made("bookkeeping", base if op.kind != "unpack" else "unpack")
+    if base in COLLECTION_NAMES:
+        return made("collection", ", ".join(op.inputs))
+    c = classify_statement(op, facts, cuda)
+    if c is not None:
+        return made(c[0], c[1])
+    return made("unfused", base)
+
+
+@dataclass(slots=True)
+class _Lifetimes:
+    """Where each value is defined, used and deleted, as the statements are walked."""
+
+    defined: dict[str, tuple[Site, str]] = field(default_factory=dict)
+    uses: dict[str, list[Site]] = field(default_factory=dict)
+    dels: dict[str, list[Site]] = field(default_factory=dict)
+    boundary: set[str] = field(default_factory=set)
+    returned: set[str] = field(default_factory=set)
+
+    def use(self, names, site: Site) -> None:
+        for n in names:
+            self.uses.setdefault(n, []).append(site)
+
+    def delete(self, names, site: Site) -> None:
+        for n in names:
+            self.dels.setdefault(n, []).append(site)
+
+    def define(self, names, site: Site, where: str) -> None:
+        for n in names:
+            self.defined.setdefault(n, (site, where))
+
+
+def _region(facts: TraceFacts, op: Op, pos: int, life: _Lifetimes, fusions: tuple[FusedGroup, ...]) -> Region:
+    """The `Region` a top-level call of a region function makes, its statements' lifetimes recorded."""
+    fn = facts.regions[op.callee]
+    life.boundary.update(op.inputs)
+    life.boundary.update(op.outputs)
+    for j, inner in enumerate(fn.ops):
+        isite = Site(pos, fn.name, j, inner.line)
+        if inner.kind == "del":
+            life.delete(inner.inputs, isite)
+        elif inner.kind != "return":
+            life.use(inner.inputs, isite)
+            life.define(inner.outputs, isite, fn.name)
+    site = Site(pos, None, None, op.line)
+    life.use(op.inputs, site)
+    life.define(op.outputs, site, fn.name)
+    return Region(
+        name=fn.name,
+        position=pos,
+        ops=tuple(fn.ops),
+        inputs=fn.params,
+        outputs=tuple(next((o.inputs for o in fn.ops if o.kind == "return"), ())),
+        static_mask=tuple(facts.static_masks.get(fn.name, tuple(False for _ in fn.params))),
+        source=fn.source,
+        user_lines=tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line)),
+        plan=facts.plans.get(fn.name),
+        stats=facts.stats.get(fn.name, RegionStats()),
+        kernels=estimate_kernels(fn.ops, facts.types, {g.name: g for g in fusions}),
+        fusions=fusions,
+    )
+
+
+def build(facts: TraceFacts, fusions: Mapping[str, tuple[FusedGroup, ...]] | None = None) -> TraceReport:
+    """The `TraceReport` of a trace; ``fusions``: each region's fusion symbols (None: known by name only)."""
+    def fused(fn: ParsedFunction) -> tuple[FusedGroup, ...]:
+        return fusions.get(fn.name, ()) if fusions is not None else _named_fusions(fn)
+
+    cuda = is_cuda(facts.types)
+    defects = tuple(check_trace(facts))
+    top = facts.top
+    if top is None:  # region functions alone (source text)
+        top = ParsedFunction(facts.name, (), [], "", 0)
+    regions: list[Region] = []
+    outside: list[Outside] = []
+    life = _Lifetimes()
+    for pos, op in enumerate(top.ops):
+        site = Site(pos, None, None, op.line)
+        if op.kind == "region" and op.callee in facts.regions:
+            regions.append(_region(facts, op, pos, life, fused(facts.regions[op.callee])))
+        elif op.kind == "del":
+            life.delete(op.inputs, site)
+        else:
+            isl = _outside_for(op, pos, facts, cuda)
+            if isl is not None:
+                outside.append(isl)
+            if op.kind == "return":
+                life.returned.update(op.inputs)
+            life.use(op.inputs, site)
+            life.define(op.outputs, site, isl.name if isl else "top")
+    called = {r.name for r in regions}
+    regions += [_uncalled_region(fn, facts.types, fused(fn)) for name, fn in facts.regions.items() if name not in called]
+    return TraceReport(
+        kind=facts.kind,
+        name=facts.name,
+        provenance=facts.provenance,
+        source=top.source,
+        ops=tuple(top.ops),
+        regions=tuple(regions),
+        outside=tuple(outside),
+        values=_values(top.params, facts, life),
+        defects=defects,
+        params=top.params,
+        is_cuda=cuda,
+        hand_out=facts.hand_out,
+        hand_out_stats=facts.hand_out_stats,
+    )
+
+
+def _uncalled_region(fn: ParsedFunction, types: Mapping[str, TypeInfo], fusions: tuple[FusedGroup, ...]) -> Region:
+    """A region function that no top-level statement calls (source text of region functions alone)."""
+    rets = next((o.inputs for o in fn.ops if o.kind == "return"), ())
+    return Region(fn.name, -1, tuple(fn.ops), fn.params, tuple(rets), tuple(False for _ in fn.params),
+                  fn.source, tuple(dict.fromkeys(o.user_line for o in fn.ops if o.user_line)),
+                  kernels=estimate_kernels(fn.ops, types, {g.name: g for g in fusions}), fusions=fusions)
+
+
+def _values(params: tuple[str, ...], facts: TraceFacts, life: _Lifetimes) -> tuple[Value, ...]:
+    """Every value of the trace, inputs first, then in order of definition, then names only used or deleted."""
+    names = list(params)
+    names += [n for n in life.defined if n not in names]
+    names += [n for n in list(life.uses) + list(life.dels) if n not in names and n in facts.types]
+    values = []
+    for n in names:
+        site, where = life.defined[n] if n in life.defined and n not in params else (None, "input")
+        values.append(
+            Value(
+                name=n,
+                type=facts.types.get(n, UNKNOWN),
+                defined=site,
+                defined_in=where,
+                uses=tuple(life.uses.get(n, ())),
+                dels=tuple(life.dels.get(n, ())),
+                crosses_region_boundary=n in life.boundary,
+                returned=n in life.returned,
+            )
+        )
+    return tuple(values)
