@@ -247,14 +247,17 @@ def _run_all(page, base: str, token: str, notebook: str) -> None:
     assert page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.error']").count() == 0
 
 
-# How big an output area is, and whether anything in it (or the notebook) spills or scrolls sideways.
+# How big an output area is, and whether anything in it (or the notebook) spills or scrolls sideways. What lies in a
+# diagram's or chart's own scroll box (.tnb-diagram, .tnb-scroll) is clipped there, not spilled: a diagram wider than
+# the column at legible size (text >= 11 px, issue #32) scrolls in its box, and those boxes are listed as scrollers.
 MEASURE = """area => {
     const box = area.getBoundingClientRect();
     const spill = [], scrollers = [];
     for (const el of area.querySelectorAll('*')) {
         const r = el.getBoundingClientRect();
         if (r.width === 0 || r.height === 0) continue;  // hidden: a closed <details>, the other pane
-        if (r.right > box.right + 1) spill.push(`${el.tagName.toLowerCase()}.${el.className.baseVal ?? el.className}: ${Math.round(r.right - box.right)} px`);
+        const clip = el.parentElement && el.parentElement.closest('.tnb-diagram, .tnb-scroll');
+        if (r.right > box.right + 1 && !(clip && area.contains(clip))) spill.push(`${el.tagName.toLowerCase()}.${el.className.baseVal ?? el.className}: ${Math.round(r.right - box.right)} px`);
         const ox = getComputedStyle(el).overflowX;
         if ((ox === 'auto' || ox === 'scroll') && el.scrollWidth > el.clientWidth + 1) scrollers.push(el.className.baseVal ?? el.className);
     }
@@ -280,7 +283,8 @@ def test_lab_run_all_then_toggle(lab, browser, screenshots):
 
 
 def test_lab_mlp_training_step_fits_a_notebook_column(lab, browser, screenshots):
-    """The MLP training step's outputs in a 1000 px window: nothing sideways, at most COLUMN_MAX_HEIGHT tall."""
+    """The MLP training step's outputs in a 1000 px window: nothing spills sideways, and only a diagram or chart
+    scrolls, in its own box (at legible size it may be wider than the 632-px column); at most COLUMN_MAX_HEIGHT tall."""
     base, token, _ = lab
     page = browser.new_page(viewport=WINDOW)
     try:
@@ -291,16 +295,17 @@ def test_lab_mlp_training_step_fits_a_notebook_column(lab, browser, screenshots)
         print(f"\nMLP training step in JupyterLab at {WINDOW['width']} px: outputs {m['width']:.0f} x {m['height']:.0f} px")
         page.screenshot(path=str(ARTIFACTS / "lab-mlp-fit.png"))
         screenshots.append(ARTIFACTS / "lab-mlp-fit.png")
-        assert m["spill"] == [] and m["scrollers"] == [], m
+        assert m["spill"] == [] and set(m["scrollers"]) <= {"tnb-diagram", "tnb-scroll"}, m
         assert not m["panel_scrolls"] and not m["page_scrolls"], m
         assert m["height"] <= COLUMN_MAX_HEIGHT, m
-        # the user can expand: the full diagram opens in place, and still nothing scrolls sideways
+        # the user can expand: the full diagram opens in place, and still nothing spills sideways
         fixed = _toggle(page).locator(".tnb-pane", has_text="mlp: fixed")
         fixed.locator("summary", has_text="full diagram").first.click()
         expect_svg = fixed.locator("details.tnb-full svg").first
         assert expect_svg.is_visible()
         opened = area.evaluate(MEASURE)
-        assert opened["height"] > m["height"] and opened["spill"] == [] and opened["scrollers"] == [], opened
+        assert opened["height"] > m["height"] and opened["spill"] == [], opened
+        assert set(opened["scrollers"]) <= {"tnb-diagram", "tnb-scroll"}, opened
     finally:
         page.close()
 

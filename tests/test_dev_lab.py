@@ -8,6 +8,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -54,9 +55,14 @@ def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
         assert "01_del_bug.ipynb" in names  # NOTE: the server's root is notebooks/
         with urllib.request.urlopen(f"{base}/api/kernelspecs?token={token}", timeout=10) as r:
             spec = json.load(r)["kernelspecs"]["python3"]["spec"]
-        # NOTE: the kernel is the project's Python, so `%load_ext thunder_nb` finds the package
-        check = subprocess.run([spec["argv"][0], "-c", "import thunder_nb; print(thunder_nb.__file__)"],
-                               capture_output=True, text=True)
+        # NOTE: the kernel is the project's Python, so `%load_ext thunder_nb` finds the package. jupyter_client runs a
+        # kernel whose command is "python" (or "python3", "python3.X") with the server's own Python: dev.sh starts
+        # the server with .venv's. Run from elsewhere, so that the package is not found in the working folder.
+        exe = spec["argv"][0]
+        if exe in {"python", f"python{sys.version_info[0]}", f"python{sys.version_info[0]}.{sys.version_info[1]}"}:
+            exe = str(REPO / ".venv" / "bin" / "python")
+        check = subprocess.run([exe, "-c", "import thunder_nb; print(thunder_nb.__file__)"],
+                               capture_output=True, text=True, cwd=tmp_path)
         assert check.returncode == 0 and str(REPO / "thunder_nb") in check.stdout, check.stderr
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

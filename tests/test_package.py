@@ -14,6 +14,7 @@ def test_import_needs_neither_ipython_nor_a_gpu():
         "import sys, thunder_nb\n"
         "assert 'IPython' not in sys.modules, 'IPython imported'\n"
         "assert 'thunder' not in sys.modules, 'thunder imported eagerly'\n"
+        "assert 'graphviz' not in sys.modules, 'graphviz imported eagerly (render is imported with the package)'\n"
         "import torch; assert not torch.cuda.is_initialized()\n"
         "print('ok')\n"
     )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import TYPE_CHECKING
 
-import graphviz
+if TYPE_CHECKING:
+    import graphviz
 
 __all__ = ["DiagramWarning", "svg", "svg_size"]
 
@@ -28,6 +30,8 @@ def svg(graph: graphviz.Digraph) -> str | None:
         PATH; then one `DiagramWarning` per process says how to install it.
     """
     global _dot_missing_warned
+    import graphviz  # NOTE: here, not at the top: importing thunder_nb needs no Graphviz package
+
     try:
         out = graph.pipe(format="svg", encoding="utf-8")
     except graphviz.ExecutableNotFound:

@@ -7,8 +7,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import graphviz
+from typing import TYPE_CHECKING
 
 from ..diagnosis.model import ISLAND_REASONS, RULES, Defect, FusedGroup, Op, Outside, Region, Site, TraceReport, Value
 from .common import (
@@ -21,6 +20,9 @@ from .memory import (
 )
 
 __all__ = ["COLLAPSE_THRESHOLD", "region_diagram", "dot_text", "node_id"]
+
+if TYPE_CHECKING:
+    import graphviz
 
 #: Above this many ops (region ops plus top-level statements), `region_diagram` collapses regions.
 COLLAPSE_THRESHOLD = 150
@@ -41,6 +43,8 @@ _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "stri
 
 def dot_text(*lines: str, sep: str = r"\n", end: str = "") -> str:
     """Return a DOT escString showing ``lines`` literally (backslashes, ``<...>``, quotes, newlines)."""
+    import graphviz  # NOTE: here, not at the top: importing thunder_nb needs no Graphviz package
+
     # NOTE: graphviz.escape doubles backslashes; nohtml keeps a label like "<script>" from reading as HTML-like
     parts = [graphviz.escape(p) for line in lines for p in str(line).split("\n")]
     return graphviz.nohtml(sep.join(parts) + end)
@@ -476,6 +480,8 @@ class _DiagramBuilder:
             sub.node("_legend", dot_text(*lines, sep=r"\l", end=r"\l"), **attrs)
 
     def build(self) -> graphviz.Digraph:
+        import graphviz
+
         t = self.trace
         g = graphviz.Digraph(name=node_id(t.kind))
         title = f"{t.kind} trace `{t.name}`" + ("" if t.defects else " · no defects")

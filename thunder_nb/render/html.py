@@ -53,9 +53,11 @@ PANE_ROWS = 40
 PANE_CODE_LINES = 200
 
 #: The style of every HTML view, scoped to ``.thunder-nb``; each top-level fragment carries it once.
-# NOTE: .tnb-tall's max-height is FIT's height
+# NOTE: .tnb-tall's max-height is FIT's height. The widget's boxes that hold a view (ipywidgets' flex items) may shrink
+# below their content's width, so that a wide diagram scrolls in its own box instead of widening the column.
 CSS = """<style>
-.thunder-nb{font-family:system-ui,sans-serif;font-size:13px;line-height:1.4;max-width:100%;overflow-wrap:anywhere}
+.thunder-nb{font-family:system-ui,sans-serif;font-size:13px;line-height:1.4;max-width:100%;overflow-wrap:anywhere;min-width:0}
+.widget-html:has(.thunder-nb),.widget-html-content:has(.thunder-nb),.widget-box:has(.thunder-nb){min-width:0;max-width:100%}
 .thunder-nb .tnb-h{font-weight:600;margin:8px 0 4px}
 .thunder-nb table{border-collapse:collapse}
 .thunder-nb td,.thunder-nb th{padding:1px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word}
@@ -199,8 +201,9 @@ def memory_html(trace: TraceReport) -> str:
                         f"</code></td><td>{esc(e.reason)}</td></tr>")
     if not rows:
         return ""
-    return (f'<table class="tnb-memory"><tr><th>region</th><th>what</th><th>names</th><th>why</th></tr>'
-            f"{''.join(rows)}</table>")
+    # NOTE: in its own scroll box: its first columns do not wrap (legible names), so a narrow column scrolls it
+    return (f'<div class="tnb-scroll"><table class="tnb-memory"><tr><th>region</th><th>what</th><th>names</th>'
+            f"<th>why</th></tr>{''.join(rows)}</table></div>")
 
 
 def defects_html(trace: TraceReport) -> str:
