@@ -27,7 +27,18 @@ from .outcome import (
     TraceError,
 )
 from .values import short
-from .verdict import WRONG_WHEN, _by_priority, _check_text, _defect_phrase, _failure_phrase, _nothing_captured, _run_phrase, _speed, _us, _warnings_phrase
+from .verdict import (
+    WRONG_WHEN,
+    _by_priority,
+    _check_text,
+    _defect_phrase,
+    _failure_phrase,
+    _nothing_captured,
+    _run_phrase,
+    _speed,
+    _us,
+    _warnings_phrase,
+)
 
 __all__ = [
     "compare",
