@@ -10,35 +10,11 @@ from __future__ import annotations
 import pytest
 import thunder
 import torch
-from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
+from gpu_or_emulated import MODES, capturing, device_of, fixed, stock
 from thunder_nb.diagnosis.model import Defect
-from thunder_nb.fix import FixedCUDAGraphTransform
-from thunder_nb.testing import fuzz, modes
-
-MODES = ["emulated", pytest.param("gpu", marks=pytest.mark.gpu)]
-#: Each test mode as a `thunder_nb.testing.modes` capture mode.
-CAPTURE = {"emulated": "emulated", "gpu": True}
-
-
-def device_of(mode: str) -> str:
-    return "cuda" if mode == "gpu" else "cpu"
-
-
-def capturing(mode: str):
-    """Real capture on the GPU; on the CPU, the emulated one."""
-    return modes.capturing(CAPTURE[mode])
-
-
-def fixed(mode: str, **options) -> FixedCUDAGraphTransform:
-    """A fixed transform that takes the capture path in ``mode``."""
-    return modes.make_transform(FixedCUDAGraphTransform, CAPTURE[mode], **options)
-
-
-def stock(mode: str) -> CUDAGraphTransform:
-    """thunder's own transform, its runner behaving as thunder's and recording what it does."""
-    return modes.stock_transform(CAPTURE[mode])
+from thunder_nb.testing import fuzz
 
 
 def randn(*shape, seed: int, device: str, grad: bool = False) -> torch.Tensor:
