@@ -1,0 +1,188 @@
+"""KV-cache decoding, tokens per second: the classic CUDA-graph workload, every configuration side by side (#31.2).
+
+    python bench/bench_decode.py [--model litgpt-pythia-14m] [--dtypes float32,bfloat16] [--rounds 5] [--steps 50]
+                                 [--configs eager,thunder no-sdpa,thunder_nb.jit,reduce-overhead] [--out FILE.md]
+
+The zoo's litgpt model at random init (`thunder_nb.testing.zoo`), its KV cache set up for one sequence
+(``GPT.set_kv_cache``), greedy decoding: a prefill of 8 tokens, then one-token calls with ``input_pos`` advancing.
+Each configuration first decodes 24 tokens from the same prompt as eager, and its tokens are compared with eager's,
+token for token. The timed loop then decodes as a generation loop does: each call's argmax is the next call's token
+(on the device, no host sync), the positions are device tensors made beforehand, and the position wraps inside the
+cache. Configurations take turns in rounds of ``--steps`` tokens, synchronised only at the rounds' ends; reported:
+the median over rounds of tokens per second and of ms per token, and the ratio of ms per token to torch.compile
+reduce-overhead's with its spread over rounds. thunder's sdpa executor refuses the decode step (a batch-broadcast
+mask), so plain thunder runs without it ("thunder no-sdpa"); `thunder_nb.jit` chooses its executors itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+from thunder_nb.testing import zoo  # noqa: E402
+
+CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "reduce-overhead")
+LABELS = {"eager": "eager", "thunder no-sdpa": "thunder without sdpa (no graphs)", "stock": "thunder's CUDAGraphTransform",
+          "thunder_nb.jit": "thunder_nb.jit", "reduce-overhead": "torch.compile reduce-overhead",
+          "thunder": "thunder (no graphs)", "fixed": "FixedCUDAGraphTransform"}
+PROMPT = 8
+
+
+class Decoder:
+    """One configuration's model, KV cache and compiled step, from the zoo's initial state."""
+
+    def __init__(self, model_name: str, config: str, dtype: torch.dtype, device: str):
+        model = zoo.MODELS[model_name]
+        self.net = model.build(device).to(dtype).eval()
+        self.net.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
+        self.fn, self.transform = zoo.compile_with(config, model.infer(self.net), capture=device == "cuda")
+        self.length = self.net.max_seq_length
+        g = torch.Generator().manual_seed(0)
+        self.prompt = torch.randint(0, 128, (1, PROMPT), generator=g).to(device)
+        self.positions = [torch.tensor([p], device=device) for p in range(PROMPT, self.length)]
+        self.device = device
+
+    def prefill(self) -> torch.Tensor:
+        with torch.no_grad():
+            out = self.fn(self.prompt, torch.arange(PROMPT, device=self.device))
+        return out[:, -1:].argmax(-1)
+
+    def tokens(self, n: int) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy decoding of ``n`` tokens after the prefill; the tokens and each call's logits (copies)."""
+        token, tokens, logits = self.prefill(), [], []
+        with torch.no_grad():
+            for i in range(n):
+                out = self.fn(token, self.positions[i % len(self.positions)])
+                logits.append(out.float().clone())
+                token = out[:, -1:].argmax(-1)
+                tokens.append(int(token))
+        return tokens, logits
+
+    def run(self, steps: int, token: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for i in range(steps):
+                out = self.fn(token, self.positions[i % len(self.positions)])
+                token = out[:, -1:].argmax(-1)
+        return token
+
+
+def bench(model_name: str, dtype: torch.dtype, rounds: int, steps: int, configs: tuple[str, ...],
+          device: str = "cuda") -> list[dict]:
+    n = 24
+    rows, decoders = [], {}
+    reference: tuple[list[int], list[torch.Tensor]] | None = None
+    for config in configs:
+        row = {"config": config, "ms": [], "note": ""}
+        rows.append(row)
+        try:
+            start = time.perf_counter()
+            dec = Decoder(model_name, config, dtype, device)
+            tokens, logits = dec.tokens(n)
+            _sync(device)
+            row["first_s"] = time.perf_counter() - start
+        except Exception as e:  # NOTE: a configuration failing is a finding, reported in its row
+            row["note"] = f"fails: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:110]}"
+            continue
+        if reference is None:
+            reference = (tokens, logits)
+        same = sum(a == b for a, b in zip(tokens, reference[0]))
+        err = max(float((a - b).abs().max()) for a, b in zip(logits, reference[1]))
+        row["equal"] = f"{same}/{n} tokens, logits max abs diff {err:.2g}"
+        decoders[config] = dec
+        print(f"  {model_name} {dtype} {config}: {row['equal']}, first {row['first_s']:.1f} s", file=sys.stderr,
+              flush=True)
+    tokens = {c: d.prefill() for c, d in decoders.items()}
+    for c, d in decoders.items():  # NOTE: one untimed round: the decode shape's graph is recorded, caches warm
+        tokens[c] = d.run(steps, tokens[c])
+    for _ in range(rounds):
+        for row in rows:
+            dec = decoders.get(row["config"])
+            if dec is None:
+                continue
+            _sync(device)
+            start = time.perf_counter()
+            tokens[row["config"]] = dec.run(steps, tokens[row["config"]])
+            _sync(device)
+            row["ms"].append((time.perf_counter() - start) * 1e3 / steps)
+    for row in rows:
+        dec = decoders.get(row["config"])
+        if dec is not None and dec.transform is not None:
+            row["graphs"], row["regions"] = zoo.count_graphs(dec.transform)
+    ro = next((r for r in rows if r["config"] == "reduce-overhead"), {"ms": []})
+    for row in rows:
+        if row["ms"] and len(ro["ms"]) == len(row["ms"]):
+            ratios = [a / b for a, b in zip(row["ms"], ro["ms"])]
+            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+    return rows
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def table(results: dict, rounds: int, steps: int) -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    lines = [f"Machine: {name}, torch {torch.__version__}. {rounds} rounds of {steps} one-token decode calls per "
+             "configuration, taking turns; the first columns are medians over rounds.", "",
+             "| model, dtype | configuration | tokens/s | ms/token | vs reduce-overhead (min-max) | equal to eager "
+             "(24 greedy tokens) | graphs (regions) | first 24 tokens, s | note |",
+             "|---|---|---:|---:|---:|---|---|---:|---|"]
+    for (model, dtype), rows in results.items():
+        for row in rows:
+            ms = statistics.median(row["ms"]) if row["ms"] else None
+            ratio = row.get("ratio")
+            cells = [f"{model}, {str(dtype).removeprefix('torch.')}", LABELS.get(row["config"], row["config"]),
+                     f"{1e3 / ms:,.0f}" if ms else "-", f"{ms:.3f}" if ms else "-",
+                     f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-", row.get("equal", "-"),
+                     f"{row['graphs']} ({row['regions']})" if row.get("graphs") is not None else "",
+                     f"{row['first_s']:.1f}" if row.get("first_s") else "-", row["note"]]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="litgpt-pythia-14m", help="a zoo model with the decode protocol")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="configuration,... (zoo.CONFIGS names)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: checks the script (no capture; inductor's configuration is left out)")
+    parser.add_argument("--out", help="also write the table into this Markdown file")
+    args = parser.parse_args()
+    model = zoo.MODELS[args.model]
+    if "decode" not in model.protocols:
+        parser.error(f"{args.model} has no decode protocol (zoo models with one: "
+                     f"{[n for n, m in zoo.MODELS.items() if 'decode' in m.protocols]})")
+    if zoo.missing_package(model):
+        print(f"skipped: {args.model} needs the {zoo.missing_package(model)} package")
+        return 0
+    configs = tuple(c.strip() for c in args.configs.split(","))
+    if args.device == "cpu":
+        configs = tuple(c for c in configs if c not in ("reduce-overhead", "stock"))
+    results = {}
+    for dtype in args.dtypes.split(","):
+        key = (args.model, getattr(torch, dtype))
+        results[key] = bench(args.model, key[1], args.rounds, args.steps, configs, args.device)
+        print(table({key: results[key]}, args.rounds, args.steps), flush=True)
+    text = table(results, args.rounds, args.steps)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(f"# KV-cache decoding, {datetime.date.today()}\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

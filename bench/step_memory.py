@@ -1,0 +1,115 @@
+"""Peak GPU memory of a training loop, per configuration, each in its own process (#34: the whole step's memory).
+
+    python bench/step_memory.py [--models nanogpt,llama2] [--steps 12] [--out FILE.md]
+
+For each zoo model and configuration, a fresh Python process builds the model and AdamW from the zoo's initial state
+and runs ``--steps`` training steps (zero_grad, forward, backward, optimizer step; the whole step's own loop for
+`thunder_nb.jit_step`). Reported: the peak of `torch.cuda.max_memory_allocated` over the whole run (recording and
+warm-up included, what decides an out-of-memory error), the peak over the last half of the steps only (the steady
+state), and `torch.cuda.max_memory_reserved` (what the caching allocator holds, graph pools included), in MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ("eager", "thunder", "stock", "thunder_nb.jit", "whole step", "reduce-overhead")
+LABELS = {"eager": "eager", "thunder": "thunder (no graphs)", "stock": "thunder's CUDAGraphTransform (per region)",
+          "thunder_nb.jit": "thunder_nb.jit (per region)", "whole step": "thunder_nb.jit_step (whole step)",
+          "reduce-overhead": "torch.compile reduce-overhead"}
+
+CHILD = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+sys.path.insert(0, ROOT)
+import torch
+from thunder_nb.step import jit_step
+from thunder_nb.testing import zoo
+
+model = zoo.MODELS[NAME]
+net = model.build("cuda").train()
+opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+fn = model.loss(net)
+batches = [model.batch(i, "cuda") for i in range(3)]
+if CONFIG == "whole step":
+    whole = jit_step(net, fn, opt)
+else:
+    compiled, _ = zoo.compile_with(CONFIG, fn, True)
+torch.cuda.synchronize()
+torch.cuda.reset_peak_memory_stats()
+start = torch.cuda.memory_allocated()
+losses = []
+for i in range(STEPS):
+    if i == STEPS // 2:
+        torch.cuda.synchronize()
+        total = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    args, targets = batches[i % 3]
+    if CONFIG == "whole step":
+        losses.append(whole(*args, targets))
+    else:
+        opt.zero_grad()
+        loss = compiled(*args, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+torch.cuda.synchronize()
+steady = torch.cuda.max_memory_allocated()
+print(json.dumps({"peak": max(total, steady), "steady": steady, "reserved": torch.cuda.max_memory_reserved(),
+                  "start": start, "loss": float(losses[-1])}))
+"""
+
+
+def measure(name: str, config: str, steps: int) -> dict:
+    code = (CHILD.replace("ROOT", repr(str(ROOT))).replace("NAME", repr(name)).replace("CONFIG", repr(config))
+            .replace("STEPS", str(steps)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:150]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: dict, steps: int) -> str:
+    import torch
+
+    mib = 2 ** 20
+    lines = [f"Machine: {torch.cuda.get_device_name()}, torch {torch.__version__}. {steps} AdamW steps per process.", "",
+             "| model | configuration | peak allocated, MiB (whole run) | peak allocated, MiB (last half) "
+             "| peak reserved, MiB | allocated before the first step, MiB | last loss | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for (name, config), r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | {LABELS[config]} | - | - | - | - | - | fails: {r['error']} |")
+            continue
+        lines.append(f"| {name} | {LABELS[config]} | {r['peak'] / mib:.1f} | {r['steady'] / mib:.1f} "
+                     f"| {r['reserved'] / mib:.1f} | {r['start'] / mib:.1f} | {r['loss']:.4f} | |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="nanogpt,llama2")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--out", help="also write the table into this Markdown file")
+    args = parser.parse_args()
+    results = {}
+    for name in args.models.split(","):
+        for config in args.configs.split(","):
+            results[(name, config)] = r = measure(name, config, args.steps)
+            print(f"  {name} {config}: {r}", file=sys.stderr, flush=True)
+    text = table(results, args.steps)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(f"# Peak memory of a training loop, {datetime.date.today()}\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
