@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..diagnosis.protocols import GraphTransform, RecordingRunner
 from .modes import CaptureMode, capturing, check_mode
 from .zoo_models import MODELS, ZooModel, missing_package
 from .zoo_protocols import PROTOCOLS, keep_rate
@@ -85,15 +86,14 @@ class ZooRun:
     regions: int | None = None  # regions in its traces (`count_graphs`)
 
 
-def count_graphs(transform: Any) -> tuple[int | None, int | None]:
+def count_graphs(transform: GraphTransform | None) -> tuple[int | None, int | None]:
     """(graphs recorded, regions) of a CUDA-graph transform: regions of every trace it fused (forward, backward, and
     each input shape's, such as a prefill's and a decode step's)."""
     if transform is None:
         return None, None
     runner = transform.cuda_graph_runner
-    graphs = getattr(runner, "graphs_captured", None)
-    if graphs is None:  # NOTE: thunder's own runner
-        graphs = len(runner.cuda_graph_cache)
+    # NOTE: thunder's own runner counts no graphs: one per entry of its cache
+    graphs = runner.graphs_captured if isinstance(runner, RecordingRunner) else len(runner.cuda_graph_cache)
     return graphs, len(runner.python_callables)
 
 
