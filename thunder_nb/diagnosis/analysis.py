@@ -122,7 +122,8 @@ _GET_PARAMETER = re.compile(r"^\s*(\w+)(?::[^=\n]*)? = [\w.]*get_(?:parameter|bu
 
 
 def _parameter_paths(prologues: Iterable[Any]) -> dict[str, str]:
-    """Name -> dotted path of each module parameter or buffer a prologue fetches (``get_parameter('h.0.ln_1.weight')``)."""
+    """Name -> dotted path of each module parameter or buffer a prologue fetches
+    (``get_parameter('h.0.ln_1.weight')``)."""
     paths: dict[str, str] = {}
     for prologue in prologues:
         try:

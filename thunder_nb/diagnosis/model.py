@@ -151,8 +151,8 @@ class Region:
     user_lines: tuple[SourceLine, ...]  # user source lines the region covers
     plan: RegionPlan | None = None  # the transform's plan (thunder-nb transforms only)
     stats: RegionStats = RegionStats()
-    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.build.estimate_kernels`); a fused group
-    # whose count is not known counts 1, so then it is a lower bound (`undecided`)
+    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.build.estimate_kernels`); a fused
+    # group whose count is not known counts 1, so then it is a lower bound (`undecided`)
     kernels: int = 0
     fusions: tuple[FusedGroup, ...] = ()  # fusion symbols among its statements, in order
 
@@ -200,7 +200,8 @@ class Outside:
     `TraceReport.islands` holds those, `TraceReport.outside` all of them.
     """
 
-    name: str  # "island3" for an island, "hand_out5", "step2" (bookkeeping), "op4" (unfused): kind and top-level position
+    # "island3" for an island, "hand_out5", "step2" (bookkeeping), "op4" (unfused): kind and top-level position
+    name: str
     position: int
     op: Op
     reason: str  # a key of ISLAND_REASONS or OUTSIDE_REASONS
@@ -259,7 +260,8 @@ class Defect:
 
     @property
     def severity(self) -> str:
-        """``"crashes the process"``, ``"wrong result"`` (silent), ``"error"`` (raises), or ``"warning"`` (time or memory)."""
+        """``"crashes the process"``, ``"wrong result"`` (silent), ``"error"`` (raises), or ``"warning"`` (time or
+        memory)."""
         if self.rule in CRASH_RULES:
             return "crashes the process"
         if self.rule in WRONG_RESULT_RULES:
@@ -373,7 +375,8 @@ class Report:
         return VIEWS["text"](self)
 
     def __repr__(self) -> str:
-        """One line at the Python prompt: the function, the transform, each trace's counts; ``to_text()`` has the rest."""
+        """One line at the Python prompt: the function, the transform, each trace's counts; ``to_text()`` has the
+        rest."""
         def n(k: int, word: str) -> str:
             return f"{k} {word}{'' if k == 1 else 's'}"
 

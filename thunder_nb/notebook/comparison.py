@@ -1,4 +1,5 @@
-"""Compile a function with the original and the fixed CUDA-graph transform, run both, check them against eager PyTorch."""
+"""`compare`: compile a function with the original and the fixed CUDA-graph transform, run both, check them against
+eager PyTorch."""
 
 from __future__ import annotations
 

@@ -79,7 +79,8 @@ class ZooRun:
     model: str
     protocol: str
     config: str
-    values: Any = None  # nested tensors and numbers (compared with eager's by `thunder_nb.notebook.values.compare_values`)
+    # nested tensors and numbers (compared with eager's by `thunder_nb.notebook.values.compare_values`)
+    values: Any = None
     error: str | None = None  # the exception that stopped it, ``Type: first line``
     limit: str | None = None  # where it is one of thunder's known limits: the component, and what to try
     graphs: int | None = None  # CUDA graphs the transform recorded

@@ -1,4 +1,5 @@
-"""Differential fuzzing of CUDA-graph transforms: a program generator, a call protocol, the rule table and the oracle."""
+"""Differential fuzzing of CUDA-graph transforms: a program generator, a call protocol, the rule table and the
+oracle."""
 
 from .calls import FAILURE_KINDS, PROTOCOL, Call, Failure, Run, differences, execute
 from .oracle import FixedStats, Outcome, Verdict, judge, region_sources

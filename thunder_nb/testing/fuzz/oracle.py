@@ -89,7 +89,8 @@ class _Reference:
         return self._plain
 
     def disagrees(self, run: Run, *, settle: bool = True) -> list[Failure]:
-        """How ``run`` differs from eager PyTorch; empty when it agrees (or, where thunder differs, agrees with thunder).
+        """How ``run`` differs from eager PyTorch; empty when it agrees (or, where thunder differs, agrees with
+        thunder).
 
         With ``settle=False`` plain thunder is not consulted (it costs a trace): for a first look.
         """

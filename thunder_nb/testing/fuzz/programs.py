@@ -146,7 +146,8 @@ class Program:
                 for s in self.inputs if not s.parameter]
 
     def make_parameters(self, device: str = "cpu", layer: int = 0) -> list[Any]:
-        """Parameter set number ``layer``: one ``nn.Parameter`` per parameter argument (the same for the same ``layer``)."""
+        """Parameter set number ``layer``: one ``nn.Parameter`` per parameter argument (the same for the same
+        ``layer``)."""
         import torch
 
         g = torch.Generator().manual_seed(1_000_003 + layer)
