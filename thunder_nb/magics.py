@@ -166,7 +166,8 @@ def options_markdown() -> str:
     rows = ["| option | what it does | default |", "|---|---|---|"]
     # NOTE: argparse keeps the declarations in _actions; its help formatter wraps text for a terminal instead
     for action in ThunderCUDAGraphMagics.thunder_cudagraph.parser._actions:
-        value = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.metavar or action.dest.upper()
+        value = ("{" + ",".join(map(str, action.choices)) + "}" if action.choices
+                 else action.metavar or action.dest.upper())
         if not action.option_strings:
             written = f"`{value}`"
         elif action.nargs == 0:

@@ -14,16 +14,18 @@ RULES: dict[str, str] = {
     "dead-region-input": "a region input used by nothing but a del (copied on every replay)",
     "host-sync-in-region": "a data-dependent or host-synchronising op inside a region (capture fails)",
     "cpu-op-in-region": "a device transfer or CPU op inside a region (runs once at capture, never on replay)",
-    "host-data-in-region": "a tensor made from host data inside a region (a list index, torch.tensor(list)): capture fails",
-    "capture-dependent-in-region": "dropout attention's seed and offset made or read inside a region: host memory outside "
-    "a graph, device memory inside one, so the other side reads the wrong kind (the process dies)",
+    "host-data-in-region": "a tensor made from host data inside a region (a list index, torch.tensor(list)): "
+    "capture fails",
+    "capture-dependent-in-region": "dropout attention's seed and offset made or read inside a region: host memory "
+    "outside a graph, device memory inside one, so the other side reads the wrong kind (the process dies)",
     "region-updates-input": "a region updates an input in place that the runner copies (the caller never sees it)",
     "scalar-region-input": "a Python number region input (each new value captures a new graph)",
     "never-freed": "a top-level intermediate that is never deleted",
     "double-del": "a name deleted twice",
     "returned-graph-memory": "a returned tensor lives in a graph's memory (the next replay overwrites it)",
     "saved-graph-memory": "a tensor saved for the backward lives in a graph's memory (a second forward overwrites it)",
-    "static-input-rebound": "a static region input is an argument, or received another tensor (copied into the captured one's memory)",
+    "static-input-rebound": "a static region input is an argument, or received another tensor (copied into the "
+    "captured one's memory)",
 }
 
 #: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.

@@ -177,7 +177,8 @@ class Comparison:
         return rows
 
     def _timings_text(self) -> str:
-        order = [("eager", "eager"), ("fixed", "fixed"), ("original", f"original ({self.original_kind})"), ("peer", PEER)]
+        order = [("eager", "eager"), ("fixed", "fixed"), ("original", f"original ({self.original_kind})"),
+                 ("peer", PEER)]
         times = []
         for key, name in order:
             if key in self.timings:

@@ -86,7 +86,8 @@ class MagicCell:
 
     def arguments(self, call: ast.Call, call_text: str) -> tuple[tuple, dict]:
         """Evaluate the call's arguments (``*args`` and ``**kwargs`` included) in the user's namespace."""
-        collect = ast.Call(func=ast.Name("__thunder_nb_arguments__", ast.Load()), args=call.args, keywords=call.keywords)
+        collect = ast.Call(func=ast.Name("__thunder_nb_arguments__", ast.Load()), args=call.args,
+                           keywords=call.keywords)
         expr = ast.fix_missing_locations(ast.Expression(collect))
         scope = {"__thunder_nb_arguments__": lambda *a, **k: (a, k)}
         try:
