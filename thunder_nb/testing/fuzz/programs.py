@@ -150,7 +150,8 @@ def generate(ch: Chooser, *, backward: bool | None = None, max_statements: int =
             b.unary()
 
     outputs = b.outputs()
-    ret = outputs[0] if len(outputs) == 1 and ch.boolean(0.5) else ", ".join(outputs) + ("," if len(outputs) == 1 else "")
+    one = len(outputs) == 1
+    ret = outputs[0] if one and ch.boolean(0.5) else ", ".join(outputs) + ("," if one else "")
     params = ", ".join(s.name for s in specs)
     source = f"def prog({params}):\n" + "\n".join(b.lines) + f"\n    return {ret}\n"
     return Program(source, tuple(specs), fusion_type=ch.choice(("consecutive", "dataflow")))

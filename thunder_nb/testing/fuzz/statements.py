@@ -95,7 +95,8 @@ class Builder:
         same = [t for t in self.tensors if t.shape == a.shape]
         suffix = [t for t in self.tensors if 0 < len(t.shape) < len(a.shape) and t.shape == a.shape[-len(t.shape):]]
         scalar = [t for t in self.tensors if t.shape == ()]
-        kinds = [k for k, ok in (("same", same), ("suffix", suffix), ("scalar", scalar), ("float", not tensor_only)) if ok]
+        kinds = [k for k, ok in (("same", same), ("suffix", suffix), ("scalar", scalar), ("float", not tensor_only))
+                 if ok]
         kind = self.ch.choice(kinds)
         if kind == "same":
             return self.ch.choice(same).name
@@ -153,7 +154,8 @@ class Builder:
             return True
         dim = self.ch.integer(0, len(a.shape) - 1)
         keep = self.ch.boolean(0.3)
-        shape = tuple(1 if i == dim else d for i, d in enumerate(a.shape)) if keep else a.shape[:dim] + a.shape[dim + 1:]
+        shape = (tuple(1 if i == dim else d for i, d in enumerate(a.shape)) if keep
+                 else a.shape[:dim] + a.shape[dim + 1:])
         self.new_tensor(f"{a.name}.{op}({dim}{', keepdim=True' if keep else ''})", shape)
         return True
 
