@@ -2,7 +2,7 @@
 oracle."""
 
 from .calls import FAILURE_KINDS, PROTOCOL, Call, Failure, Run, differences, execute
-from .oracle import FixedStats, Outcome, Verdict, judge, region_sources
+from .oracle import judge, region_sources
 from .programs import Chooser, InputSpec, Program, RandomChooser, generate, programs
 from .rules import (
     KNOWN_BUGS,
@@ -17,6 +17,7 @@ from .rules import (
     predict,
     shows,
 )
+from .verdicts import FixedStats, Outcome, Verdict
 
 __all__ = [
     "Chooser",
