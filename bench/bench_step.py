@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from bench_zoo import _machine, _sync  # noqa: E402
+from rounds import add_ratios, add_round_arguments, machine, run_rows, sync, time_rounds, write_markdown  # noqa: E402
 
 from thunder_nb.step import jit_step  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
@@ -95,11 +94,11 @@ def kernel_us_per_step(loop: TrainLoop, steps: int) -> float | None:
     """torch.profiler's GPU kernel time per step (the sum of every kernel's own device time), in µs."""
     from torch.profiler import ProfilerActivity, profile
 
-    _sync(loop.device)
+    sync(loop.device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof, loop.context():
         for i in range(steps):
             loop.step(i)
-        _sync(loop.device)
+        sync(loop.device)
     total = sum(e.self_device_time_total for e in prof.key_averages())
     return total / steps if total else None
 
@@ -128,7 +127,7 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
             loop = TrainLoop(name, config, device)
             with loop.context():
                 row["losses"] = [float(loop.step(i)) for i in range(CHECKED)]  # NOTE: compile, warm up, record
-            _sync(device)
+            sync(device)
             row["first_s"] = time.perf_counter() - started
             loops[config] = loop
         except Exception as e:
@@ -138,25 +137,9 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
         if row["losses"] and reference:
             worst = max(abs(a - b) for a, b in zip(row["losses"], reference))
             row["matches"] = f"yes ({worst:.1e})" if worst <= 1e-4 + 1e-4 * abs(reference[-1]) else f"no ({worst:.1e})"
-    for _ in range(rounds):
-        for config, loop in list(loops.items()):
-            try:
-                _sync(device)
-                start = time.perf_counter()
-                with loop.context():
-                    for i in range(steps):
-                        loop.step(i)
-                _sync(device)
-                rows[config]["ms"].append((time.perf_counter() - start) * 1e3 / steps)
-            except Exception as e:
-                rows[config]["note"] = f"fails after warm-up: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
-                rows[config]["ms"] = []
-                loops.pop(config)
-    ro = rows.get("reduce-overhead", {"ms": []})["ms"]
+    time_rounds(loops, rows, rounds, steps, device)
+    add_ratios(rows)
     for config, row in rows.items():
-        if row["ms"] and len(ro) == len(row["ms"]):
-            ratios = [a / b for a, b in zip(row["ms"], ro)]
-            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
         loop = loops.get(config)
         if loop is not None and loop.whole is not None and hasattr(loop.whole, "graphs_recorded"):
             row["graphs"] = loop.whole.graphs_recorded
@@ -203,7 +186,7 @@ def zoo_capturability(device: str) -> str:
 
 
 def table(results: dict, rounds: int, steps: int) -> str:
-    lines = [f"Machine: {_machine()}. {rounds} rounds of {steps} consecutive AdamW steps per configuration, taking "
+    lines = [f"Machine: {machine()}. {rounds} rounds of {steps} consecutive AdamW steps per configuration, taking "
              "turns.", "",
              "| model | configuration | ms/step (median of rounds) | vs RO (min-max) | first 5 losses equal to eager "
              "(max abs diff) | graphs | first 5 steps, s | note |", "|---|---|---:|---:|---|---:|---:|---|"]
@@ -229,8 +212,7 @@ def table(results: dict, rounds: int, steps: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
+    add_round_arguments(parser)
     parser.add_argument("--models", default="nanogpt,llama2")
     parser.add_argument("--pt2", action="store_true", help="add torch.compile of the whole step with compiled autograd")
     parser.add_argument("--configs", default="", help="only these configurations, comma-separated (eager always runs: "
@@ -244,22 +226,13 @@ def main() -> int:
     if args.capturability:
         text = zoo_capturability(args.device)
         print(text)
-        if args.out:
-            Path(args.out).write_text(f"# Whole-step capturability, {datetime.date.today()}\n\n{text}\n")
+        write_markdown(args.out, "Whole-step capturability", text)
         return 0
     chosen = set(args.configs.split(",")) | {"eager"} if args.configs else set(CONFIGS)
     configs = [c for c in CONFIGS if c in chosen and (c != "pt2 whole step" or args.pt2)
                and not (args.device == "cpu" and c in ("reduce-overhead", "pt2 whole step"))]
-    results = {}
-    for name in args.models.split(","):
-        started = time.perf_counter()
-        results[name] = bench_model(name, args.rounds, args.steps, args.device, configs)
-        print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
-        print(table({name: results[name]}, args.rounds, args.steps), flush=True)
-    text = table(results, args.rounds, args.steps)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(f"# Whole-step capture, {datetime.date.today()}\n\n{text}\n")
+    run_rows(args.models.split(","), lambda name: bench_model(name, args.rounds, args.steps, args.device, configs),
+             str, lambda res: table(res, args.rounds, args.steps), args.out, "Whole-step capture")
     return 0
 
 

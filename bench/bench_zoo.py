@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+from rounds import add_ratios, add_round_arguments, machine, run_rows, sync, time_rounds  # noqa: E402
 
 from thunder_nb.testing import zoo  # noqa: E402
 
@@ -68,6 +67,10 @@ class Loop:
         self.kept: list = []
         self.token = torch.zeros(1, 1, dtype=torch.long, device=device)
         self.positions = [torch.tensor([p], device=device) for p in range(8, 56)]
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """Emulated capture on the CPU."""
+        return zoo.capturing("emulated") if self.device == "cpu" else contextlib.nullcontext()
 
     def step(self, i: int) -> None:
         args, targets = self.batches[i % 3]
@@ -151,10 +154,10 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
         try:
             start = time.perf_counter()
             loop = Loop(model, protocol, config, device, capture)
-            with zoo.capturing("emulated") if device == "cpu" else contextlib.nullcontext():
+            with loop.context():
                 for i in range(3):  # NOTE: compile, record, warm up
                     loop.step(i)
-            _sync(device)
+            sync(device)
             row["first_s"] = time.perf_counter() - start
             loops[config] = loop
         except Exception as e:
@@ -162,55 +165,18 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
     for row in out:  # NOTE: progress on stderr, so that a run cut short by a time limit still says how far it got
         print(f"  {model_name} {protocol} {row['config']}: equal to eager {row.get('matches', '-')}, first steps "
               f"{row.get('first_s', 0):.1f} s {row['note']}", file=sys.stderr, flush=True)
-    for _ in range(rounds):
-        for row in out:
-            loop = loops.get(row["config"])
-            if loop is None:
-                continue
-            try:
-                _sync(device)
-                start = time.perf_counter()
-                with zoo.capturing("emulated") if device == "cpu" else contextlib.nullcontext():
-                    for i in range(steps):
-                        loop.step(i)
-                _sync(device)
-                row["ms"].append((time.perf_counter() - start) * 1e3 / steps)
-            except Exception as e:
-                row["note"] = f"fails after warm-up: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
-                loops.pop(row["config"])
-                row["ms"] = []
+    by_config = {row["config"]: row for row in out}
+    time_rounds(loops, by_config, rounds, steps, device)
     for row in out:
         transform = getattr(loops.get(row["config"]), "transform", None)
         if transform is not None:  # NOTE: the timed loop's own graphs and regions, after every round
             row["graphs"], row["regions"] = zoo.count_graphs(transform)
-    ro = next((r for r in out if r["config"] == "reduce-overhead"), {"ms": []})
-    for row in out:
-        if row["ms"] and len(ro["ms"]) == len(row["ms"]):
-            ratios = [a / b for a, b in zip(row["ms"], ro["ms"])]
-            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+    add_ratios(by_config)
     return out
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _machine() -> str:
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.strip().splitlines()[0]
-    except Exception:
-        driver = "?"
-    import os
-
-    return (f"{name} (driver {driver}, {os.cpu_count()} CPU cores), torch {torch.__version__}, Python "
-            f"{platform.python_version()}")
-
-
 def table(results: dict, rounds: int, steps: int) -> str:
-    lines = [f"Machine: {_machine()}. {rounds} rounds of {steps} consecutive steps per configuration, taking turns.",
+    lines = [f"Machine: {machine()}. {rounds} rounds of {steps} consecutive steps per configuration, taking turns.",
              "", "| model, protocol | configuration | ms/step (median of rounds) | vs reduce-overhead (min-max) "
              "| equal to eager | graphs (regions) after the rounds | first 3 steps, s | note |", "|---|---|---:|---:|---|---|---:|---|"]
     for (model, protocol), rows in results.items():
@@ -227,8 +193,7 @@ def table(results: dict, rounds: int, steps: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
+    add_round_arguments(parser)
     parser.add_argument("--rows", default="", help="model:protocol,... (default: every row of ROWS)")
     parser.add_argument("--configs", default="", help="configuration,... (default: every one of CONFIGS; "
                         "reduce-overhead is the ratios' reference)")
@@ -238,20 +203,17 @@ def main() -> int:
                              "nothing about CUDA graphs)")
     args = parser.parse_args()
     rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ROWS
-    results = {}
-    for model, protocol in rows:
+    configs = tuple(c.strip() for c in args.configs.split(",")) if args.configs else CONFIGS
+
+    def bench(key: tuple[str, str]) -> list[dict] | None:
+        model, protocol = key
         if zoo.missing_package(zoo.MODELS[model]):
             print(f"skipped {model}: needs {zoo.missing_package(zoo.MODELS[model])}", flush=True)
-            continue
-        started = time.perf_counter()
-        configs = tuple(c.strip() for c in args.configs.split(",")) if args.configs else CONFIGS
-        results[(model, protocol)] = bench_row(model, protocol, args.rounds, args.steps, args.device, configs)
-        print(f"{model} {protocol}: {time.perf_counter() - started:.0f} s", flush=True)
-        print(table({(model, protocol): results[(model, protocol)]}, args.rounds, args.steps), flush=True)
-    text = table(results, args.rounds, args.steps)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(f"# Model zoo, {datetime.date.today()}\n\n{text}\n")
+            return None
+        return bench_row(model, protocol, args.rounds, args.steps, args.device, configs)
+
+    run_rows(rows, bench, lambda key: f"{key[0]} {key[1]}", lambda res: table(res, args.rounds, args.steps),
+             args.out, "Model zoo")
     return 0
 
 

@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "thunder_nb"
 #: ``.*`` stands for every module of that package.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("thunder_nb.internals",),  # thunder's and torch's private names, adapted: nothing of thunder-nb
-    ("thunder_nb.diagnosis.plans", "thunder_nb.diagnosis.model", "thunder_nb.diagnosis.ops"),  # the shared vocabulary
+    ("thunder_nb.diagnosis.plans", "thunder_nb.diagnosis.rules", "thunder_nb.diagnosis.model",
+     "thunder_nb.diagnosis.ops", "thunder_nb.diagnosis.protocols"),  # the shared vocabulary, what the diagnosis reads
     ("thunder_nb.cudagraph.*", "thunder_nb.step_report"),  # the runtime: it records what the diagnosis reads
     ("thunder_nb.diagnosis.*", "thunder_nb.render.*"),  # reading what the runtime did, and drawing it
     ("thunder_nb.fix", "thunder_nb.step", "thunder_nb.step_capture", "thunder_nb.step_guard", "thunder_nb.step_graph",

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from . import render  # NOTE: a Report shows itself through it (`diagnosis.model.VIEWS`); it never imports thunder
-from .diagnosis.model import Defect, Island, Region, Report, Site, TraceReport, Value
+from .diagnosis.model import Defect, Outside, Region, Report, Site, TraceReport, Value
 
 __all__ = [
     "Defect",
-    "Island",
+    "Outside",
     "Region",
     "Report",
     "Site",

@@ -1,9 +1,10 @@
-"""``python -m thunder_nb``: run notebooks in a real kernel and export them as standalone pages (the work is `thunder_nb.notebook.export`).
+"""``python -m thunder_nb``: run notebooks in a real kernel and export them as standalone pages (the work is
+`thunder_nb.notebook.export`).
 
     python -m thunder_nb example [--out DIR]                 notebook 01: executed .ipynb + standalone .html
     python -m thunder_nb notebooks [--out DIR | --in-place]  all notebooks; exit 1 if a cell raised
     python -m thunder_nb export NOTEBOOK.ipynb [--out DIR] [--no-execute]
-                                                             your notebook as a standalone .html; exit 1 if a cell raised
+                                                             your notebook as standalone .html; exit 1 if a cell raised
 """
 
 from __future__ import annotations

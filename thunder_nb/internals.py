@@ -126,7 +126,8 @@ def copy_all(tensors: Sequence[Any]) -> list[Any]:
 
 
 def copy_into(targets: Sequence[Any], sources: Sequence[Any]) -> None:
-    """``targets[i].copy_(sources[i])`` for each i, in one ``torch._foreach_copy_`` (a few kernel launches, not one each).
+    """``targets[i].copy_(sources[i])`` for each i, in one ``torch._foreach_copy_`` (a few kernel launches, not one
+    each).
 
     Where autograd would record a copy, each is a ``copy_`` of its own.
     """

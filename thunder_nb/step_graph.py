@@ -303,7 +303,8 @@ class Step:
         return bool(missing) and missing != self._stateless
 
     def _set_up_optimizer(self) -> list[str]:
-        """Give the optimizer what a capture needs (`_make_capturable`) and keep its lr tensors; what changed, in words."""
+        """Give the optimizer what a capture needs (`_make_capturable`) and keep its lr tensors; what changed, in
+        words."""
         notes = _make_capturable(self.optimizer, self.device, tensor_lr=self._tensor_lr)
         if self._tensor_lr:
             self._lrs = [g["lr"] for g in self.optimizer.param_groups]

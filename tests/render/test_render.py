@@ -18,8 +18,8 @@ from thunder_nb import render
 from thunder_nb.diagnosis import analysis
 from thunder_nb.diagnosis.model import (
     Defect,
-    Island,
     Op,
+    Outside,
     Region,
     Report,
     Site,
@@ -201,8 +201,8 @@ def nasty_trace() -> TraceReport:
     item = Op("call", "Tensor.item", ("f2",), ("t1",), 3, f"f2 = Tensor.item(t1)  # {SCRIPT}", user)
     top_ret = Op("return", "return", (), ("f2",), 4, "return f2")
     call = Op("region", "CUDAGraph1", ("t1",), (NASTY,), 2, f"[t1] = CUDAGraph1({NASTY})")
-    islands = (Island("island1", 1, item, "host-sync", f"item {NASTY}"),
-               Island("island2", 2, top_ret, "bookkeeping", "return"))
+    islands = (Outside("island1", 1, item, "host-sync", f"item {NASTY}"),
+               Outside("island2", 2, top_ret, "bookkeeping", "return"))
     values = (
         Value(NASTY, tensor, None, "input", (Site(0, "CUDAGraph1", 0, 5), Site(0)), (), True),
         Value("t1", tensor, Site(0, "CUDAGraph1", 0, 5), "CUDAGraph1", (Site(1),), (), True),

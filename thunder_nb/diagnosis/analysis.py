@@ -12,6 +12,7 @@ from .build import build, estimate_kernels, fused_group
 from .checker import TraceFacts
 from .model import Defect, FusedGroup, Report, TraceReport, TypeInfo
 from .ops import capture_hazard, classify_bsym, classify_op, parse_type, type_of_proxy
+from .protocols import GraphRunner, GraphTransform, PlanningTransform, RecordingRunner
 from .source import REGION_NAME, comment_types, parse_functions
 
 
@@ -48,7 +49,7 @@ def analyze_source(source: str, *, kind: str = "source") -> TraceReport:
     return build(facts)
 
 
-def _region_source(runner: Any, name: str) -> str:
+def _region_source(runner: GraphRunner, name: str) -> str:
     fn, _ = runner.python_callables[name]
     try:
         return inspect.getsource(fn)
@@ -121,7 +122,8 @@ _GET_PARAMETER = re.compile(r"^\s*(\w+)(?::[^=\n]*)? = [\w.]*get_(?:parameter|bu
 
 
 def _parameter_paths(prologues: Iterable[Any]) -> dict[str, str]:
-    """Name -> dotted path of each module parameter or buffer a prologue fetches (``get_parameter('h.0.ln_1.weight')``)."""
+    """Name -> dotted path of each module parameter or buffer a prologue fetches
+    (``get_parameter('h.0.ln_1.weight')``)."""
     paths: dict[str, str] = {}
     for prologue in prologues:
         try:
@@ -154,32 +156,34 @@ def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[s
         if isinstance(a, Proxy):
             facts.types[a.name] = type_of_proxy(a)
     _gather_types(trace.bound_symbols, facts.types)
-    transform = None
+    transform: GraphTransform | None = None
     fusions: dict[str, tuple[FusedGroup, ...]] = {}
     for b in trace.bound_symbols:
         if not (getattr(b.sym, "is_fusion", False) and REGION_NAME.match(b.sym.name)):
             continue
         fusions[b.sym.name] = tuple(fused_group(s) for s in b.subsymbols if getattr(s.sym, "is_fusion", False))
+        if not isinstance(b.sym.executor, GraphTransform):
+            continue
         transform = b.sym.executor
-        runner = getattr(transform, "cuda_graph_runner", None)
-        if runner is None or b.sym.name not in runner.python_callables:
+        runner = transform.cuda_graph_runner
+        if b.sym.name not in runner.python_callables:
             continue
         rfns = [f for f in parse_functions(_region_source(runner, b.sym.name)) if f.name == b.sym.name]
         if rfns:
             facts.regions[b.sym.name] = rfns[0]
         facts.static_masks[b.sym.name] = tuple(runner.python_callables[b.sym.name][1] or ())
-        if hasattr(runner, "region_stats"):
+        if isinstance(runner, RecordingRunner):
             facts.stats[b.sym.name] = runner.region_stats(b.sym.name)
-        if b.sym.name in getattr(runner, "plans", {}):
-            facts.plans[b.sym.name] = runner.plans[b.sym.name]
+            if b.sym.name in runner.plans:
+                facts.plans[b.sym.name] = runner.plans[b.sym.name]
     for name, t in comment_types(source).items():
         facts.types.setdefault(name, t)
     facts.sync_outputs = frozenset(_sync_outputs(trace.bound_symbols))
     facts.hazards = _hazards(trace.bound_symbols, {})
-    facts.hand_out = getattr(transform, "hand_outs", {}).get(kind) if transform is not None else None
-    runner = getattr(transform, "cuda_graph_runner", None)
-    if hasattr(runner, "hand_out_stats"):
-        facts.hand_out_stats = runner.hand_out_stats(kind)
+    if isinstance(transform, PlanningTransform):
+        facts.hand_out = transform.hand_outs.get(kind)
+    if transform is not None and isinstance(transform.cuda_graph_runner, RecordingRunner):
+        facts.hand_out_stats = transform.cuda_graph_runner.hand_out_stats(kind)
     facts.returned = frozenset(returned_names(trace))
     facts.saved = frozenset(p.name for p in internals.saved_for_backward(trace) if isinstance(p, Proxy))
     return build(facts, fusions)
@@ -198,7 +202,9 @@ def _transform_label(jfn: Any) -> str:
 
     for t in thunder.compile_data(jfn).transforms or ():
         if isinstance(t, CUDAGraphTransform):
-            return getattr(t, "label", "stock" if type(t) is CUDAGraphTransform else type(t).__name__)
+            if isinstance(t, PlanningTransform):
+                return t.label
+            return "stock" if type(t) is CUDAGraphTransform else type(t).__name__
     return "none"
 
 
@@ -232,8 +238,10 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
     if bwd and not any("CUDAGraph" in str(t.get_provenance()) for t in bwd) and _transform_label(jfn) != "none":
         notes.append("the backward trace was not fused (the transform failed on it)")
     for t in cd.transforms or ():
-        notes.extend(dict.fromkeys(getattr(t, "notes", ())))
-        for number, why in getattr(t, "handoff_refusals", {}).items():
+        if not isinstance(t, PlanningTransform):
+            continue
+        notes.extend(dict.fromkeys(t.notes))
+        for number, why in t.handoff_refusals.items():
             notes.append(f"{number} stays a Python number: {why}")
     prologues = thunder.last_prologue_traces(jfn)
     arguments = _argument_names(prologues[-1]) if prologues else None

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
-from .model import FusedGroup, Op, Outside, Region, Site, TraceReport, TypeInfo, Value, outside_name
+from .model import FusedGroup, Op, Outside, Region, Site, TraceReport, TypeInfo, Value
+from .rules import outside_name
 from .ops import BOOKKEEPING_NAMES, COLLECTION_NAMES, METADATA_NAMES, VIEW_NAMES, base_name
 from .plans import HAND_OUT_NAME, RegionStats
 from .source import ParsedFunction

@@ -221,7 +221,8 @@ def _in_place_updates_of_params(fn: ParsedFunction) -> list[tuple[Op, str]]:
 
 
 def graph_derived(fn: ParsedFunction) -> dict[str, str]:
-    """Top-level names that lie in a graph's memory: region outputs, and views of them made outside, with their region."""
+    """Top-level names that lie in a graph's memory: region outputs, and views of them made outside, with their
+    region."""
     owner: dict[str, str] = {}
     for op in fn.ops:
         if op.kind == "region":

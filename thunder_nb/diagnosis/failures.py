@@ -127,7 +127,8 @@ def known_limit(e: BaseException) -> tuple[str, str] | None:
 
 
 def untraceable(e: BaseException) -> tuple[str, str] | None:
-    """Name the op thunder cannot trace and say why: ``("nonzero", "its result's shape depends ...")``; None if unknown."""
+    """Name the op thunder cannot trace and say why: ``("nonzero", "its result's shape depends ...")``; None if
+    unknown."""
     known = internals.untraceable_op(e)
     if known is None:
         return None

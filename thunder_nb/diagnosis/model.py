@@ -7,6 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .plans import GraphRecord, HandOutPlan, HandOutStats, RegionPlan, RegionStats, ScalarHandoff
+from .rules import (  # NOTE: re-exported: the records' vocabulary, imported from here across the package
+    CRASH_RULES,
+    ERROR_RULES,
+    ISLAND_REASONS,
+    OUTSIDE_REASONS,
+    RULES,
+    WRONG_RESULT_RULES,
+    outside_name,
+)
 
 __all__ = [
     "RULES",
@@ -24,68 +33,15 @@ __all__ = [
     "Op",
     "Region",
     "Outside",
-    "Island",
     "Value",
     "Defect",
     "TraceReport",
     "Report",
 ]
 
-#: Every checker rule, with the one-line description shown in legends and help.
-RULES: dict[str, str] = {
-    "use-after-del": "a name is used after it was deleted",
-    "region-deletes-output": "a region deletes one of its own outputs",
-    "region-deletes-outside-value": "a region deletes a value produced outside it",
-    "dead-region-input": "a region input used by nothing but a del (copied on every replay)",
-    "host-sync-in-region": "a data-dependent or host-synchronising op inside a region (capture fails)",
-    "cpu-op-in-region": "a device transfer or CPU op inside a region (runs once at capture, never on replay)",
-    "host-data-in-region": "a tensor made from host data inside a region (a list index, torch.tensor(list)): capture fails",
-    "capture-dependent-in-region": "dropout attention's seed and offset made or read inside a region: host memory outside "
-    "a graph, device memory inside one, so the other side reads the wrong kind (the process dies)",
-    "region-updates-input": "a region updates an input in place that the runner copies (the caller never sees it)",
-    "scalar-region-input": "a Python number region input (each new value captures a new graph)",
-    "never-freed": "a top-level intermediate that is never deleted",
-    "double-del": "a name deleted twice",
-    "returned-graph-memory": "a returned tensor lives in a graph's memory (the next replay overwrites it)",
-    "saved-graph-memory": "a tensor saved for the backward lives in a graph's memory (a second forward overwrites it)",
-    "static-input-rebound": "a static region input is an argument, or received another tensor (copied into the captured one's memory)",
-}
-
-#: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.
-ERROR_RULES: frozenset[str] = frozenset(
-    {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region", "region-updates-input",
-     "returned-graph-memory", "saved-graph-memory", "static-input-rebound", "host-data-in-region",
-     "capture-dependent-in-region"}
-)
-#: Error rules whose defect kills the process (a segmentation fault: in a notebook, the kernel and everything in it).
-CRASH_RULES: frozenset[str] = frozenset({"capture-dependent-in-region"})
-#: Error rules whose defect gives a wrong result without any error raised (severity "wrong result").
-WRONG_RESULT_RULES: frozenset[str] = frozenset(
-    {"returned-graph-memory", "saved-graph-memory", "static-input-rebound"}
-)
-
-
 #: Host time one kernel launch costs, in microseconds, that a graph replay removes: measured on an H200 for
 #: notebook 05 (about 4 µs of host time per kernel launch removed). The launch-time estimate multiplies by it.
 LAUNCH_HOST_US: float = 4.0
-
-#: Why an op is an island: it runs outside every graph because capture cannot take it. Only these are
-#: islands, and only these are counted as islands (headers, diagrams, lifetimes, verdicts).
-ISLAND_REASONS: dict[str, str] = {
-    "host-sync": "data-dependent / host-synchronising",
-    "device-transfer": "device transfer",
-    "cpu-op": "op on CPU tensors in a CUDA trace",
-    "host-data": "makes a tensor from host data (a list index, torch.tensor(list)): capture refuses the copy",
-    "capture-dependent": "dropout attention: its seed and offset must be made and read outside graphs",
-}
-
-#: What else runs at top level outside every region: never an island, drawn apart and not counted.
-OUTSIDE_REASONS: dict[str, str] = {
-    "hand-out": "hand-out: what leaves the trace, checked by storage (copied out, guarded or lent)",
-    "bookkeeping": "trace bookkeeping (unpack, return)",
-    "collection": "collection clearing (bookkeeping)",
-    "unfused": "unfused op: capturable, but no region took it (a one-op stretch), so it runs eagerly",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +151,8 @@ class Region:
     user_lines: tuple[SourceLine, ...]  # user source lines the region covers
     plan: RegionPlan | None = None  # the transform's plan (thunder-nb transforms only)
     stats: RegionStats = RegionStats()
-    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.build.estimate_kernels`); a fused group
-    # whose count is not known counts 1, so then it is a lower bound (`undecided`)
+    # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.build.estimate_kernels`); a fused
+    # group whose count is not known counts 1, so then it is a lower bound (`undecided`)
     kernels: int = 0
     fusions: tuple[FusedGroup, ...] = ()  # fusion symbols among its statements, in order
 
@@ -244,7 +200,8 @@ class Outside:
     `TraceReport.islands` holds those, `TraceReport.outside` all of them.
     """
 
-    name: str  # "island3" for an island, "hand_out5", "step2" (bookkeeping), "op4" (unfused): kind and top-level position
+    # "island3" for an island, "hand_out5", "step2" (bookkeeping), "op4" (unfused): kind and top-level position
+    name: str
     position: int
     op: Op
     reason: str  # a key of ISLAND_REASONS or OUTSIDE_REASONS
@@ -268,17 +225,6 @@ class Outside:
         short = {"host-sync": "host sync", "device-transfer": "device transfer", "cpu-op": "CPU op"}
         head = short.get(self.reason, self.reason)
         return f"{head}: {self.detail}" if self.detail else head
-
-
-#: The record of a top-level statement outside every region (`Outside`); an island when ``is_island``.
-Island = Outside
-
-
-def outside_name(reason: str, position: int) -> str:
-    """The name of a top-level statement outside every region: ``island3``, ``hand_out5``, ``step2``, ``op4``."""
-    if reason in ISLAND_REASONS:
-        return f"island{position}"
-    return {"hand-out": "hand_out", "unfused": "op"}.get(reason, "step") + str(position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +260,8 @@ class Defect:
 
     @property
     def severity(self) -> str:
-        """``"crashes the process"``, ``"wrong result"`` (silent), ``"error"`` (raises), or ``"warning"`` (time or memory)."""
+        """``"crashes the process"``, ``"wrong result"`` (silent), ``"error"`` (raises), or ``"warning"`` (time or
+        memory)."""
         if self.rule in CRASH_RULES:
             return "crashes the process"
         if self.rule in WRONG_RESULT_RULES:
@@ -428,7 +375,8 @@ class Report:
         return VIEWS["text"](self)
 
     def __repr__(self) -> str:
-        """One line at the Python prompt: the function, the transform, each trace's counts; ``to_text()`` has the rest."""
+        """One line at the Python prompt: the function, the transform, each trace's counts; ``to_text()`` has the
+        rest."""
         def n(k: int, word: str) -> str:
             return f"{k} {word}{'' if k == 1 else 's'}"
 

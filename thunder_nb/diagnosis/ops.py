@@ -1,4 +1,5 @@
-"""Which thunder ops must never be captured, how types read, and which names alias: shared by the transform and the checker."""
+"""Which thunder ops must never be captured, how types read, and which names alias: shared by the transform and the
+checker."""
 
 from __future__ import annotations
 
@@ -88,8 +89,8 @@ class CaptureDependent:
     dropout: int = 0  # position of ``dropout_p``: with a literal 0 no seed is made nor read
 
 
-#: thunder's symbols with capture-dependent tensors, by name. `tests/diagnosis/test_capture_hazards.py` checks that every
-#: aten op torch's note names maps to them (`CAPTURE_DEPENDENT_ATEN`) and that the positions are thunder's;
+#: thunder's symbols with capture-dependent tensors, by name. `tests/diagnosis/test_capture_hazards.py` checks that
+#: every aten op torch's note names maps to them (`CAPTURE_DEPENDENT_ATEN`) and that the positions are thunder's;
 #: `tests/test_gpu_zoo.py` that thunder's transform dies where the checker says.
 CAPTURE_DEPENDENT: dict[str, CaptureDependent] = {
     # sdpaex: memory-efficient attention, forward (out, logsumexp, seed, offset) and backward

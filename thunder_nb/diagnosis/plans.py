@@ -196,7 +196,8 @@ class RegionStats:
     instances: int = 0  # graph instances kept for outputs still held (2 when a second forward came first)
     address_keys: int = 0  # distinct sets of static-input addresses (one per layer is normal)
     demoted: tuple[StaticInputChange, ...] = ()  # static inputs copied from now on (they took too many addresses)
-    rebound: tuple[StaticInputChange, ...] = ()  # static inputs that received another tensor (thunder's runner copies into them)
+    # static inputs that received another tensor (thunder's runner copies into them)
+    rebound: tuple[StaticInputChange, ...] = ()
     eager_reason: str | None = None  # why the region runs without a graph on every call now
     copied: tuple[str, ...] = ()  # inputs copied into the graph's buffers at the last replay
 

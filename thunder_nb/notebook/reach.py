@@ -1,4 +1,5 @@
-"""Give each run its own copy of what a function reaches: its arguments, closure cells, the globals it names, nn.Modules."""
+"""Give each run its own copy of what a function reaches: its arguments, closure cells, the globals it names,
+nn.Modules."""
 
 from __future__ import annotations
 

@@ -160,7 +160,8 @@ def map_tensors(x: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def clone_tensor(t: Any) -> Any:
-    """A detached copy of ``t`` with its own storage: a leaf that requires grad as ``t`` does (a Parameter stays one)."""
+    """A detached copy of ``t`` with its own storage: a leaf that requires grad as ``t`` does (a Parameter stays
+    one)."""
     import torch
 
     c = t.detach().clone()

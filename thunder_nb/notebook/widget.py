@@ -1,4 +1,5 @@
-"""The original/fixed toggle: HTML panes switched in the browser (so exported pages switch too), with a static fallback."""
+"""The original/fixed toggle: HTML panes switched in the browser (so exported pages switch too), with a static
+fallback."""
 
 from __future__ import annotations
 

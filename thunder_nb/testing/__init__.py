@@ -1,4 +1,5 @@
-"""Tools for testing CUDA-graph code without a GPU: an emulated capture whose replay writes memory as a real one does."""
+"""Tools for testing CUDA-graph code without a GPU: an emulated capture whose replay writes memory as a real one
+does."""
 
 from .emulate import EmulatedGraph, emulated_capture
 

@@ -1,7 +1,8 @@
-"""Differential fuzzing of CUDA-graph transforms: a program generator, a call protocol, the rule table and the oracle."""
+"""Differential fuzzing of CUDA-graph transforms: a program generator, a call protocol, the rule table and the
+oracle."""
 
 from .calls import FAILURE_KINDS, PROTOCOL, Call, Failure, Run, differences, execute
-from .oracle import FixedStats, Outcome, Verdict, judge, region_sources
+from .oracle import judge, region_sources
 from .programs import Chooser, InputSpec, Program, RandomChooser, generate, programs
 from .rules import (
     KNOWN_BUGS,
@@ -16,6 +17,7 @@ from .rules import (
     predict,
     shows,
 )
+from .verdicts import FixedStats, Outcome, Verdict
 
 __all__ = [
     "Chooser",

@@ -41,7 +41,8 @@ FAILURE_KINDS: dict[str, str] = {
 
 @dataclass(slots=True)
 class Run:
-    """What the calls of `PROTOCOL` left: per call its outputs (fresh copies and the objects kept), its aliasing, its inputs."""
+    """What the calls of `PROTOCOL` left: per call its outputs (fresh copies and the objects kept), its aliasing, its
+    inputs."""
 
     fresh: list[list[Any]] = field(default_factory=list)
     kept: list[list[Any]] = field(default_factory=list)
@@ -87,7 +88,8 @@ def _flat(out: Any) -> list[Any]:
 
 
 def aliasing(outputs: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
-    """Which memory each output lies in: an argument's (with the view's offset and strides), an earlier output's, or its own."""
+    """Which memory each output lies in: an argument's (with the view's offset and strides), an earlier output's, or
+    its own."""
     import torch
 
     def storage(t: Any) -> int | None:

@@ -7,68 +7,17 @@ import inspect
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from ...diagnosis.protocols import GraphTransform, PlanningTransform, RecordingRunner
 from ...notebook.values import first_difference
 from ..modes import CaptureMode, capturing, check_mode, make_transform, stock_transform
 from .calls import Failure, Run, differences, execute
 from .programs import Program
-from .rules import KNOWN_BUGS, Prediction, known_analyze_error, known_by_values, predict
+from .rules import KNOWN_BUGS, known_analyze_error, known_by_values, predict
+from .verdicts import FixedStats, Outcome, Verdict
 
 __all__ = ["judge", "Outcome", "Verdict", "FixedStats", "region_sources"]
-
-
-@dataclass(frozen=True, slots=True)
-class FixedStats:
-    """What the fixed transform's runner did over the calls, all regions together."""
-
-    graphs: int = 0
-    replays: int = 0
-    most_instances: int = 0  # > 1: a second graph instance served a forward while the first's saved tensors were held
-    most_address_keys: int = 0  # > 1: a static input (a parameter set) got its own graph
-    held_calls: int = 0  # region calls run without a graph (every instance held)
-
-
-@dataclass
-class Verdict:
-    """How a transform the checker judges (legacy, stock) fared, and what the checker said."""
-
-    failure: str | None = None  # how it failed (exception, or the first difference); None: it ran right
-    kinds: tuple[str, ...] = ()  # failure kinds (`calls.FAILURE_KINDS`)
-    prediction: Prediction | None = None
-    before_run: tuple[str, ...] = ()  # error rules in its traces before the first call
-    explained_before_run: bool = False  # a failure that those rules alone explain
-    compile_crash: str | None = None  # thunder raised while compiling: nothing ran to judge
-
-    @property
-    def false_negative(self) -> bool:
-        return self.prediction is not None and self.prediction.false_negative
-
-    @property
-    def false_positive(self) -> bool:
-        return self.prediction is not None and self.prediction.false_positive
-
-
-@dataclass
-class Outcome:
-    """How one program fared: ``problems`` lists every broken claim (empty: all hold); the rest are figures."""
-
-    program: Program
-    capture: CaptureMode = False
-    discarded: str | None = None  # why the program was thrown away ("thunder rejects: TypeError")
-    problems: list[str] = field(default_factory=list)
-    thunder_differs: bool = False  # plain thunder.jit disagrees with eager PyTorch (thunder's own behaviour)
-    known_bugs: tuple[str, ...] = ()  # names of `KNOWN_BUGS` hit
-    fixed_error: str | None = None
-    fixed_mismatch: str | None = None  # its first difference from eager
-    fixed_defects: tuple[str, ...] = ()  # defects of its traces ("rule @ trace/where (value): message")
-    fixed_fallbacks: tuple[str, ...] = ()  # numbers kept as region inputs, and why (refused hand-offs)
-    fixed_stats: FixedStats = FixedStats()
-    legacy: Verdict = field(default_factory=Verdict)
-    stock: Verdict = field(default_factory=Verdict)
-    stock_item_in_region: bool | None = None  # None: no stock traces to look at
-    stock_host_sync_reported: bool | None = None
 
 
 class _Reference:
@@ -84,12 +33,14 @@ class _Reference:
         import thunder
 
         if self._plain is None:
-            self._plain = execute(thunder.jit(self._fn, fusion_type=self._program.fusion_type), self._program, self._device)
+            jfn = thunder.jit(self._fn, fusion_type=self._program.fusion_type)
+            self._plain = execute(jfn, self._program, self._device)
             self._outcome.thunder_differs = self._plain.error is None and bool(differences(self._plain, self.eager))
         return self._plain
 
     def disagrees(self, run: Run, *, settle: bool = True) -> list[Failure]:
-        """How ``run`` differs from eager PyTorch; empty when it agrees (or, where thunder differs, agrees with thunder).
+        """How ``run`` differs from eager PyTorch; empty when it agrees (or, where thunder differs, agrees with
+        thunder).
 
         With ``settle=False`` plain thunder is not consulted (it costs a trace): for a first look.
         """
@@ -183,8 +134,9 @@ def _judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcom
     return True
 
 
-def _fixed_stats(transform: Any) -> FixedStats:
+def _fixed_stats(transform: PlanningTransform) -> FixedStats:
     runner = transform.cuda_graph_runner
+    assert isinstance(runner, RecordingRunner), f"the fixed transform's runner records: {type(runner).__name__}"
     stats = [runner.region_stats(name) for name in runner.python_callables]
     return FixedStats(
         graphs=sum(len(s.graphs) for s in stats),
@@ -353,7 +305,8 @@ def _judge_original(kind: str, jfn: Any, program: Program, device: str, capture:
     p = verdict.prediction
     if verdict.kinds and not p.false_negative:
         early = [d for d in report.defects if d.rule in verdict.before_run]
-        verdict.explained_before_run = not predict(early, frozenset(verdict.kinds), capture, hidden=hidden).false_negative
+        alone = predict(early, frozenset(verdict.kinds), capture, hidden=hidden)
+        verdict.explained_before_run = not alone.false_negative
     if p.false_negative:
         outcome.problems.append(f"false negative ({kind}): it failed ({verdict.failure}); failure kinds "
                                 f"{list(p.unexplained)} are not explained by the checker's errors {list(p.errors)}")
@@ -384,8 +337,10 @@ def region_sources(jfn: Any) -> dict[str, str]:
     traces = list(thunder.last_traces(jfn)[-1:]) + list((thunder.last_backward_traces(jfn) or [])[-1:])
     for trace in traces:
         for b in trace.bound_symbols:
-            runner = getattr(b.sym.executor, "cuda_graph_runner", None)
-            if getattr(b.sym, "is_fusion", False) and runner is not None and b.sym.name in runner.python_callables:
+            if not (getattr(b.sym, "is_fusion", False) and isinstance(b.sym.executor, GraphTransform)):
+                continue
+            runner = b.sym.executor.cuda_graph_runner
+            if b.sym.name in runner.python_callables:
                 out[b.sym.name] = inspect.getsource(runner.python_callables[b.sym.name][0])
     return out
 

@@ -1,0 +1,107 @@
+"""What bench_zoo.py and bench_step.py share: configurations taking turns in rounds of consecutive steps, their
+ratios to torch.compile reduce-overhead's, the machine line, and the run over a script's rows with its tables."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["Loop", "add_round_arguments", "sync", "machine", "time_rounds", "add_ratios", "run_rows", "write_markdown"]
+
+
+class Loop(Protocol):
+    """One configuration's loop: ``step(i)`` runs its i-th step, inside ``context()``."""
+
+    def context(self) -> contextlib.AbstractContextManager: ...
+
+    def step(self, i: int) -> Any: ...
+
+
+def add_round_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--rounds`` and ``--steps``, with both scripts' defaults."""
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+
+
+def sync(device: str) -> None:
+    """Wait for the GPU (nothing on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def machine() -> str:
+    """The GPU, its driver, the CPU cores, torch and Python, in one line."""
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.strip().splitlines()[0]
+    except Exception:
+        driver = "?"
+    return (f"{name} (driver {driver}, {os.cpu_count()} CPU cores), torch {torch.__version__}, Python "
+            f"{platform.python_version()}")
+
+
+def time_rounds(loops: dict[str, Loop], rows: Mapping[str, dict], rounds: int, steps: int, device: str) -> None:
+    """Time ``rounds`` rounds: in each, every loop in turn runs ``steps`` consecutive steps, synchronised only at the
+    round's ends; its ms/step goes into ``rows[config]["ms"]``. A loop that fails leaves ``loops``, its row says how
+    and keeps no timings."""
+    for _ in range(rounds):
+        for config, loop in list(loops.items()):
+            try:
+                sync(device)
+                start = time.perf_counter()
+                with loop.context():
+                    for i in range(steps):
+                        loop.step(i)
+                sync(device)
+                rows[config]["ms"].append((time.perf_counter() - start) * 1e3 / steps)
+            except Exception as e:
+                first = str(e).splitlines()[0][:100] if str(e) else ""
+                rows[config]["note"] = f"fails after warm-up: {type(e).__name__}: {first}"
+                rows[config]["ms"] = []
+                loops.pop(config)
+
+
+def add_ratios(rows: Mapping[str, dict], reference: str = "reduce-overhead") -> None:
+    """Each row's ratio to ``reference``'s ms/step, round by round: ``row["ratio"]`` = (median, lowest, highest)."""
+    ref = rows.get(reference, {"ms": []})["ms"]
+    for row in rows.values():
+        if row["ms"] and len(ref) == len(row["ms"]):
+            ratios = [a / b for a, b in zip(row["ms"], ref)]
+            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+
+
+def run_rows(keys: Iterable[Any], bench: Callable[[Any], Any], label: Callable[[Any], str],
+             table: Callable[[dict], str], out: str | None, title: str) -> dict:
+    """Bench each key (``bench`` returns None to skip it), printing its seconds and its table as it goes; then print
+    the whole table and write it to ``out`` under ``# title, date``."""
+    results = {}
+    for key in keys:
+        started = time.perf_counter()
+        result = bench(key)
+        if result is None:
+            continue
+        results[key] = result
+        print(f"{label(key)}: {time.perf_counter() - started:.0f} s", flush=True)
+        print(table({key: result}), flush=True)
+    text = table(results)
+    print(text)
+    write_markdown(out, title, text)
+    return results
+
+
+def write_markdown(out: str | None, title: str, text: str) -> None:
+    """Write ``text`` into the Markdown file ``out`` (when given) under ``# title, date``."""
+    if out:
+        Path(out).write_text(f"# {title}, {datetime.date.today()}\n\n{text}\n")

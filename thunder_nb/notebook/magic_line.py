@@ -1,0 +1,140 @@
+"""The magic line: split into options and the call, and the options checked where argparse cannot check them."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+__all__ = ["EXAMPLE", "DEFAULT_VIEWS", "parse_line", "parse_call", "check_arguments", "check_whole_step",
+           "check_executors"]
+
+#: How a magic line is written, for messages.
+EXAMPLE = "%%thunder_cudagraph f(x)"
+
+#: ``--views`` when it is not given: every view.
+DEFAULT_VIEWS = ",".join(("diagram", "lifetimes", "source", "run"))
+
+
+def parse_line(magic: Any, line: str) -> tuple[Any, str]:
+    """Split the magic line into parsed options and the call's source text.
+
+    The call is the first stretch of the line, from a word boundary to the end, that is a Python
+    expression; what comes before it must be options. (Splitting the call into shell words would
+    break string arguments and read ``-1`` as an option.)
+
+    Args:
+        magic: the magic's method, whose ``magic_arguments`` declarations parse the options.
+        line: the magic line, without ``%%thunder_cudagraph``.
+    """
+    for m in re.finditer(r"\S+", line):
+        tail = line[m.start():].strip()
+        if tail.startswith("-"):
+            continue
+        try:
+            ast.parse(tail, mode="eval")
+        except SyntaxError:
+            continue
+        args = parse_argstring(magic, line[: m.start()])
+        if args.call:
+            raise UsageError(f"unexpected words before the call: {' '.join(args.call)} (write it like {EXAMPLE})")
+        return args, tail
+    args = parse_argstring(magic, line)
+    if args.call:
+        raise UsageError(f"the call is not a Python expression: {' '.join(args.call)} (write it like {EXAMPLE})")
+    raise UsageError(f"missing call: write the call to compile on the magic line, e.g. {EXAMPLE}")
+
+
+def parse_call(text: str) -> ast.Call:
+    """The call on the magic line, parsed.
+
+    Raises:
+        UsageError: the expression is not a call.
+    """
+    node = ast.parse(text, mode="eval").body
+    if not isinstance(node, ast.Call):
+        raise UsageError(
+            f"the magic line needs a call like f(x), not {text!r} (options go before the call: {EXAMPLE})"
+        )
+    return node
+
+
+def check_arguments(args: Any) -> list[str]:
+    """Check the options that argparse cannot; return the views asked for.
+
+    Raises:
+        UsageError: an option's value is out of range, ``--lr`` without ``--train``, or ``--peers`` with ``--no-run``.
+    """
+    from . import widget
+
+    try:
+        views = widget.parse_views(args.views)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, not {args.repeats}")
+    if args.lr is not None and not args.train:
+        raise UsageError("--lr needs --train (an SGD step needs gradients)")
+    if args.lr is not None and not args.lr > 0:
+        raise UsageError(f"--lr must be a positive number, not {args.lr}")
+    if args.peers and args.no_run:
+        raise UsageError("--peers needs a run (it times torch.compile): not with --no-run")
+    if args.output is not None and not args.output.isidentifier():
+        raise UsageError(f"-o needs a Python name, not {args.output!r}")
+    return views
+
+
+def check_whole_step(args: Any) -> tuple[str, str]:
+    """The two names of ``--whole-step MODEL,OPTIMIZER``, and the options it cannot take, checked before the cell runs.
+
+    Raises:
+        UsageError: not two Python expressions, an option that belongs to the comparison of transforms, ``--capture
+            off``, or ``--capture on`` without a GPU.
+    """
+    example = "--whole-step model,opt loss_fn(xb, yb)"
+    parts = [p.strip() for p in args.whole_step.split(",")]
+    if len(parts) != 2 or not all(parts):
+        hint = " (no space after the comma)" if args.whole_step.endswith(",") else ""
+        raise UsageError(f"--whole-step needs MODEL,OPTIMIZER, the names of your nn.Module and your optimizer, not "
+                         f"{args.whole_step!r}{hint}: write it like {example}")
+    for part in parts:
+        try:
+            ast.parse(part, mode="eval")
+        except SyntaxError:
+            raise UsageError(f"--whole-step: {part!r} is not a Python name or expression (write it like "
+                             f"{example})") from None
+    other = [name for name, given in (("--train", args.train), ("--lr", args.lr is not None), ("--peers", args.peers),
+                                      ("--original", args.original != "stock"),
+                                      ("--views", args.views != DEFAULT_VIEWS)) if given]
+    if other:
+        raise UsageError(f"--whole-step does not take {', '.join(other)}: it trains the step itself, and shows its "
+                         "capturability report and its run against eager PyTorch")
+    if args.capture == "off":
+        raise UsageError("--whole-step records the step as one graph: not with --capture off (auto or on)")
+    if args.capture == "on":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--whole-step with --capture on needs a CUDA GPU, and torch sees none (--capture auto "
+                             "runs capture's CPU stand-in)")
+    return parts[0], parts[1]
+
+
+def check_executors(text: str) -> tuple[str, ...]:
+    """The ``--executors`` names, checked.
+
+    Raises:
+        UsageError: an unknown name, or one thunder cannot use here.
+    """
+    from ..cudagraph.executors import executor_list, executor_names
+
+    try:
+        names = executor_names([n.strip() for n in text.split(",") if n.strip()])
+        if "nvfuser" in names:
+            executor_list(names)  # NOTE: imports thunder; only nvFuser may be missing here
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return names
