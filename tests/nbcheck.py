@@ -149,3 +149,59 @@ def fallback_problems(bundle: dict, labels: list[str]) -> list[str]:
         if fixed not in "".join(p.shown_text):
             problems.append(f"{fixed!r} is not in the shown part")
     return problems
+
+
+#: Terms the notebooks use that a newcomer does not know: each must be emphasised (``*term*`` or
+#: ``**term**``, where it is explained) in the first markdown cell of the series that uses it.
+TERMS = ("region", "island", "unfused op", "prologue", "runner", "private pool", "scalar hand-off", "hand-out",
+         "graph instance", "epilogue")
+#: The magic's options a notebook uses: each is named in the notebook's markdown before its first use.
+OPTIONS = re.compile(r"(?<![\w-])(--[a-z][\w-]*|-o)(?![\w-])")
+# a measured figure quoted in prose: a time, a size, a speed ratio or a share
+FIGURE = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)\s*(µs|us|ms|MiB|GiB|MB|x faster|x slower|%)(?!\w)")
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text).lower()
+
+
+def terms_used_before_explained(notebooks: list) -> list[str]:
+    """``"term (notebook, cell)"`` for each `TERMS` entry whose first markdown use in the series is not emphasised.
+
+    ``notebooks``: (name, notebook) pairs in reading order.
+    """
+    problems = []
+    for term in TERMS:
+        for name, nb in notebooks:
+            cell = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and term in _flat(c.source)), None)
+            if cell is None:
+                continue
+            prose = re.sub(r"`[^`]*`", "", nb.cells[cell].source)  # a `y * s` is no emphasis
+            spans = [_flat(s) for s in re.findall(r"\*{1,2}([^*]+)\*{1,2}", prose)]
+            if not any(term in s for s in spans):
+                problems.append(f"{term} ({name}, cell {cell})")
+            break
+    return problems
+
+
+def options_used_before_named(nb) -> list[str]:
+    """Options of the magic cells (``--train``, ``-o``) that no markdown cell before their first use names."""
+    named: set[str] = set()
+    problems = []
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            named |= set(OPTIONS.findall(re.sub(r"```.*?```", "", c.source, flags=re.S)))
+        elif c.cell_type == "code" and c.source.startswith(MAGIC):
+            first_line = c.source.splitlines()[0]
+            problems += [o for o in OPTIONS.findall(first_line) if o not in named and o not in problems]
+    return problems
+
+
+def figures_missing_from_outputs(nb) -> list[str]:
+    """Measured figures the markdown quotes (``3,901 µs``, ``2.37x faster``, ``17%``) that no output shows."""
+    shown = output_text(nb).replace(",", "")
+    missing = []
+    for number, unit in FIGURE.findall(markdown(nb)):
+        if not re.search(rf"(?<![\d.]){re.escape(number.replace(',', ''))}(?![\d])", shown):
+            missing.append(f"{number} {unit}")
+    return missing

@@ -17,6 +17,19 @@ import nbcheck
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+#: GitHub renders a notebook up to about 1 MB; each committed notebook stays under it.
+MAX_BYTES = 1_000_000
+#: Notebooks whose stored outputs wait for the next GPU run (``python -m thunder_nb notebooks --in-place`` on
+#: the H200), and why. While one of them has cells without output or outputs of a CPU run, the two GPU checks
+#: below mark it xfail with this reason instead of failing; once the GPU run is stored they hold it as any other.
+GPU_RUN_PENDING = {
+    "03_lifetimes_and_memory.ipynb": "its section on what a replay does to outputs has not run on the H200 yet",
+    "06_real_model.ipynb": "its stored outputs come from a CPU run",
+}
+#: Notebooks over `MAX_BYTES` as committed, and why: xfail while they are, a plain pass once they are not.
+SIZE_PENDING = {
+    "05_nanogpt_training.ipynb": "its stored diagrams predate issue #32's module hierarchy (re-run it on the H200)",
+}
 
 
 @pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.stem)
@@ -50,9 +63,19 @@ def test_every_magic_output_has_a_static_fallback(stored):
         assert not problems, f"{path.name}, cell {i}: " + "; ".join(problems)
 
 
+def _pending(path: Path, nb) -> bool:
+    """True when ``path`` waits for the GPU run (`GPU_RUN_PENDING`) and its stored outputs show it."""
+    if path.name not in GPU_RUN_PENDING:
+        return False
+    unrun = any(not c.execution_count for c in nb.cells if c.cell_type == "code")
+    return unrun or any(d.startswith("CPU") for d in nbcheck.device_lines(nb))
+
+
 def test_stored_outputs_come_from_the_gpu_the_text_names(stored):
     """Every code cell ran, none raised, on a GPU; the markdown names that GPU (the text says where the numbers come from)."""
     path, nb = stored
+    if _pending(path, nb):
+        pytest.xfail(f"{path.name}: {GPU_RUN_PENDING[path.name]} (run `python -m thunder_nb notebooks --in-place` on the H200)")
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), f"{path.name}: not every cell has a stored output (run it)"
     errors = [o for o in nbcheck.outputs(nb) if o.get("output_type") == "error"]
@@ -68,8 +91,39 @@ def test_stored_outputs_come_from_the_gpu_the_text_names(stored):
 
 
 def test_all_stored_outputs_come_from_one_gpu():
-    devices = {p.name: nbcheck.device_lines(nbformat.read(p, as_version=4)) for p in NOTEBOOKS}
+    notebooks = {p: nbformat.read(p, as_version=4) for p in NOTEBOOKS}
+    devices = {p.name: nbcheck.device_lines(nb) for p, nb in notebooks.items() if not _pending(p, nb)}
     assert len({tuple(d) for d in devices.values()}) == 1, f"the notebooks' outputs come from different devices: {devices}"
+
+
+def test_small_enough_for_github(stored):
+    """GitHub shows a notebook up to about 1 MB: diagrams must stay compact (issue #32's hierarchy, `--views`)."""
+    path, _ = stored
+    size = path.stat().st_size
+    if size >= MAX_BYTES and path.name in SIZE_PENDING:
+        pytest.xfail(f"{path.name}: {size / 1e6:.2f} MB: {SIZE_PENDING[path.name]}")
+    assert size < MAX_BYTES, f"{path.name}: {size / 1e6:.2f} MB, over the {MAX_BYTES / 1e6:.0f} MB GitHub renders"
+
+
+def test_terms_are_explained_where_first_used():
+    """Each term a newcomer does not know (prologue, runner, hand-out, ...) is emphasised where the series first uses it."""
+    notebooks = [(p.name, nbformat.read(p, as_version=4)) for p in NOTEBOOKS]
+    problems = nbcheck.terms_used_before_explained(notebooks)
+    assert not problems, f"used before they are explained (emphasise and explain them there): {problems}"
+
+
+def test_magic_options_are_named_before_use(stored):
+    """Every option of a magic cell (`--train`, `-o`, `--repeats`) is named in the markdown above its first use."""
+    path, nb = stored
+    problems = nbcheck.options_used_before_named(nb)
+    assert not problems, f"{path.name}: the magic uses {problems} before any text says what they do"
+
+
+def test_figures_in_the_text_are_in_the_outputs(stored):
+    """A measured figure the prose quotes (µs, MiB, "2.4x faster", a percentage) is one the stored outputs show."""
+    path, nb = stored
+    missing = nbcheck.figures_missing_from_outputs(nb)
+    assert not missing, f"{path.name}: the text quotes {missing}, which no stored output shows (say it without the number)"
 
 
 # --- the checks themselves, on small made-up notebooks ---------------------------------------------
@@ -128,3 +182,27 @@ def test_fallback_check(html, problem):
         assert problems == []
     else:
         assert any(problem in p for p in problems), problems
+
+
+def test_terms_check():
+    first = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("the **prologue** checks inputs; the runner")])
+    later = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("the *runner*\n replays; an epilogue")])
+    problems = nbcheck.terms_used_before_explained([("01", first), ("02", later)])
+    assert "runner (01, cell 0)" in problems and "epilogue (02, cell 0)" in problems
+    assert not any(p.startswith("prologue") for p in problems)
+    split = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("a **second graph\n  instance**")])
+    assert not any(p.startswith("graph instance") for p in nbcheck.terms_used_before_explained([("01", split)]))
+
+
+def test_options_check():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("`--train` runs the backward"),
+        nbformat.v4.new_code_cell("%%thunder_cudagraph --train -o step --repeats 5 f(x)\ndef f(x): ..."),
+        nbformat.v4.new_markdown_cell("`-o NAME` keeps it"),
+    ])
+    assert nbcheck.options_used_before_named(nb) == ["-o", "--repeats"]
+
+
+def test_figures_check():
+    nb = _notebook("eager takes 3,901 µs, 2.4x faster, 17% busy, 96.0 MiB; 8 graphs", "eager 3901 us\n2.4x\n96.0 MiB")
+    assert nbcheck.figures_missing_from_outputs(nb) == ["17 %"]

@@ -21,14 +21,14 @@ from thunder_nb.notebook import export
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 #: the notebooks with a %%thunder_cudagraph toggle
-WITH_TOGGLE = {"01_del_bug.ipynb", "04_training_step.ipynb", "05_nanogpt_training.ipynb"}
+WITH_TOGGLE = {"01_del_bug.ipynb", "04_training_step.ipynb", "05_nanogpt_training.ipynb", "06_real_model.ipynb"}
 
 VIEW = export.WIDGET_VIEW
 STATE = export.WIDGET_STATE
 
 
 def test_notebooks_are_there():
-    assert [p.name for p in NOTEBOOKS][:1] == [export.EXAMPLE] and len(NOTEBOOKS) >= 5
+    assert [p.name for p in NOTEBOOKS][:1] == [export.EXAMPLE] and len(NOTEBOOKS) >= 6
     assert export.find_notebooks() == (REPO / "notebooks").resolve()
     with pytest.raises(FileNotFoundError, match=r"no notebooks found \(looked in .*/nowhere\).*checkout of thunder-nb"):
         export.find_notebooks(REPO / "nowhere")
@@ -77,7 +77,7 @@ def test_draws_svg(executed):
 
 @pytest.mark.slow
 def test_toggle_view_and_state(executed):
-    """01, 04 and 05 show the toggle: per magic cell a widget view whose saved state has the buttons jslinked to the panes."""
+    """01, 04, 05 and 06 show the toggle: per magic cell a widget view whose saved state has the buttons jslinked to the panes."""
     name, nb = executed
     views = [o["data"][VIEW]["model_id"] for o in _outputs(nb) if VIEW in o.get("data", {})]
     if name not in WITH_TOGGLE:
@@ -138,6 +138,32 @@ def test_nanogpt_step_equals_eager(executed):
     text = nbcheck.output_text(nb)
     assert text.count(": equal to eager") == 2 and "DIFFERS" not in text
     assert "FixedCUDAGraphTransform against eager PyTorch" in text
+
+
+@pytest.mark.slow
+def test_replay_section_shows_each_hand_out(executed):
+    """03's claims: thunder's transform loses kept results and gradients of two forwards; the fixed one keeps all."""
+    name, nb = executed
+    if name != "03_lifetimes_and_memory.ipynb":
+        pytest.skip("the lifetimes notebook only")
+    text = nbcheck.output_text(nb)
+    assert re.search(r"thunder CUDAGraphTransform +kept results, call by call: .*WRONG", text)
+    assert re.search(r"FixedCUDAGraphTransform +kept results, call by call: equal, equal, equal\n", text)
+    assert re.search(r"thunder CUDAGraphTransform +gradients, step by step: .*WRONG", text)
+    assert re.search(r"FixedCUDAGraphTransform +gradients, step by step: equal, equal, equal\n", text)
+    assert "still held for a backward" in text and re.search(r"lent [1-9]", text)
+
+
+@pytest.mark.slow
+def test_real_model_loop(executed):
+    """06's claims: on litgpt's GPT the stock transform's kept losses are wrong, thunder_nb.jit's loop equals eager."""
+    name, nb = executed
+    if name != "06_real_model.ipynb":
+        pytest.skip("the real-model notebook only")
+    text = nbcheck.output_text(nb)
+    assert "thunder_nb.jit(loss_fn)                  logged equal, kept equal, weights equal" in text
+    assert re.search(r"thunder CUDAGraphTransform +logged equal, kept WRONG, weights equal", text)
+    assert "fixed: 0 findings" in text and "wrong result returned-graph-memory" in text
 
 
 def test_error_outputs_stop_at_the_failing_cell(tmp_path):
