@@ -158,13 +158,13 @@ class _BaseTransform(CUDAGraphTransform):
             runner.write_back[fusion_name] = written
         if through:
             runner.passthrough[fusion_name] = through
-        seen = {p.name for p in inputs} | {p.name for b in bsyms for p in b.flat_proxy_outs}
+        read = {p.name for b in bsyms for p in b.flat_proxy_args}  # NOTE: a hand-off is listed where it is read
         runner.plans[fusion_name] = RegionPlan(
             name=fusion_name,
             inputs=tuple(self._input_plan(p) for p in inputs),
             outputs=tuple(OutputPlan(o.name, o.name in self._returned, o.name in self._saved) for o in outputs),
             write_back=tuple(inputs[i].name for i in written),
-            scalar_handoffs=tuple(h for h in self._handoffs if h.device_tensor in seen),
+            scalar_handoffs=tuple(h for h in self._handoffs if h.device_tensor in read),
         )
         for o in outputs:
             self._origin[o.name] = f"output of {fusion_name}"

@@ -214,19 +214,20 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             for i, (s, a, m) in enumerate(zip(entry[1], args, key[1])):
                 if m and isinstance(a, torch.Tensor) and s is not a and i not in counts.rebound:
                     counts.rebound[i] = StaticInputChange(_input_name(names, i), i, "rebound")
-        else:
-            counts.graphs.append(GraphRecord(
-                index=len(counts.graphs),
-                cause=_recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]),
-                static_bytes=sum(a.nbytes for a, m in zip(args, key[1]) if isinstance(a, torch.Tensor) and not m),
-            ))
+        record = None if entry is not None else GraphRecord(
+            index=len(counts.graphs),
+            cause=_recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]),
+            static_bytes=sum(a.nbytes for a, m in zip(args, key[1]) if isinstance(a, torch.Tensor) and not m),
+        )
         counts.last_key = key
         try:
             out = CUDAGraphRunner.call_cuda_graph(self, fn_name, *args)
         except BaseException:
             internals.recover_generators()
             raise
-        if entry is not None:
+        if record is not None:  # NOTE: only a graph that was made counts: a capture that raised made none
+            counts.graphs.append(record)
+        else:
             counts.replays += 1
         return out
 
