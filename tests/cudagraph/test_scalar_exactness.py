@@ -14,6 +14,7 @@ import thunder
 import torch
 
 import thunder_nb
+from gpu_or_emulated import MODES, capturing, device_of, fixed
 from thunder_nb.fix import FixedCUDAGraphTransform
 
 
@@ -86,3 +87,40 @@ def test_handed_over_number_gives_the_same_bits(fn, dtype, capture):
         if fn in (arithmetic, div_by_arithmetic):  # NOTE: a lone reader (x * s) makes no region at all
             assert len(report.forward.regions) == 1, "the arithmetic on the number and its reader join the region"
         assert all(len(r.graphs) == 1 for r in report.forward.regions)  # one graph, whatever the value
+
+
+def adam_by_hand(p, g, m, v, step):
+    """torch.optim.Adam's single-tensor (non-capturable) path: the step read by ``.item()``, the bias corrections in
+    Python (``b ** step``, ``** 0.5``: no exact device form), ``addcdiv_`` reading ``-step_size`` as its value."""
+    step.add_(1)
+    t = step.item()
+    b1, b2, lr, eps = 0.9, 0.999, 1e-3, 1e-8
+    m.lerp_(g, 1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    step_size = lr / (1 - b1 ** t)
+    denom = (v.sqrt() / ((1 - b2 ** t) ** 0.5)).add_(eps)
+    p.addcdiv_(m, denom, value=-step_size)
+    return p
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_adam_by_hand_records_one_graph_per_region_whatever_the_step_and_equals_plain_thunder(mode):
+    """Before: ``b ** t`` (not device arithmetic) let the numbers after it count as constants, so the host
+    arithmetic joined a region and each new step recorded a graph there, up to ``max_values``."""
+    device = device_of(mode)
+    g = torch.Generator().manual_seed(0)
+    p, grad, m, v = ((torch.randn(256, generator=g)).to(device) for _ in range(4))
+    m.zero_(), v.zero_()
+    step = torch.zeros((), device=device)
+    state, plain_state = [p, m, v, step], [t.clone() for t in (p, m, v, step)]
+    transform = fixed(mode)
+    jfn, plain = thunder.jit(adam_by_hand, transforms=[transform]), thunder.jit(adam_by_hand)
+    with capturing(mode):
+        for _ in range(12):
+            jfn(state[0], grad, state[1], state[2], state[3])
+            plain(plain_state[0], grad, plain_state[1], plain_state[2], plain_state[3])
+    assert all(torch.equal(a, b) for a, b in zip(state, plain_state))
+    runner = transform.cuda_graph_runner
+    graphs = {name: len(runner.region_stats(name).graphs) for name in runner.python_callables}
+    assert graphs and all(n == 1 for n in graphs.values()), graphs
+    assert "addcdiv" in " ".join(transform.handoff_refusals.values())  # NOTE: it reads -step_size: kept out

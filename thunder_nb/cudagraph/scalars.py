@@ -78,9 +78,8 @@ def handoff_numbers(trace: TraceCtx, bsyms: Sequence[BoundSymbol], can_fuse: Cal
     # so the fill does not cut a region in two
     fills: dict[int, list[tuple[NumberProxy, Any]]] = {}
     for i, numbers in planned.items():
-        for n in numbers:
-            filled = n.name not in sources or sources[n.name][0] == "saved"
-            if filled and all(n.name != f.name for fs in fills.values() for f, _ in fs):
+        for n in _filled_leaves(numbers, sources):
+            if all(n.name != f.name for fs in fills.values() for f, _ in fs):
                 at = next((j for j, b in enumerate(bsyms) if n.name in {p.name for p in b.flat_proxy_outs}), -1)
                 fills.setdefault(at, []).append((n, _device_of(bsyms[i])))
     out: list[BoundSymbol] = []
@@ -144,9 +143,26 @@ def _data_dependent_numbers(bsyms: Sequence[BoundSymbol]) -> dict[str, tuple[str
         if b.sym.name == "item" and len(args) == 1 and isinstance(args[0], TensorProxy) and not args[0].shape \
                 and not dtypes.is_boolean_dtype(args[0].dtype):
             sources[outs[0].name] = ("item", args[0])
-        elif _numbers_only(b) and b.sym.name in ARITHMETIC and any(p.name in sources for p in args):
-            sources[outs[0].name] = ("arithmetic", b)
+        elif _numbers_only(b) and any(p.name in sources for p in args):
+            # NOTE: arithmetic with an exact device form runs on 0-d tensors; any other (pow, math.sqrt) runs on
+            # the host, and its number is filled into a 0-d tensor outside the graphs: a graph never bakes it
+            sources[outs[0].name] = ("arithmetic", b) if b.sym.name in ARITHMETIC else ("host", b)
     return sources
+
+
+def _filled_leaves(numbers: Sequence[NumberProxy], sources: dict) -> list[NumberProxy]:
+    """The numbers that are filled into 0-d tensors to make ``numbers`` on the device: each one that is not made
+    from an item (an argument, a saved number, host arithmetic), and those that device arithmetic reads."""
+    leaves: list[NumberProxy] = []
+    todo = list(numbers)
+    while todo:
+        n = todo.pop()
+        src = sources.get(n.name)
+        if src is None or src[0] in ("saved", "host"):
+            leaves.append(n)
+        elif src[0] == "arithmetic":
+            todo.extend(a for a in src[1].args if isinstance(a, NumberProxy))
+    return _distinct(leaves)
 
 
 def _python_type(n: NumberProxy) -> type | None:
