@@ -215,7 +215,9 @@ def defects_html(trace: TraceReport) -> str:
         f"<td>{esc(d.where())}</td><td>{esc(d.message)}<br><i>{esc(d.hint)}</i></td></tr>"
         for d in trace.defects
     )
-    return f"<table><tr><th>severity</th><th>rule</th><th>where</th><th>message</th></tr>{rows}</table>"
+    # NOTE: in its own scroll box, as the memory plan: a rule's name does not break, so a narrow column scrolls it
+    return (f'<div class="tnb-scroll"><table class="tnb-defects"><tr><th>severity</th><th>rule</th><th>where</th>'
+            f"<th>message</th></tr>{rows}</table></div>")
 
 
 def _counts(trace: TraceReport) -> str:
