@@ -10,7 +10,9 @@ measured:
   diagram's box and viewBox make of it), HTML text by its computed font size; at least `MIN_TEXT_PX`;
 - its rendered width against the column's (the output area's): at most two column widths; a view wider than the
   column scrolls inside a box of its own (``.tnb-diagram``, ``.tnb-scroll``), and that box fits the column;
-- in the memory plan, that no cell of the region and "what" columns is broken over two lines (``CUDAGr``/``aph2``).
+- in the memory plan, that no cell of the region and "what" columns is broken over two lines (``CUDAGr``/``aph2``),
+  in the defects table none of severity, rule and place, and that the last column of either (why, message) is at
+  least `REASONS_MIN_PX` wide.
 
 Screenshots go to a pytest tmp folder (their paths are printed at the end and named in every failure), with
 ``measurements.json`` beside them. Debian's Chromium driven by Playwright (never ``playwright install``).
@@ -19,6 +21,7 @@ Screenshots go to a pytest tmp folder (their paths are printed at the end and na
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +64,8 @@ CELLS = [
 WINDOWS = [(1024, 768), (1280, 800)]
 #: The closed parts of a pane a user opens to read them (not "full diagram": a default view is the collapsed one).
 OPENED = ("memory plan", "lifetimes", "defects", "generated code")
+#: The narrowest the memory plan's "why" and the defects' message column may be (squeezed, they read a word a line).
+REASONS_MIN_PX = 150
 #: The views that get a screenshot of their own in the first window (each side's window screenshot shows its top),
 #: besides any that breaks a limit.
 SHOWN = ("module tree", "memory plan", "lifetimes")
@@ -109,8 +114,12 @@ MEASURE = """(area, [views, column]) => {
                               : Math.max(el.scrollWidth, el.getBoundingClientRect().width);
             const box = (el.closest('.tnb-diagram, .tnb-scroll') || el).getBoundingClientRect().width;
             const broken = [];
-            if (name === 'memory plan') {
-                for (const td of el.querySelectorAll('tr > td:nth-child(-n+2)')) {
+            let reasons = null;  // the narrowest cell of the last column: the memory plan's "why", a defect's message
+            if (name === 'memory plan' || name === 'defects') {
+                for (const td of el.querySelectorAll('tr > td:nth-child(4)'))
+                    reasons = Math.min(reasons ?? Infinity, td.getBoundingClientRect().width);
+                const names = name === 'memory plan' ? 'tr > td:nth-child(-n+2)' : 'tr > td:nth-child(-n+3)';
+                for (const td of el.querySelectorAll(names)) {
                     const range = document.createRange();
                     range.selectNodeContents(td);
                     const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
@@ -120,7 +129,7 @@ MEASURE = """(area, [views, column]) => {
             const key = `${name.replace(' ', '-')}-${i}`;
             el.dataset.tnbMeasured = key;
             out.push({view: name + (i ? ` ${i + 1}` : ''), key, min_px: smallest === Infinity ? null : smallest,
-                      smallest: where, width, box, column, broken: broken.slice(0, 3)});
+                      smallest: where, width, box, column, broken: broken.slice(0, 3), reasons});
             i += 1;
         }
     }
@@ -181,6 +190,8 @@ def _problems(m: dict) -> list[str]:
     if m["box"] > m["column"] + 1:
         out.append(f"its box spills out of the {m['column']:.0f}-px column: {m['box']:.0f} px (only a box of its own "
                    "may scroll a wider view)")
+    if m.get("reasons") is not None and m["reasons"] < REASONS_MIN_PX:
+        out.append(f"its last column is {m['reasons']:.0f} px wide (< {REASONS_MIN_PX} px: a word or two a line)")
     if m["broken"]:
         out.append(f"broken over two lines: {m['broken']}")
     return out
@@ -268,12 +279,14 @@ def test_the_measures_catch_what_issue_32_saw(browser):
             'height:auto"><text x="0" y="50" font-size="10">CUDAGraph1</text></svg></div>'
             '<table class="tnb-memory" style="width:60px"><tr><td style="overflow-wrap:anywhere">CUDAGraph2</td>'
             '<td style="white-space:nowrap">copied in</td>'
-            '<td style="white-space:nowrap">a reason wider than the column, not in a box</td></tr>'
+            '<td style="white-space:nowrap">a reason wider than the column, not in a box</td>'
+            '<td style="width:40px">a reason squeezed</td></tr>'
             "</table></div>"
         )
         diagram, memory = (_problems(m) for m in page.locator("#area").evaluate(MEASURE, [VIEWS, 300]))
         assert diagram == ["text 3.0 px < 11 px ('CUDAGraph1')"]
         assert memory[-1] == "broken over two lines: ['CUDAGraph2']"
         assert memory[0].startswith("its box spills out of the 300-px column")
+        assert re.fullmatch(r"its last column is \d+ px wide \(< 150 px: a word or two a line\)", memory[1])
     finally:
         page.close()
