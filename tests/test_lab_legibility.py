@@ -35,7 +35,8 @@ from thunder_nb.render.html import MIN_TEXT_PX
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
 
 NOTEBOOK = "legibility.ipynb"
-#: (name, cell): the magic cells; the island program with the magic's default views, nanoGPT as notebook 05 shows it
+#: (name, cell): the magic cells; the island program with the magic's default views, nanoGPT with notebook 05's
+#: (its first magic cell, with 2 repeats instead of 10)
 MAGIC_CELLS = [
     ("island",
      "%%thunder_cudagraph --repeats 2 f(x)\n"
@@ -51,7 +52,8 @@ MAGIC_CELLS = [
 ]
 CELLS = [
     "%load_ext thunder_nb",
-    # NOTE: notebook 05's model at its GPU depth (6 layers), narrow so that the CPU traces it in seconds
+    # NOTE: notebook 05's model at its GPU depth (6 layers), narrow for the CPU; tracing it twice (the original and the
+    # fixed transform) is most of this test's minute
     "import torch\n"
     "from thunder.tests.nanogpt_model import GPT, GPTConfig\n"
     "torch.manual_seed(0)\n"
