@@ -6,6 +6,7 @@ go to ``out/test-artifacts/`` (their paths are printed at the end).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -109,21 +110,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab 4 server on loopback serving a copy of notebooks/ and the MLP notebook; yields (URL, token, root)."""
-    tmp = tmp_path_factory.mktemp("lab")
-    root = tmp / "root"
-    shutil.copytree(NOTEBOOKS, root)
-    # NOTE: from a clean slate, even once the committed notebook holds outputs and widget state
-    nb = nbformat.read(root / EXAMPLE, as_version=4)
-    nb.metadata.pop("widgets", None)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    nbformat.write(nb, root / EXAMPLE)
-    nbformat.write(_mlp_notebook(), root / MLP_NOTEBOOK)
+@contextlib.contextmanager
+def lab_server(tmp: Path, root: Path):
+    """A JupyterLab 4 server on loopback serving ``root``, its settings under ``tmp``; yields (URL, token)."""
     env = dict(os.environ)
+    # NOTE: the kernel imports this checkout's thunder_nb, not the one .venv's editable install points to
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     for var, sub in [
         ("JUPYTER_CONFIG_DIR", "config"),
         ("JUPYTER_RUNTIME_DIR", "runtime"),
@@ -160,7 +152,7 @@ def lab(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"JupyterLab did not answer in 60 s:\n{(tmp / 'lab.log').read_text()[-3000:]}")
             time.sleep(0.3)
-        yield base, token, root
+        yield base, token
     finally:
         proc.terminate()
         try:
@@ -169,6 +161,24 @@ def lab(tmp_path_factory):
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab 4 server on loopback serving a copy of notebooks/ and the MLP notebook; yields (URL, token, root)."""
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "root"
+    shutil.copytree(NOTEBOOKS, root)
+    # NOTE: from a clean slate, even once the committed notebook holds outputs and widget state
+    nb = nbformat.read(root / EXAMPLE, as_version=4)
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, root / EXAMPLE)
+    nbformat.write(_mlp_notebook(), root / MLP_NOTEBOOK)
+    with lab_server(tmp, root) as (base, token):
+        yield base, token, root
 
 
 def _toggle(page):

@@ -134,6 +134,20 @@ def test_a_models_ops_are_grouped_by_module_with_repeated_blocks_folded(nanogpt)
     assert render.html.trees_html(bwd).count(", ×") >= 1  # the backward folds its blocks too
 
 
+def test_a_memory_plan_row_of_a_models_parameters_lists_a_few_and_folds_the_rest(nanogpt):
+    """77 parameters read in place made one row 77 lines tall (seen in JupyterLab, tests/test_lab_legibility.py)."""
+    fwd = nanogpt.forward
+    table = render.html.memory_html(fwd)
+    n = render.html.MEMORY_NAMES
+    (row,) = [r for r in re.findall(r"<tr>.*?</tr>", table) if "read in place" in r]
+    shown = re.search(r"<td><code>(.*?)</code>, <details><summary>\+(\d+) more</summary><code>(.*?)</code>", row)
+    assert shown is not None, row
+    names = [*shown.group(1).split(", "), *shown.group(3).split(", ")]
+    assert len(shown.group(1).split(", ")) == n and int(shown.group(2)) == len(names) - n
+    entry = next(e for e in render.memory.region_memory(fwd, fwd.regions[0]) if e.label == "read in place")
+    assert names == [render.common.esc(x) for x in entry.names]
+
+
 @pytest.mark.dot
 @needs_dot
 def test_the_default_views_of_a_6_layer_nanogpt_fit_a_notebook(nanogpt, capsys):

@@ -49,6 +49,8 @@ MIN_TEXT_PX = 11
 FULL_MAX_BYTES = 150_000
 #: Lifetime rows a pane shows of a big trace (the text report and `lifetime_svg` keep `MAX_ROWS`).
 PANE_ROWS = 40
+#: Names a memory-plan row lists before the rest fold away ("+73 more").
+MEMORY_NAMES = 4
 #: Lines of each generated source a pane shows (defect lines always).
 PANE_CODE_LINES = 200
 
@@ -63,7 +65,8 @@ CSS = """<style>
 .thunder-nb td,.thunder-nb th{padding:1px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word}
 .thunder-nb small{font-size:11px}
 .thunder-nb code,.thunder-nb pre{font-size:12px}
-.thunder-nb .tnb-memory td:nth-child(-n+2){white-space:nowrap}
+.thunder-nb .tnb-memory td:nth-child(-n+2),.thunder-nb .tnb-defects td:nth-child(-n+3){white-space:nowrap}
+.thunder-nb .tnb-memory td:nth-child(4),.thunder-nb .tnb-defects td:nth-child(4){min-width:16em}
 .thunder-nb .tnb-ln{color:#868e96;text-align:right;user-select:none}
 .thunder-nb .tnb-badge{border-radius:3px;padding:0 4px;margin-right:3px;font-size:11px}
 .thunder-nb .tnb-island{background:#fff3bf}
@@ -189,6 +192,16 @@ def diagram_html(trace: TraceReport) -> tuple[str, bool]:
     return shown + full, drawn
 
 
+def _names_html(names: Sequence[str]) -> str:
+    """The names of one memory-plan row; past `MEMORY_NAMES`, the rest behind a closed ``<details>``."""
+    shown = f"<code>{esc(', '.join(names[:MEMORY_NAMES]))}</code>"
+    if len(names) <= MEMORY_NAMES:
+        return shown
+    # NOTE: a model's 77 parameters made one row 77 lines tall, and pushed its reason out of the column
+    rest = names[MEMORY_NAMES:]
+    return f"{shown}, <details><summary>+{len(rest)} more</summary><code>{esc(', '.join(rest))}</code></details>"
+
+
 def memory_html(trace: TraceReport) -> str:
     """The memory plan of every region as a table (region, what, names, why); "" when it is not known."""
     rows = []
@@ -197,8 +210,8 @@ def memory_html(trace: TraceReport) -> str:
             continue
         for e in region_memory(trace, r):
             cls = ' class="tnb-wrong"' if e.flagged else ""
-            rows.append(f"<tr{cls}><td>{esc(r.name)}</td><td>{esc(e.label)}</td><td><code>{esc(', '.join(e.names))}"
-                        f"</code></td><td>{esc(e.reason)}</td></tr>")
+            rows.append(f"<tr{cls}><td>{esc(r.name)}</td><td>{esc(e.label)}</td><td>{_names_html(e.names)}</td>"
+                        f"<td>{esc(e.reason)}</td></tr>")
     if not rows:
         return ""
     # NOTE: in its own scroll box: its first columns do not wrap (legible names), so a narrow column scrolls it
@@ -215,7 +228,10 @@ def defects_html(trace: TraceReport) -> str:
         f"<td>{esc(d.where())}</td><td>{esc(d.message)}<br><i>{esc(d.hint)}</i></td></tr>"
         for d in trace.defects
     )
-    return f"<table><tr><th>severity</th><th>rule</th><th>where</th><th>message</th></tr>{rows}</table>"
+    # NOTE: in its own scroll box, as the memory plan: severity, rule and place do not break (`CSS`), so a narrow
+    # column scrolls it
+    return (f'<div class="tnb-scroll"><table class="tnb-defects"><tr><th>severity</th><th>rule</th><th>where</th>'
+            f"<th>message</th></tr>{rows}</table></div>")
 
 
 def _counts(trace: TraceReport) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..diagnosis.model import Outside, Site, TraceReport, Value
+from ..diagnosis.model import Outside, TraceReport
 from .common import DEFECT_COLOR, ISLAND_FILL, REGION_COLORS, SCALAR_COLOR, esc, plural, type_label
+from .lifetime_rows import Axis, Row, pick_rows, row_note, step_axis, value_rows
 
 __all__ = ["MAX_ROWS", "SVG_WIDTH", "lifetime_text", "lifetime_svg"]
 
@@ -14,131 +15,12 @@ MAX_ROWS = 200
 
 _TEXT_BAR_WIDTH = 64
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One value's lifetime on the flat step axis."""
-
-    value: Value
-    start: int  # step of the definition (0 for an input)
-    last_use: int  # last step it is read at (``start`` when never read)
-    end: int  # step it is freed at: its first del after the last use, else the trace's end
-    dels: tuple[int, ...]
-    uses: tuple[int, ...]
-    late_uses: tuple[int, ...]  # uses after a del
-    never_freed: bool
-    defects: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Axis:
-    """The flat step order: top-level positions, a region's position expanded into its statements."""
-
-    steps: tuple[str, ...]  # a label per step
-    index: dict[tuple[int, int | None], int]
-    spans: tuple[tuple[str, int, int], ...]  # (region, first step, last step)
-
-    def of(self, site: Site) -> int:
-        return self.index.get((site.position, site.index), self.index.get((site.position, None), 0))
-
-
-def _axis(trace: TraceReport) -> _Axis:
-    regions = {r.position: r for r in trace.regions if r.position >= 0}
-    steps: list[str] = []
-    index: dict[tuple[int, int | None], int] = {}
-    spans = []
-    for pos in range(len(trace.ops)):
-        r = regions.get(pos)
-        if r is None or not r.ops:
-            index[(pos, None)] = len(steps)
-            steps.append(f"@{pos}")
-            continue
-        index[(pos, None)] = len(steps)
-        first = len(steps)
-        for j in range(len(r.ops)):
-            index[(pos, j)] = len(steps)
-            steps.append(f"{r.name}[{j}]@{pos}")
-        spans.append((r.name, first, len(steps) - 1))
-    if not steps:
-        steps.append("@0")
-    return _Axis(tuple(steps), index, tuple(spans))
-
-
-def _rows(trace: TraceReport, axis: _Axis) -> list[_Row]:
-    """Place every value on the step axis.
-
-    A ``del`` ends a value only in the scope that owns the name: the top level, or the region that
-    defines it. A region deleting its input unbinds the region's own name; the caller's stays alive,
-    so such a del ends nothing outside that region.
-    """
-    by_value: dict[str, list[str]] = {}
-    for d in trace.defects:
-        if d.value is not None:
-            by_value.setdefault(d.value, []).append(d.rule)
-    last = len(axis.steps) - 1
-    outputs = {n for r in trace.regions for n in r.outputs}
-    rows = []
-    for v in trace.values:
-        home = v.defined.region if v.defined is not None else None
-        local = home is not None and v.name not in outputs  # NOTE: dies with the region's frame at the latest
-        start = 0 if v.defined is None else axis.of(v.defined)
-        uses = tuple(sorted({axis.of(s) for s in v.uses}))
-        dels = tuple(sorted({axis.of(s) for s in v.dels}))
-        own = sorted(axis.of(d) for d in v.dels if d.region is None or d.region == home)
-        foreign = [d for d in v.dels if not (d.region is None or d.region == home)]
-        late = tuple(
-            axis.of(u) for u in sorted(v.uses, key=axis.of)
-            if any(d < axis.of(u) for d in own)
-            or any(d.region == u.region and d.position == u.position and axis.of(d) < axis.of(u) for d in foreign)
-        )
-        last_use = max(uses, default=start)
-        rules = tuple(dict.fromkeys(by_value.get(v.name, ())))
-        never = "never-freed" in rules or (
-            not own and not local and not v.returned and v.defined is not None and v.type.kind == "tensor"
-            and last_use < last
-        )
-        later = [d for d in own if d >= last_use]
-        # NOTE: held until its del; a never-freed value until the end; anything else ends at its last use
-        end = later[0] if later else (own[-1] if own else last if never else last_use)
-        if "use-after-del" in rules and not late:
-            late = (last_use,)
-        rows.append(_Row(v, start, max(last_use, start), max(end, start), dels, uses, tuple(dict.fromkeys(late)),
-                         never, rules))
-    return rows
-
-
-def _pick_rows(rows: list[_Row], max_rows: int) -> tuple[list[_Row], int]:
-    """Keep at most ``max_rows`` rows, those with defects first, in trace order."""
-    if len(rows) <= max_rows:
-        return rows, 0
-    flagged = [i for i, r in enumerate(rows) if r.defects or r.late_uses or r.never_freed][:max_rows]
-    keep = set(flagged)
-    for i in range(len(rows)):
-        if len(keep) >= max_rows:
-            break
-        keep.add(i)
-    return [rows[i] for i in sorted(keep)], len(rows) - len(keep)
-
-
-def _row_note(row: _Row, axis: _Axis) -> str:
-    v = row.value
-    start = "input" if v.defined is None else axis.steps[row.start]
-    parts = [f"{start} -> {axis.steps[row.last_use]}" if row.uses else f"{start}, never read"]
-    if row.dels:
-        parts.append("del " + ", ".join(axis.steps[d] for d in row.dels))
-    if row.late_uses:
-        parts.append("USE AFTER DEL at " + ", ".join(axis.steps[u] for u in row.late_uses))
-    if row.never_freed:
-        parts.append("never freed")
-    if v.returned:
-        parts.append("returned")
-    return "; ".join(parts)
-
 
 def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _bar(row: _Row, n: int, width: int) -> str:
+def _bar(row: Row, n: int, width: int) -> str:
     """Return the text bar of a row: ``=`` live, ``-`` held after its last use, ``x`` del, ``!`` use after del."""
     rank = {" ": 0, "-": 1, "=": 2, "x": 3, "!": 4}
     cells = [" "] * width
@@ -165,8 +47,8 @@ def lifetime_text(trace: TraceReport, *, max_rows: int = MAX_ROWS) -> str:
     Each row has a bar along the flat step order (``=`` live, ``-`` held after the last use,
     ``x`` del, ``!`` use after del) and a note naming the steps.
     """
-    axis = _axis(trace)
-    rows, more = _pick_rows(_rows(trace, axis), max_rows)
+    axis = step_axis(trace)
+    rows, more = pick_rows(value_rows(trace, axis), max_rows)
     n = len(axis.steps)
     width = min(n, _TEXT_BAR_WIDTH)
     lines = [f"lifetimes: {trace.kind} `{trace.name}` ({plural(len(trace.values), 'value')}, {plural(n, 'step')})"]
@@ -186,7 +68,7 @@ def lifetime_text(trace: TraceReport, *, max_rows: int = MAX_ROWS) -> str:
     lines.append(f"  {'':<{nw}} {'':<{tw}} |{''.join(header)}|")
     for r in rows:
         name, type_ = _fit(r.value.name, nw), _fit(type_label(r.value), tw)
-        lines.append(f"  {name:<{nw}} {type_:<{tw}} |{_bar(r, n, width)}| {_row_note(r, axis)}")
+        lines.append(f"  {name:<{nw}} {type_:<{tw}} |{_bar(r, n, width)}| {row_note(r, axis)}")
     if more:
         lines.append(f"  … {more} more values")
     return "\n".join(lines)
@@ -277,8 +159,8 @@ def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = S
     below them a colour key. At most ``max_rows`` rows; a note counts the rest. Every label is
     shown whole; tooltips repeat each row's steps by name.
     """
-    axis = _axis(trace)
-    rows, more = _pick_rows(_rows(trace, axis), max_rows)
+    axis = step_axis(trace)
+    rows, more = pick_rows(value_rows(trace, axis), max_rows)
     notes = [[s for s, on in (("never freed", r.never_freed), ("use after del", bool(r.late_uses))) if on] for r in rows]
     at = _layout(trace, axis, rows, more, notes, width)
     key, key_h = _key(width, at.bottom + 8, any(r.value.is_scalar for r in rows),
@@ -319,7 +201,7 @@ class _Layout:
         return round(self.left + step * self.step_w, 2)
 
 
-def _layout(trace: TraceReport, axis: _Axis, rows: list[_Row], more: int, notes: list[list[str]],
+def _layout(trace: TraceReport, axis: Axis, rows: list[Row], more: int, notes: list[list[str]],
             width: int) -> _Layout:
     """Size the name and note columns to their longest texts, the steps to what is left, the bands to their lanes."""
     n = len(axis.steps)
@@ -349,7 +231,7 @@ def _layout(trace: TraceReport, axis: _Axis, rows: list[_Row], more: int, notes:
                    islands, island_labels)
 
 
-def _bands_svg(axis: _Axis, at: _Layout) -> list[str]:
+def _bands_svg(axis: Axis, at: _Layout) -> list[str]:
     """The shaded region spans and island columns behind the rows, each with its name in its lane."""
     out = []
     for k, ((name, first, last_step), (lx, lane, _)) in enumerate(zip(axis.spans, at.span_labels)):
@@ -384,10 +266,10 @@ def _axis_svg(n: int, at: _Layout) -> str:
     return f'<g class="tnb-axis">{"".join(ticks)}</g>'
 
 
-def _row_svg(r: _Row, y: float, note: list[str], axis: _Axis, at: _Layout) -> str:
+def _row_svg(r: Row, y: float, note: list[str], axis: Axis, at: _Layout) -> str:
     """One value's row at ``y``: its name, live bar, held bar, del crosses, uses after a del, and its note."""
     v = r.value
-    tip = f"{v.name} {type_label(v)}: {_row_note(r, axis)}" + (f" [{', '.join(r.defects)}]" if r.defects else "")
+    tip = f"{v.name} {type_label(v)}: {row_note(r, axis)}" + (f" [{', '.join(r.defects)}]" if r.defects else "")
     color = SCALAR_COLOR if v.is_scalar else _LIVE
     fill = DEFECT_COLOR if r.defects or r.late_uses else _INK
     parts = [f'<g class="tnb-row"><title>{esc(tip)}</title>',
