@@ -51,6 +51,8 @@ FULL_MAX_BYTES = 150_000
 PANE_ROWS = 40
 #: Names a memory-plan row lists before the rest fold away ("+73 more").
 MEMORY_NAMES = 4
+#: How many of a rule's other defects its row lists under "+N more" (the count is always whole).
+DEFECTS_LISTED = 30
 #: Lines of each generated source a pane shows (defect lines always).
 PANE_CODE_LINES = 200
 
@@ -220,18 +222,38 @@ def memory_html(trace: TraceReport) -> str:
 
 
 def defects_html(trace: TraceReport) -> str:
-    """The defects of a trace as a table (severity, rule, where, message and hint)."""
+    """The defects of a trace as a table, one row per rule (severity, rule, where, message and hint).
+
+    A model's trace has hundreds of defects of a few rules (every saved activation of a layer, every value a
+    region deletes): one row per defect repeated the hint hundreds of times and made the notebook megabytes. A
+    rule's row gives its count and first places, its first message and the hint once; the others' places and
+    values fold under a closed "+N more" (at most `DEFECTS_LISTED`; ``report.defects`` has them all).
+    """
     if not trace.defects:
         return "<p>no defects</p>"
-    rows = "".join(
-        f'<tr class="tnb-{d.severity.replace(" ", "-")}"><td>{esc(d.severity)}</td><td><code>{esc(d.rule)}</code></td>'
-        f"<td>{esc(d.where())}</td><td>{esc(d.message)}<br><i>{esc(d.hint)}</i></td></tr>"
-        for d in trace.defects
-    )
+    groups: dict[str, list] = {}
+    for d in trace.defects:
+        groups.setdefault(d.rule, []).append(d)
+    rows = []
+    for rule, ds in groups.items():
+        first = ds[0]
+        places = list(dict.fromkeys(d.where() for d in ds))
+        where = ", ".join(places[:3]) + (f" (+{len(places) - 3})" if len(places) > 3 else "")
+        more = ""
+        if len(ds) > 1:
+            listed = [f"{d.where()}: {d.value or d.message}" for d in ds[1:DEFECTS_LISTED + 1]]
+            rest = len(ds) - 1 - len(listed)
+            tail = f"<br>… and {rest} more (<code>report.defects</code> lists them all)" if rest > 0 else ""
+            more = (f"<details><summary>+{len(ds) - 1} more</summary><small>{esc('; '.join(listed))}{tail}</small>"
+                    "</details>")
+        count = f" ×{len(ds)}" if len(ds) > 1 else ""
+        rows.append(f'<tr class="tnb-{first.severity.replace(" ", "-")}"><td>{esc(first.severity)}</td>'
+                    f"<td><code>{esc(rule)}</code>{count}</td><td>{esc(where)}</td><td>{esc(first.message)}{more}"
+                    f"<br><i>{esc(first.hint)}</i></td></tr>")
     # NOTE: in its own scroll box, as the memory plan: severity, rule and place do not break (`CSS`), so a narrow
     # column scrolls it
     return (f'<div class="tnb-scroll"><table class="tnb-defects"><tr><th>severity</th><th>rule</th><th>where</th>'
-            f"<th>message</th></tr>{rows}</table></div>")
+            f"<th>message</th></tr>{''.join(rows)}</table></div>")
 
 
 def _counts(trace: TraceReport) -> str:
@@ -239,10 +261,13 @@ def _counts(trace: TraceReport) -> str:
     return f"{plural(len(trace.regions), 'region')}, {plural(len(trace.islands), 'island')}"
 
 
-def _defect_counts(trace: TraceReport) -> str:
+def _defect_counts(trace: TraceReport, *, ran: bool = True) -> str:
+    """``5 defects (2 wrong results)``; for a call that failed (``ran`` False), what its defects would have done."""
     crash, wrong, _, _ = severity_counts(trace.defects)
     text = esc(plural(len(trace.defects), "defect"))
-    worst = ([f"{crash} crashing the process"] if crash else []) + ([plural(wrong, "wrong result")] if wrong else [])
+    would = "" if ran else " had it run"
+    worst = ([f"{crash} crashing the process{would}"] if crash else []) + (
+        [plural(wrong, "wrong result") + would] if wrong else [])
     if worst:
         text += f' (<span class="tnb-wrong" style="color:{WRONG_COLOR}">{esc(", ".join(worst))}</span>)'
     return text
@@ -313,10 +338,10 @@ def side_by_side_html(original: Report, fixed: Report) -> str:
     return f'<div class="thunder-nb">{CSS}<div class="tnb-side">{"".join(rows)}</div></div>'
 
 
-def _pane_trace_html(trace: TraceReport, views: Sequence[str]) -> tuple[str, bool]:
+def _pane_trace_html(trace: TraceReport, views: Sequence[str], *, ran: bool = True) -> tuple[str, bool]:
     head = (
         f'<div class="tnb-h">{esc(trace.kind)} trace <code>{esc(trace.name)}</code>: '
-        f"{esc(_counts(trace))}, {_defect_counts(trace)}</div>"
+        f"{esc(_counts(trace))}, {_defect_counts(trace, ran=ran)}</div>"
     )
     parts, more, drawn = [head], [], True
     if "diagram" in views:
@@ -350,7 +375,7 @@ def pane_html(report: Report, views: Iterable[str] = SIDE_VIEWS, *, title: str |
     parts += [f"<div>note: {esc(n)}</div>" for n in report.notes]
     all_drawn = True
     for trace in report.traces:
-        body, drawn = _pane_trace_html(trace, views)
+        body, drawn = _pane_trace_html(trace, views, ran=report.error is None)
         all_drawn = all_drawn and drawn
         parts.append(body)
     if not all_drawn:
