@@ -256,7 +256,10 @@ class Step:
             graph = torch.cuda.CUDAGraph()
             internals.clear_cublas_workspaces()
             try:
-                with torch.cuda.graph(graph, stream=self._stream):
+                # NOTE: thread_local: the backward runs on autograd's device thread, which may create its cuBLAS
+                # handle there during the capture (in a fresh process, on the H200: CUBLAS_STATUS_NOT_INITIALIZED at
+                # cublasCreate, which global mode forbids to every thread); the capturing thread stays checked
+                with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
                     loss = self._iteration(static)
             except StepRefused:
                 raise
