@@ -225,3 +225,38 @@ def test_gpu_a_recorded_step_refuses_no_grad():
     with pytest.raises(RuntimeError, match="a training step needs grad mode"), torch.no_grad():
         step(*batches[2])
     assert all(torch.equal(before[n], p) for n, p in net.named_parameters())
+
+
+FRESH = """
+import sys, warnings
+warnings.filterwarnings("ignore")
+sys.path.insert(0, ROOT)
+import torch
+from thunder_nb.step import jit_step
+from thunder_nb.testing.zoo import MODELS
+
+model = MODELS["nanogpt"]
+net = model.build("cuda").train()
+step = jit_step(net, model.loss(net), torch.optim.AdamW(net.parameters(), lr=1e-3))
+losses = [float(step(*model.batch(i, "cuda")[0], model.batch(i, "cuda")[1])) for i in range(5)]
+print("graphs", step.graphs_recorded, "losses", losses)
+"""
+
+
+def test_gpu_jit_step_records_when_it_is_the_first_thing_on_the_gpu():
+    """In a fresh process the recording failed: autograd's device thread made its cuBLAS handle during the capture
+    (CUBLAS_STATUS_NOT_INITIALIZED at cublasCreate under capture_error_mode="global"); in the GPU tests and benchmarks
+    something else had run first. The process is fresh, so the test runs a child."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", FRESH.replace("ROOT", repr(root))], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "graphs 1 " in done.stdout, done.stdout + done.stderr[-2000:]
+    losses = [float(x) for x in done.stdout.split("losses")[1].strip(" []\n").split(",")]
+    losses_eager, _ = _eager("nanogpt", _batches("nanogpt", 5))
+    assert compare_values(losses, losses_eager, rtol=TOLERANCES["logged"][0], atol=TOLERANCES["logged"][1]).matches, (
+        losses, losses_eager)
