@@ -106,8 +106,9 @@ LIMITS: dict[str, tuple[str, str]] = {
                         "(torchvision's mobilenet_v3 uses Dropout(inplace=True))"),
     "sdpa-batch": ("thunder's sdpa executor (thunder/executors/sdpaex.py, fused attention)",
                    "its fused attention refuses inputs whose batch sizes differ (a KV cache's broadcast batch); "
-                   "try leaving it out: thunder_nb.jit(fn, executors=['no-sdpa']) or --executors no-sdpa, and "
-                   "attention runs as thunder's decomposition (not yet checked on a KV cache's decode step)"),
+                   "leave it out: thunder_nb.jit(fn, executors=['no-sdpa']) or --executors no-sdpa. "
+                   "thunder_nb.jit(fn) alone already keeps such attention away from it (litgpt's KV-cache decode "
+                   "step runs so, token for token equal to eager, on the H200)"),
     "sdpa-dtype": ("thunder's sdpa executor (its fused attention's backward under torch.autocast)",
                    "with autocast around the call, the attention's backward gets a gradient of another dtype "
                    "than its inputs; leave the executor out: executors=['no-sdpa'] (--executors no-sdpa), which runs "
