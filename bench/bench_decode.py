@@ -1,6 +1,6 @@
 """KV-cache decoding, tokens per second: the classic CUDA-graph workload, every configuration side by side (#31.2).
 
-    python bench/bench_decode.py [--model litgpt-pythia-14m] [--dtypes float32,bfloat16] [--rounds 5] [--steps 50]
+    python bench/bench_decode.py [--model litgpt-pythia-14m] [--dtypes float32,bfloat16] [--rounds 5] [--steps 30]
                                  [--configs eager,thunder no-sdpa,thunder_nb.jit,reduce-overhead] [--out FILE.md]
 
 The zoo's litgpt model at random init (`thunder_nb.testing.zoo`), its KV cache set up for one sequence
@@ -17,7 +17,7 @@ mask), so plain thunder runs without it ("thunder no-sdpa"); `thunder_nb.jit` ch
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import statistics
 import sys
 import time
@@ -25,10 +25,12 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 
+import rounds  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
 
 CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "reduce-overhead")
@@ -51,6 +53,7 @@ class Decoder:
         self.prompt = torch.randint(0, 128, (1, PROMPT), generator=g).to(device)
         self.positions = [torch.tensor([p], device=device) for p in range(PROMPT, self.length)]
         self.device = device
+        self.token: torch.Tensor | None = None  # the timed loop's next input token
 
     def prefill(self) -> torch.Tensor:
         with torch.no_grad():
@@ -68,27 +71,30 @@ class Decoder:
                 tokens.append(int(token))
         return tokens, logits
 
-    def run(self, steps: int, token: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            for i in range(steps):
-                out = self.fn(token, self.positions[i % len(self.positions)])
-                token = out[:, -1:].argmax(-1)
-        return token
+    def context(self) -> contextlib.AbstractContextManager:
+        return torch.no_grad()
+
+    def step(self, i: int) -> None:
+        """One token: the last call's argmax at the next position (wrapping inside the cache), no host sync."""
+        if self.token is None:
+            self.token = self.prefill()
+        out = self.fn(self.token, self.positions[i % len(self.positions)])
+        self.token = out[:, -1:].argmax(-1)
 
 
-def bench(model_name: str, dtype: torch.dtype, rounds: int, steps: int, configs: tuple[str, ...],
-          device: str = "cuda") -> list[dict]:
+def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, configs: tuple[str, ...],
+          device: str = "cuda") -> dict[str, dict]:
     n = 24
-    rows, decoders = [], {}
+    rows: dict[str, dict] = {}
+    decoders: dict[str, Decoder] = {}
     reference: tuple[list[int], list[torch.Tensor]] | None = None
     for config in configs:
-        row = {"config": config, "ms": [], "note": ""}
-        rows.append(row)
+        row = rows[config] = {"config": config, "ms": [], "note": ""}
         try:
             start = time.perf_counter()
             dec = Decoder(model_name, config, dtype, device)
             tokens, logits = dec.tokens(n)
-            _sync(device)
+            rounds.sync(device)
             row["first_s"] = time.perf_counter() - start
         except Exception as e:  # NOTE: a configuration failing is a finding, reported in its row
             row["note"] = f"fails: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:110]}"
@@ -101,45 +107,26 @@ def bench(model_name: str, dtype: torch.dtype, rounds: int, steps: int, configs:
         decoders[config] = dec
         print(f"  {model_name} {dtype} {config}: {row['equal']}, first {row['first_s']:.1f} s", file=sys.stderr,
               flush=True)
-    tokens = {c: d.prefill() for c, d in decoders.items()}
-    for c, d in decoders.items():  # NOTE: one untimed round: the decode shape's graph is recorded, caches warm
-        tokens[c] = d.run(steps, tokens[c])
-    for _ in range(rounds):
-        for row in rows:
-            dec = decoders.get(row["config"])
-            if dec is None:
-                continue
-            _sync(device)
-            start = time.perf_counter()
-            tokens[row["config"]] = dec.run(steps, tokens[row["config"]])
-            _sync(device)
-            row["ms"].append((time.perf_counter() - start) * 1e3 / steps)
-    for row in rows:
-        dec = decoders.get(row["config"])
-        if dec is not None and dec.transform is not None:
-            row["graphs"], row["regions"] = zoo.count_graphs(dec.transform)
-    ro = next((r for r in rows if r["config"] == "reduce-overhead"), {"ms": []})
-    for row in rows:
-        if row["ms"] and len(ro["ms"]) == len(row["ms"]):
-            ratios = [a / b for a, b in zip(row["ms"], ro["ms"])]
-            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+    for dec in decoders.values():  # NOTE: one untimed round: the decode shape's graph is recorded, caches warm
+        with dec.context():
+            for i in range(steps):
+                dec.step(i)
+    rounds.time_rounds(decoders, rows, n_rounds, steps, device)
+    for config, dec in decoders.items():
+        if dec.transform is not None:
+            rows[config]["graphs"], rows[config]["regions"] = zoo.count_graphs(dec.transform)
+    rounds.add_ratios(rows)
     return rows
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def table(results: dict, rounds: int, steps: int) -> str:
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    lines = [f"Machine: {name}, torch {torch.__version__}. {rounds} rounds of {steps} one-token decode calls per "
+def table(results: dict, n_rounds: int, steps: int) -> str:
+    lines = [f"Machine: {rounds.machine()}. {n_rounds} rounds of {steps} one-token decode calls per "
              "configuration, taking turns; the first columns are medians over rounds.", "",
              "| model, dtype | configuration | tokens/s | ms/token | vs reduce-overhead (min-max) | equal to eager "
              "(24 greedy tokens) | graphs (regions) | first 24 tokens, s | note |",
              "|---|---|---:|---:|---:|---|---|---:|---|"]
     for (model, dtype), rows in results.items():
-        for row in rows:
+        for row in rows.values():
             ms = statistics.median(row["ms"]) if row["ms"] else None
             ratio = row.get("ratio")
             cells = [f"{model}, {str(dtype).removeprefix('torch.')}", LABELS.get(row["config"], row["config"]),
@@ -155,8 +142,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="litgpt-pythia-14m", help="a zoo model with the decode protocol")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=50)
+    rounds.add_round_arguments(parser)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="configuration,... (zoo.CONFIGS names)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: checks the script (no capture; inductor's configuration is left out)")
@@ -172,15 +158,10 @@ def main() -> int:
     configs = tuple(c.strip() for c in args.configs.split(","))
     if args.device == "cpu":
         configs = tuple(c for c in configs if c not in ("reduce-overhead", "stock"))
-    results = {}
-    for dtype in args.dtypes.split(","):
-        key = (args.model, getattr(torch, dtype))
-        results[key] = bench(args.model, key[1], args.rounds, args.steps, configs, args.device)
-        print(table({key: results[key]}, args.rounds, args.steps), flush=True)
-    text = table(results, args.rounds, args.steps)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(f"# KV-cache decoding, {datetime.date.today()}\n\n{text}\n")
+    rounds.run_rows([(args.model, getattr(torch, d)) for d in args.dtypes.split(",")],
+                    lambda key: bench(key[0], key[1], args.rounds, args.steps, configs, args.device),
+                    lambda key: f"{key[0]} {key[1]}", lambda results: table(results, args.rounds, args.steps),
+                    args.out, "KV-cache decoding")
     return 0
 
 
