@@ -128,3 +128,20 @@ def test_exported_page_switches_offline(exported, browser, screenshots):  # noqa
         assert errors == [] and blocked == []
     finally:
         context.close()
+
+
+@pytest.mark.slow
+def test_notebooks_runs_only_those_named_and_refuses_a_name_that_is_not_one(tmp_path):
+    """``notebooks NAME ...``: the GPU machine lends a command ten minutes, so the notebooks run a few at a time."""
+
+    def notebooks(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "thunder_nb", "notebooks", "--out", str(tmp_path), *args],
+                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600)
+
+    for name in ("0", "99"):  # NOTE: all of them, none of them
+        run = notebooks(name)
+        assert run.returncode == 2 and "01_del_bug.ipynb" in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert not list(tmp_path.iterdir())
+    run = notebooks("01")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01_del_bug.html", "01_del_bug.ipynb"]
