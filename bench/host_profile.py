@@ -6,7 +6,8 @@
 
 Runs thunder's bundled nanoGPT and llama2 training steps (`thunder_nb.testing.models`: 2 layers,
 width 128, batch 8x64; forward and cross-entropy jitted, backward through autograd, gradients
-reset) under thunder's CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform (as `thunder_nb.jit` makes it:
+reset) under plain thunder (no graphs: thunder's own per-call work, its trace running every op), thunder's
+CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform (as `thunder_nb.jit` makes it:
 one autograd Function per call; and with thunder.jit's default pair, ``split_autograd=True``), and the fixed
 transform's trace run by thunder's own runner code (its regions' static inputs as thunder's
 static mask, no hand-out: thunder's call path at its best on the same trace, unsafe, for
@@ -165,7 +166,11 @@ def configs(emulated: bool):
         t = CUDAGraphTransform()
         return t, t.cuda_graph_runner, False, {}
 
+    def plain():
+        return None, None, False, {}
+
     return [
+        ("thunder, no CUDA graphs", plain),  # NOTE: thunder's own per-call work; its trace runs every op
         ("thunder CUDAGraphTransform", stock),
         ("thunder-nb FixedCUDAGraphTransform", fixed),
         ("thunder-nb Fixed, split_autograd=True", fixed_split),
@@ -180,7 +185,8 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
     case = model_case(name, device, log_loss=log_loss, layers=layers)
     transform, runner, thunder_path, options = make()
     clock = Clock(time.thread_time if cpu_time else time.perf_counter)
-    instrument(clock, runner, thunder_path)
+    if runner is not None:
+        instrument(clock, runner, thunder_path)
     graph_class = EmulatedGraph if device == "cpu" else torch.cuda.CUDAGraph
     replay = graph_class.replay
 
@@ -199,7 +205,7 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
 
 
 def _profile(case, transform, options: dict, clock: Clock, device: str, steps: int, warmup: int, cprofile: bool):
-    jfn = thunder.jit(case.step, transforms=[transform], **options)
+    jfn = thunder.jit(case.step, transforms=[transform] if transform is not None else [], **options)
     batches = [case.make_batch(seed) for seed in range(16)]
     prof = cProfile.Profile() if cprofile else None
     rows: list[dict[str, float]] = []

@@ -64,6 +64,7 @@ _MISSING = object()
 _GETATTR = _Module.__getattr__
 _GETATTRIBUTE = _Module.__getattribute__
 _METHODS = {name: getattr(_Module, name) for name in ("get_submodule", "get_parameter", "get_buffer")}
+_NONE: dict[str, Any] = {}  # NOTE: read only: what a module without a ``_parameters`` or ``_buffers`` dict has
 
 
 def _plain(m: Any) -> bool:
@@ -92,8 +93,11 @@ def child(m: Any, a: str) -> Any:
     sub = modules.get(a) if modules is not None else None
     # NOTE: Module.__getattr__ reads _parameters, then _buffers, then _modules, and only for names that the
     # instance's and the class's attributes do not have
-    if (sub is None or a in d or a in d.get("_parameters", ()) or a in d.get("_buffers", ())
-            or getattr(type(m), a, _MISSING) is not _MISSING or not _plain(sub)):
+    if sub is None or a in d or a in d.get("_parameters", _NONE) or a in d.get("_buffers", _NONE) or getattr(
+            type(m), a, _MISSING) is not _MISSING:
+        return None
+    cls = type(sub)  # NOTE: `_plain(sub)`, inlined: this runs once per module on the paths, every call
+    if getattr(cls, "__getattr__", None) is not _GETATTR or cls.__getattribute__ is not _GETATTRIBUTE:
         return None
     return sub
 
@@ -107,7 +111,7 @@ def get_parameter(root: Any, m: Any, name: str, target: str) -> Any:
     """``root.get_parameter(target)``, where ``m`` is the module `child` walked to (None: ask the method)."""
     if m is not None:
         d = m.__dict__
-        p = d.get("_parameters", {}).get(name)
+        p = d.get("_parameters", _NONE).get(name)
         if p is not None and name not in d and getattr(type(m), name, _MISSING) is _MISSING and isinstance(p, _Parameter):
             return p
     return root.get_parameter(target)
@@ -117,8 +121,8 @@ def get_buffer(root: Any, m: Any, name: str, target: str) -> Any:
     """``root.get_buffer(target)``, where ``m`` is the module `child` walked to (None: ask the method)."""
     if m is not None:
         d = m.__dict__
-        b = d.get("_buffers", {}).get(name)
-        if (b is not None and name not in d and name not in d.get("_parameters", ())
+        b = d.get("_buffers", _NONE).get(name)
+        if (b is not None and name not in d and name not in d.get("_parameters", _NONE)
                 and getattr(type(m), name, _MISSING) is _MISSING):
             return b
     return root.get_buffer(target)
@@ -193,7 +197,10 @@ def tensor_checks(specs: Sequence[tuple[tuple[int, ...], str, torch.dtype, bool]
         if state[1] < _GUARD_REMAKES:
             # NOTE: every tensor passed: a guard of their metadata proves the next call's where nothing changed
             state[1] += 1
-            state[0] = _metadata_guard(tensors) if tensors else None
+            try:
+                state[0] = _metadata_guard(tensors) if tensors else None
+            except Exception:  # NOTE: a tensor torch's guard does not take: checked as before (a raise would retrace)
+                state[0], state[1] = None, _GUARD_REMAKES
         else:
             state[0] = None  # NOTE: the guard keeps failing where the checks pass: checked as before from now on
 
