@@ -30,7 +30,8 @@ gradient accumulation included).
 
 ``--zoo MODEL:PROTOCOL,...`` profiles the zoo's loops instead (`thunder_nb.testing.zoo`): ``batchnorm`` (a
 training step, forward and backward timed, SGD's step outside and untimed) and ``decode`` (KV-cache decoding,
-one token per call under ``no_grad``, after a prefill), each under plain ``thunder.jit`` (no graphs: its
+one token per call under ``no_grad``, after a prefill), each under plain ``thunder.jit`` (also without its sdpa
+executor, which refuses the decode step on CUDA; no graphs: its
 ``fw trace`` and ``bw trace`` run the model's ops, the rest is thunder's own per-call work) and
 ``thunder_nb.jit``, the same phases. With ``--skip-replay`` the ops thunder_nb.jit runs outside its regions
 still run, so its host columns compare with thunder's glue and prologue, not its trace; the optimizer's step is
@@ -254,7 +255,9 @@ def _profile(case, transform, options: dict, clock: Clock, device: str, steps: i
     return row, regions, prof
 
 
-ZOO_CONFIGS = ("thunder", "thunder_nb.jit")
+#: `thunder_nb.testing.zoo.compile_with`'s names; on CUDA plain thunder's sdpa executor refuses the decode step, which
+#: "thunder no-sdpa" runs (thunder's defaults without it)
+ZOO_CONFIGS = ("thunder", "thunder no-sdpa", "thunder_nb.jit")
 
 
 def profile_zoo(model_name: str, protocol: str, config: str, device: str, steps: int, warmup: int, *,
