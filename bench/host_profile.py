@@ -2,10 +2,12 @@
 
     python bench/host_profile.py [--steps 200] [--models nanoGPT,llama2] [--log-loss] [--config SUBSTRING] [--cprofile]
     python bench/host_profile.py --emulated --skip-replay --cpu-time [...]      # on a CPU
+    python bench/host_profile.py --zoo resnet18:batchnorm,litgpt-pythia-14m:decode [--emulated ...]
 
 Runs thunder's bundled nanoGPT and llama2 training steps (`thunder_nb.testing.models`: 2 layers,
 width 128, batch 8x64; forward and cross-entropy jitted, backward through autograd, gradients
-reset) under thunder's CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform (as `thunder_nb.jit` makes it:
+reset) under plain thunder (no graphs: thunder's own per-call work, its trace running every op), thunder's
+CUDAGraphTransform, thunder-nb's FixedCUDAGraphTransform (as `thunder_nb.jit` makes it:
 one autograd Function per call; and with thunder.jit's default pair, ``split_autograd=True``), and the fixed
 transform's trace run by thunder's own runner code (its regions' static inputs as thunder's
 static mask, no hand-out: thunder's call path at its best on the same trace, unsafe, for
@@ -25,6 +27,16 @@ outside regions, an island's sync) and ``fw glue`` (cache lookup, autograd conne
 Within ``loss.backward()`` (``bw``): ``bw runner``, ``bw replay``, ``bw hand-out``, ``bw trace``
 (the rest of thunder's backward function) and ``bw autograd`` (torch's engine around it,
 gradient accumulation included).
+
+``--zoo MODEL:PROTOCOL,...`` profiles the zoo's loops instead (`thunder_nb.testing.zoo`): ``batchnorm`` (a
+training step, forward and backward timed, SGD's step outside and untimed) and ``decode`` (KV-cache decoding,
+one token per call under ``no_grad``, after a prefill), each under plain ``thunder.jit`` (also without its sdpa
+executor, which refuses the decode step on CUDA; no graphs: its
+``fw trace`` and ``bw trace`` run the model's ops, the rest is thunder's own per-call work) and
+``thunder_nb.jit``, the same phases. With ``--skip-replay`` the ops thunder_nb.jit runs outside its regions
+still run, so its host columns compare with thunder's glue and prologue, not its trace; the optimizer's step is
+then left out too (see `profile_zoo`). On a CPU, autograd's ``AccumulateGrad`` clones the conv weights' gradients
+(oneDNN's weight gradients have other strides than the weights), so ``bw autograd`` there is mostly copies.
 """
 
 from __future__ import annotations
@@ -155,7 +167,11 @@ def configs(emulated: bool):
         t = CUDAGraphTransform()
         return t, t.cuda_graph_runner, False, {}
 
+    def plain():
+        return None, None, False, {}
+
     return [
+        ("thunder, no CUDA graphs", plain),  # NOTE: thunder's own per-call work; its trace runs every op
         ("thunder CUDAGraphTransform", stock),
         ("thunder-nb FixedCUDAGraphTransform", fixed),
         ("thunder-nb Fixed, split_autograd=True", fixed_split),
@@ -170,7 +186,8 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
     case = model_case(name, device, log_loss=log_loss, layers=layers)
     transform, runner, thunder_path, options = make()
     clock = Clock(time.thread_time if cpu_time else time.perf_counter)
-    instrument(clock, runner, thunder_path)
+    if runner is not None:
+        instrument(clock, runner, thunder_path)
     graph_class = EmulatedGraph if device == "cpu" else torch.cuda.CUDAGraph
     replay = graph_class.replay
 
@@ -189,7 +206,7 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
 
 
 def _profile(case, transform, options: dict, clock: Clock, device: str, steps: int, warmup: int, cprofile: bool):
-    jfn = thunder.jit(case.step, transforms=[transform], **options)
+    jfn = thunder.jit(case.step, transforms=[transform] if transform is not None else [], **options)
     batches = [case.make_batch(seed) for seed in range(16)]
     prof = cProfile.Profile() if cprofile else None
     rows: list[dict[str, float]] = []
@@ -238,6 +255,128 @@ def _profile(case, transform, options: dict, clock: Clock, device: str, steps: i
     return row, regions, prof
 
 
+#: `thunder_nb.testing.zoo.compile_with`'s names; on CUDA plain thunder's sdpa executor refuses the decode step, which
+#: "thunder no-sdpa" runs (thunder's defaults without it)
+ZOO_CONFIGS = ("thunder", "thunder no-sdpa", "thunder_nb.jit")
+
+
+def profile_zoo(model_name: str, protocol: str, config: str, device: str, steps: int, warmup: int, *,
+                cprofile: bool = False, skip_replay: bool = False, cpu_time: bool = False):
+    """Median microseconds per call and phase of a zoo loop (``batchnorm``: forward and backward; ``decode``: one
+    token per call), and the region calls per call."""
+    from thunder_nb.testing.zoo import MODELS, compile_with
+
+    model = MODELS[model_name]
+    net = model.build(device)
+    decode = protocol == "decode"
+    fn = model.infer(net) if decode else model.loss(net)
+    net.train(not decode)
+    if decode:
+        net.set_kv_cache(batch_size=1, device=torch.device(device))
+    jfn, transform = compile_with(config, fn, "emulated" if device == "cpu" else True)
+    clock = Clock(time.thread_time if cpu_time else time.perf_counter)
+    if transform is not None:
+        instrument(clock, transform.cuda_graph_runner)
+    graph_class = EmulatedGraph if device == "cpu" else torch.cuda.CUDAGraph
+    replay = graph_class.replay
+
+    def timed_replay(graph):
+        t0 = clock.now()
+        try:
+            return (_skip if skip_replay else replay)(graph)
+        finally:
+            clock.replay += clock.now() - t0
+
+    graph_class.replay = timed_replay
+    params = list(net.parameters())
+    opt = None if decode else torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    if decode:
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, 128, (1, 8), generator=g).to(device)
+        token = torch.randint(0, 128, (1, 1), generator=g).to(device)
+        positions = [torch.tensor([t], device=device) for t in range(8, 40)]  # NOTE: the cache holds 64
+        batches = []
+    else:
+        batches = [model.batch(seed, device) for seed in range(4)]
+    rows: list[dict[str, float]] = []
+
+    def one(i: int) -> None:
+        clock.step.clear()
+        clock.side = "fw"
+        if decode:
+            t0 = clock.now()
+            jfn(token, positions[i % len(positions)])
+            t1 = t2 = clock.now()
+        else:
+            args, targets = batches[i % len(batches)]
+            opt.zero_grad(set_to_none=True)
+            t0 = clock.now()
+            loss = jfn(*args, targets)
+            t1 = clock.now()
+            clock.side = "bw"
+            loss.backward()
+            t2 = clock.now()
+            clock.side = "fw"
+            if not skip_replay:
+                # NOTE: with replays skipped, on a CPU: the step computes there (11M parameters on resnet18), and its
+                # memory traffic evicts the host's caches, which a GPU's kernel launches do not
+                opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = {k: v * 1e6 for k, v in clock.step.items()}
+        row = {c: t.get(c, 0.0) for c in COLUMNS}
+        row["fw"], row["bw"] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
+        row["step"] = row["fw"] + row["bw"]
+        row["fw trace"] = t.get("fw computation", 0.0) - row["fw runner"] - row["fw replay"] - row["fw hand-out"]
+        row["fw glue"] = row["fw"] - row["prologue"] - t.get("fw computation", 0.0)
+        if not decode:
+            row["bw trace"] = t.get("bw computation", 0.0) - row["bw runner"] - row["bw replay"] - row["bw hand-out"]
+            row["bw autograd"] = row["bw"] - t.get("bw computation", 0.0)
+        rows.append(row)
+
+    prof = cProfile.Profile() if cprofile else None
+    try:
+        with torch.no_grad() if decode else contextlib.nullcontext():
+            if decode:
+                jfn(prompt, torch.arange(8, device=device))
+            one(0)
+            instrument_entries(clock, jfn)
+            for i in range(1, warmup):
+                one(i)
+            rows.clear()
+            clock.calls.clear()
+            gc.collect()
+            if prof:
+                prof.enable()
+            for i in range(steps):
+                one(i)
+            if prof:
+                prof.disable()
+    finally:
+        graph_class.replay = replay
+    row = {c: statistics.median(r[c] for r in rows) for c in COLUMNS}
+    regions = (clock.calls["fw runner"] // steps, clock.calls["bw runner"] // steps)
+    return row, regions, prof
+
+
+def run_zoo_case(a: argparse.Namespace, model: str, protocol: str, config: str) -> dict | None:
+    """One zoo loop under one configuration, in this process: its row, or None when it fails (printed)."""
+    device = "cpu" if a.emulated else "cuda"
+    program = f"{model} {protocol}"
+    with emulated_capture() if a.emulated else contextlib.nullcontext():
+        try:
+            row, regions, prof = profile_zoo(model, protocol, config, device, a.steps, a.warmup, cprofile=a.cprofile,
+                                             skip_replay=a.skip_replay and a.emulated, cpu_time=a.cpu_time)
+        except Exception as e:
+            print(f"{program} / {config}: fails: {type(e).__name__}: {str(e).strip()[:100]}", file=sys.stderr)
+            return None
+    print(f"{program} / {config}: step {row['step']:.0f} us", file=sys.stderr)
+    if prof:
+        print(f"\n## cProfile: {program} / {config} ({a.steps} steps)", file=sys.stderr)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    return {"program": program, "config": config, "row": row, "regions": regions}
+
+
 def table(rows: list[tuple[str, str, dict, tuple[int, int]]]) -> str:
     head = ["program", "configuration", "regions fw/bw"] + list(COLUMNS)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * len(COLUMNS)]
@@ -283,6 +422,8 @@ def main() -> int:
     ap.add_argument("--cpu-time", action="store_true",
                     help="time by the thread's CPU time (a CPU shared with other work; one torch thread)")
     ap.add_argument("--cprofile", action="store_true", help="print cProfile's top functions per run (to stderr)")
+    ap.add_argument("--zoo", default="", help="zoo loops MODEL:PROTOCOL,... (resnet18:batchnorm, "
+                    "litgpt-pythia-14m:decode) under plain thunder and thunder_nb.jit, instead of the training steps")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # NOTE: "model|log|config": one case, its row as JSON
     a = ap.parse_args()
     if not a.emulated and not torch.cuda.is_available():
@@ -292,10 +433,25 @@ def main() -> int:
         torch.set_num_threads(1)  # NOTE: the thread's CPU time then covers every op's work
     if a.case:
         name, log, config = a.case.split("|")
-        print(json.dumps(run_case(a, name, log == "1", config)))
+        if a.zoo:
+            print(json.dumps(run_zoo_case(a, name, log, config)))
+        else:
+            print(json.dumps(run_case(a, name, log == "1", config)))
         return 0
     results = []
-    for name in a.models.split(","):
+    for row_name in a.zoo.split(",") if a.zoo else ():
+        model, protocol = row_name.split(":")
+        for config in ZOO_CONFIGS:
+            if a.config not in config:
+                continue
+            if a.emulated:
+                results.append(run_zoo_case(a, model, protocol, config))
+                continue
+            done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", f"{model}|{protocol}|{config}"],
+                                  stdout=subprocess.PIPE, text=True, timeout=900)
+            lines = done.stdout.strip().splitlines()
+            results.append(json.loads(lines[-1]) if done.returncode == 0 and lines else None)
+    for name in a.models.split(",") if not a.zoo else ():
         for log in (False, True) if a.log_loss else (False,):
             for config, _ in configs(a.emulated):
                 if a.config not in config:

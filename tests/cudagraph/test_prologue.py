@@ -355,3 +355,32 @@ def test_a_symbolic_size_keeps_thunders_check():
             torch.testing.assert_close(j(x), x * 2)
     text = _prologue_text(j)
     assert "check_tensor_metadata(" in text and "thunder_nb_check_tensors(" not in text
+
+
+def test_the_batched_tensor_check_with_its_guard_passes_and_fails_where_thunders_does():
+    """One check function called again and again (its C guard of a passing call's metadata in use): each call passes
+    or fails as thunder's check does, a tensor given twice included."""
+    from thunder.executors.pythonex import _check_tensor_shape_and_metadata_impl as thunders
+
+    def outcome(fn) -> str:
+        try:
+            fn()
+            return "passes"
+        except AssertionError:
+            return "fails"
+
+    a = torch.zeros(2, 3)
+    values = [a, torch.zeros(2, 3), torch.zeros(3, 2), torch.zeros(2, 3, dtype=torch.float64), nn.Parameter(torch.zeros(2, 3)),
+              torch.zeros(2, 3).as_strided((2, 3), (1, 2)), torch.zeros(2, 3).requires_grad_(), 2.0, None]
+    expectations = [((2, 3), "cpu", torch.float32, False), ((2, 3), "cpu", torch.float32, True),
+                    ((2, 3), "cpu", torch.float64, False)]
+    seen = set()
+    for e in expectations:
+        check = tensor_checks([e, e])
+        for _ in range(2):
+            for v in values:
+                for w in (v, a):  # NOTE: the same tensor twice, then two tensors
+                    expected = "passes" if all(outcome(lambda x=x: thunders(x, *e)) == "passes" for x in (v, w)) else "fails"
+                    assert outcome(lambda: check(v, w)) == expected, (v, w, e)
+                    seen.add(expected)
+    assert seen == {"passes", "fails"}
