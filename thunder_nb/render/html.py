@@ -246,9 +246,9 @@ def defects_html(trace: TraceReport) -> str:
             tail = f"<br>… and {rest} more (<code>report.defects</code> lists them all)" if rest > 0 else ""
             more = (f"<details><summary>+{len(ds) - 1} more</summary><small>{esc('; '.join(listed))}{tail}</small>"
                     "</details>")
-        count = f" ×{len(ds)}" if len(ds) > 1 else ""
+        count = f"\u00a0×{len(ds)}" if len(ds) > 1 else ""  # NOTE: inside the code, on its line: ``rule ×79``
         rows.append(f'<tr class="tnb-{first.severity.replace(" ", "-")}"><td>{esc(first.severity)}</td>'
-                    f"<td><code>{esc(rule)}</code>{count}</td><td>{esc(where)}</td><td>{esc(first.message)}{more}"
+                    f"<td><code>{esc(rule + count)}</code></td><td>{esc(where)}</td><td>{esc(first.message)}{more}"
                     f"<br><i>{esc(first.hint)}</i></td></tr>")
     # NOTE: in its own scroll box, as the memory plan: severity, rule and place do not break (`CSS`), so a narrow
     # column scrolls it
