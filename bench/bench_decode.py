@@ -34,7 +34,8 @@ import rounds  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
 
 CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "reduce-overhead")
-LABELS = {"eager": "eager", "thunder no-sdpa": "thunder without sdpa (no graphs)", "stock": "thunder's CUDAGraphTransform",
+LABELS = {"eager": "eager", "thunder no-sdpa": "thunder without sdpa (no graphs)",
+          "stock": "thunder's CUDAGraphTransform",
           "thunder_nb.jit": "thunder_nb.jit", "reduce-overhead": "torch.compile reduce-overhead",
           "thunder": "thunder (no graphs)", "fixed": "FixedCUDAGraphTransform"}
 PROMPT = 8
