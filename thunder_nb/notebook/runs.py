@@ -12,6 +12,7 @@ from typing import Any
 from .. import internals
 from ..diagnosis import failures
 from ..diagnosis.failures import Failure, error_line
+from ..diagnosis.protocols import RecordingRunner
 from .outcome import PEER, PEER_MODE, CompareError, EagerError, Outcome, TraceError
 from .reach import Bound, bind
 from .values import compare_values, short
@@ -66,8 +67,12 @@ class Run:
         return cls("eager", bound, jfn=bound.fn)
 
     @property
-    def runner(self) -> Any:
-        return self.transform.cuda_graph_runner
+    def runner(self) -> RecordingRunner:
+        """The runner of a graph side's transform (thunder-nb's on both sides: the stock side's records too)."""
+        runner = self.transform.cuda_graph_runner
+        if not isinstance(runner, RecordingRunner):
+            raise TypeError(f"{self.label}: its runner ({type(runner).__name__}) records nothing to read")
+        return runner
 
     @property
     def error(self) -> BaseException | None:
