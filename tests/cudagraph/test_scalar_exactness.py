@@ -124,3 +124,26 @@ def test_adam_by_hand_records_one_graph_per_region_whatever_the_step_and_equals_
     graphs = {name: len(runner.region_stats(name).graphs) for name in runner.python_callables}
     assert graphs and all(n == 1 for n in graphs.values()), graphs
     assert "addcdiv" in " ".join(transform.handoff_refusals.values())  # NOTE: it reads -step_size: kept out
+
+
+def arithmetic_after_an_update(x, step):
+    t = step.item()
+    step.add_(1)  # NOTE: the 0-d tensor changes after the item: the number must be the value before
+    return (x * 2) * (t + 0.5) + 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_device_arithmetic_on_an_item_is_not_moved_past_an_update_of_its_tensor(mode):
+    """The arithmetic on the item's number runs at its reader: after ``step.add_(1)`` it read the updated tensor
+    (6.0 where thunder gives 4.0, every call, silently). An update between the item and the reader refuses the
+    hand-off, whether the reader reads the item's number or arithmetic on it."""
+    device = device_of(mode)
+    transform = fixed(mode)
+    jfn, plain = thunder.jit(arithmetic_after_an_update, transforms=[transform]), thunder.jit(arithmetic_after_an_update)
+    x = torch.ones(4, device=device)
+    s1, s2 = torch.tensor(1.0, device=device), torch.tensor(1.0, device=device)
+    with capturing(mode):
+        for _ in range(3):
+            got, want = jfn(x, s1), plain(x, s2)
+            assert torch.equal(got, want), (got, want)
+    assert any("in-place update" in why for why in transform.handoff_refusals.values())

@@ -17,7 +17,8 @@ from ..diagnosis.plans import ScalarHandoff
 
 __all__ = ["Handoff", "handoff_numbers", "ARITHMETIC", "READERS"]
 
-#: Python arithmetic on numbers that runs on 0-d device tensors (IEEE double or int64, as Python).
+#: Python arithmetic on numbers that runs on 0-d device tensors (IEEE double or int64, as Python; an int past
+#: int64's range wraps there where Python's grows: not handled).
 ARITHMETIC = frozenset({"add", "sub", "mul", "true_divide", "neg", "abs"})
 #: Tensor ops that can read a 0-d device tensor in place of a Python number, in an exact form.
 READERS = frozenset({"add", "sub", "mul", "true_divide", "div", "full_like", "full"})
@@ -202,15 +203,25 @@ def _a(word: str) -> str:
 
 
 def _updated_between(bsyms: Sequence[BoundSymbol], sources: dict, numbers: Sequence[NumberProxy], at: int) -> str | None:
-    """An in-place update between an ``item`` and its reader may write through an alias of the 0-d tensor."""
-    for n in numbers:
+    """An in-place update between an ``item`` and its reader may write through an alias of the 0-d tensor: the
+    reader would read the tensor after the update. That holds for a number made from an item by device arithmetic
+    too (the arithmetic runs at the reader), so each number is followed down to the items it is made from."""
+    roots: dict[str, Any] = {}
+    todo = list(numbers)
+    while todo:
+        n = todo.pop()
         src = sources.get(n.name)
-        if src is None or src[0] != "item":
+        if src is None:
             continue
-        start = next(i for i, b in enumerate(bsyms) if n.name in {p.name for p in b.flat_proxy_outs})
+        if src[0] == "item":
+            roots.setdefault(n.name, src[1])
+        elif src[0] == "arithmetic":
+            todo.extend(a for a in src[1].args if isinstance(a, NumberProxy))
+    for name, tensor in roots.items():
+        start = next(i for i, b in enumerate(bsyms) if name in {p.name for p in b.flat_proxy_outs})
         if any(b.sym.name == "copy_" for b in bsyms[start:at]):
-            return (f"an in-place update between {n.name} = item({src[1].name}) and its reader may write "
-                    f"through an alias of {src[1].name}")
+            return (f"an in-place update between {name} = item({tensor.name}) and its reader may write "
+                    f"through an alias of {tensor.name}")
     return None
 
 
