@@ -435,3 +435,37 @@ def test_every_proof_a_training_run_relies_on_is_the_key_key_makes(model, monkey
             for p in case.model.parameters():
                 p.grad = None
     assert len(proved) >= 6, proved
+
+
+@pytest.mark.parametrize("fails", ["capture", "first replay"])
+def test_the_stock_side_counts_a_graph_only_when_one_was_made(fails, monkeypatch):
+    """A capture that raised made no graph (notebook 05 labelled such a region 'captured, 1 graph'); one that was
+    made and whose first replay raised is in thunder's cache and replays later, so it counts."""
+    from gpu_or_emulated import capturing, stock
+    from thunder_nb.testing import emulate
+
+    def f(x):
+        return ((x * 2).sin() + 1).cos()
+
+    calls = [0]
+    where = "__init__" if fails == "capture" else "replay"
+    original = getattr(emulate.EmulatedGraph, where)
+
+    def once(self, *args):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError(f"the {fails} fails")
+        return original(self, *args)
+
+    monkeypatch.setattr(emulate.EmulatedGraph, where, once)
+    transform = stock("emulated")
+    jfn = thunder.jit(f, transforms=[transform])
+    x = torch.randn(8)
+    with capturing("emulated"):
+        with pytest.raises(RuntimeError, match=f"the {fails} fails"):
+            jfn(x)
+        jfn(x)
+        jfn(x)
+    runner = transform.cuda_graph_runner
+    (name,) = runner.python_callables
+    assert len(runner.region_stats(name).graphs) == runner.graphs_captured == 1
