@@ -133,13 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     paths = every
     if args.names:
         paths = []
-        for name in args.names:
-            found = [p for p in every if p.name.startswith(name)]
+        for name in (Path(n).name for n in args.names):  # NOTE: notebooks/05_x.ipynb, as tab completion gives it
+            found = [p for p in every if p.name in (name, name + ".ipynb")] or [
+                p for p in every if p.name.startswith(name)]
             if len(found) != 1:
                 print(f"thunder-nb: {name!r} names {len(found)} of the notebooks in {folder}: "
                       f"{', '.join(p.name for p in every)}", file=sys.stderr)
                 return 2
             paths.append(found[0])
+        paths = list(dict.fromkeys(paths))  # NOTE: each once, in the order first named
     for path in paths:
         nb, errors = _run(path, args.timeout)
         if errors:
