@@ -226,8 +226,8 @@ def defects_html(trace: TraceReport) -> str:
 
     A model's trace has hundreds of defects of a few rules (every saved activation of a layer, every value a
     region deletes): one row per defect repeated the hint hundreds of times and made the notebook megabytes. A
-    rule's row gives its count and first places, its first message and the hint once; the others' places and
-    values fold under a closed "+N more" (at most `DEFECTS_LISTED`; ``report.defects`` has them all).
+    rule's row gives its count and first places, its first message and each distinct hint once; the others'
+    places and values fold under a closed "+N more" (at most `DEFECTS_LISTED`; ``report.defects`` has them all).
     """
     if not trace.defects:
         return "<p>no defects</p>"
@@ -249,7 +249,7 @@ def defects_html(trace: TraceReport) -> str:
         count = f"\u00a0×{len(ds)}" if len(ds) > 1 else ""  # NOTE: inside the code, on its line: ``rule ×79``
         rows.append(f'<tr class="tnb-{first.severity.replace(" ", "-")}"><td>{esc(first.severity)}</td>'
                     f"<td><code>{esc(rule + count)}</code></td><td>{esc(where)}</td><td>{esc(first.message)}{more}"
-                    f"<br><i>{esc(first.hint)}</i></td></tr>")
+                    + "".join(f"<br><i>{esc(h)}</i>" for h in dict.fromkeys(d.hint for d in ds)) + "</td></tr>")
     # NOTE: in its own scroll box, as the memory plan: severity, rule and place do not break (`CSS`), so a narrow
     # column scrolls it
     return (f'<div class="tnb-scroll"><table class="tnb-defects"><tr><th>severity</th><th>rule</th><th>where</th>'
