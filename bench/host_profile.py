@@ -54,6 +54,8 @@ import sys
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import thunder
 import torch
@@ -188,6 +190,13 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
     clock = Clock(time.thread_time if cpu_time else time.perf_counter)
     if runner is not None:
         instrument(clock, runner, thunder_path)
+    with _timed_replays(clock, device, skip_replay):
+        return _profile(case, transform, options, clock, device, steps, warmup, cprofile)
+
+
+@contextlib.contextmanager
+def _timed_replays(clock: Clock, device: str, skip_replay: bool):
+    """Every graph replay inside is timed into ``clock.replay`` (with ``skip_replay``: does nothing, timed)."""
     graph_class = EmulatedGraph if device == "cpu" else torch.cuda.CUDAGraph
     replay = graph_class.replay
 
@@ -200,18 +209,49 @@ def profile(name: str, make, device: str, steps: int, warmup: int, log_loss: boo
 
     graph_class.replay = timed_replay
     try:
-        return _profile(case, transform, options, clock, device, steps, warmup, cprofile)
+        yield
     finally:
         graph_class.replay = replay
+
+
+def _phase_row(clock: Clock, t0: float, t1: float, t2: float) -> dict[str, float]:
+    """One call's µs per phase, from the clock's per-step times and the call's forward (t0-t1) and backward (t1-t2)."""
+    t = {k: v * 1e6 for k, v in clock.step.items()}
+    row = {c: t.get(c, 0.0) for c in COLUMNS}
+    row["fw"], row["bw"] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
+    row["step"] = row["fw"] + row["bw"]
+    row["fw trace"] = t.get("fw computation", 0.0) - row["fw runner"] - row["fw replay"] - row["fw hand-out"]
+    row["fw glue"] = row["fw"] - row["prologue"] - t.get("fw computation", 0.0)
+    row["bw trace"] = t.get("bw computation", 0.0) - row["bw runner"] - row["bw replay"] - row["bw hand-out"]
+    row["bw autograd"] = row["bw"] - t.get("bw computation", 0.0)
+    return row
+
+
+def _medians(one: Callable[[int], dict[str, float]], clock: Clock, jfn: Any, steps: int, warmup: int,
+             prof: cProfile.Profile | None) -> tuple[dict[str, float], tuple[int, int]]:
+    """Warm up (the entries instrumented after the first call), then the median row of ``steps`` calls of ``one``
+    and the region calls per call."""
+    one(0)
+    instrument_entries(clock, jfn)
+    for i in range(1, warmup):
+        one(i)
+    clock.calls.clear()
+    gc.collect()
+    if prof:
+        prof.enable()
+    rows = [one(i) for i in range(steps)]
+    if prof:
+        prof.disable()
+    row = {c: statistics.median(r[c] for r in rows) for c in COLUMNS}
+    return row, (clock.calls["fw runner"] // steps, clock.calls["bw runner"] // steps)
 
 
 def _profile(case, transform, options: dict, clock: Clock, device: str, steps: int, warmup: int, cprofile: bool):
     jfn = thunder.jit(case.step, transforms=[transform] if transform is not None else [], **options)
     batches = [case.make_batch(seed) for seed in range(16)]
     prof = cProfile.Profile() if cprofile else None
-    rows: list[dict[str, float]] = []
 
-    def one(i: int) -> None:
+    def one(i: int) -> dict[str, float]:
         idx, targets = batches[i % len(batches)]
         clock.step.clear()
         clock.side = "fw"
@@ -227,31 +267,9 @@ def _profile(case, transform, options: dict, clock: Clock, device: str, steps: i
             p.grad = None
         if device == "cuda":
             torch.cuda.synchronize()
-        t = {k: v * 1e6 for k, v in clock.step.items()}
-        row = {c: t.get(c, 0.0) for c in COLUMNS}
-        row["fw"], row["bw"] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
-        row["step"] = row["fw"] + row["bw"]
-        row["fw trace"] = t.get("fw computation", 0.0) - row["fw runner"] - row["fw replay"] - row["fw hand-out"]
-        row["fw glue"] = row["fw"] - row["prologue"] - t.get("fw computation", 0.0)
-        row["bw trace"] = t.get("bw computation", 0.0) - row["bw runner"] - row["bw replay"] - row["bw hand-out"]
-        row["bw autograd"] = row["bw"] - t.get("bw computation", 0.0)
-        rows.append(row)
+        return _phase_row(clock, t0, t1, t2)
 
-    one(0)
-    instrument_entries(clock, jfn)
-    for i in range(1, warmup):
-        one(i)
-    rows.clear()
-    clock.calls.clear()
-    gc.collect()
-    if prof:
-        prof.enable()
-    for i in range(steps):
-        one(i)
-    if prof:
-        prof.disable()
-    row = {c: statistics.median(r[c] for r in rows) for c in COLUMNS}
-    regions = (clock.calls["fw runner"] // steps, clock.calls["bw runner"] // steps)
+    row, regions = _medians(one, clock, jfn, steps, warmup, prof)
     return row, regions, prof
 
 
@@ -277,17 +295,6 @@ def profile_zoo(model_name: str, protocol: str, config: str, device: str, steps:
     clock = Clock(time.thread_time if cpu_time else time.perf_counter)
     if transform is not None:
         instrument(clock, transform.cuda_graph_runner)
-    graph_class = EmulatedGraph if device == "cpu" else torch.cuda.CUDAGraph
-    replay = graph_class.replay
-
-    def timed_replay(graph):
-        t0 = clock.now()
-        try:
-            return (_skip if skip_replay else replay)(graph)
-        finally:
-            clock.replay += clock.now() - t0
-
-    graph_class.replay = timed_replay
     params = list(net.parameters())
     opt = None if decode else torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if decode:
@@ -298,9 +305,8 @@ def profile_zoo(model_name: str, protocol: str, config: str, device: str, steps:
         batches = []
     else:
         batches = [model.batch(seed, device) for seed in range(4)]
-    rows: list[dict[str, float]] = []
 
-    def one(i: int) -> None:
+    def one(i: int) -> dict[str, float]:
         clock.step.clear()
         clock.side = "fw"
         if decode:
@@ -323,39 +329,13 @@ def profile_zoo(model_name: str, protocol: str, config: str, device: str, steps:
                 opt.step()
         if device == "cuda":
             torch.cuda.synchronize()
-        t = {k: v * 1e6 for k, v in clock.step.items()}
-        row = {c: t.get(c, 0.0) for c in COLUMNS}
-        row["fw"], row["bw"] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
-        row["step"] = row["fw"] + row["bw"]
-        row["fw trace"] = t.get("fw computation", 0.0) - row["fw runner"] - row["fw replay"] - row["fw hand-out"]
-        row["fw glue"] = row["fw"] - row["prologue"] - t.get("fw computation", 0.0)
-        if not decode:
-            row["bw trace"] = t.get("bw computation", 0.0) - row["bw runner"] - row["bw replay"] - row["bw hand-out"]
-            row["bw autograd"] = row["bw"] - t.get("bw computation", 0.0)
-        rows.append(row)
+        return _phase_row(clock, t0, t1, t2)  # NOTE: decoding has no backward: its bw columns stay 0
 
     prof = cProfile.Profile() if cprofile else None
-    try:
-        with torch.no_grad() if decode else contextlib.nullcontext():
-            if decode:
-                jfn(prompt, torch.arange(8, device=device))
-            one(0)
-            instrument_entries(clock, jfn)
-            for i in range(1, warmup):
-                one(i)
-            rows.clear()
-            clock.calls.clear()
-            gc.collect()
-            if prof:
-                prof.enable()
-            for i in range(steps):
-                one(i)
-            if prof:
-                prof.disable()
-    finally:
-        graph_class.replay = replay
-    row = {c: statistics.median(r[c] for r in rows) for c in COLUMNS}
-    regions = (clock.calls["fw runner"] // steps, clock.calls["bw runner"] // steps)
+    with _timed_replays(clock, device, skip_replay), torch.no_grad() if decode else contextlib.nullcontext():
+        if decode:
+            jfn(prompt, torch.arange(8, device=device))
+        row, regions = _medians(one, clock, jfn, steps, warmup, prof)
     return row, regions, prof
 
 
