@@ -63,25 +63,25 @@ class Decoder:
 
     def tokens(self, n: int) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy decoding of ``n`` tokens after the prefill; the tokens and each call's logits (copies)."""
-        token, tokens, logits = self.prefill(), [], []
-        with torch.no_grad():
+        tokens, logits = [], []
+        with self.context():
             for i in range(n):
-                out = self.fn(token, self.positions[i % len(self.positions)])
-                logits.append(out.float().clone())
-                token = out[:, -1:].argmax(-1)
-                tokens.append(int(token))
+                logits.append(self.step(i).float().clone())
+                tokens.append(int(self.token))
+        self.token = None  # NOTE: the timed loop starts from its own prefill
         return tokens, logits
 
     def context(self) -> contextlib.AbstractContextManager:
         return torch.no_grad()
 
-    def step(self, i: int) -> None:
-        """One token: the last call's argmax at the next position (wrapping inside the cache), no host sync."""
+    def step(self, i: int) -> torch.Tensor:
+        """One token: the last call's argmax at the next position (wrapping inside the cache), no host sync; the
+        call's logits."""
         if self.token is None:
             self.token = self.prefill()
         out = self.fn(self.token, self.positions[i % len(self.positions)])
         self.token = out[:, -1:].argmax(-1)
-
+        return out
 
 def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, configs: tuple[str, ...],
           device: str = "cuda") -> dict[str, dict]:
