@@ -151,19 +151,26 @@ def _data_dependent_numbers(bsyms: Sequence[BoundSymbol]) -> dict[str, tuple[str
     return sources
 
 
-def _filled_leaves(numbers: Sequence[NumberProxy], sources: dict) -> list[NumberProxy]:
-    """The numbers that are filled into 0-d tensors to make ``numbers`` on the device: each one that is not made
-    from an item (an argument, a saved number, host arithmetic), and those that device arithmetic reads."""
+def _leaves(numbers: Sequence[NumberProxy], sources: dict) -> list[NumberProxy]:
+    """What ``numbers`` are made from on the device: each number, or, for one device arithmetic makes, the numbers
+    that arithmetic reads, down to numbers that are not device arithmetic (an item, an argument, a saved number,
+    host arithmetic); each once."""
     leaves: list[NumberProxy] = []
     todo = list(numbers)
     while todo:
         n = todo.pop()
         src = sources.get(n.name)
-        if src is None or src[0] in ("saved", "host"):
-            leaves.append(n)
-        elif src[0] == "arithmetic":
+        if src is not None and src[0] == "arithmetic":
             todo.extend(a for a in src[1].args if isinstance(a, NumberProxy))
+        else:
+            leaves.append(n)
     return _distinct(leaves)
+
+
+def _filled_leaves(numbers: Sequence[NumberProxy], sources: dict) -> list[NumberProxy]:
+    """The numbers that are filled into 0-d tensors to make ``numbers`` on the device: the `_leaves` not made from an
+    item (an argument, a saved number, host arithmetic)."""
+    return [n for n in _leaves(numbers, sources) if sources.get(n.name, ("",))[0] != "item"]
 
 
 def _python_type(n: NumberProxy) -> type | None:
@@ -206,18 +213,11 @@ def _updated_between(bsyms: Sequence[BoundSymbol], sources: dict, numbers: Seque
     """An in-place update between an ``item`` and its reader may write through an alias of the 0-d tensor: the
     reader would read the tensor after the update. That holds for a number made from an item by device arithmetic
     too (the arithmetic runs at the reader), so each number is followed down to the items it is made from."""
-    roots: dict[str, Any] = {}
-    todo = list(numbers)
-    while todo:
-        n = todo.pop()
+    for n in _leaves(numbers, sources):
         src = sources.get(n.name)
-        if src is None:
+        if src is None or src[0] != "item":
             continue
-        if src[0] == "item":
-            roots.setdefault(n.name, src[1])
-        elif src[0] == "arithmetic":
-            todo.extend(a for a in src[1].args if isinstance(a, NumberProxy))
-    for name, tensor in roots.items():
+        name, tensor = n.name, src[1]
         start = next(i for i, b in enumerate(bsyms) if name in {p.name for p in b.flat_proxy_outs})
         if any(b.sym.name == "copy_" for b in bsyms[start:at]):
             return (f"an in-place update between {name} = item({tensor.name}) and its reader may write "
