@@ -224,12 +224,13 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             out = CUDAGraphRunner.call_cuda_graph(self, fn_name, *args)
         except BaseException:
             internals.recover_generators()
-            if record is not None and key in self.cuda_graph_cache:  # NOTE: made, then its first replay raised
-                counts.graphs.append(record)
             raise
-        if record is not None:  # NOTE: only a graph that was made counts: a capture that raised made none
-            counts.graphs.append(record)
-        else:
+        finally:
+            # NOTE: a graph counts once thunder cached it (its first replay may still have raised); a capture that
+            # raised made none
+            if record is not None and key in self.cuda_graph_cache:
+                counts.graphs.append(record)
+        if entry is not None:
             counts.replays += 1
         return out
 
