@@ -238,7 +238,10 @@ from thunder_nb.testing.zoo import MODELS
 model = MODELS["nanogpt"]
 net = model.build("cuda").train()
 step = jit_step(net, model.loss(net), torch.optim.AdamW(net.parameters(), lr=1e-3))
-losses = [float(step(*model.batch(i, "cuda")[0], model.batch(i, "cuda")[1])) for i in range(5)]
+losses = []
+for i in range(5):
+    args, targets = model.batch(i, "cuda")
+    losses.append(float(step(*args, targets)))
 print("graphs", step.graphs_recorded, "losses", losses)
 """
 
