@@ -1,6 +1,7 @@
 """The model zoo's table: packaged models in the loops users run, every configuration side by side, on the GPU.
 
-    python bench/bench_zoo.py [--rounds 5] [--steps 30] [--models nanogpt,llama2,...] [--out FILE.md]
+    python bench/bench_zoo.py [--rounds 5] [--steps 30] [--rows nanogpt:train,...] [--configs ...] [--out FILE.md]
+                              [--baseline DIR]  # adds the configuration "baseline": thunder_nb.jit of an older commit
 
 Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from
 the same initial state as eager (its values compared with eager's), then takes turns with the others in
@@ -47,7 +48,9 @@ CONFIGS = ("eager", "thunder", "stock", "thunder_nb.jit", "fused", "reduce-overh
 LABELS = {"eager": "eager", "thunder": "thunder (no graphs)", "stock": "thunder's CUDAGraphTransform",
           "thunder_nb.jit": "thunder_nb.jit", "fused": "thunder_nb.jit + torchcompile",
           "reduce-overhead": "torch.compile reduce-overhead", "thunder no-sdpa": "thunder without sdpa (no graphs)",
-          "thunder_nb.jit no-sdpa": "thunder_nb.jit without sdpa"}
+          "thunder_nb.jit no-sdpa": "thunder_nb.jit without sdpa", "baseline": "thunder_nb.jit at the baseline"}
+#: The older thunder_nb that the configuration "baseline" runs (``--baseline DIR``; see baseline.py), or None.
+BASELINE = None
 
 
 class Loop:
@@ -60,7 +63,11 @@ class Loop:
         if protocol == "decode":
             self.net.set_kv_cache(batch_size=1, device=torch.device(device))
         fn = model.infer(self.net) if protocol in ("inference", "decode") else model.loss(self.net)
-        self.fn, self.transform = zoo.compile_with(config, fn, capture)
+        if config == "baseline":  # NOTE: real capture only: the older code's own defaults
+            self.fn = BASELINE.jit(fn)
+            self.transform = self.fn._lc_transforms[0]
+        else:
+            self.fn, self.transform = zoo.compile_with(config, fn, capture)
         self.opt = (torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9) if protocol == "batchnorm"
                     else torch.optim.AdamW(self.net.parameters(), lr=1e-3))
         self.batches = [model.batch(i, device) for i in range(3)]
@@ -138,19 +145,22 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
         if config == "stock" and device == "cuda" and _predicted_crash(model, protocol):
             row["note"] = "not run: the checker predicts it kills the process"
             continue
-        checked = run(config)
-        if checked.error is not None:
-            row["note"] = f"fails: {checked.error[:110]}"
-            continue
-        try:
-            verdict = zoo.judge(checked, reference, lambda: run("thunder"))
-        except Exception as e:  # NOTE: reading its values failed (reduce-overhead: an output a later replay overwrote)
-            row["note"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:110]}"
-            continue
-        if verdict.matches:
-            row["matches"] = "yes" if verdict.against == "eager" else "as plain thunder's (which differs from eager's)"
+        if config == "baseline":
+            row["matches"] = "not checked (the baseline's own commit)"
         else:
-            row["matches"] = f"no: {verdict.difference}"
+            checked = run(config)
+            if checked.error is not None:
+                row["note"] = f"fails: {checked.error[:110]}"
+                continue
+            try:
+                verdict = zoo.judge(checked, reference, lambda: run("thunder"))
+            except Exception as e:  # NOTE: reading its values failed (reduce-overhead: an output a later replay overwrote)
+                row["note"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:110]}"
+                continue
+            if verdict.matches:
+                row["matches"] = "yes" if verdict.against == "eager" else "as plain thunder's (which differs from eager's)"
+            else:
+                row["matches"] = f"no: {verdict.difference}"
         try:
             start = time.perf_counter()
             loop = Loop(model, protocol, config, device, capture)
@@ -198,12 +208,24 @@ def main() -> int:
     parser.add_argument("--configs", default="", help="configuration,... (default: every one of CONFIGS; "
                         "reduce-overhead is the ratios' reference)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
+    parser.add_argument("--baseline", metavar="DIR", help="an older commit's thunder_nb/ extracted under DIR (git "
+                        "archive COMMIT thunder_nb | tar -x -C DIR): adds the configuration baseline, its "
+                        "thunder_nb.jit, taking turns with the others in the same process")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: emulated capture, without inductor's configurations (checks the script, times "
                              "nothing about CUDA graphs)")
     args = parser.parse_args()
     rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ROWS
     configs = tuple(c.strip() for c in args.configs.split(",")) if args.configs else CONFIGS
+    if args.baseline:
+        global BASELINE
+        import baseline
+
+        BASELINE = baseline.load(args.baseline)
+        LABELS["baseline"] = f"thunder_nb.jit at {Path(args.baseline).name}"
+        configs = configs if "baseline" in configs else (*configs, "baseline")
+    elif "baseline" in configs:
+        parser.error("the configuration baseline needs --baseline DIR")
 
     def bench(key: tuple[str, str]) -> list[dict] | None:
         model, protocol = key

@@ -19,17 +19,6 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 #: GitHub renders a notebook up to about 1 MB; each committed notebook stays under it.
 MAX_BYTES = 1_000_000
-#: Notebooks whose stored outputs wait for the next GPU run (``python -m thunder_nb notebooks --in-place`` on
-#: the H200), and why. While one of them has cells without output or outputs of a CPU run, the two GPU checks
-#: below mark it xfail with this reason instead of failing; once the GPU run is stored they hold it as any other.
-GPU_RUN_PENDING = {
-    "03_lifetimes_and_memory.ipynb": "its section on what a replay does to outputs has not run on the H200 yet",
-    "06_real_model.ipynb": "its stored outputs come from a CPU run",
-}
-#: Notebooks over `MAX_BYTES` as committed, and why: xfail while they are, a plain pass once they are not.
-SIZE_PENDING = {
-    "05_nanogpt_training.ipynb": "its stored diagrams predate issue #32's module hierarchy (re-run it on the H200)",
-}
 
 
 @pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.stem)
@@ -63,19 +52,9 @@ def test_every_magic_output_has_a_static_fallback(stored):
         assert not problems, f"{path.name}, cell {i}: " + "; ".join(problems)
 
 
-def _pending(path: Path, nb) -> bool:
-    """True when ``path`` waits for the GPU run (`GPU_RUN_PENDING`) and its stored outputs show it."""
-    if path.name not in GPU_RUN_PENDING:
-        return False
-    unrun = any(not c.execution_count for c in nb.cells if c.cell_type == "code")
-    return unrun or any(d.startswith("CPU") for d in nbcheck.device_lines(nb))
-
-
 def test_stored_outputs_come_from_the_gpu_the_text_names(stored):
     """Every code cell ran, none raised, on a GPU; the markdown names that GPU (the text says where the numbers come from)."""
     path, nb = stored
-    if _pending(path, nb):
-        pytest.xfail(f"{path.name}: {GPU_RUN_PENDING[path.name]} (run `python -m thunder_nb notebooks --in-place` on the H200)")
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), f"{path.name}: not every cell has a stored output (run it)"
     errors = [o for o in nbcheck.outputs(nb) if o.get("output_type") == "error"]
@@ -92,7 +71,7 @@ def test_stored_outputs_come_from_the_gpu_the_text_names(stored):
 
 def test_all_stored_outputs_come_from_one_gpu():
     notebooks = {p: nbformat.read(p, as_version=4) for p in NOTEBOOKS}
-    devices = {p.name: nbcheck.device_lines(nb) for p, nb in notebooks.items() if not _pending(p, nb)}
+    devices = {p.name: nbcheck.device_lines(nb) for p, nb in notebooks.items()}
     assert len({tuple(d) for d in devices.values()}) == 1, f"the notebooks' outputs come from different devices: {devices}"
 
 
@@ -100,8 +79,6 @@ def test_small_enough_for_github(stored):
     """GitHub shows a notebook up to about 1 MB: diagrams must stay compact (issue #32's hierarchy, `--views`)."""
     path, _ = stored
     size = path.stat().st_size
-    if size >= MAX_BYTES and path.name in SIZE_PENDING:
-        pytest.xfail(f"{path.name}: {size / 1e6:.2f} MB: {SIZE_PENDING[path.name]}")
     assert size < MAX_BYTES, f"{path.name}: {size / 1e6:.2f} MB, over the {MAX_BYTES / 1e6:.0f} MB GitHub renders"
 
 
