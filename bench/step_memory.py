@@ -5,7 +5,8 @@
 For each zoo model and configuration, a fresh Python process builds the model and AdamW from the zoo's initial state
 and runs ``--steps`` training steps (zero_grad, forward, backward, optimizer step; the whole step's own loop for
 `thunder_nb.jit_step`). Reported: the peak of `torch.cuda.max_memory_allocated` over the whole run (recording and
-warm-up included, what decides an out-of-memory error), the peak over the last half of the steps only (the steady
+warm-up included, what decides an out-of-memory error), the step it came at (1-based; `jit_step`'s first three
+steps are its uncaptured warm-up and the fourth records), the peak over the last half of the steps only (the steady
 state), and `torch.cuda.max_memory_reserved` (what the caching allocator holds, graph pools included), in MiB.
 """
 
@@ -42,14 +43,10 @@ if CONFIG == "whole step":
 else:
     compiled, _ = zoo.compile_with(CONFIG, fn, True)
 torch.cuda.synchronize()
-torch.cuda.reset_peak_memory_stats()
 start = torch.cuda.memory_allocated()
-losses = []
+losses, peaks = [], []
 for i in range(STEPS):
-    if i == STEPS // 2:
-        torch.cuda.synchronize()
-        total = torch.cuda.max_memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_peak_memory_stats()
     args, targets = batches[i % 3]
     if CONFIG == "whole step":
         losses.append(whole(*args, targets))
@@ -59,10 +56,10 @@ for i in range(STEPS):
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-torch.cuda.synchronize()
-steady = torch.cuda.max_memory_allocated()
-print(json.dumps({"peak": max(total, steady), "steady": steady, "reserved": torch.cuda.max_memory_reserved(),
-                  "start": start, "loss": float(losses[-1])}))
+    torch.cuda.synchronize()
+    peaks.append(torch.cuda.max_memory_allocated())
+print(json.dumps({"peak": max(peaks), "steady": max(peaks[STEPS // 2:]), "at": peaks.index(max(peaks)) + 1,
+                  "reserved": torch.cuda.max_memory_reserved(), "start": start, "loss": float(losses[-1])}))
 """
 
 
@@ -81,14 +78,14 @@ def table(results: dict, steps: int) -> str:
     mib = 2 ** 20
     lines = [f"Machine: {torch.cuda.get_device_name()}, torch {torch.__version__}. {steps} AdamW steps per process.", "",
              "| model | configuration | peak allocated, MiB (whole run) | peak allocated, MiB (last half) "
-             "| peak reserved, MiB | allocated before the first step, MiB | last loss | note |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| the step of the peak | peak reserved, MiB | allocated before the first step, MiB | last loss | note |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for (name, config), r in results.items():
         if "error" in r:
-            lines.append(f"| {name} | {LABELS[config]} | - | - | - | - | - | fails: {r['error']} |")
+            lines.append(f"| {name} | {LABELS[config]} | - | - | - | - | - | - | fails: {r['error']} |")
             continue
         lines.append(f"| {name} | {LABELS[config]} | {r['peak'] / mib:.1f} | {r['steady'] / mib:.1f} "
-                     f"| {r['reserved'] / mib:.1f} | {r['start'] / mib:.1f} | {r['loss']:.4f} | |")
+                     f"| {r['at']} | {r['reserved'] / mib:.1f} | {r['start'] / mib:.1f} | {r['loss']:.4f} | |")
     return "\n".join(lines)
 
 

@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
-import torch
 from thunder.core import prims, utils
-from thunder.core.proxies import NumberProxy, Proxy, ProxyTag, TensorProxy, unvariableify
+from thunder.core.proxies import Proxy, unvariableify
 from thunder.core.pytree import tree_flatten
-from thunder.core.symbol import BoundSymbol, Symbol
-from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, reset_tracectx, set_tracectx
-from thunder.executors.data_dependent_partition import Node, consecutive_fusion, dataflow_fusion
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx, from_trace
 from thunder.executors.utils import Region
-from thunder.transforms.cudagraph import CUDAGraphTransform
 
 from . import internals
-from .cudagraph.capture import capture_mode
 from .cudagraph.defer import defer_returned_items
 from .cudagraph.executors import jit_executors
-from .cudagraph.handout import insert_hand_out
 from .cudagraph.passes import (
-    has_in_place,
-    in_place_plan,
-    is_cuda_trace,
     region_del_pass,
-    returned_names,
     strip_top_level_dels,
 )
 from .cudagraph.prologue import fast_module_lookups
@@ -39,8 +29,9 @@ from .cudagraph.runner import (
     ThunderNBRunner,
 )
 from .cudagraph.scalars import handoff_numbers
+from .cudagraph.transform import RUNNER_DEFAULTS, RegionTransform
 from .diagnosis.ops import classify_bsym
-from .diagnosis.plans import HAND_OUT_NAME, HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
+from .diagnosis.plans import HAND_OUT_NAME
 
 __all__ = [
     "FixedCUDAGraphTransform",
@@ -97,185 +88,7 @@ def recover_from_failed_capture() -> None:
     internals.recover_generators()
 
 
-def _check_capture(capture: Any) -> bool | str:
-    capture = capture_mode(capture)
-    if capture is True and not torch.cuda.is_available():
-        raise RuntimeError("capture=True needs a CUDA device, and torch sees none (use capture='auto' or False)")
-    return capture
-
-
-#: The runner's defaults, declared once (`RunnerOptions`): `FixedCUDAGraphTransform`'s keywords take theirs here.
-_RUNNER = RunnerOptions()
-
-
-class _BaseTransform(CUDAGraphTransform):
-    label = "base"
-    safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
-
-    def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, lend_gradients: bool = False,
-                 runner: RunnerOptions = RunnerOptions()):
-        super().__init__(share_mem_pool=False)
-        internals.check_versions()
-        self.capture = _check_capture(capture)
-        self.copy_outputs = copy_outputs
-        self.lend_gradients = lend_gradients  # NOTE: the legacy transform hands nothing out; the fixed one lends
-        self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, **asdict(runner))
-        self.hand_outs: dict[str, HandOutPlan] = {}  # "forward" / "backward" -> the plan of the latest such trace
-        self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
-        self.notes: list[str] = []  # decisions the report should mention
-        self._cuda = False
-        self._returned: set[str] = set()
-        self._saved: set[str] = set()  # names a forward trace saves for its backward
-        self._origin: dict[str, str] = {}  # tensor name -> where it comes from, for input plans
-        self._module_buffers: set[str] = set()  # computation names of module buffers (from the prologue)
-        self._handoffs: list[ScalarHandoff] = []  # numbers handed over on the device (current trace)
-        self._keep_out: set[str] = set()  # outputs of symbols the hand-off keeps out of regions (current trace)
-
-    @property
-    def graphs_captured(self) -> int:
-        """CUDA graphs captured so far, all regions and instances together."""
-        return self.cuda_graph_runner.graphs_captured
-
-    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
-        """Note which computation inputs are module buffers (``unpack_buffer`` in the prologue): they are read in place."""
-        self._module_buffers |= {p.name for b in prologue_trace.bound_symbols if b.sym.name == "unpack_buffer"
-                                 for p in b.flat_proxy_outs}
-        return prologue_trace, computation_trace, epilogue_trace
-
-    def region_plan(self, name: str) -> RegionPlan:
-        """The plan of region ``name``."""
-        return self.cuda_graph_runner.plans[name]
-
-    def _make_fusion(self, bsyms: list[BoundSymbol], inputs: list[Proxy], outputs: list[Proxy]) -> BoundSymbol:
-        runner = self.cuda_graph_runner
-        fusion_callable, fusion_name = runner.make_cuda_graph_callable_from_symbols(bsyms, inputs, outputs)
-        runner.cuda_regions[fusion_name] = self._cuda
-        stable = frozenset(i for i, p in enumerate(inputs) if p.name in self._module_buffers)
-        if stable:
-            runner.stable_inputs[fusion_name] = stable
-        written, through = in_place_plan(bsyms, inputs, outputs)
-        if written:
-            runner.write_back[fusion_name] = written
-        if through:
-            runner.passthrough[fusion_name] = through
-        read = {p.name for b in bsyms for p in b.flat_proxy_args}  # NOTE: a hand-off is listed where it is read
-        runner.plans[fusion_name] = RegionPlan(
-            name=fusion_name,
-            inputs=tuple(self._input_plan(p) for p in inputs),
-            outputs=tuple(OutputPlan(o.name, o.name in self._returned, o.name in self._saved) for o in outputs),
-            write_back=tuple(inputs[i].name for i in written),
-            scalar_handoffs=tuple(h for h in self._handoffs if h.device_tensor in read),
-        )
-        for o in outputs:
-            self._origin[o.name] = f"output of {fusion_name}"
-        sym = Symbol(fusion_name, meta=None, is_fusion=True, executor=self)
-        return BoundSymbol(sym, inputs, {}, outputs, bsyms, _call_ctx={fusion_name: fusion_callable})
-
-    def _input_plan(self, p: Proxy) -> InputPlan:
-        if isinstance(p, NumberProxy):
-            why = self.handoff_refusals.get(p.name, "a number the region reads")
-            return InputPlan(p.name, "number", why)
-        if not isinstance(p, TensorProxy):
-            return InputPlan(p.name, "number", type(p).__name__)
-        if ProxyTag.STATIC_MEMORY_LOCATION in p.tags:
-            return InputPlan(p.name, "static", "parameter")
-        if p.name in self._module_buffers:
-            return InputPlan(p.name, "static", "module buffer")
-        origin = self._origin.get(p.name)
-        if origin and origin.startswith("output of"):
-            return InputPlan(p.name, "static", f"{origin}: read where that graph left it")
-        if origin == "saved":
-            return InputPlan(p.name, "static", "saved for the backward: read where the forward's graph left it "
-                                               "(copied when it lies elsewhere)")
-        return InputPlan(p.name, "copied", origin or "a tensor made outside any graph")
-
-    def _fuse_groups(self, trace: TraceCtx, groups: list[list[BoundSymbol]]) -> list[BoundSymbol]:
-        producers, consumers = utils.producers_and_consumers(trace)
-        out: list[BoundSymbol] = []
-        for bsyms in groups:
-            # NOTE: one op alone is not worth a graph, but one fusion of another executor (inductor's
-            # TorchCompile: a whole forward) is
-            lone = len(bsyms) == 1 and not _foreign_fusion(bsyms[0], self)
-            if lone or not self.can_fuse(bsyms[0]):
-                out.extend(bsyms)
-                continue
-            out.append(self.fuse(Region(producers, consumers, bsyms), 0))
-        return out
-
-    def _begin(self, trace: TraceCtx) -> bool:
-        """Prepare for fusing ``trace``: what it returns and saves, where its tensors come from; return whether it is a backward."""
-        backward = trace.siginfo().name == "backward_fn"
-        self._cuda = is_cuda_trace(trace)
-        self._returned = returned_names(trace) if not backward else {
-            p.name for p in tree_flatten(trace.output)[0] if isinstance(p, TensorProxy)
-        }
-        self._saved = {p.name for p in internals.saved_for_backward(trace) if isinstance(p, TensorProxy)}
-        self._origin = {}
-        for a in trace.args:
-            if isinstance(a, TensorProxy) and a.name not in self._module_buffers:
-                self._origin[a.name] = "an input of the function"
-        for b in trace.bound_symbols:
-            if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE and backward:
-                for p in b.flat_proxy_outs:
-                    self._origin.setdefault(p.name, "saved")
-        self._handoffs, self._keep_out = [], set()
-        return backward
-
-    def _finish(self, fused: TraceCtx, start_ns: int, what: str) -> TraceCtx:
-        """Record the pass in the provenance."""
-        ms = (time.perf_counter_ns() - start_ns) // 1_000_000
-        fused.set_provenance(TraceProvenance(f"{what} (took {ms} milliseconds)"))
-        return fused
-
-    def _fused_trace(self, trace: TraceCtx, work: TraceCtx, fusion_type: str | None) -> TraceCtx:
-        """A trace like ``trace`` whose bound symbols are ``work``'s, grouped and fused into regions."""
-        fused = from_trace(trace)
-        # NOTE: thunder's can_fuse bookkeeping expects this attribute on the trace in context
-        fused.clear_collection_names = set()
-        tok = set_tracectx(fused)
-        try:
-            fused.bound_symbols = self._fuse_groups(work, self._groups(work, fusion_type))
-        finally:
-            delattr(fused, "clear_collection_names")
-            reset_tracectx(tok)
-        return fused
-
-    def _groups(self, trace: TraceCtx, fusion_type: str | None) -> list[list[BoundSymbol]]:
-        def should_fuse(a: Node, b: Node) -> bool:
-            def ok(n: Node) -> bool:
-                return len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0])
-
-            return ok(a) and ok(b)
-
-        kind = fusion_type or internals.compile_option("fusion_type", "Choose the type of fusion to use") or "consecutive"
-        if kind == "dataflow" and self.safe_dataflow and has_in_place(trace.bound_symbols):
-            # NOTE: dataflow fusion follows producer -> consumer edges only; an in-place update is no
-            # such edge for the other readers of its destination, which it may then be moved past
-            self.notes.append("dataflow fusion replaced by consecutive: the trace updates tensors in place")
-            kind = "consecutive"
-        if kind == "dataflow":
-            return dataflow_fusion(trace, should_fuse)
-        if kind == "consecutive":
-            return consecutive_fusion(trace, should_fuse)
-        raise ValueError(f"unknown fusion_type {kind!r} (must be one of ['consecutive', 'dataflow'])")
-
-    def _insert_hand_out(self, fused: TraceCtx, backward: bool) -> None:
-        """Route what leaves ``fused`` through the runner's hand-out (`thunder_nb.cudagraph.handout.insert_hand_out`)."""
-        kind = "backward" if backward else "forward"
-        self.hand_outs[kind] = insert_hand_out(fused, self.cuda_graph_runner, self, backward=backward,
-                                               saving=bool(self._saved), copy_outputs=self.copy_outputs,
-                                               lend_gradients=self.lend_gradients)
-
-
-def _foreign_fusion(bsym: BoundSymbol, owner: Any) -> bool:
-    """Whether ``bsym`` is a fusion made by another fusion executor (e.g. thunder's torch_compile_ex)."""
-    from thunder.extend import FusionExecutor
-
-    ex = getattr(bsym.sym, "executor", None)
-    return bool(getattr(bsym.sym, "is_fusion", False)) and ex is not owner and isinstance(ex, FusionExecutor)
-
-
-class FixedCUDAGraphTransform(_BaseTransform):
+class FixedCUDAGraphTransform(RegionTransform):
     """thunder's CUDA-graph transform with islands kept out, a corrected deletion pass, and no wrong result.
 
     Args:
@@ -316,12 +129,12 @@ class FixedCUDAGraphTransform(_BaseTransform):
         capture: bool | str = "auto",
         scalar_handoff: bool = True,
         copy_outputs: bool = True,
-        share_mem_pool: bool = _RUNNER.share_mem_pool,
-        max_instances: int = _RUNNER.max_instances,
-        instance_memory: float = _RUNNER.instance_memory,
-        instance_bytes: int | None = _RUNNER.instance_bytes,
-        max_addresses: int = _RUNNER.max_addresses,
-        max_values: int = _RUNNER.max_values,
+        share_mem_pool: bool = RUNNER_DEFAULTS.share_mem_pool,
+        max_instances: int = RUNNER_DEFAULTS.max_instances,
+        instance_memory: float = RUNNER_DEFAULTS.instance_memory,
+        instance_bytes: int | None = RUNNER_DEFAULTS.instance_bytes,
+        max_addresses: int = RUNNER_DEFAULTS.max_addresses,
+        max_values: int = RUNNER_DEFAULTS.max_values,
         defer_items: bool = True,
         fast_prologue: bool = True,
         lend_gradients: bool = True,
@@ -395,7 +208,7 @@ class FixedCUDAGraphTransform(_BaseTransform):
         return self._finish(fused, start, "thunder-nb corrected CUDAGraph fusion")
 
 
-class LegacyCUDAGraphTransform(_BaseTransform):
+class LegacyCUDAGraphTransform(RegionTransform):
     """The July 2024 behaviour behind upstream issue #728, for teaching and regression tests.
 
     The del pass runs before fusion and its dels are fused into regions as they are (no per-region

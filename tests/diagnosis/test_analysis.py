@@ -338,3 +338,20 @@ def test_kernels_of_a_region_with_an_inductor_fusion():
     assert [o.callee for o in region.compute_ops] == [group.name]
     assert region.kernels == 1 and region.launches_saved == 0 and report.launch_us_saved == 0
     assert str(group) == f"{group.name}: 6 ops fused (inductor)"
+
+
+def test_estimate_kernels_counts_no_kernel_for_thunders_alias_and_reshape_prims():
+    """thunder's torch executor writes its prims by their implementation names: shallow_copy (an alias) and the reshape
+    prim (a view of a contiguous tensor) launch nothing; in the nanoGPT forward they were 41 of 142 ops counted."""
+    source = textwrap.dedent(
+        '''\
+        def CUDAGraph1(x):
+          # x: "cuda:0 f32[2, 4]"
+          t1 = shallow_copy(x)  # t1: "cuda:0 f32[2, 4]"
+          t2 = torch_prims_reshape_impl(t1, (8,))  # t2: "cuda:0 f32[8]"
+          t3 = torch.sin(t2)  # t3: "cuda:0 f32[8]"
+          return [t3]
+        '''
+    )
+    (region,) = analyze_source(source).regions
+    assert region.kernels == 1

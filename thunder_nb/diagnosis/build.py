@@ -24,6 +24,9 @@ _CONVERSIONS = frozenset({"to", "float", "type_as"})
 _NO_KERNEL = (
     (VIEW_NAMES - _CONVERSIONS - {"contiguous"}) | METADATA_NAMES | BOOKKEEPING_NAMES | COLLECTION_NAMES
     | {"update_aliases", "del", "python_del"}
+    # NOTE: thunder's torch executor's names for its prims: shallow_copy is an alias, reshape a view where the strides
+    # allow (on a contiguous tensor, as in a trace's reshapes nearly always)
+    | {"shallow_copy", "torch_prims_reshape_impl"}
 )
 #: Fusion symbols by name, for source text (a live trace says so itself: ``sym.is_fusion``).
 _FUSION_NAME = re.compile(r"^(?:TorchCompile|nvFusion)\d+$")
@@ -38,9 +41,9 @@ def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
     arithmetic on Python numbers alone (no tensor in or out), and ``to``/``float``/``type_as`` when the
     dtype and device stay the same. A fusion symbol counts as its `FusedGroup.kernels`: the kernels inductor
     generated for it (thunder-nb's torchcompile executor notes them when it compiles), or 1 when no count is
-    known (nvFuser, thunder's own executor): then the total is a lower bound (`Region.undecided`). So ``≈``: an
-    op like ``cross_entropy`` launches several kernels and counts 1, and a fusion's matmuls (library calls) are
-    not among inductor's generated kernels.
+    known (nvFuser, thunder's own executor; `Region.undecided`). So ``≈``, never a bound: an op like
+    ``cross_entropy`` launches several kernels and counts 1, a ``reshape`` of a strided tensor copies and counts 0,
+    and a fusion's matmuls (library calls) are not among inductor's generated kernels.
 
     Args:
         ops: the statements (`Region.ops`).

@@ -152,13 +152,13 @@ class Region:
     plan: RegionPlan | None = None  # the transform's plan (thunder-nb transforms only)
     stats: RegionStats = RegionStats()
     # ≈ kernels one run of the region launches: an estimate (`thunder_nb.diagnosis.build.estimate_kernels`); a fused
-    # group whose count is not known counts 1, so then it is a lower bound (`undecided`)
+    # group whose count is not known counts 1 (`undecided`)
     kernels: int = 0
     fusions: tuple[FusedGroup, ...] = ()  # fusion symbols among its statements, in order
 
     @property
     def undecided(self) -> tuple[FusedGroup, ...]:
-        """Fused groups whose kernels the executor decides (no count known): `kernels` is then a lower bound."""
+        """Fused groups whose kernels the executor decides (no count known): each counts 1 in `kernels`."""
         return tuple(g for g in self.fusions if g.kernels is None)
 
     @property

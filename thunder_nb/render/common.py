@@ -136,12 +136,14 @@ def verdict(defects: Sequence[Defect]) -> str:
 
 
 def kernels(region: Region) -> str:
-    """``≈3 kernels``: the estimate of the kernels one run of the region launches; ``≥3 kernels (inductor decides
-    for 1 fused group)`` when a fused group's count is not known (it counted 1)."""
+    """``≈3 kernels``: the estimate of the kernels one run of the region launches; ``≈3 kernels (inductor decides
+    for 1 fused group, counted as 1)`` when a fused group's count is not known. Never a bound: each op's own count
+    is an estimate too (`thunder_nb.diagnosis.build.estimate_kernels`)."""
     if not region.undecided:
         return "≈" + plural(region.kernels, "kernel")
     who = "/".join(dict.fromkeys(g.executor for g in region.undecided))
-    return f"≥{plural(region.kernels, 'kernel')} ({who} decides for {plural(len(region.undecided), 'fused group')})"
+    n = len(region.undecided)
+    return f"≈{plural(region.kernels, 'kernel')} ({who} decides for {plural(n, 'fused group')}, counted as {n})"
 
 
 def fused_line(group: FusedGroup, limit: int = 12) -> str:
@@ -157,9 +159,8 @@ def launch_line(report: Report) -> str:
     regions = [r for t in report.traces for r in t.regions]
     n_kernels = sum(r.kernels for r in regions)
     graphs = sum(1 for r in regions if r.kernels)
-    about = "≥" if any(r.undecided for r in regions) else "≈"
     return (
-        f"{about}{plural(n_kernels, 'kernel')} in {plural(len(regions), 'region')} per call, replayed as "
-        f"{plural(graphs, 'graph launch', 'graph launches')}: {about}{report.launch_us_saved:g} µs of host time saved "
+        f"≈{plural(n_kernels, 'kernel')} in {plural(len(regions), 'region')} per call, replayed as "
+        f"{plural(graphs, 'graph launch', 'graph launches')}: ≈{report.launch_us_saved:g} µs of host time saved "
         f"per call (estimate: {LAUNCH_HOST_US:g} µs per kernel launch removed, measured on an H200)"
     )
