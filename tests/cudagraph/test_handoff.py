@@ -203,3 +203,24 @@ def test_a_number_left_in_the_graph_takes_a_bounded_number_of_graphs():
     region = thunder_nb.analyze(jfn).forward.regions[1]
     assert len(region.graphs) == 3 and region.stats.eager_calls == 3
     assert "took more than 3 values" in region.stats.eager_reason
+
+
+def test_a_handoff_is_listed_on_the_region_that_reads_it_not_on_the_one_that_returns_it():
+    """Notebook 04's step: the region that makes the item's tensor only returns it; the next region reads it. The
+    backward, which gets the saved number, lists its own fill."""
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(16, 8), (torch.randn(8, 16) / 3).requires_grad_(), (torch.randn(16, 4) / 4).requires_grad_()
+
+    def loss_fn(x, w1, w2):
+        h = torch.tanh(x @ w1)
+        scale = h.abs().mean().item()
+        return ((h * scale) @ w2).pow(2).mean()
+
+    jfn = thunder_nb.jit(loss_fn, capture=False)
+    jfn(x, w1, w2).backward()
+    report = thunder_nb.analyze(jfn)
+    listed = {r.name: [str(h) for h in r.scalar_handoffs] for r in report.forward.regions}
+    (maker, reader) = report.forward.regions
+    (handoff,) = reader.scalar_handoffs
+    assert listed[maker.name] == [] and handoff.tensor in reader.inputs, listed
+    assert [h.made for r in report.backward.regions for h in r.scalar_handoffs] == ["fill"]

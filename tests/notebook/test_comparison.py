@@ -120,7 +120,7 @@ def test_no_run_builds_traces_only():
     c = compare(programs.island, (programs.vec(),), execute=False)
     assert not c.executed and c.timings == {} and not c.results["fixed"].ran
     assert c.verdict() == (
-        "original (stock): item inside CUDAGraph1 (+1 more) (capture would fail), not run; fixed: 1 region, 0 islands, not run"
+        "original (stock): item inside CUDAGraph1 (+1 more error) (capture would fail), not run; fixed: 1 region, 0 islands, not run"
     )
     assert c.run_rows() == [("run", "not run (--no-run): traces only")]
     assert c.fixed.forward.regions[0].captured is None

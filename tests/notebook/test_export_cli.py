@@ -145,3 +145,13 @@ def test_notebooks_runs_only_those_named_and_refuses_a_name_that_is_not_one(tmp_
     run = notebooks("notebooks/01_del_bug.ipynb", "01")  # NOTE: a path as tab completion gives it; the same one twice
     assert run.returncode == 0, run.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01_del_bug.html", "01_del_bug.ipynb"]
+
+
+def test_a_warning_reaches_the_stored_outputs_when_the_runner_ignores_warnings(tmp_path, monkeypatch):
+    """A batch run under ``PYTHONWARNINGS=ignore`` (the GPU machine's job) stored notebook 02 without the
+    `RecaptureWarning` its text points at: the kernel starts without that variable, as a reader's does."""
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")
+    path = write_notebook(tmp_path / "warns.ipynb", ["import warnings\nwarnings.warn('shown to the reader')"])
+    nb = export.execute_notebook(path, timeout=120)
+    streams = [o.get("text", "") for o in nb.cells[0].outputs if o.get("output_type") == "stream"]
+    assert any("shown to the reader" in text for text in streams), nb.cells[0].outputs

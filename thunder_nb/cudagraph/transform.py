@@ -93,7 +93,8 @@ class RegionTransform(CUDAGraphTransform):
             runner.write_back[fusion_name] = written
         if through:
             runner.passthrough[fusion_name] = through
-        read = {p.name for b in bsyms for p in b.flat_proxy_args}  # NOTE: a hand-off is listed where it is read
+        # NOTE: a hand-off is listed on the region that reads it; the region that makes it only returns it
+        read = {p.name for b in bsyms if b.sym.id != prims.PrimIDs.RETURN for p in b.flat_proxy_args}
         runner.plans[fusion_name] = RegionPlan(
             name=fusion_name,
             inputs=tuple(self._input_plan(p) for p in inputs),

@@ -83,7 +83,7 @@ class Comparison:
         if errors:
             phrase = _defect_phrase(self.original, errors[0])
             if len(errors) > 1:
-                phrase += f" (+{len(errors) - 1} more)"
+                phrase += f" (+{plural(len(errors) - 1, 'more error')})"  # NOTE: warnings are not counted here
             if errors[0].rule == "host-sync-in-region" and not out.error and self.graphs.get("original", 0) == 0:
                 phrase += " (capture would fail)"
             parts.append(phrase)

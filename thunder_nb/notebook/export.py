@@ -185,10 +185,19 @@ def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None):
         config=config,
     )
     try:
-        client.execute()
+        client.execute(env=kernel_env())
     except CellExecutionError:
         pass  # NOTE: the error is in the failing cell's outputs; error_outputs reports it
     return nb
+
+
+def kernel_env() -> dict[str, str]:
+    """The environment a notebook's kernel starts with: ours, less what would change what a reader's kernel shows.
+
+    ``PYTHONWARNINGS`` goes: set to ``ignore`` around a batch run (a GPU machine's job script), it silenced every
+    warning the notebooks show their reader (notebook 02's `RecaptureWarning`) in the stored outputs.
+    """
+    return {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
 
 
 def error_outputs(nb: nbformat.NotebookNode) -> list[CellError]:
