@@ -473,3 +473,15 @@ def test_jit_step_and_thunder_nb_jit_take_the_same_executors():
         expected = names_of(thunder_nb.jit(_loss_of(net), executors=names))
         assert got == expected and "sdpa" not in got, names
         assert (checked_sdpa().name in got) == ("no-sdpa" not in names)
+
+
+def test_the_step_takes_captures_one_vocabulary_plus_the_cpu_stand_in():
+    """jit_step's ``capture`` is thunder-nb's vocabulary (auto, True/'on', False/'off') plus 'emulated'."""
+    from thunder_nb.step_graph import step_mode
+
+    cpu = torch.device("cpu")
+    assert [step_mode(c, cpu) for c in ("auto", "off", False, "emulated")] == ["emulated", False, False, "emulated"]
+    with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+        step_mode("on", cpu)
+    with pytest.raises(ValueError, match=r"capture must be one of 'auto', True \('on'\), False \('off'\) or 'emulated'"):
+        step_mode("yes", cpu)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .step_capture import StepRefused, capturability
-from .step_graph import capture_mode, jit_step
+from .step_graph import jit_step, step_mode
 from .step_report import StepComparison
 
 __all__ = ["compare_step"]
@@ -49,7 +49,7 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
         raise ValueError("compare_step runs the step captured: capture must be 'auto', True or 'emulated'")
     params = _tensors_trained(model, optimizer)
     device = params[0].device if params else torch.device("cpu")
-    mode = capture_mode(capture, device)
+    mode = step_mode(capture, device)
     device_text = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     say(f"tracing {name} with thunder and reading what stops one graph…")

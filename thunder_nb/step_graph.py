@@ -10,12 +10,13 @@ from typing import Any
 import torch
 
 from . import internals
+from .cudagraph.capture import capture_mode
 from .step_capture import (TENSOR_LR, StepRefused, loss_blocker, optimizer_plan, returned_value, split, thunder_jit,
                            trace_blockers, where_from_traceback)
 from .step_guard import Snapshot, autocast_key, batch_key, key_difference, trained_parameters
 from .step_report import Blocker
 
-__all__ = ["jit_step", "Step", "RecordAgainWarning", "capture_mode"]
+__all__ = ["jit_step", "Step", "RecordAgainWarning", "step_mode"]
 
 
 class RecordAgainWarning(UserWarning):
@@ -134,7 +135,7 @@ class Step:
         if not self._params:
             raise ValueError("the model has no parameter that requires grad: nothing to train")
         self.device = self._params[0].device
-        self._mode = capture_mode(capture, self.device)
+        self._mode = step_mode(capture, self.device)
         self._jfn = thunder_jit(loss_fn, executors)
         self.notes: list[str] = []  # what jit_step changed or decided, in words
         self.optimizer_text, self._optimizer_blocker = optimizer_plan(optimizer)
@@ -346,17 +347,24 @@ class Step:
                 f"{self.graphs_recorded} recorded, optimizer {self.optimizer_text}>")
 
 
-def capture_mode(capture: Any, device: torch.device) -> str | bool:
-    """``capture`` as the step runs it: ``"cuda"``, ``"emulated"`` or False (``"auto"`` decided by ``device``)."""
-    if capture == "auto":
+def step_mode(capture: Any, device: torch.device) -> str | bool:
+    """``capture`` as the step runs it: ``"cuda"``, ``"emulated"`` or False. The words are thunder-nb's one vocabulary
+    (`thunder_nb.cudagraph.capture.capture_mode`: ``"auto"``, True, False, the magic's ``"on"``/``"off"``), plus
+    ``"emulated"``, the CPU stand-in; ``"auto"`` is decided by ``device``."""
+    if capture == "emulated":
+        return "emulated"
+    try:
+        mode = capture_mode(capture)
+    except ValueError:
+        raise ValueError(f"capture must be one of 'auto', True ('on'), False ('off') or 'emulated' (the CPU stand-in), "
+                         f"not {capture!r}") from None
+    if mode == "auto":
         return "cuda" if device.type == "cuda" else "emulated"
-    if capture is True:
+    if mode is True:
         if device.type != "cuda":
             raise ValueError(f"capture=True needs the model on a CUDA device; its parameters are on {device}")
         return "cuda"
-    if capture is False or capture == "emulated":
-        return capture
-    raise ValueError(f"capture must be one of ['auto', True, False, 'emulated'], not {capture!r}")
+    return False
 
 
 def _make_capturable(optimizer: torch.optim.Optimizer, device: torch.device, *, tensor_lr: bool) -> list[str]:
