@@ -94,7 +94,7 @@ class Comparison:
             if self.executed and out.ok and errors and errors[0].rule in WRONG_WHEN:
                 # NOTE: the hazard did not show on these inputs: say so, and when it would
                 when = WRONG_WHEN[errors[0].rule]
-                run = run.replace("matches eager", "equal to eager in this run", 1) + f" (would be wrong {when})"
+                run = run.replace("matches eager", f"equal to eager in this run (would be wrong {when})", 1)
             parts.append(run)
         return f"original ({self.original_kind}): " + ", ".join(parts)
 
