@@ -135,6 +135,12 @@ def _parameter_paths(prologues: Iterable[Any]) -> dict[str, str]:
     return paths
 
 
+def _has_graph_regions(trace: Any) -> bool:
+    """Whether a CUDA-graph transform fused regions into ``trace``: a fusion symbol whose executor is one."""
+    return any(getattr(b.sym, "is_fusion", False) and isinstance(getattr(b.sym, "executor", None), GraphTransform)
+               for b in trace.bound_symbols)
+
+
 def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[str] | None = None) -> TraceReport:
     """Build a `TraceReport` from one thunder trace (fused by a CUDA-graph transform or not).
 
@@ -235,7 +241,7 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
     if isinstance(error, BaseException):
         error = f"{type(error).__name__}: {error}".strip().rstrip(":")
     notes = []
-    if bwd and not any("CUDAGraph" in str(t.get_provenance()) for t in bwd) and _transform_label(jfn) != "none":
+    if bwd and not any(map(_has_graph_regions, bwd)) and _transform_label(jfn) != "none":
         notes.append("the backward trace was not fused (the transform failed on it)")
     for t in cd.transforms or ():
         if not isinstance(t, PlanningTransform):
