@@ -183,3 +183,13 @@ def test_options_check():
 def test_figures_check():
     nb = _notebook("eager takes 3,901 µs, 2.4x faster, 17% busy, 96.0 MiB; 8 graphs", "eager 3901 us\n2.4x\n96.0 MiB")
     assert nbcheck.figures_missing_from_outputs(nb) == ["17 %"]
+
+
+def test_a_gpu_only_paragraph_is_left_out_of_the_cpu_runs_check_and_no_other():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("The checker flags `never-freed` here.\n\n"
+                                      f"{nbcheck.GPU_ONLY} the verdict also shows `static-input-rebound` in CUDAGraph2."),
+        nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output("stream", text="CUDAGraph2: 1 graph")]),
+    ])
+    assert nbcheck.names_missing_from_outputs(nb) == ["never-freed", "static-input-rebound"]
+    assert nbcheck.names_missing_from_outputs(nb, cpu_run=True) == ["never-freed"]
