@@ -1,6 +1,6 @@
 """Peak GPU memory of a training loop, per configuration, each in its own process (#34: the whole step's memory).
 
-    python bench/step_memory.py [--models nanogpt,llama2] [--steps 12] [--out FILE.md]
+    python bench/step_memory.py [--models nanogpt,llama2] [--steps 12] [--out FILE.md] [--alloc-conf CONF]
 
 For each zoo model and configuration, a fresh Python process builds the model and AdamW from the zoo's initial state
 and runs ``--steps`` training steps (zero_grad, forward, backward, optimizer step; the whole step's own loop for
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,10 +64,11 @@ print(json.dumps({"peak": max(peaks), "steady": max(peaks[STEPS // 2:]), "at": p
 """
 
 
-def measure(name: str, config: str, steps: int) -> dict:
+def measure(name: str, config: str, steps: int, alloc_conf: str | None = None) -> dict:
     code = (CHILD.replace("ROOT", repr(str(ROOT))).replace("NAME", repr(name)).replace("CONFIG", repr(config))
             .replace("STEPS", str(steps)))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=alloc_conf) if alloc_conf else None
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:150]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -95,13 +97,16 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--out", help="also write the table into this Markdown file")
+    parser.add_argument("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the measured processes, e.g. "
+                        "graph_capture_record_stream_reuse:True (the caching allocator's reuse, during a capture, of "
+                        "blocks freed with uses on another stream; #34's whole-step peak)")
     args = parser.parse_args()
     results = {}
     for name in args.models.split(","):
         for config in args.configs.split(","):
-            results[(name, config)] = r = measure(name, config, args.steps)
+            results[(name, config)] = r = measure(name, config, args.steps, args.alloc_conf)
             print(f"  {name} {config}: {r}", file=sys.stderr, flush=True)
-    text = table(results, args.steps)
+    text = table(results, args.steps) + (f"\n\nPYTORCH_CUDA_ALLOC_CONF={args.alloc_conf}" if args.alloc_conf else "")
     print(text)
     if args.out:
         Path(args.out).write_text(f"# Peak memory of a training loop, {datetime.date.today()}\n\n{text}\n")
