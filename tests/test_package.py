@@ -42,3 +42,21 @@ def test_dev_sh_never_installs_into_the_system_python():
     dev = (ROOT / "dev.sh").read_text()
     assert "python3 -m pip" not in dev and "--break-system-packages" not in dev
     assert 'python3 -m venv "$UV_VENV"' in dev and '"$UV_VENV/bin/python" -m pip install' in dev
+
+
+def test_the_public_names_stay_where_users_import_them():
+    """#30 moved the modules behind the front doors; what users import from ``thunder_nb`` stays put."""
+    code = (
+        "import thunder_nb\n"
+        "from thunder_nb.fix import FixedCUDAGraphTransform, LegacyCUDAGraphTransform, jit\n"
+        "from thunder.transforms.cudagraph import CUDAGraphTransform\n"
+        "assert thunder_nb.FixedCUDAGraphTransform is FixedCUDAGraphTransform\n"
+        "assert thunder_nb.LegacyCUDAGraphTransform is LegacyCUDAGraphTransform and thunder_nb.jit is jit\n"
+        "assert issubclass(FixedCUDAGraphTransform, CUDAGraphTransform)\n"
+        "assert all(callable(getattr(thunder_nb, n)) for n in ('compare', 'analyze', 'check', 'jit_step',\n"
+        "                                                         'capturability', 'load_ipython_extension'))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
