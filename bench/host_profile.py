@@ -418,32 +418,28 @@ def main() -> int:
         else:
             print(json.dumps(run_case(a, name, log == "1", config)))
         return 0
+    def one_case(case: str, inline) -> dict | None:
+        """The case's row: here on the CPU; on a GPU in a process of its own (``--case``), since a failed capture can
+        leave CUDA unusable."""
+        if a.emulated:
+            return inline()
+        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", case], stdout=subprocess.PIPE,
+                              text=True, timeout=900)
+        lines = done.stdout.strip().splitlines()
+        return json.loads(lines[-1]) if done.returncode == 0 and lines else None
+
     results = []
     for row_name in a.zoo.split(",") if a.zoo else ():
         model, protocol = row_name.split(":")
         for config in ZOO_CONFIGS:
-            if a.config not in config:
-                continue
-            if a.emulated:
-                results.append(run_zoo_case(a, model, protocol, config))
-                continue
-            done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", f"{model}|{protocol}|{config}"],
-                                  stdout=subprocess.PIPE, text=True, timeout=900)
-            lines = done.stdout.strip().splitlines()
-            results.append(json.loads(lines[-1]) if done.returncode == 0 and lines else None)
+            if a.config in config:
+                results.append(one_case(f"{model}|{protocol}|{config}",
+                                        lambda: run_zoo_case(a, model, protocol, config)))
     for name in a.models.split(",") if not a.zoo else ():
         for log in (False, True) if a.log_loss else (False,):
             for config, _ in configs(a.emulated):
-                if a.config not in config:
-                    continue
-                if a.emulated:
-                    results.append(run_case(a, name, log, config))
-                    continue
-                # NOTE: on a GPU each case runs in a process of its own: a failed capture can leave CUDA unusable
-                done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--case", f"{name}|{int(log)}|{config}"],
-                                      stdout=subprocess.PIPE, text=True, timeout=900)
-                lines = done.stdout.strip().splitlines()
-                results.append(json.loads(lines[-1]) if done.returncode == 0 and lines else None)
+                if a.config in config:
+                    results.append(one_case(f"{name}|{int(log)}|{config}", lambda: run_case(a, name, log, config)))
     rows = [(r["program"], r["config"], r["row"], r["regions"]) for r in results if r]
     where = torch.cuda.get_device_name() if not a.emulated else "CPU, emulated capture, " + (
         "replays skipped" if a.skip_replay else "replay = re-running the region")
