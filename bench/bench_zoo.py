@@ -150,15 +150,16 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
         else:
             checked = run(config)
             if checked.error is not None:
-                row["note"] = f"fails: {checked.error[:110]}"
+                row["note"] = f"fails: {checked.error[:110]}" + (f" ({checked.limit.split(': ')[0]})" if checked.limit else "")
                 continue
             try:
-                verdict = zoo.judge(checked, reference, lambda: run("thunder"))
+                verdict = zoo.judge(checked, reference, lambda: run(zoo.plain_config(config)))
             except Exception as e:  # NOTE: reading its values failed (reduce-overhead: an output a later replay overwrote)
                 row["note"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:110]}"
                 continue
             if verdict.matches:
-                row["matches"] = "yes" if verdict.against == "eager" else "as plain thunder's (which differs from eager's)"
+                row["matches"] = ("yes" if verdict.against == "eager"
+                                  else f"as {zoo.plain_config(config)}'s without graphs (which differs from eager's)")
             else:
                 row["matches"] = f"no: {verdict.difference}"
         try:

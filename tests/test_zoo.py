@@ -77,3 +77,32 @@ def test_a_model_thunder_cannot_trace_says_which_component_refuses_and_what_to_t
     run = run_protocol("mobilenet_v3_small", "batchnorm", "thunder", device="cpu", steps=1)
     assert "Only inplace=False is currently supported in dropout" in run.error
     assert run.limit.startswith("thunder's torch front end (thunder.torch.dropout): set inplace = False")
+
+
+def test_the_fused_configuration_answers_to_thunder_with_the_same_executors_without_graphs():
+    """Inductor's fusions round otherwise than eager's kernels (on the H200, resnet18's eval logits under "fused"
+    left eager's float32 tolerance): "fused" is judged against thunder with the torchcompile executor and no graphs,
+    which must be a real inductor fusion, run without capture, and equal to eager on a small function."""
+    import thunder
+    import torch
+
+    from thunder_nb.testing.zoo import plain_config
+
+    assert plain_config("fused") == "thunder fused"
+    assert plain_config("thunder_nb.jit no-sdpa") == "thunder no-sdpa"
+    assert plain_config("thunder_nb.jit") == plain_config("fixed") == "thunder"
+    fn, transform = compile_with("thunder fused", lambda x: (x.sin() * 2.0).cos() + 1.0)
+    assert transform is None
+    x = torch.randn(8, 8)
+    torch.testing.assert_close(fn(x), (x.sin() * 2.0).cos() + 1.0)
+    fusions = [b.sym.name for b in thunder.last_traces(fn)[-1].bound_symbols if b.sym.is_fusion]
+    assert any(name.startswith("TorchCompile") for name in fusions), fusions
+
+
+def test_an_executor_without_a_backward_for_an_op_is_worded_with_what_to_try():
+    """resnet18 training with thunder's torchcompile executor (the fused configuration; thunder's own executor fails
+    the same way, on the CPU as on the H200): the error names thunder's autodiff and the executor choice."""
+    run = run_protocol("resnet18", "batchnorm", "thunder fused", device="cpu", steps=1)
+    assert "Failed to find a gradient transform for bound symbol" in run.error and "adaptive_avg_pool2d" in run.error
+    assert run.limit.startswith("thunder's autodiff (thunder/core/transforms.py) with an executor that claims the op: ")
+    assert "executors=['torchcompile_cat']" in run.limit

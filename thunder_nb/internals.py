@@ -283,6 +283,7 @@ _LIMIT_MESSAGES: tuple[tuple[str, str], ...] = (
     (r"grad_forward_sdpa: Expected all inputs to have same batch_size", "sdpa-batch"),
     (r"query and dout must have the same dtype", "sdpa-dtype"),
     (r"'wrapper_descriptor' object has no attribute '__self__'", "interpreter-slot-wrapper"),
+    (r"Failed to find a gradient transform for bound symbol", "no-grad-transform"),
 )
 
 

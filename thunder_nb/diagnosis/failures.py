@@ -118,6 +118,11 @@ LIMITS: dict[str, tuple[str, str]] = {
                                  "5.x call while building the model's forward; no executor choice gets past it "
                                  "(the interpreter runs before any executor): compile a function of your own "
                                  "that does not go through transformers' code"),
+    "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py) with an executor that claims the op",
+                          "an executor took the op the error names and neither it nor thunder has a backward for it "
+                          "there: thunder's torchcompile executor takes adaptive_avg_pool2d (the pooling of "
+                          "torchvision's resnets) so; leave that executor out (thunder's defaults train resnet18), use "
+                          "executors=['torchcompile_cat'], which fuses only around cat, or run it under torch.no_grad()"),
 }
 
 

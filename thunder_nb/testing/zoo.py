@@ -24,13 +24,24 @@ from .zoo_models import MODELS, ZooModel, missing_package
 from .zoo_protocols import PROTOCOLS, keep_rate
 
 __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "CONFIGS", "ZooRun", "compile_with", "run_protocol", "run_in_child",
-           "missing_package", "keep_rate", "TOLERANCES", "Judgement", "judge", "count_graphs"]
+           "missing_package", "keep_rate", "TOLERANCES", "Judgement", "judge", "count_graphs", "plain_config"]
 
 
 #: The configurations a protocol can run, in the order tables show them; "... no-sdpa": thunder's defaults without
-#: its sdpa executor, the choice `thunder_nb.diagnosis.failures.LIMITS` offers where that executor refuses a model.
+#: its sdpa executor, the choice `thunder_nb.diagnosis.failures.LIMITS` offers where that executor refuses a model;
+#: "thunder fused": thunder with inductor's fusions (its torchcompile executor) and no graphs, the numerics "fused" has.
 CONFIGS = ("eager", "thunder", "stock", "fixed", "thunder_nb.jit", "fused", "reduce-overhead", "thunder no-sdpa",
-           "thunder_nb.jit no-sdpa")
+           "thunder_nb.jit no-sdpa", "thunder fused")
+
+#: The configuration without graphs whose numerics a configuration has: its executors, none of its capture.
+_PLAIN = {"fused": "thunder fused", "thunder_nb.jit no-sdpa": "thunder no-sdpa"}
+
+
+def plain_config(config: str) -> str:
+    """The configuration that runs ``config``'s thunder trace (the same executors) without CUDA graphs: where eager
+    differs from it, ``config`` must still equal it (`judge`'s ``plain``). Inductor's fusions round otherwise than
+    eager PyTorch's kernels, so "fused" answers to thunder with the torchcompile executor, not to plain thunder."""
+    return _PLAIN.get(config, "thunder")
 
 
 def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = True) -> tuple[Callable[..., Any], Any]:
@@ -50,10 +61,10 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
         return fn, None
     if config == "thunder":
         return thunder.jit(fn), None
-    if config == "thunder no-sdpa":
+    if config in ("thunder no-sdpa", "thunder fused"):
         from ..cudagraph.executors import executor_list
 
-        return thunder.jit(fn, executors=executor_list(["no-sdpa"])), None
+        return thunder.jit(fn, executors=executor_list(["no-sdpa" if config.endswith("no-sdpa") else "torchcompile"])), None
     if config == "stock":
         transform = stock_transform(capture)
         return thunder.jit(fn, transforms=[transform]), transform
@@ -110,7 +121,8 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
         import torch
 
         net.set_kv_cache(batch_size=1, device=torch.device(device))
-    with capturing(capture if config not in ("eager", "thunder", "thunder no-sdpa", "reduce-overhead") else False):
+    with capturing(capture if config not in ("eager", "thunder", "thunder no-sdpa", "thunder fused", "reduce-overhead")
+                   else False):
         try:
             compiled, transform = compile_with(config, fn, capture)
             run.values = PROTOCOLS[protocol](model, net, compiled, device, steps)
