@@ -217,8 +217,9 @@ class Step:
     def _micro(self, batch: Sequence[Any]) -> list[list[Any]]:
         return split(batch, self.accumulate)
 
-    def _iteration(self, batch: Sequence[Any]) -> torch.Tensor:
-        """Forward, loss, backward (per micro-batch), clipping, optimizer step; the loss, detached."""
+    def _iteration(self, batch: Sequence[Any], *, capturing: bool = False) -> torch.Tensor:
+        """Forward, loss, backward (per micro-batch), clipping, optimizer step; the loss, detached. ``capturing``:
+        inside a real capture (see the note on cuBLAS's workspaces)."""
         k = self.accumulate
         total = None
         for part in self._micro(batch):
@@ -227,7 +228,16 @@ class Step:
                 raise StepRefused([loss_blocker(self.loss_fn, returned_value(loss))], "needs the loss")
             if k > 1:
                 loss = loss / k
+            if capturing:
+                # NOTE: torch keys cuBLAS's workspace by (handle, stream) and each thread has its own handle: the
+                # forward's matmuls run on this thread, the backward's on autograd's device thread, so one capture
+                # would hold two workspaces at once (32 MiB each on Hopper). Freed here, inside the capture, the
+                # forward's goes back to the graph's pool and the backward's takes the same block: the stream orders
+                # them, and the per-region transform's peak holds one workspace at a time as well (#34)
+                internals.clear_cublas_workspaces()
             loss.backward()
+            if capturing:
+                internals.clear_cublas_workspaces()  # NOTE: the next micro-batch's forward takes the backward's block
             total = loss.detach() if total is None else total + loss.detach()
         if self.max_grad_norm is not None:
             self._grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
@@ -261,7 +271,7 @@ class Step:
                 # handle there during the capture (in a fresh process, on the H200: CUBLAS_STATUS_NOT_INITIALIZED at
                 # cublasCreate, which global mode forbids to every thread); the capturing thread stays checked
                 with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-                    loss = self._iteration(static)
+                    loss = self._iteration(static, capturing=True)
             except StepRefused:
                 raise
             except Exception as e:
