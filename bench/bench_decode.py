@@ -98,6 +98,7 @@ def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, config
             rounds.sync(device)
             row["first_s"] = time.perf_counter() - start
         except Exception as e:  # NOTE: a configuration failing is a finding, reported in its row
+            rounds.recover(device)
             row["note"] = f"fails: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:110]}"
             continue
         if reference is None:

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import add_ratios, add_round_arguments, machine, run_rows, sync, time_rounds, write_markdown  # noqa: E402
+from rounds import (add_ratios, add_round_arguments, machine, recover, run_rows, sync, time_rounds,  # noqa: E402
+                    write_markdown)
 
 from thunder_nb.step import jit_step  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
@@ -131,6 +132,7 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
             row["first_s"] = time.perf_counter() - started
             loops[config] = loop
         except Exception as e:
+            recover(device)
             row["note"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     reference = rows["eager"]["losses"]
     for row in rows.values():

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import add_ratios, add_round_arguments, machine, run_rows, sync, time_rounds  # noqa: E402
+from rounds import add_ratios, add_round_arguments, machine, recover, run_rows, sync, time_rounds  # noqa: E402
 
 from thunder_nb.testing import zoo  # noqa: E402
 
@@ -172,6 +172,7 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
             row["first_s"] = time.perf_counter() - start
             loops[config] = loop
         except Exception as e:
+            recover(device)
             row["note"] = f"fails in the loop: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
     for row in out:  # NOTE: progress on stderr, so that a run cut short by a time limit still says how far it got
         print(f"  {model_name} {protocol} {row['config']}: equal to eager {row.get('matches', '-')}, first steps "

@@ -40,6 +40,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def recover(device: str) -> None:
+    """After a configuration failed: CUDA usable as before for the next one (a failed capture leaves the generators
+    capturing and its own stream current: `thunder_nb.recover_from_failed_capture`)."""
+    if device == "cuda":
+        import thunder_nb
+
+        thunder_nb.recover_from_failed_capture()
+
+
 def machine() -> str:
     """The GPU, its driver, the CPU cores, torch and Python, in one line."""
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
@@ -67,6 +76,7 @@ def time_rounds(loops: dict[str, Loop], rows: Mapping[str, dict], rounds: int, s
                 sync(device)
                 rows[config]["ms"].append((time.perf_counter() - start) * 1e3 / steps)
             except Exception as e:
+                recover(device)
                 first = str(e).splitlines()[0][:100] if str(e) else ""
                 rows[config]["note"] = f"fails after warm-up: {type(e).__name__}: {first}"
                 rows[config]["ms"] = []

@@ -134,3 +134,30 @@ def test_matmul_chain_graph_pool_peak_within_5_percent_of_stock():
     fixed = _peak_first_call(FixedCUDAGraphTransform(capture=True), x, w)
     print(f"\nmatmul chain peak: stock {stock / 2**20:.1f} MiB, fixed {fixed / 2**20:.1f} MiB")
     assert fixed <= stock * 1.05
+
+
+def test_a_failed_capture_leaves_the_callers_stream_current():
+    """``torch.cuda.graph`` ends the capture before it leaves its stream context: when ``capture_end`` raises (an
+    ``.item()`` inside thunder's own transform's capture), its capture stream stays current, and every later op ran
+    on it (notebook 05's eager step after the stock side failed warned that AccumulateGrad's stream did not match).
+    `recover_from_failed_capture` and `compare` put the caller's stream back."""
+
+    def f(x):
+        return x * x.sum().item()
+
+    x = torch.randn(64, device=CUDA)
+    default = torch.cuda.current_stream()
+    stock = thunder.jit(f, transforms=[CUDAGraphTransform()])
+    with pytest.raises(Exception):
+        stock(x)
+    left = torch.cuda.current_stream()
+    assert left != default, "the premise: torch.cuda.graph leaves its stream current when the capture fails"
+    thunder_nb.recover_from_failed_capture()
+    assert torch.cuda.current_stream() == default
+    result = thunder_nb.compare(f, (x,), repeats=2)
+    assert not result.results["original"].ran and result.results["fixed"].matches, result.results
+    assert torch.cuda.current_stream() == default, "compare left the failed capture's stream current"
+    mine = torch.cuda.Stream()
+    with torch.cuda.stream(mine):  # NOTE: a caller on a stream of its own gets that one back, not the default
+        thunder_nb.compare(f, (x,), repeats=2)
+        assert torch.cuda.current_stream() == mine

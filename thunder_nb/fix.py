@@ -80,12 +80,15 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
 
 
-def recover_from_failed_capture() -> None:
-    """Leave CUDA's random number generators usable after a capture that failed (see `internals.recover_generators`).
+def recover_from_failed_capture(stream: Any = None) -> None:
+    """Leave CUDA usable after a capture that failed: its random number generators (`internals.recover_generators`)
+    and the current stream, which ``torch.cuda.graph`` leaves on its capture stream when the capture fails at its
+    end (`internals.recover_stream`): ``stream`` is made current again, or the device's default stream for None.
 
     Call it after thunder's own transform failed to capture; thunder-nb's transforms call it themselves.
     """
     internals.recover_generators()
+    internals.recover_stream(stream)
 
 
 class FixedCUDAGraphTransform(RegionTransform):

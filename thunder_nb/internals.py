@@ -208,6 +208,31 @@ def recover_generators() -> None:
             pass
 
 
+def current_stream() -> Any:
+    """The current CUDA stream, or None where CUDA is not initialised (nothing to put back then but the default)."""
+    import torch
+
+    return torch.cuda.current_stream() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
+def recover_stream(stream: Any = None) -> None:
+    """Make ``stream`` current again after a capture that failed (the device's default stream for None).
+
+    ``torch.cuda.graph.__exit__`` (torch 2.11) ends the capture before it leaves its stream context: when
+    ``capture_end`` raises ("operation failed due to a previous error during capture", after an ``.item()`` inside
+    the capture, say), the capture's side stream stays current, and every later op of the thread runs on it:
+    eager steps after a failed capture warned that AccumulateGrad's stream did not match, and their timings ran
+    on that stream.
+    """
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    target = stream if stream is not None else torch.cuda.default_stream()
+    if torch.cuda.current_stream() != target:
+        torch.cuda.set_stream(target)
+
+
 def fusion_symbol(name: str, executor: Any, fn: Callable[..., Any], inputs: Sequence[Any], outputs: Sequence[Any],
                   subsymbols: Sequence[Any] = ()) -> Any:
     """A bound symbol that calls ``fn`` under ``name`` in generated code (how thunder calls a region)."""

@@ -266,18 +266,20 @@ class Step:
         if self._mode == "cuda":
             graph = torch.cuda.CUDAGraph()
             internals.clear_cublas_workspaces()
+            stream = torch.cuda.current_stream(self.device)
             try:
                 # NOTE: thread_local: the backward runs on autograd's device thread, which may create its cuBLAS
                 # handle there during the capture (in a fresh process, on the H200: CUBLAS_STATUS_NOT_INITIALIZED at
                 # cublasCreate, which global mode forbids to every thread); the capturing thread stays checked
                 with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
                     loss = self._iteration(static, capturing=True)
-            except StepRefused:
-                raise
             except Exception as e:
                 internals.recover_generators()
+                internals.recover_stream(stream)
                 for p in self._params:
                     p.grad = None
+                if isinstance(e, StepRefused):
+                    raise
                 raise StepRefused([Blocker("capture", type(e).__name__ + ": " + (str(e).splitlines() or [""])[0][:200],
                                            fix="see thunder_nb.step.capturability; run with capture=False to "
                                            "train uncaptured", **where_from_traceback(e))],

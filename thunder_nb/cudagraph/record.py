@@ -118,10 +118,12 @@ class Recording:
         written = [static_inputs[i] for i in self.write_back.get(fn_name, ()) if mask[i]]
         kept = [t.clone() for t in written]
         before = torch.cuda.memory_allocated() if cuda else 0  # NOTE: after `kept`, which the recording does not keep
+        stream = internals.current_stream()
         try:
             graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1)
         except BaseException:
             internals.recover_generators()
+            internals.recover_stream(stream)
             raise
         finally:
             for t, k in zip(written, kept):

@@ -220,10 +220,13 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             static_bytes=sum(a.nbytes for a, m in zip(args, key[1]) if isinstance(a, torch.Tensor) and not m),
         )
         counts.last_key = key
+        stream = internals.current_stream() if entry is None else None  # NOTE: only a call that records captures
         try:
             out = CUDAGraphRunner.call_cuda_graph(self, fn_name, *args)
         except BaseException:
             internals.recover_generators()
+            if entry is None:
+                internals.recover_stream(stream)
             raise
         finally:
             # NOTE: a graph counts once thunder cached it (its first replay may still have raised); a capture that

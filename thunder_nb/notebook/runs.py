@@ -306,14 +306,16 @@ def params(run: Run) -> dict[str, Any]:
 def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Timings, notes: list[str],
                    plan: Plan, say: Callable[[str], None]) -> Outcome:
     """Check one compiled version against eager, time it, and (with ``lr``) compare its parameters after as many steps."""
+    from .. import internals
     from ..fix import recover_from_failed_capture
 
     thunder_run = run.transform is not None
     what = f"the {run.label} transform" if thunder_run else run.label
     say(f"running {plan.name} with {what}…" + ("" if thunder_run else " (its first call compiles)"))
+    stream = internals.current_stream() if plan.cuda else None  # NOTE: a failed capture leaves its stream current
     run.ran = _check(run, plan)
     if run.ran.error is not None and plan.cuda:
-        recover_from_failed_capture()
+        recover_from_failed_capture(stream)
     outcome = _outcome(run, eager, plan.training)
     if not outcome.ran:
         return outcome
@@ -322,7 +324,7 @@ def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Tim
         timings.add(_TIMING_KEYS.get(run.label, "original"), time_calls(run, plan))
     except Exception as e:  # NOTE: a later call failing is a finding too, not a crash of compare
         if plan.cuda:
-            recover_from_failed_capture()
+            recover_from_failed_capture(stream)
         notes.append(f"{run.label}: a later call failed while timing: {error_line(e)}")
         return outcome
     if eager_params is None:

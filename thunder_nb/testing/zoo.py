@@ -121,6 +121,9 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
         import torch
 
         net.set_kv_cache(batch_size=1, device=torch.device(device))
+    from .. import internals
+
+    stream = internals.current_stream()
     with capturing(capture if config not in ("eager", "thunder", "thunder no-sdpa", "thunder fused", "reduce-overhead")
                    else False):
         try:
@@ -137,6 +140,8 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
         except Exception as e:  # NOTE: a configuration failing is a finding of the zoo, reported with the case
             from ..diagnosis.failures import error_line, known_limit
 
+            internals.recover_generators()
+            internals.recover_stream(stream)  # NOTE: thunder's transform failing at capture leaves its stream current
             run.error = error_line(e)
             limit = known_limit(e)
             run.limit = f"{limit[0]}: {limit[1]}" if limit else None
