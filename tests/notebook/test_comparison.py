@@ -371,6 +371,13 @@ def test_wrong_result_defects_lead_the_verdict():
     assert phrase.startswith("original (stock): wrong result: ") and "graph memory" in phrase
     assert {d.rule for d in c.original.defects if d.severity == "wrong result"} == {
         "returned-graph-memory", "saved-graph-memory"}
+    # NOTE: the rest counted as the diagram's key counts them: wrong results apart from errors (NB04 read
+    # "(+4 more errors)" next to a key of "4 wrong results, 1 error")
+    wrong = sum(d.severity == "wrong result" for d in c.original.defects)
+    errors = sum(d.is_error for d in c.original.defects) - wrong
+    more = [f"+{wrong - 1} more wrong result" + "s" * (wrong != 2)] if wrong > 1 else []
+    more += [f"+{errors} more error" + "s" * (errors != 1)] if errors else []
+    assert f"({', '.join(more)})" in phrase if more else "more" not in phrase, (more, phrase)
 
 
 @pytest.mark.parametrize("fn, op, why", [

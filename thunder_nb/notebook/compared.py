@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..diagnosis.model import Report
-from ..render.common import plural
+from ..render.common import plural, severity_counts
 from .outcome import PEER, Outcome
 from .verdict import (
     WRONG_WHEN,
@@ -83,7 +83,7 @@ class Comparison:
         if errors:
             phrase = _defect_phrase(self.original, errors[0])
             if len(errors) > 1:
-                phrase += f" (+{plural(len(errors) - 1, 'more error')})"  # NOTE: warnings are not counted here
+                phrase += f" ({_more(errors[1:])})"  # NOTE: warnings are not counted here
             if errors[0].rule == "host-sync-in-region" and not out.error and self.graphs.get("original", 0) == 0:
                 phrase += " (capture would fail)"
             parts.append(phrase)
@@ -254,3 +254,12 @@ class Comparison:
         makers = {"text/plain": self.to_text, "text/html": self.to_html}
         wanted = [m for m in makers if (not include or m in include) and (not exclude or m not in exclude)]
         return {m: makers[m]() for m in wanted}
+
+
+def _more(rest: list[Any]) -> str:
+    """``+3 more wrong results, +1 more error``: the defects after the first, by severity, as the diagram's key counts
+    them (a wrong result is not an error there)."""
+    crash, wrong, errors, _ = severity_counts(rest)
+    return ", ".join(([f"+{crash} more crashing the process"] if crash else [])
+                     + ([f"+{plural(wrong, 'more wrong result')}"] if wrong else [])
+                     + ([f"+{plural(errors, 'more error')}"] if errors else []))
