@@ -193,3 +193,21 @@ def test_a_gpu_only_paragraph_is_left_out_of_the_cpu_runs_check_and_no_other():
     ])
     assert nbcheck.names_missing_from_outputs(nb) == ["never-freed", "static-input-rebound"]
     assert nbcheck.names_missing_from_outputs(nb, cpu_run=True) == ["never-freed"]
+
+
+#: What earlier code printed and this code no longer does (the kernel label that gave a fused group a figure of 1;
+#: the warning of an eager step run on a failed capture's stream). `STALE`: the notebooks whose stored outputs came
+#: from before those changes, until the next H200 run (``python -m thunder_nb notebooks --in-place``) replaces them;
+#: strict, so that the run which removes them fails here until the entry goes (and the prose is read again).
+RETIRED = ("inductor decides for", "AccumulateGrad node's stream does not match")
+STALE = {"05_nanogpt_training", "06_real_model"}
+
+
+def test_stored_outputs_show_nothing_the_code_no_longer_prints(stored, request):
+    path, nb = stored
+    if path.stem in STALE:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="stored outputs from 2a9333e's code: the next H200 "
+                                              "notebook run replaces them"))
+    text = nbcheck.output_text(nb)
+    found = [phrase for phrase in RETIRED if phrase in text]
+    assert not found, f"{path.name}: the stored outputs show {found}, which the code no longer prints: run it again"

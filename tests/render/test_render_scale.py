@@ -179,9 +179,13 @@ def test_a_fused_group_without_inductors_count_says_inductor_decides():
     (group,) = region.fusions
     assert group.kernels is None and region.undecided == (group,)
     text = render.report_text(Report("f", "fixed", trace))
-    assert "CUDAGraph1 @0: 1 op, ≈1 kernel (inductor decides for 1 fused group, counted as 1), not run" in text
+    # NOTE: no figure for a group whose kernels are not known (notebook 05's fused backward read "≈1 kernel" for
+    # 1173 ops), and never a bound (each op's own count is an estimate: ≈)
+    assert "CUDAGraph1 @0: 1 op, kernels: inductor decides (1 fused group), not run" in text
     assert "TorchCompile0: ops fused (inductor), inductor decides its kernels" in text
-    assert "≥" not in text and "launches: ≈1 kernel in 1 region" in text  # NOTE: never a bound (each op's count is ≈)
+    assert "≥" not in text and "launches: 1 fused group whose kernels inductor decides in 1 region" in text
+    mixed = dataclasses.replace(region, kernels=4)  # NOTE: 3 kernels of its own ops, and the group
+    assert render.common.kernels(mixed) == "≈3 kernels + 1 fused group (inductor decides its kernels)"
     counted = dataclasses.replace(group, kernels=354)
     region = dataclasses.replace(region, fusions=(counted,), kernels=354)
     assert render.common.kernels(region) == "≈354 kernels"

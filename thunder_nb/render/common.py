@@ -136,14 +136,18 @@ def verdict(defects: Sequence[Defect]) -> str:
 
 
 def kernels(region: Region) -> str:
-    """``≈3 kernels``: the estimate of the kernels one run of the region launches; ``≈3 kernels (inductor decides
-    for 1 fused group, counted as 1)`` when a fused group's count is not known. Never a bound: each op's own count
-    is an estimate too (`thunder_nb.diagnosis.build.estimate_kernels`)."""
+    """``≈3 kernels``: the estimate of the kernels one run of the region launches. A fused group whose count is not
+    known (inductor compiles it on the first call, which has not run) gets no figure: ``≈3 kernels + 1 fused group
+    (inductor decides its kernels)``, or ``kernels: inductor decides (1 fused group)`` where the region is nothing
+    else. Never a bound: each op's own count is an estimate too (`thunder_nb.diagnosis.build.estimate_kernels`)."""
     if not region.undecided:
         return "≈" + plural(region.kernels, "kernel")
     who = "/".join(dict.fromkeys(g.executor for g in region.undecided))
-    n = len(region.undecided)
-    return f"≈{plural(region.kernels, 'kernel')} ({who} decides for {plural(n, 'fused group')}, counted as {n})"
+    groups = plural(len(region.undecided), "fused group")
+    known = region.kernels - len(region.undecided)  # NOTE: the estimate counts each undecided group as 1
+    if known <= 0:
+        return f"kernels: {who} decides ({groups})"
+    return f"≈{plural(known, 'kernel')} + {groups} ({who} decides its kernels)"
 
 
 def fused_line(group: FusedGroup, limit: int = 12) -> str:
@@ -157,10 +161,14 @@ def fused_line(group: FusedGroup, limit: int = 12) -> str:
 def launch_line(report: Report) -> str:
     """The estimate of the host time graph replays save per call: kernel launches removed × `LAUNCH_HOST_US`."""
     regions = [r for t in report.traces for r in t.regions]
-    n_kernels = sum(r.kernels for r in regions)
+    undecided = sum(len(r.undecided) for r in regions)
+    n_kernels = sum(r.kernels for r in regions) - undecided  # NOTE: without the groups whose kernels are not known
     graphs = sum(1 for r in regions if r.kernels)
+    who = "/".join(dict.fromkeys(g.executor for r in regions for g in r.undecided))
+    counts = ([f"≈{plural(n_kernels, 'kernel')}"] if n_kernels or not undecided else []) + (
+        [f"{plural(undecided, 'fused group')} whose kernels {who} decides"] if undecided else [])
     return (
-        f"≈{plural(n_kernels, 'kernel')} in {plural(len(regions), 'region')} per call, replayed as "
+        f"{' + '.join(counts)} in {plural(len(regions), 'region')} per call, replayed as "
         f"{plural(graphs, 'graph launch', 'graph launches')}: ≈{report.launch_us_saved:g} µs of host time saved "
         f"per call (estimate: {LAUNCH_HOST_US:g} µs per kernel launch removed, measured on an H200)"
     )
