@@ -123,6 +123,9 @@ class RegionTransform(CUDAGraphTransform):
         if origin == "saved":
             return InputPlan(p.name, "static", "saved for the backward: read where the forward's graph left it "
                                                "(copied when it lies elsewhere)")
+        if origin == "cotangent":
+            return InputPlan(p.name, "static", "the gradient of an output, from autograd: read where it lies when a "
+                                               "graph wrote it (copied when it lies elsewhere)")
         return InputPlan(p.name, "copied", origin or "a tensor made outside any graph")
 
     def _fuse_groups(self, trace: TraceCtx, groups: list[list[BoundSymbol]]) -> list[BoundSymbol]:
@@ -150,10 +153,16 @@ class RegionTransform(CUDAGraphTransform):
         for a in trace.args:
             if isinstance(a, TensorProxy) and a.name not in self._module_buffers:
                 self._origin[a.name] = "an input of the function"
-        for b in trace.bound_symbols:
-            if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE and backward:
-                for p in b.flat_proxy_outs:
-                    self._origin.setdefault(p.name, "saved")
+        if backward:
+            # NOTE: backward_fn(saved_for_backward, cotangents): what each unpacks from (nested collections included)
+            names = [name for name, _ in trace.siginfo().args]  # NOTE: the trace's args are lists, not proxies
+            roots = dict(zip(names, ("saved", "cotangent")))
+            for b in trace.bound_symbols:
+                if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE:
+                    root = roots.get(getattr(b.args[0], "name", None), "saved") if b.args else "saved"
+                    for p in b.flat_proxy_outs:
+                        roots.setdefault(p.name, root)
+                        self._origin.setdefault(p.name, root)
         self._handoffs, self._keep_out = [], set()
         return backward
 

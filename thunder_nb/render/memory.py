@@ -93,8 +93,8 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         for name in region.inputs:
             if roles.get(name) == role:
                 groups.setdefault(reasons.get(name, reasons.get(role, "")), []).append(name)
-        for reason, names in groups.items():
-            if role == "static" and region.stats.address_keys:
+        for k, (reason, names) in enumerate(groups.items()):
+            if role == "static" and region.stats.address_keys and k == 0:  # NOTE: the region's count, said once
                 keyed = f"keyed by address: {plural(region.stats.address_keys, 'address', 'addresses')}"
                 reason = f"{reason}; {keyed}" if reason else keyed
             entries.append(Entry(ROLE_LABELS[role], tuple(names), reason))
@@ -124,9 +124,13 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         entries.append(Entry("demoted", (), "; ".join(map(str, stats.demoted))))
     if stats.rebound:
         entries.append(Entry("rebound", (), "; ".join(map(str, stats.rebound)), flagged=True))
-    if stats.copied and stats.replays:
-        entries.append(Entry("copied at the last replay", stats.copied, "not in any graph's memory, nor a parameter "
-                                                                    "or module buffer"))
+    # NOTE: what the last replay copied besides the inputs planned as "copied in" (listed once, above): inputs read in
+    # place where a graph wrote them, which lay elsewhere that time
+    elsewhere = tuple(n for n in stats.copied if roles.get(n) != "copied")
+    if elsewhere and stats.replays:
+        entries.append(Entry("copied at the last replay", elsewhere, "planned to be read in place, they lay in no "
+                                                                     "graph's memory and were no parameter or module "
+                                                                     "buffer that time"))
     if stats.eager_reason:
         entries.append(Entry("without a graph", (), stats.eager_reason, flagged=True))
     return entries
