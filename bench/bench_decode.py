@@ -1,7 +1,7 @@
 """KV-cache decoding, tokens per second: the classic CUDA-graph workload, every configuration side by side (#31.2).
 
     python bench/bench_decode.py [--model litgpt-pythia-14m] [--dtypes float32,bfloat16] [--rounds 5] [--steps 30]
-                                 [--configs eager,thunder no-sdpa,thunder_nb.jit,reduce-overhead] [--out FILE.md]
+                                 [--configs eager,thunder no-sdpa,thunder_nb.jit,fused,reduce-overhead] [--out FILE.md]
 
 The zoo's litgpt model at random init (`thunder_nb.testing.zoo`), its KV cache set up for one sequence
 (``GPT.set_kv_cache``), greedy decoding: a prefill of 8 tokens, then one-token calls with ``input_pos`` advancing.
@@ -10,7 +10,8 @@ token for token. The timed loop then decodes as a generation loop does: each cal
 (on the device, no host sync), the positions are device tensors made beforehand, and the position wraps inside the
 cache. Configurations take turns in rounds of ``--steps`` tokens, synchronised only at the rounds' ends; reported:
 the median over rounds of tokens per second and of ms per token, and the ratio of ms per token to torch.compile
-reduce-overhead's with its spread over rounds. thunder's sdpa executor refuses the decode step (a batch-broadcast
+reduce-overhead's with its spread over rounds, and torch.profiler's GPU kernel time per token (a configuration whose
+time per token is near it waits for the GPU: fewer, fused kernels help it; one far above waits for the host). thunder's sdpa executor refuses the decode step (a batch-broadcast
 mask), so plain thunder runs without it ("thunder no-sdpa"); `thunder_nb.jit` chooses its executors itself.
 """
 
@@ -33,10 +34,11 @@ import torch  # noqa: E402
 import rounds  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
 
-CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "reduce-overhead")
+CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "fused", "reduce-overhead")
 LABELS = {"eager": "eager", "thunder no-sdpa": "thunder without sdpa (no graphs)",
           "stock": "thunder's CUDAGraphTransform",
-          "thunder_nb.jit": "thunder_nb.jit", "reduce-overhead": "torch.compile reduce-overhead",
+          "thunder_nb.jit": "thunder_nb.jit", "fused": "thunder_nb.jit + torchcompile",
+          "reduce-overhead": "torch.compile reduce-overhead",
           "thunder": "thunder (no graphs)", "fixed": "FixedCUDAGraphTransform"}
 PROMPT = 8
 
@@ -115,6 +117,8 @@ def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, config
                 dec.step(i)
     rounds.time_rounds(decoders, rows, n_rounds, steps, device)
     for config, dec in decoders.items():
+        if rows[config]["ms"]:
+            rows[config]["kernel_us"] = rounds.kernel_us(dec, steps, device)
         if dec.transform is not None:
             rows[config]["graphs"], rows[config]["regions"] = zoo.count_graphs(dec.transform)
     rounds.add_ratios(rows)
@@ -125,8 +129,8 @@ def table(results: dict, n_rounds: int, steps: int) -> str:
     lines = [f"Machine: {rounds.machine()}. {n_rounds} rounds of {steps} one-token decode calls per "
              "configuration, taking turns; the first columns are medians over rounds.", "",
              "| model, dtype | configuration | tokens/s | ms/token | vs reduce-overhead (min-max) | equal to eager "
-             "(24 greedy tokens) | graphs (regions) | first 24 tokens, s | note |",
-             "|---|---|---:|---:|---:|---|---|---:|---|"]
+             "(24 greedy tokens) | GPU kernel time per token, µs | graphs (regions) | first 24 tokens, s | note |",
+             "|---|---|---:|---:|---:|---|---:|---|---:|---|"]
     for (model, dtype), rows in results.items():
         for row in rows.values():
             ms = statistics.median(row["ms"]) if row["ms"] else None
@@ -134,6 +138,7 @@ def table(results: dict, n_rounds: int, steps: int) -> str:
             cells = [f"{model}, {str(dtype).removeprefix('torch.')}", LABELS.get(row["config"], row["config"]),
                      f"{1e3 / ms:,.0f}" if ms else "-", f"{ms:.3f}" if ms else "-",
                      f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-", row.get("equal", "-"),
+                     f"{row['kernel_us']:.0f}" if row.get("kernel_us") else "-",
                      f"{row['graphs']} ({row['regions']})" if row.get("graphs") is not None else "",
                      f"{row['first_s']:.1f}" if row.get("first_s") else "-", row["note"]]
             lines.append("| " + " | ".join(cells) + " |")
@@ -159,7 +164,7 @@ def main() -> int:
         return 0
     configs = tuple(c.strip() for c in args.configs.split(","))
     if args.device == "cpu":
-        configs = tuple(c for c in configs if c not in ("reduce-overhead", "stock"))
+        configs = tuple(c for c in configs if c not in ("reduce-overhead", "stock", "fused"))
     rounds.run_rows([(args.model, getattr(torch, d)) for d in args.dtypes.split(",")],
                     lambda key: bench(key[0], key[1], args.rounds, args.steps, configs, args.device),
                     lambda key: f"{key[0]} {key[1]}", lambda results: table(results, args.rounds, args.steps),

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import (add_ratios, add_round_arguments, machine, recover, run_rows, sync, time_rounds,  # noqa: E402
-                    write_markdown)
+from rounds import (add_ratios, add_round_arguments, kernel_us, machine, recover, run_rows, sync,  # noqa: E402
+                    time_rounds, write_markdown)
 
 from thunder_nb.step import jit_step  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
@@ -91,19 +91,6 @@ class TrainLoop:
         return loss.detach()
 
 
-def kernel_us_per_step(loop: TrainLoop, steps: int) -> float | None:
-    """torch.profiler's GPU kernel time per step (the sum of every kernel's own device time), in µs."""
-    from torch.profiler import ProfilerActivity, profile
-
-    sync(loop.device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof, loop.context():
-        for i in range(steps):
-            loop.step(i)
-        sync(loop.device)
-    total = sum(e.self_device_time_total for e in prof.key_averages())
-    return total / steps if total else None
-
-
 def replay_us(loop: TrainLoop, steps: int) -> float | None:
     """The GPU time of back-to-back replays of the whole step's graph (CUDA events, no host work between them)."""
     rec = getattr(loop.whole, "_recording", None)
@@ -151,10 +138,10 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
     out = {"rows": rows}
     whole = loops.get("whole step")
     if whole is not None and device == "cuda":
-        out["kernel_us"] = kernel_us_per_step(whole, steps)
+        out["kernel_us"] = kernel_us(whole, steps, device)
         out["replay_us"] = replay_us(whole, steps)
         if "eager" in loops:
-            out["eager_kernel_us"] = kernel_us_per_step(loops["eager"], steps)
+            out["eager_kernel_us"] = kernel_us(loops["eager"], steps, device)
     return out
 
 

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Loop", "add_round_arguments", "sync", "machine", "time_rounds", "add_ratios", "run_rows", "write_markdown"]
+__all__ = ["Loop", "add_round_arguments", "sync", "recover", "machine", "time_rounds", "add_ratios", "kernel_us",
+           "run_rows", "write_markdown"]
 
 
 class Loop(Protocol):
@@ -81,6 +82,22 @@ def time_rounds(loops: dict[str, Loop], rows: Mapping[str, dict], rounds: int, s
                 rows[config]["note"] = f"fails after warm-up: {type(e).__name__}: {first}"
                 rows[config]["ms"] = []
                 loops.pop(config)
+
+
+def kernel_us(loop: Loop, steps: int, device: str) -> float | None:
+    """torch.profiler's GPU kernel time per step of ``loop`` (the sum of every kernel's own device time), in µs; None
+    on the CPU. A step whose time is far above it waits for the host (launches, Python), not for the GPU."""
+    if device != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, loop.context():
+        for i in range(steps):
+            loop.step(i)
+        sync(device)
+    total = sum(e.self_device_time_total for e in prof.key_averages())
+    return total / steps if total else None
 
 
 def add_ratios(rows: Mapping[str, dict], reference: str = "reduce-overhead") -> None:
