@@ -61,9 +61,26 @@ def _island_aware_torch_compile(name: str) -> Any:
             return bsym
 
     ex = IslandAwareTorchCompile(f"thunder_nb_{name}", original.required_ops, mode=original.mode)
-    ex._implmap = dict(original._implmap)
+    ex._implmap = {op: info for op, info in original._implmap.items() if op not in _backward_in_torch_executor()}
     _TORCH_COMPILE[name] = ex
     return ex
+
+
+def _backward_in_torch_executor() -> frozenset[str]:
+    """The ops whose backward only thunder's torch executor carries (its own grad transform; thunder has no global one).
+
+    thunder's autodiff asks the first executor that claims an op for its backward and stops there: thunder's
+    torchcompile executor claims every op the torch executor runs, with no backward of its own, so a training step
+    with one of these ops failed to trace ("Failed to find a gradient transform for bound symbol ...
+    adaptive_avg_pool2d", torchvision's resnet18), with thunder's own executor as with thunder-nb's. thunder-nb's
+    fused executor leaves them to the torch executor, between its fusions (max_pool2d, max_pool3d and
+    adaptive_avg_pool2d in thunder 0.2.6).
+    """
+    from thunder.core.transforms import _grad_fn_map
+    from thunder.executors.torchex import ex as torch_ex
+
+    return frozenset(op for op, info in torch_ex.implmap.items()
+                     if info.grad_transform is not None and op not in _grad_fn_map)
 
 
 #: The attribute of a fusion's callable that holds the kernels inductor generated for it when it compiled.

@@ -119,10 +119,11 @@ LIMITS: dict[str, tuple[str, str]] = {
                                  "(the interpreter runs before any executor): compile a function of your own "
                                  "that does not go through transformers' code"),
     "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py) with an executor that claims the op",
-                          "an executor took the op the error names and neither it nor thunder has a backward for it "
-                          "there: thunder's torchcompile executor takes adaptive_avg_pool2d (the pooling of "
-                          "torchvision's resnets) so; leave that executor out (thunder's defaults train resnet18), use "
-                          "executors=['torchcompile_cat'], which fuses only around cat, or run it under torch.no_grad()"),
+                          "an executor before thunder's torch executor took the op the error names, and only the torch "
+                          "executor has its backward: thunder's own torchcompile executor takes adaptive_avg_pool2d "
+                          "(the pooling of torchvision's resnets) so. Use thunder-nb's instead, which leaves such ops "
+                          "to the torch executor: thunder_nb.jit(fn, executors=['torchcompile']) or --executors "
+                          "torchcompile; or leave the executor out (thunder's defaults train resnet18)"),
 }
 
 
