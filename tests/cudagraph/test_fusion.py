@@ -108,3 +108,33 @@ def test_thunder_nb_torchcompile_keeps_an_islands_number_out_of_fusions_so_one_g
     for fusion in fusions:
         assert not any(isinstance(a, NumberProxy) for a in fusion.flat_proxy_args), fusion.sym.name
         assert all(ops.classify_bsym(s) is None for s in fusion.subsymbols), fusion.sym.name
+
+
+@pytest.mark.slow
+def test_in_place_updates_inside_an_inductor_fusion_are_applied_once_per_step():
+    """BatchNorm's running statistics and num_batches_tracked, updated inside inductor's fusion in the region: the
+    recording's warm-up calls ran the region three times and put back only what it found written at the region's
+    top level (the running statistics), so num_batches_tracked counted 3 per step (resnet18 in the fused
+    configuration: 6 after 2 steps, eager 2). The alias group inside the fusion is read now."""
+    from thunder_nb.testing.zoo import capturing, compile_with
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * 6 * 6, 2))
+    ref = copy.deepcopy(net)
+    x = [torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    with capturing("emulated"):
+        fused, transform = compile_with("fused", lambda x: net(x).sum(), "emulated")
+        for xi in x:
+            fused(xi).backward()
+    for xi in x:
+        ref(xi).sum().backward()
+    runner = transform.cuda_graph_runner
+    assert runner.graphs_captured >= 1 and any(n.startswith("TorchCompile") for n in _fusion_names(fused))
+    assert int(net[1].num_batches_tracked) == int(ref[1].num_batches_tracked) == 3
+    torch.testing.assert_close(net[1].running_mean, ref[1].running_mean)
+    torch.testing.assert_close(net[1].running_var, ref[1].running_var)
+
+
+def _fusion_names(jfn) -> list[str]:
+    return [s.sym.name for b in thunder.last_traces(jfn)[-1].bound_symbols for s in b.subsymbols if s.sym.is_fusion]

@@ -110,7 +110,7 @@ def in_place_plan(
             name = root[name]
         return name
 
-    for b in bsyms:
+    for b in walk(bsyms):  # NOTE: inside fusions too: a fusion's output can be an input under another name
         if b.sym.name == "update_aliases" and b.args:
             srcs = [p for p in tree_flatten(b.args[0])[0] if isinstance(p, Proxy)]
             for out, src in zip(b.flat_proxy_outs, srcs):
@@ -119,10 +119,11 @@ def in_place_plan(
             # NOTE: ``copy_(src, dst)`` returns ``dst`` itself: its result is the destination under another name
             root[b.flat_proxy_outs[0].name] = find(b.flat_proxy_args[1].name)
     # NOTE: one update_aliases call names a whole alias group (a tensor and its views): a copy_ into
-    # any member writes the memory of every input in the group
+    # any member writes the memory of every input in the group. Inside a fusion too (inductor's TorchCompile
+    # holds BatchNorm's ``update_aliases`` of num_batches_tracked and its ``copy_``), as `dests` reads them there
     group_of = alias_root(
         [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
-        for b in bsyms
+        for b in walk(bsyms)
         if b.sym.name == "update_aliases"
     )
     dests = {group_of(b.flat_proxy_args[1].name) for b in walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
