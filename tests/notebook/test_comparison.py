@@ -119,8 +119,11 @@ def test_module_training_compares_parameter_gradients():
 def test_no_run_builds_traces_only():
     c = compare(programs.island, (programs.vec(),), execute=False)
     assert not c.executed and c.timings == {} and not c.results["fixed"].ran
+    # NOTE: the other finding is a wrong result (the returned graph buffer), counted as the diagram's key counts it
+    assert {d.severity for d in c.original.defects if d.is_error} == {"error", "wrong result"}
     assert c.verdict() == (
-        "original (stock): item inside CUDAGraph1 (+1 more error) (capture would fail), not run; fixed: 1 region, 0 islands, not run"
+        "original (stock): item inside CUDAGraph1 (+1 more wrong result) (capture would fail), not run; fixed: 1 "
+        "region, 0 islands, not run"
     )
     assert c.run_rows() == [("run", "not run (--no-run): traces only")]
     assert c.fixed.forward.regions[0].captured is None
