@@ -11,8 +11,9 @@ token for token. The timed loop then decodes as a generation loop does: each cal
 cache. Configurations take turns in rounds of ``--steps`` tokens, synchronised only at the rounds' ends; reported:
 the median over rounds of tokens per second and of ms per token, and the ratio of ms per token to torch.compile
 reduce-overhead's with its spread over rounds, and torch.profiler's GPU kernel time per token (a configuration whose
-time per token is near it waits for the GPU: fewer, fused kernels help it; one far above waits for the host). thunder's sdpa executor refuses the decode step (a batch-broadcast
-mask), so plain thunder runs without it ("thunder no-sdpa"); `thunder_nb.jit` chooses its executors itself.
+time per token is near it waits for the GPU: fewer, fused kernels help it; one far above waits for the host).
+thunder's sdpa executor refuses the decode step (a batch-broadcast mask), so plain thunder runs without it ("thunder
+no-sdpa"); `thunder_nb.jit` chooses its executors itself.
 """
 
 from __future__ import annotations

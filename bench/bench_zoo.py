@@ -150,7 +150,8 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
         else:
             checked = run(config)
             if checked.error is not None:
-                row["note"] = f"fails: {checked.error[:110]}" + (f" ({checked.limit.split(': ')[0]})" if checked.limit else "")
+                component = f" ({checked.limit.split(': ')[0]})" if checked.limit else ""  # NOTE: the worded limit's
+                row["note"] = f"fails: {checked.error[:110]}{component}"
                 continue
             try:
                 verdict = zoo.judge(checked, reference, lambda: run(zoo.plain_config(config)))
