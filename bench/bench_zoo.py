@@ -150,7 +150,7 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
         else:
             checked = run(config)
             if checked.error is not None:
-                component = f" ({checked.limit.split(': ')[0]})" if checked.limit else ""  # NOTE: the worded limit's
+                component = f" ({checked.limit.split(': ')[0]})" if checked.limit else ""  # NOTE: which component refuses
                 row["note"] = f"fails: {checked.error[:110]}{component}"
                 continue
             try:
