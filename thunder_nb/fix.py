@@ -87,8 +87,7 @@ def recover_from_failed_capture(stream: Any = None) -> None:
 
     Call it after thunder's own transform failed to capture; thunder-nb's transforms call it themselves.
     """
-    internals.recover_generators()
-    internals.recover_stream(stream)
+    internals.recover_capture(stream)
 
 
 class FixedCUDAGraphTransform(RegionTransform):

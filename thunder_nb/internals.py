@@ -233,6 +233,13 @@ def recover_stream(stream: Any = None) -> None:
         torch.cuda.set_stream(target)
 
 
+def recover_capture(stream: Any = None) -> None:
+    """After a capture that failed: the generators (`recover_generators`) and ``stream`` current again
+    (`recover_stream`; the device's default stream for None)."""
+    recover_generators()
+    recover_stream(stream)
+
+
 def fusion_symbol(name: str, executor: Any, fn: Callable[..., Any], inputs: Sequence[Any], outputs: Sequence[Any],
                   subsymbols: Sequence[Any] = ()) -> Any:
     """A bound symbol that calls ``fn`` under ``name`` in generated code (how thunder calls a region)."""

@@ -274,8 +274,7 @@ class Step:
                 with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
                     loss = self._iteration(static, capturing=True)
             except Exception as e:
-                internals.recover_generators()
-                internals.recover_stream(stream)
+                internals.recover_capture(stream)
                 for p in self._params:
                     p.grad = None
                 if isinstance(e, StepRefused):

@@ -103,6 +103,7 @@ def in_place_plan(
     Returns:
         (positions of inputs written by a ``copy_``, ((output position, input position), ...))
     """
+    every = list(walk(bsyms))  # NOTE: inside fusions too (inductor's TorchCompile holds updates of its inputs)
     root: dict[str, str] = {}
 
     def find(name: str) -> str:
@@ -110,7 +111,7 @@ def in_place_plan(
             name = root[name]
         return name
 
-    for b in walk(bsyms):  # NOTE: inside fusions too: a fusion's output can be an input under another name
+    for b in every:  # NOTE: a fusion's output can be an input under another name
         if b.sym.name == "update_aliases" and b.args:
             srcs = [p for p in tree_flatten(b.args[0])[0] if isinstance(p, Proxy)]
             for out, src in zip(b.flat_proxy_outs, srcs):
@@ -123,10 +124,10 @@ def in_place_plan(
     # holds BatchNorm's ``update_aliases`` of num_batches_tracked and its ``copy_``), as `dests` reads them there
     group_of = alias_root(
         [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
-        for b in walk(bsyms)
+        for b in every
         if b.sym.name == "update_aliases"
     )
-    dests = {group_of(b.flat_proxy_args[1].name) for b in walk(bsyms) if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
+    dests = {group_of(b.flat_proxy_args[1].name) for b in every if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
     position = {p.name: i for i, p in enumerate(inputs)}
     written = tuple(i for i, p in enumerate(inputs) if group_of(p.name) in dests)
     through = tuple(

@@ -122,8 +122,7 @@ class Recording:
         try:
             graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1)
         except BaseException:
-            internals.recover_generators()
-            internals.recover_stream(stream)
+            internals.recover_capture(stream)
             raise
         finally:
             for t, k in zip(written, kept):

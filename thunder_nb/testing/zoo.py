@@ -35,6 +35,9 @@ CONFIGS = ("eager", "thunder", "stock", "fixed", "thunder_nb.jit", "fused", "red
 
 #: The configuration without graphs whose numerics a configuration has: its executors, none of its capture.
 _PLAIN = {"fused": "thunder fused", "thunder_nb.jit no-sdpa": "thunder no-sdpa"}
+#: The executor names (`thunder_nb.cudagraph.executors.executor_list`) of each configuration that chooses some.
+_EXECUTORS = {"fused": ["torchcompile"], "thunder fused": ["torchcompile"], "thunder_nb.jit no-sdpa": ["no-sdpa"],
+              "thunder no-sdpa": ["no-sdpa"]}
 
 
 def plain_config(config: str) -> str:
@@ -64,7 +67,7 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
     if config in ("thunder no-sdpa", "thunder fused"):
         from ..cudagraph.executors import executor_list
 
-        return thunder.jit(fn, executors=executor_list(["no-sdpa" if config.endswith("no-sdpa") else "torchcompile"])), None
+        return thunder.jit(fn, executors=executor_list(_EXECUTORS[config])), None
     if config == "stock":
         transform = stock_transform(capture)
         return thunder.jit(fn, transforms=[transform]), transform
@@ -72,8 +75,7 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
         transform = make_transform(FixedCUDAGraphTransform, capture)
         return thunder.jit(fn, transforms=[transform]), transform
     if config in ("thunder_nb.jit", "fused", "thunder_nb.jit no-sdpa"):
-        names = {"fused": ["torchcompile"], "thunder_nb.jit no-sdpa": ["no-sdpa"]}.get(config, [])
-        jfn = jit(fn, capture=capture is True, executors=names)
+        jfn = jit(fn, capture=capture is True, executors=_EXECUTORS.get(config, []))
         transform = jfn._lc_transforms[0]
         if capture == "emulated":
             transform.cuda_graph_runner.capture = True
@@ -140,8 +142,7 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
         except Exception as e:  # NOTE: a configuration failing is a finding of the zoo, reported with the case
             from ..diagnosis.failures import error_line, known_limit
 
-            internals.recover_generators()
-            internals.recover_stream(stream)  # NOTE: thunder's transform failing at capture leaves its stream current
+            internals.recover_capture(stream)  # NOTE: thunder's transform failing at capture leaves its stream current
             run.error = error_line(e)
             limit = known_limit(e)
             run.limit = f"{limit[0]}: {limit[1]}" if limit else None
