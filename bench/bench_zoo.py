@@ -9,7 +9,8 @@ rounds: in each round, ``--steps`` consecutive steps with no sync inside (a trai
 backward and the optimizer's step; the kept protocol three forwards, then their backwards; inference one
 call under no_grad with the output kept), synchronised only at the round's ends. Reported: the median over
 rounds of milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's with its
-spread (the lowest and highest of the per-round ratios). A configuration the checker predicts would kill the
+spread (the lowest and highest of the per-round ratios), and after the rounds torch.profiler's GPU kernel time
+per step (a step far above it waits for the host). A configuration the checker predicts would kill the
 process (thunder's transform on dropout attention) is not run; one that fails says how.
 """
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import add_ratios, add_round_arguments, machine, recover, run_rows, sync, time_rounds  # noqa: E402
+from rounds import add_ratios, add_round_arguments, kernel_us, machine, recover, run_rows, sync, time_rounds  # noqa: E402
 
 from thunder_nb.testing import zoo  # noqa: E402
 
@@ -185,13 +186,16 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
         if transform is not None:  # NOTE: the timed loop's own graphs and regions, after every round
             row["graphs"], row["regions"] = zoo.count_graphs(transform)
     add_ratios(by_config)
+    for config, loop in loops.items():  # NOTE: after the rounds, so that the profiler's cost never lands in them
+        by_config[config]["kernel_us"] = kernel_us(loop, steps, device)
     return out
 
 
 def table(results: dict, rounds: int, steps: int) -> str:
     lines = [f"Machine: {machine()}. {rounds} rounds of {steps} consecutive steps per configuration, taking turns.",
              "", "| model, protocol | configuration | ms/step (median of rounds) | vs reduce-overhead (min-max) "
-             "| equal to eager | graphs (regions) after the rounds | first 3 steps, s | note |", "|---|---|---:|---:|---|---|---:|---|"]
+             "| GPU kernel µs/step | equal to eager | graphs (regions) after the rounds | first 3 steps, s | note |",
+             "|---|---|---:|---:|---:|---|---|---:|---|"]
     for (model, protocol), rows in results.items():
         for row in rows:
             ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"
@@ -199,7 +203,8 @@ def table(results: dict, rounds: int, steps: int) -> str:
             rtext = f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-"
             graphs = f"{row['graphs']} ({row['regions']})" if row.get("graphs") is not None else ""
             first = f"{row['first_s']:.1f}" if row.get("first_s") else "-"
-            lines.append(f"| {model}, {protocol} | {LABELS[row['config']]} | {ms} | {rtext} | {row.get('matches', '-')} "
+            kernels = f"{row['kernel_us']:.0f}" if row.get("kernel_us") else "-"
+            lines.append(f"| {model}, {protocol} | {LABELS[row['config']]} | {ms} | {rtext} | {kernels} | {row.get('matches', '-')} "
                          f"| {graphs} | {first} | {row['note']} |")
     return "\n".join(lines)
 
