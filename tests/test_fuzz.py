@@ -301,7 +301,8 @@ def test_the_oracle_fails_a_transform_that_hands_out_graph_memory():
             t = make_transform(FixedCUDAGraphTransform, "emulated", copy_outputs=copy_outputs)
             run = fuzz.execute(thunder.jit(fn, transforms=[t]), p, "cpu")
             assert [f.kind for f in fuzz.differences(run, ref)] == expected
-            assert t.graphs_captured == 1
+            # NOTE: the runs keep their results: the fixed transform's instances take turns (rotation: 2), then copy
+            assert t.graphs_captured == (3 if copy_outputs else 1)
 
 
 def test_differences_see_aliasing_kept_outputs_and_gradients():

@@ -100,6 +100,11 @@ class FixedCUDAGraphTransform(RegionTransform):
             bit for bit as PyTorch would (default True; see `thunder_nb.cudagraph.scalars`).
         copy_outputs: copy returned tensors that lie in graph memory out of it (default True).
             False returns them as they are: the next call then overwrites them, as with thunder's transform.
+        rotation: instead of copying, hand out where they lie the tensors a forward returns from a region that
+            saves nothing for a backward, and while the caller still holds them at the next call, replay another
+            instance of that region (recorded into the first one's memory pool, its outputs copied inside its
+            graph into buffers of its own): up to this many instances take turns (default 2, what a loop that
+            keeps its last result needs); past that, those tensors are copied out again. 0: always copy.
         share_mem_pool: as thunder's transform.
         max_instances: graph instances a region may have for tensors it handed out that are still held (saved
             for a backward, lent gradients): at most 16 by default, and fewer where memory runs short (below).
@@ -137,13 +142,14 @@ class FixedCUDAGraphTransform(RegionTransform):
         instance_bytes: int | None = RUNNER_DEFAULTS.instance_bytes,
         max_addresses: int = RUNNER_DEFAULTS.max_addresses,
         max_values: int = RUNNER_DEFAULTS.max_values,
+        rotation: int = RUNNER_DEFAULTS.rotation,
         defer_items: bool = True,
         fast_prologue: bool = True,
         lend_gradients: bool = True,
     ):
         runner = RunnerOptions(share_mem_pool=share_mem_pool, max_instances=max_instances,
                                instance_memory=instance_memory, instance_bytes=instance_bytes,
-                               max_addresses=max_addresses, max_values=max_values)
+                               max_addresses=max_addresses, max_values=max_values, rotation=rotation)
         super().__init__(capture=capture, copy_outputs=copy_outputs, lend_gradients=lend_gradients, runner=runner)
         self.scalar_handoff = scalar_handoff
         self.defer_items = defer_items

@@ -56,7 +56,8 @@ def test_a_returned_view_made_after_an_island_is_not_overwritten_by_the_next_cal
         torch.testing.assert_close(row, ref_row)
         assert top == pytest.approx(ref_top)
     fwd = thunder_nb.analyze(jfn).forward
-    assert fwd.hand_out_stats.copied >= 3 and fwd.defects == ()
+    # NOTE: each kept result copied out, or left where it lies while instances took turns (rotation)
+    assert fwd.hand_out_stats.copied + fwd.hand_out_stats.rotated >= 3 and fwd.defects == ()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -142,7 +143,10 @@ def test_one_function_over_several_parameter_sets_keeps_each_layers_weights(mode
     for (w, b), (w0, b0) in zip(params, before):
         assert torch.equal(w.detach(), w0) and torch.equal(b.detach(), b0)
     (region,) = thunder_nb.analyze(jfn).forward.regions
-    assert region.stats.address_keys == 3 and len(region.graphs) == 3  # one graph per layer
+    # NOTE: one graph per layer, and for each one more that took turns with it: the first call's result was still
+    # held at the second (rotation, tests/cudagraph/test_rotation.py)
+    assert region.stats.address_keys == 3 and len(region.graphs) == 6
+    assert sorted(g.instance for g in region.graphs) == [0, 0, 0, 1, 1, 1]
     assert {i.name: i.role for i in region.plan.inputs}.get("w") == "static"
 
 

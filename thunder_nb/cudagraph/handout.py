@@ -36,9 +36,14 @@ class _HandOutMemo:
     guarded: int  # how many own outputs are guarded (watched)
     loose_guard: tuple[int, ...]  # guard positions that are not own outputs: looked up at each call
     copy: tuple[tuple[int, int, Any], ...]  # per copy position: (position, storage address, owner); owner None: look up
-    # `_copy_groups` of ``copy`` worked out once (singles, shared, lent): all are own outputs, none in a saved one's
-    # memory (None: per call)
-    groups: tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...]] | None
+    # `_copy_groups` of ``copy`` worked out once (singles, shared, lent, rotated): all are own outputs, none in a saved
+    # one's memory (None: per call)
+    groups: tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]] | None
+    rotate: bool  # made for a forward's hand-out with rotation on
+
+
+#: Hand-out memos kept per plan: one per instance that takes turns (rotation), and a spare.
+_MEMOS = 4
 
 
 def _groups(groups: dict[int, list[int]], lend: frozenset[int]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...],
@@ -72,7 +77,9 @@ class HandOut:
         """Check each tensor leaving a trace by its storage: copy out (``"copy"``), guard (``"guard"``) or lend (``"lend"``).
 
         A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
-        copied together so that they still share one copy. A tensor saved for the backward in such
+        copied together so that they still share one copy; in a forward, one whose instance rotates
+        (`ThunderNBRunner._rotates`: its region saves nothing for a backward) goes out as a fresh alias
+        instead, watched, with those that share its buffer. A tensor saved for the backward in such
         memory goes out as it is, and its graph instance watches it (`Instance.watch`): while anything
         references it, that instance does not replay. A returned tensor sharing memory with a saved one
         goes out as a fresh alias, watched too. A lent one (a backward's gradient) alone in its memory
@@ -83,16 +90,26 @@ class HandOut:
         out = list(tensors)
         counts = self._hand_out_counts.get(kind)
         if counts is None:
-            counts = self._hand_out_counts[kind] = {"calls": 0, "copied": 0, "guarded": 0, "lent": 0}
+            counts = self._hand_out_counts[kind] = {"calls": 0, "copied": 0, "guarded": 0, "lent": 0, "rotated": 0}
         counts["calls"] += 1
         which = (actions if type(actions) is tuple else tuple(actions), len(tensors), self.lending_stopped)
         plan = self._hand_out_plans.get(which)
         if plan is None:
             plan = self._hand_out_plans[which] = _hand_out_plan(*which)
-        memo = self._hand_out_memo.get(which)
-        if memo is None or memo.recordings != self._recordings or (
-                memo.own and list(map(id, memo.own(tensors))) != memo.own_ids):
-            memo = self._hand_out_memo[which] = self._memo(plan, tensors)
+        rotate = kind == "forward" and self.rotation > 0
+        memos = self._hand_out_memo.get(which)
+        if memos is None:
+            memos = self._hand_out_memo[which] = []
+        for memo in memos:
+            # NOTE: one memo per instance whose outputs come back here (instances that take turns alternate)
+            if memo.recordings == self._recordings and (
+                    not memo.own or list(map(id, memo.own(tensors))) == memo.own_ids) and memo.rotate == rotate:
+                break
+        else:
+            memo = self._memo(plan, tensors, rotate)
+            if len(memos) >= _MEMOS or (memos and memos[-1].recordings != self._recordings):
+                memos.clear()
+            memos.append(memo)
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
         # may update the saved tensor in the backward, and in eager PyTorch the returned one would see it
         saved, guarded = memo.saved, memo.guarded
@@ -113,12 +130,13 @@ class HandOut:
                             saved, grown = set(saved), True
                         saved.add(ptr)
         if memo.groups is not None and not grown:
-            # NOTE: only own outputs to copy or lend, none sharing memory with a saved one; the lent ones' storages
-            # were watched when the memo was made
-            singles, shared, lent = memo.groups
-            lent_at = ()
+            # NOTE: only own outputs to copy, lend or rotate, none sharing memory with a saved one; the lent and
+            # rotated ones' storages were watched when the memo was made
+            singles, shared, lent, rotated = memo.groups
+            lent_at = rotated_at = ()
         else:
-            singles, shared, lent, aliased, lent_at = self._copy_groups(memo.copy, tensors, saved, out, plan[2])
+            singles, shared, lent, rotated, aliased, lent_at, rotated_at = self._copy_groups(
+                memo.copy, tensors, saved, out, plan[2], rotate)
             guarded += aliased
         counts["guarded"] += guarded
         if lent:
@@ -130,6 +148,15 @@ class HandOut:
             for j in lent:
                 out[j] = _detach(tensors[j])
             counts["lent"] += len(lent)
+        if rotated:
+            # NOTE: a fresh alias, watched: while the caller holds it (or a view of it), its instance does not replay
+            for ptr, owner in rotated_at:  # NOTE: the per-call path's; the memo's were watched when it was made
+                owner.watch_storage(ptr)
+                owner.rotated = True
+                self._rotated.add(ptr)
+            for j in rotated:
+                out[j] = _detach(tensors[j])
+            counts["rotated"] += len(rotated)
         if singles:
             for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
                 out[j] = c
@@ -140,14 +167,17 @@ class HandOut:
         return out
 
     def _copy_groups(self, copies: tuple[tuple[int, int, Any], ...], tensors: tuple[Any, ...],
-                     saved: frozenset[int] | set[int], out: list[Any], lend: frozenset[int],
-                     ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], int,
-                                tuple[tuple[int, Any], ...]]:
-        """The copy positions (`_HandOutMemo.copy`) in graph memory, grouped by storage: ``(singles, shared, lent, aliased, lent_at)``.
+                     saved: frozenset[int] | set[int], out: list[Any], lend: frozenset[int], rotate: bool,
+                     ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], int,
+                                tuple[tuple[int, Any], ...], tuple[tuple[int, Any], ...]]:
+        """The copy positions (`_HandOutMemo.copy`) in graph memory, grouped by storage:
+        ``(singles, shared, lent, rotated, aliased, lent_at, rotated_at)``.
 
         One in memory a saved tensor shares goes out as a fresh alias instead (into ``out``), watched;
-        ``aliased`` counts those. Of the singles, those in ``lend`` are ``lent`` instead (`hand_out`);
-        ``lent_at`` gives each lent one's storage address and the `Instance` whose replay writes it.
+        ``aliased`` counts those. With ``rotate``, the positions in the memory of an instance that rotates
+        (`Instance.rotates`) are ``rotated`` instead, each storage's together. Of the singles left, those in
+        ``lend`` are ``lent`` instead (`hand_out`); ``lent_at`` and ``rotated_at`` give each lent or rotated
+        storage's address and the `Instance` whose replay writes it.
         """
         groups: dict[int, list[int]] = {}
         placed: dict[int, tuple[int, Any]] = {}  # position -> (storage address, its instance), of the grouped ones
@@ -171,10 +201,17 @@ class HandOut:
             else:
                 groups.setdefault(ptr, []).append(j)
                 placed[j] = (ptr, owner)
+        rotated: list[int] = []
+        rotated_at = []
+        if rotate:
+            for ptr in [ptr for ptr, js in groups.items() if placed[js[0]][1].rotates]:
+                js = groups.pop(ptr)
+                rotated.extend(js)
+                rotated_at.append(placed[js[0]])
         singles, shared, lent = _groups(groups, lend)
-        return singles, shared, lent, aliased, tuple(placed[j] for j in lent)
+        return singles, shared, lent, tuple(rotated), aliased, tuple(placed[j] for j in lent), tuple(rotated_at)
 
-    def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...]) -> _HandOutMemo:
+    def _memo(self, plan: tuple[tuple[int, ...], tuple[int, ...]], tensors: tuple[Any, ...], rotate: bool) -> _HandOutMemo:
         """What a hand-out of these very tensors does with the graphs' own outputs among them, worked out once.
 
         A tensor whose id is among the graphs' own outputs is that output (both are alive, and the runner
@@ -209,13 +246,18 @@ class HandOut:
         groups = None
         if all(owner is not None and ptr not in saved for _, ptr, owner in copies):
             # NOTE: none goes out as an alias (none is in a saved one's memory), so `out` stays untouched
-            singles, shared, lent, _, lent_at = self._copy_groups(copies, tensors, saved, [], lend)
-            groups = (singles, shared, lent)
+            singles, shared, lent, rotated, _, lent_at, rotated_at = self._copy_groups(
+                copies, tensors, saved, [], lend, rotate)
+            groups = (singles, shared, lent, rotated)
             for ptr, owner in lent_at:  # NOTE: the lent ones: the same storages at every call this memo serves
                 owner.watch_storage(ptr)
                 owner.lent = True
+            for ptr, owner in rotated_at:  # NOTE: likewise the rotated ones
+                owner.watch_storage(ptr)
+                owner.rotated = True
+                self._rotated.add(ptr)
         return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
-                            tuple(loose_guard), copies, groups)
+                            tuple(loose_guard), copies, groups, rotate)
 
     def _foreign(self, args: tuple[Any, ...]) -> list[tuple[Instance, list[int] | None, list[int] | None]]:
         """For each tensor in ``args`` in memory an instance writes: that instance, its storage's and object's entries.

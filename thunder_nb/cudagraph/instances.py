@@ -57,6 +57,9 @@ class Instance:
     watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
     compiled: tuple | None = None  # `held`'s arrays of the two lists; None: remade at the next `held`
     lent: bool = False  # it lent gradients to autograd (`ThunderNBRunner.hand_out`'s "lend")
+    rotates: bool = False  # the hand-out leaves its returned tensors where they lie, watched (rotation)
+    rotated: bool = False  # it did so at least once
+    pool: Any = None  # its graph's memory pool (a later instance of a rotating region records into it)
     nbytes: int = 0  # the memory it costs (`ThunderNBRunner._record`): its storages, or its graph pool's reservation
     cuda: bool = False  # recorded on a CUDA device (its cost is then weighed against the device's free memory)
 

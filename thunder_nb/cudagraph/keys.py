@@ -77,7 +77,7 @@ class _KeyAgain:
     types: tuple[type, ...]  # their types
     copied: tuple[int, ...]  # positions of tensors copied in (demoted ones aside)
 
-    def holds(self, args: tuple[Any, ...], owner: dict[int, Any], stable: set[int]) -> bool:
+    def holds(self, args: tuple[Any, ...], owner: dict[int, Any], stable: set[int], rotated: set[int]) -> bool:
         if not self.metadata(*self.tensors(args)):
             return False
         for i, j in self.repeats:
@@ -90,7 +90,7 @@ class _KeyAgain:
             return False
         for i in self.copied:
             ptr = args[i].untyped_storage().data_ptr()
-            if ptr in owner or ptr in stable:  # NOTE: now memory `_key` reads in place: a different key
+            if (ptr in owner and ptr not in rotated) or ptr in stable:  # NOTE: memory `_key` reads in place: another key
                 return False
         return True
 
@@ -151,13 +151,16 @@ class Keys:
     def _key(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple]:
         """Per call, in one pass over the inputs: which the graph reads where they lie, and the cache key.
 
-        Static: a parameter, a module buffer or a view of one, or memory a graph of this runner owns. Anything else
-        is copied into the graph's own buffer. An input past `max_addresses` is copied too. The key is
+        Static: a parameter, a module buffer or a view of one, or memory a graph of this runner owns, but what a
+        forward handed to its caller there (rotation: the caller's tensor, which may come back call after call, each
+        time from another instance). Anything else is copied into the graph's own buffer. An input past
+        `max_addresses` is copied too. The key is
         ``(fn_name, mask, entries, addresses)``: per input ``(dtype, size, stride)`` of a tensor or
         ``(type, value)`` of anything else (thunder's descriptor, `_descriptor`), and the addresses of
         the static inputs.
         """
         owner, stable, demoted, own, params = self._owner, self._stable, counts.demoted, self._own_outputs, self._params
+        rotated = self._rotated
         buffers = self.stable_inputs.get(fn_name, ())
         entries, mask, addresses = [], [], []
         entry, static_of, address = entries.append, mask.append, addresses.append
@@ -182,7 +185,7 @@ class Keys:
                     stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
                     static = True
                 else:
-                    static = ptr in owner or ptr in stable
+                    static = (ptr in owner and ptr not in rotated) or ptr in stable
             elif cls is _Parameter:
                 d = a.data_ptr()
                 if params.get(id(a)) != d:  # NOTE: a parameter not seen yet at this address: its storage is stable
@@ -201,7 +204,7 @@ class Keys:
                     stable.add(ptr)  # NOTE: views of it (a transposed weight saved for the backward) are static too
                     static = True
                 else:
-                    static = ptr in owner or ptr in stable
+                    static = (ptr in owner and ptr not in rotated) or ptr in stable
             else:
                 entry((cls, a))
                 static_of(False)

@@ -31,8 +31,12 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs: Sequence[Any], warmups: int) -> tuple[Any, Any]:
+def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs: Sequence[Any], warmups: int,
+                 pool: Any = None) -> tuple[Any, Any]:
     """Warm ``fn`` up on a side stream, then record it into a CUDA graph; return (graph, static outputs).
+
+    ``pool``: the memory pool of an earlier graph to record into (an instance that takes turns with it, whose
+    outputs lie outside the pool: `Recording._record`); None: the runner's shared pool, or a new one.
 
     cuBLAS's workspaces are dropped right before and after the recording, so the workspace the
     graph's matmuls use is allocated inside the graph's own pool and lives as long as the graph
@@ -43,9 +47,9 @@ def record_graph(runner: CUDAGraphRunner, fn: Callable[..., Any], static_inputs:
     if device is None:  # NOTE: a region without tensor inputs (factory ops only) records on the current device
         device = torch.cuda.current_device()
     if runner.stream:
-        stream, pool = runner.stream[device], runner.mem_pool[device]
+        stream, pool = runner.stream[device], runner.mem_pool[device] if pool is None else pool
     else:
-        stream, pool = torch.cuda.Stream(), None
+        stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmups):
@@ -68,6 +72,59 @@ RECORDERS: dict[str, Callable[..., tuple[Any, Any]]] = {"record": record_graph}
 
 
 _detach = torch.Tensor.detach
+
+
+class _LayoutChanged(Exception):
+    """A region's outputs came back laid out otherwise than its first instance's (`_copying_out`)."""
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage of ``t`` as a flat uint8 tensor."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _out_buffers(first: Instance) -> list[tuple[tuple[int, ...], torch.Tensor, dict[int, torch.Tensor]]]:
+    """Buffers of their own, outside any graph pool, for an instance that takes turns with ``first``: for each storage
+    of ``first``'s own outputs, ``(its output positions, a fresh storage of its size as uint8, position -> the output
+    laid out on it as on the first's)``."""
+    groups: dict[int, list[int]] = {}
+    for j, o in enumerate(first.static_outputs):
+        if isinstance(o, _Tensor) and id(o) in first.objects:
+            groups.setdefault(storage(o), []).append(j)
+    out = []
+    for js in groups.values():
+        o = first.static_outputs[js[0]]
+        raw = torch.empty(o.untyped_storage().nbytes(), dtype=torch.uint8, device=o.device)
+        views = {}
+        for j in js:
+            t = first.static_outputs[j]
+            views[j] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                raw.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        out.append((tuple(js), raw, views))
+    return out
+
+
+def _copying_out(fn: Callable[..., Any], buffers: list[tuple[tuple[int, ...], torch.Tensor, dict[int, torch.Tensor]]],
+                 ) -> Callable[..., Any]:
+    """``fn``, then each of its own outputs' storages copied whole into ``buffers`` (`_out_buffers`), which it returns
+    in their place: recorded, the copies are the graph's last kernels, and the graph's outputs lie outside its pool."""
+
+    def run(*args: Any) -> Any:
+        outs = list(fn(*args))
+        for js, raw, views in buffers:
+            src = outs[js[0]]
+            if not (isinstance(src, _Tensor) and src.untyped_storage().nbytes() == raw.numel()
+                    and all(isinstance(outs[j], _Tensor) and storage(outs[j]) == storage(src)
+                            and outs[j].storage_offset() == views[j].storage_offset()
+                            and outs[j].size() == views[j].size() and outs[j].stride() == views[j].stride()
+                            for j in js)):
+                raise _LayoutChanged
+            raw.copy_(_raw(src))
+            for j in js:
+                outs[j] = views[j]
+        return outs
+
+    return run
 
 
 def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]:
@@ -104,13 +161,36 @@ class Recording:
     """
 
     def _record(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
-                cause: str, index: int) -> Instance:
+                cause: str, index: int, share: Instance | None = None) -> Instance:
+        """Record an instance of region ``fn_name`` for a key; ``share``: the key's first instance, whose pool and input
+        buffers the new one shares, its outputs copied whole into buffers of its own inside its graph (rotation: the
+        region saves nothing for a backward, so nothing of another instance's lies in memory its replay writes but
+        its outputs, which then lie outside the pool). Its cost is those buffers and what the pool grew by."""
+        if share is not None:
+            try:
+                return self._record_one(fn_name, fn, args, mask, cause, index, share)
+            except _LayoutChanged:
+                pass  # NOTE: the outputs came back laid out otherwise: an instance of its own
+        return self._record_one(fn_name, fn, args, mask, cause, index, None)
+
+    def _record_one(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
+                    cause: str, index: int, share: Instance | None) -> Instance:
         # NOTE: a static input is held as a fresh alias: it keeps the memory the graph reads alive, and
         # not the caller's tensor object (a guarded hand-out is watched by its identity)
-        static_inputs = tuple(
-            a if not isinstance(a, torch.Tensor) else (a.detach() if m else self.get_static_buffer(a))
-            for a, m in zip(args, mask)
-        )
+        if share is None:
+            static_inputs = tuple(
+                a if not isinstance(a, torch.Tensor) else (a.detach() if m else self.get_static_buffer(a))
+                for a, m in zip(args, mask)
+            )
+            buffers = []
+        else:
+            # NOTE: the first instance's input buffers: each replay copies its inputs in first, and replays never overlap
+            static_inputs = tuple(
+                a if not isinstance(a, torch.Tensor) else (a.detach() if m else share.static_inputs[i].copy_(a))
+                for i, (a, m) in enumerate(zip(args, mask))
+            )
+            buffers = _out_buffers(share)
+            fn = _copying_out(fn, buffers)
         cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
         # NOTE: the warm-up calls (and an emulated recording) run the region for real: what it updates in place where
         # it lies (a module buffer: BatchNorm's running statistics, num_batches_tracked) is put back afterwards, so
@@ -118,9 +198,11 @@ class Recording:
         written = [static_inputs[i] for i in self.write_back.get(fn_name, ()) if mask[i]]
         kept = [t.clone() for t in written]
         before = torch.cuda.memory_allocated() if cuda else 0  # NOTE: after `kept`, which the recording does not keep
+        pool_before = internals.graph_pool_bytes(share.graph) if cuda and share is not None else None
         stream = internals.current_stream()
         try:
-            graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1)
+            graph, static_outputs = RECORDERS["record"](self, fn, static_inputs, 3 if index == 0 else 1,
+                                                        pool=share.pool if share is not None else None)
         except BaseException:
             internals.recover_capture(stream)
             raise
@@ -137,7 +219,7 @@ class Recording:
                          tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
                          self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
         for s, a, m in zip(static_inputs, args, mask):
-            if isinstance(s, torch.Tensor) and not m:
+            if isinstance(s, torch.Tensor) and not m and share is None:  # NOTE: shared buffers stay the first's
                 self._owner[storage(s)] = inst
                 inst.storages[storage(s)] = [s.untyped_storage()._cdata, 0]
         for i, o in enumerate(inst.static_outputs):
@@ -150,10 +232,16 @@ class Recording:
         # the segments the allocator holds for it), or its outputs' storages where there is no pool (emulated)
         pool_segments = internals.graph_pool_bytes(graph) if cuda else None
         outputs = {id(o): o for o in inst.static_outputs if isinstance(o, torch.Tensor) and id(o) in inst.objects}
-        inst.nbytes = (sum(static_inputs[i].untyped_storage().nbytes() for i in copied)
-                       + (pool_segments if pool_segments is not None
-                          else sum(o.untyped_storage().nbytes() for o in outputs.values())))
+        if share is None:
+            inst.nbytes = (sum(static_inputs[i].untyped_storage().nbytes() for i in copied)
+                           + (pool_segments if pool_segments is not None
+                              else sum(o.untyped_storage().nbytes() for o in outputs.values())))
+        else:
+            grew = pool_segments - pool_before if pool_segments is not None and pool_before is not None else 0
+            inst.nbytes = sum(raw.numel() for _, raw, _ in buffers) + max(grew, 0)
         inst.cuda = cuda
+        inst.pool = share.pool if share is not None else (graph.pool() if cuda and hasattr(graph, "pool") else None)
+        inst.rotates = self._rotates(fn_name)
         self._recordings += 1
         counts = self._count(fn_name)
         counts.graphs.append(GraphRecord(

@@ -46,6 +46,7 @@ class RunnerOptions:
     instance_bytes: int | None = None
     max_addresses: int = 32
     max_values: int = 8
+    rotation: int = 2
 
 
 _DEFAULTS = RunnerOptions()
@@ -61,6 +62,11 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
     of one buffer stay views of one copy) and a tensor saved for the backward is guarded: while it
     is held, the next call replays another instance, recorded while the memory it costs fits
     (`instance_memory`, `max_instances`), and only past that runs the region without a graph.
+    A forward's returned tensor whose region saves nothing for a backward is handed out where it
+    lies instead, watched (rotation): while the caller holds it, the next call replays another
+    instance, which shares the first one's pool and copies its outputs, inside its graph, into
+    buffers of its own; up to ``rotation`` instances take turns so, and past that the hand-out
+    copies again.
 
     Args:
         capture: ``"auto"`` (capture when the region's tensors are on a CUDA device), True, or False
@@ -75,12 +81,15 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             call with no room for another instance runs without a graph.
         max_addresses: addresses one static input may take before it is copied instead.
         max_values: values of the region's Python numbers (each its own graph) before it runs without a graph.
+        rotation: instances of a region that take turns with the tensors a forward returns, instead of copying
+            them out (default 2: a loop that keeps the last call's result while it makes the next one); 0 copies.
     """
 
     def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = _DEFAULTS.share_mem_pool,
                  stock: bool = False, max_instances: int = _DEFAULTS.max_instances,
                  instance_memory: float = _DEFAULTS.instance_memory, instance_bytes: int | None = _DEFAULTS.instance_bytes,
-                 max_addresses: int = _DEFAULTS.max_addresses, max_values: int = _DEFAULTS.max_values):
+                 max_addresses: int = _DEFAULTS.max_addresses, max_values: int = _DEFAULTS.max_values,
+                 rotation: int = _DEFAULTS.rotation):
         super().__init__(share_mem_pool=share_mem_pool)
         self.capture = capture
         self.stock = stock
@@ -88,6 +97,9 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         self.instance_memory, self.instance_bytes = _check_instance_budget(instance_memory, instance_bytes)
         self.max_addresses = max_addresses
         self.max_values = max_values
+        if isinstance(rotation, bool) or not isinstance(rotation, int) or rotation < 0:
+            raise ValueError(f"rotation is a number of graph instances (an int, 0 or more), not {rotation!r}")
+        self.rotation = rotation
         self.plans: dict[str, RegionPlan] = {}
         self.write_back: dict[str, tuple[int, ...]] = {}  # fn_name -> input positions updated in place
         # fn_name -> ((output position, input position), ...): outputs that are an input (update_aliases)
@@ -105,10 +117,12 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         self._counts: dict[str, _Counts] = {}
         self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
         self._hand_out_plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # `_hand_out_plan`s
-        self._hand_out_memo: dict[tuple, _HandOutMemo] = {}  # per hand-out plan: the latest `_memo`
+        self._hand_out_memo: dict[tuple, list[_HandOutMemo]] = {}  # per hand-out plan: the latest `_memo`s
         self._recordings = 0  # graphs recorded so far (a memo made before a recording is stale)
         # a lent gradient was still held at its instance's next call: "lend" hand-outs copy from then on
         self.lending_stopped = False
+        self.rotation_stopped: set[str] = set()  # regions whose returned tensors the caller kept past `rotation`
+        self._rotated: set[int] = set()  # storage addresses of graph memory a forward handed to its caller (rotation)
         self._warned = False
         self._warned_held = False
 
@@ -151,7 +165,7 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         if self.stock:
             return self._call_stock(fn_name, counts, args)
         again = counts.again
-        if again is not None and again.holds(args, self._owner, self._stable):
+        if again is not None and again.holds(args, self._owner, self._stable, self._rotated):
             key, instances = counts.last_key, counts.last_instances
         else:
             mask, key = self._key(fn_name, counts, args)
@@ -183,6 +197,11 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
                 # instance stays held while it lives, and so would the next one's; copy them out from now on
                 self.lending_stopped = True
                 self._hand_out_memo.clear()
+            rotated = any(inst.rotated for inst in instances)
+            if rotated and len(instances) >= self.rotation and fn_name not in self.rotation_stopped:
+                # NOTE: the caller keeps the returned tensors of every instance (a list of results): copy them out
+                # from now on, so that one more instance serves every later call
+                self._stop_rotation(fn_name, instances)
             full = self._no_room(instances)
             if full is not None:
                 counts.held_calls += 1
@@ -191,9 +210,11 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1], args,
                                      self._owner) if not instances else (
                 f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held "
-                + ("(gradients lent to autograd, not reset)" if lent else "for a backward"))
+                + ("(gradients lent to autograd, not reset)" if lent else
+                   "by the caller (rotation)" if rotated else "for a backward"))
             before = foreign_counts(self._foreign(args))
-            inst = self._record(fn_name, fn, args, key[1], cause, len(instances))
+            inst = self._record(fn_name, fn, args, key[1], cause, len(instances),
+                                share=instances[0] if rotated and self._rotates(fn_name, True) else None)
             inst.settle()
             rebase(before)
             instances.append(inst)
@@ -202,6 +223,20 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         counts.replays += 1
         return outputs
 
+
+    def _rotates(self, fn_name: str, stopped: bool = False) -> bool:
+        """Whether region ``fn_name``'s returned tensors take turns in its instances (rotation): it saves nothing for
+        a backward (an instance is then only its outputs: another costs their bytes, in a shared pool), and rotation is
+        on and, unless ``stopped`` counts too, not stopped for it."""
+        plan = self.plans.get(fn_name)
+        return (self.rotation > 0 and (stopped or fn_name not in self.rotation_stopped)
+                and (plan is None or not any(o.saved for o in plan.outputs)))
+
+    def _stop_rotation(self, fn_name: str, instances: list[Any]) -> None:
+        self.rotation_stopped.add(fn_name)
+        for inst in instances:
+            inst.rotates = False
+        self._hand_out_memo.clear()
 
     # --- thunder's own behaviour, recorded --------------------------------------------------------
 
@@ -263,7 +298,8 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
     def hand_out_stats(self, kind: str) -> HandOutStats:
         """What the hand-outs of ``kind`` ("forward", "backward") did so far."""
         counts = self._hand_out_counts.get(kind, {})
-        return HandOutStats(**counts, lending_stopped=self.lending_stopped and counts.get("lent", 0) > 0)
+        return HandOutStats(**counts, lending_stopped=self.lending_stopped and counts.get("lent", 0) > 0,
+                            rotation_stopped=tuple(sorted(self.rotation_stopped)) if counts.get("rotated") else ())
 
     @property
     def graphs_captured(self) -> int:

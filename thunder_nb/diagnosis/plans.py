@@ -65,7 +65,8 @@ class HandOutAction(str, Enum):
 
 _ACTION_WORDS: dict[str, tuple[str, str, str]] = {
     "copy": ("copied out", "copied out", "returned: copied out of graph memory when it lies there (views of one "
-             "buffer stay views of one copy)"),
+             "buffer stay views of one copy); from a forward's region that saves nothing for a backward, left there "
+             "instead while another instance serves the next call (rotation)"),
     "guard": ("guarded", "guarded", "saved for the backward: left where the graph wrote it and guarded (while held, "
               "the next call replays another graph instance)"),
     "as-is": ("returned as-is", "as-is", "returned as the graph's own buffer (copy_outputs=False: the next call "
@@ -216,6 +217,8 @@ class HandOutStats:
     guarded: int = 0  # saved tensors left in graph memory and guarded
     lent: int = 0  # gradients handed to autograd in graph memory and guarded
     lending_stopped: bool = False  # a lent gradient was still held at the next backward: copied out since
+    rotated: int = 0  # returned tensors handed out in graph memory, watched, while instances take turns (rotation)
+    rotation_stopped: tuple[str, ...] = ()  # regions whose returned tensors the caller kept past rotation: copied since
 
 
 @dataclass(frozen=True, slots=True)

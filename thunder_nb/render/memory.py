@@ -160,6 +160,11 @@ def hand_out_line(trace: TraceReport) -> str | None:
     lent = f", {stats.lent} lent" if lend or stats.lent else ""
     if stats.lending_stopped:
         lent += "; lending stopped: a lent gradient was still held at the next backward, copied out since"
+    if stats.rotated:
+        lent += f", {stats.rotated} rotated (left in graph memory while instances take turns)"
+    if stats.rotation_stopped:
+        lent += (f"; rotation stopped for {', '.join(stats.rotation_stopped)}: the caller kept the results of every "
+                 "instance, copied out since")
     done = (f"{plural(stats.calls, 'call')}: {stats.copied} copied out, {stats.guarded} guarded{lent}"
             if stats.calls else "not called yet")
     return f"{what} ({done})"

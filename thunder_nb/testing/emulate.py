@@ -32,8 +32,8 @@ class EmulatedGraph:
                 continue
             target = static.untyped_storage()
             ptr = target.data_ptr()
-            if ptr in inputs or ptr in written or target.nbytes() == 0:
-                continue
+            if ptr in inputs or ptr in written or target.nbytes() == 0 or new.untyped_storage().data_ptr() == ptr:
+                continue  # NOTE: the last: the region wrote it itself (an instance that copies its outputs out)
             written.add(ptr)
             source = new.untyped_storage()
             if source.nbytes() != target.nbytes() or new.storage_offset() != static.storage_offset():
@@ -45,7 +45,8 @@ class EmulatedGraph:
             target.copy_(source)  # NOTE: a storage copy: no tensor's version counter moves, as in a replay
 
 
-def _record(runner: Any, fn: Callable[..., Any], static_inputs: Sequence[Any], warmups: int) -> tuple[Any, Any]:
+def _record(runner: Any, fn: Callable[..., Any], static_inputs: Sequence[Any], warmups: int,
+            pool: Any = None) -> tuple[Any, Any]:
     for _ in range(warmups):
         fn(*static_inputs)
     graph = EmulatedGraph(fn, static_inputs)
