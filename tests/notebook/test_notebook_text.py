@@ -203,7 +203,7 @@ def test_a_gpu_only_paragraph_is_left_out_of_the_cpu_runs_check_and_no_other():
 #: strict, so that the run which removes them fails here until the entry goes (and the prose is read again).
 RETIRED = ("inductor decides for", "AccumulateGrad node's stream does not match",
            "nor a parameter or module buffer", "tensors copied out in 3 calls")
-STALE = {"03_lifetimes_and_memory", "04_training_step", "05_nanogpt_training", "06_real_model"}
+STALE: set[str] = set()
 
 
 def test_stored_outputs_show_nothing_the_code_no_longer_prints(stored, request):
