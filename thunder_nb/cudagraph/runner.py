@@ -299,7 +299,8 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         """What the hand-outs of ``kind`` ("forward", "backward") did so far."""
         counts = self._hand_out_counts.get(kind, {})
         return HandOutStats(**counts, lending_stopped=self.lending_stopped and counts.get("lent", 0) > 0,
-                            rotation_stopped=tuple(sorted(self.rotation_stopped)) if counts.get("rotated") else ())
+                            rotation_stopped=tuple(sorted(self.rotation_stopped)) if counts.get("rotated") else (),
+                            rotation=self.rotation if kind == "forward" and not self.stock else 0)
 
     @property
     def graphs_captured(self) -> int:

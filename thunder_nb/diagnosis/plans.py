@@ -11,6 +11,7 @@ __all__ = [
     "INPUT_ROLES",
     "HandOutAction",
     "HAND_OUT_ACTIONS",
+    "ROTATION_WORDS",
     "STATIC_INPUT_CHANGES",
     "ScalarHandoff",
     "InputPlan",
@@ -65,8 +66,7 @@ class HandOutAction(str, Enum):
 
 _ACTION_WORDS: dict[str, tuple[str, str, str]] = {
     "copy": ("copied out", "copied out", "returned: copied out of graph memory when it lies there (views of one "
-             "buffer stay views of one copy); from a forward's region that saves nothing for a backward, left there "
-             "instead while another instance serves the next call (rotation)"),
+             "buffer stay views of one copy)"),
     "guard": ("guarded", "guarded", "saved for the backward: left where the graph wrote it and guarded (while held, "
               "the next call replays another graph instance)"),
     "as-is": ("returned as-is", "as-is", "returned as the graph's own buffer (copy_outputs=False: the next call "
@@ -75,6 +75,12 @@ _ACTION_WORDS: dict[str, tuple[str, str, str]] = {
              "(while held, as a parameter's .grad, the next backward replays another graph instance)"),
 }
 
+
+#: How reports name a "copy" hand-out of a forward's region that saves nothing for a backward while rotation is on
+#: (`HandOutStats.rotation`), as `_ACTION_WORDS` name an action: (label, short, meaning; ``{rotation}``: the option).
+ROTATION_WORDS = ("handed out (rotation)", "rotated",
+                  "returned: left where the graph wrote it, watched; while the caller still holds it, the next call "
+                  "replays another instance (rotation, up to {rotation} instances); copied out of graph memory past that")
 
 #: Each action's `HandOutAction.meaning`, by its value.
 HAND_OUT_ACTIONS: dict[str, str] = {a.value: a.meaning for a in HandOutAction}
@@ -219,6 +225,7 @@ class HandOutStats:
     lending_stopped: bool = False  # a lent gradient was still held at the next backward: copied out since
     rotated: int = 0  # returned tensors handed out in graph memory, watched, while instances take turns (rotation)
     rotation_stopped: tuple[str, ...] = ()  # regions whose returned tensors the caller kept past rotation: copied since
+    rotation: int = 0  # instances a forward region's returned tensors may take turns in (the runner's option; 0: none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from .common import ISLAND_FILL, SCALAR_COLOR, HANDOFF_COLOR, has_region, type_l
 from .dot_marks import Mark, draw_legend
 from .dot_regions import draw_collapsed, draw_full, handoffs, op_node
 from .dot_syntax import dot_text, node_id, tip_lines
-from .memory import ACTION_SHORT, hand_out_line
+from .memory import ACTION_SHORT, hand_out_actions, hand_out_line
 
 __all__ = ["COLLAPSE_THRESHOLD", "region_diagram", "dot_text", "node_id"]
 
@@ -319,7 +319,7 @@ def _hand_out_label(trace: TraceReport) -> str:
     plan = trace.hand_out
     if plan is None:
         return "hand-out"
-    counts = Counter(ACTION_SHORT[a] for a in (plan.action(n) for n in plan.graph_memory) if a is not None)
+    counts = Counter(ACTION_SHORT[a] for a in hand_out_actions(trace).values())
     return "hand-out: " + " · ".join(f"{w} {n}" for w, n in counts.items()) if counts else "hand-out"
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnosis.model import Outside, Region, TraceReport
-from ..diagnosis.plans import INPUT_ROLES, HandOutAction
+from ..diagnosis.plans import INPUT_ROLES, ROTATION_WORDS, HandOutAction
 from .common import plural
 
 __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry", "known", "input_roles",
-           "output_actions", "region_memory", "inputs_summary", "outputs_summary", "hand_outs", "hand_out_line"]
+           "output_actions", "hand_out_actions", "region_memory", "inputs_summary", "outputs_summary", "hand_outs",
+           "hand_out_line"]
 
 #: How each `INPUT_ROLES` key is named in reports and diagrams.
 ROLE_LABELS = {"static": "read in place", "copied": "copied in", "number": "number"}
 #: How each hand-out action is named in reports and diagrams (`HandOutAction.label`).
-ACTION_LABELS = {a.value: a.label for a in HandOutAction}
+ACTION_LABELS = {a.value: a.label for a in HandOutAction} | {"rotate": ROTATION_WORDS[0]}
 
 # NOTE: thunder's own runner has no hand-out: what a region returns leaves as the graph's buffer
 _STOCK_RETURNED = "the graph's own buffer, no hand-out: the next replay overwrites it"
@@ -61,14 +62,18 @@ def input_roles(trace: TraceReport, region: Region) -> dict[str, str]:
 
 
 def output_actions(trace: TraceReport, region: Region) -> dict[str, tuple[str, str]]:
-    """The region outputs that leave the trace: name -> (`HandOutAction` value, what leaves: "returned"/"saved")."""
+    """The region outputs that leave the trace: name -> (`HandOutAction` value, or "rotate" for a copy the runner
+    leaves where it lies while instances take turns (`_rotates`); what leaves: "returned"/"saved")."""
     out: dict[str, tuple[str, str]] = {}
     if trace.hand_out is not None:
         plans = {o.name: o for o in region.plan.outputs} if region.plan is not None else {}
+        rotates = _rotates(trace, region)
         for name in region.outputs:
             action = trace.hand_out.action(name)
             if action is None:
                 continue
+            if action == "copy" and rotates:
+                action = "rotate"
             plan = plans.get(name)
             fate = plan.fate if plan is not None else ("saved" if action == "guard" else "returned")
             out[name] = (action, fate)
@@ -81,6 +86,14 @@ def output_actions(trace: TraceReport, region: Region) -> dict[str, tuple[str, s
         elif name in returned:
             out[name] = ("as-is", "returned")
     return out
+
+
+def _rotates(trace: TraceReport, region: Region) -> bool:
+    """Whether the region's returned tensors take turns in its instances (rotation): a forward's region that saves
+    nothing for a backward, with rotation on and not stopped for it (`ThunderNBRunner._rotates`)."""
+    stats = trace.hand_out_stats
+    return (stats.rotation > 0 and region.plan is not None and not any(o.saved for o in region.plan.outputs)
+            and region.name not in stats.rotation_stopped)
 
 
 def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
@@ -105,7 +118,9 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         by_action.setdefault((action, fate), []).append(name)
     flagged = {d.value for d in trace.defects if d.rule in _GRAPH_MEMORY_RULES}
     for (action, fate), names in by_action.items():
-        if trace.hand_out is not None:
+        if action == "rotate":
+            label, why = ROTATION_WORDS[0], ROTATION_WORDS[2].format(rotation=trace.hand_out_stats.rotation)
+        elif trace.hand_out is not None:
             label, why = HandOutAction(action).label, HandOutAction(action).meaning
         elif fate == "saved":
             label, why = "saved as-is", _STOCK_SAVED
@@ -117,9 +132,10 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
         entries.append(Entry("view of an input", (o.name,), f"handed out as that view of the caller's {o.view_of}"))
     stats = region.stats
     if stats.instances > 1:
+        held = ("returned tensors the caller kept (rotation)" if _rotates(trace, region) else
+                "tensors saved for a backward not run yet, gradients not reset")
         entries.append(Entry("instances", (), f"{stats.instances} graph instances (a call came while what the "
-                                              "previous one handed out was held: tensors saved for a backward not "
-                                              "run yet, gradients not reset)"))
+                                              f"previous one handed out was held: {held})"))
     if stats.demoted:
         entries.append(Entry("demoted", (), "; ".join(map(str, stats.demoted))))
     if stats.rebound:
@@ -141,15 +157,30 @@ def hand_outs(trace: TraceReport) -> tuple[Outside, ...]:
     return tuple(i for i in trace.outside if i.reason == "hand-out")
 
 
+def hand_out_actions(trace: TraceReport) -> dict[str, str]:
+    """What the trace's hand-out does with each tensor that may lie in graph memory: name -> `HandOutAction` value,
+    or "rotate" (`output_actions`); empty without a hand-out."""
+    plan = trace.hand_out
+    if plan is None:
+        return {}
+    rotated = {name for r in trace.regions for name, (action, _) in output_actions(trace, r).items()
+               if action == "rotate"}
+    return {n: "rotate" if n in rotated else a for n in plan.graph_memory if (a := plan.action(n)) is not None}
+
+
 def hand_out_line(trace: TraceReport) -> str | None:
     """One line on the trace's hand-out: what it checks and what it did so far; None without one."""
     plan, stats = trace.hand_out, trace.hand_out_stats
     if plan is None:
         return None
-    copy = [n for n in plan.graph_memory if plan.action(n) in ("copy", "as-is")]
-    guard = [n for n in plan.graph_memory if plan.action(n) == "guard"]
-    lend = [n for n in plan.graph_memory if plan.action(n) == "lend"]
+    actions = hand_out_actions(trace)
+    copy = [n for n, a in actions.items() if a in ("copy", "as-is")]
+    rotate = [n for n, a in actions.items() if a == "rotate"]
+    guard = [n for n, a in actions.items() if a == "guard"]
+    lend = [n for n, a in actions.items() if a == "lend"]
     parts = []
+    if rotate:
+        parts.append("hands out where they lie (rotation) " + ", ".join(rotate))
     if copy:
         parts.append(("copies out " if plan.copy_outputs else "returns as-is ") + ", ".join(copy))
     if guard:
@@ -173,7 +204,7 @@ def hand_out_line(trace: TraceReport) -> str | None:
 #: Short words for the diagram's input nodes (the default, "copied", goes unsaid).
 ROLE_SHORT = {"static": "in place", "copied": "", "number": "Python number"}
 #: Short words for the diagram's output nodes (`HandOutAction.short`).
-ACTION_SHORT = {a.value: a.short for a in HandOutAction}
+ACTION_SHORT = {a.value: a.short for a in HandOutAction} | {"rotate": ROTATION_WORDS[1]}
 
 
 def inputs_summary(trace: TraceReport, region: Region) -> str:
