@@ -275,7 +275,7 @@ def _profile(case, transform, options: dict, clock: Clock, device: str, steps: i
 
 #: `thunder_nb.testing.zoo.compile_with`'s names; on CUDA plain thunder's sdpa executor refuses the decode step, which
 #: "thunder no-sdpa" runs (thunder's defaults without it)
-ZOO_CONFIGS = ("thunder", "thunder no-sdpa", "thunder_nb.jit")
+ZOO_CONFIGS = ("thunder", "thunder no-sdpa", "thunder_nb.jit", "fused")
 
 
 def profile_zoo(model_name: str, protocol: str, config: str, device: str, steps: int, warmup: int, *,
