@@ -29,9 +29,32 @@ quietly() {  # quietly COMMAND...: run it, and show what it printed only if it f
 
 can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
 
+apt_get_update() {  # the package lists, quietly; waits up to APT_LOCK_WAIT seconds (600) for another apt-get
+    # NOTE: DPkg::Lock::Timeout waits for dpkg's lock only: an apt-get update that holds the package lists' lock (the
+    # daily timer's) makes a second one fail at once (exit 100, "Could not get lock /var/lib/apt/lists/lock")
+    local log rc waited=0 wait=${APT_LOCK_WAIT:-600}
+    log=$(mktemp)
+    while :; do
+        rc=0
+        apt-get -o DPkg::Lock::Timeout="$wait" update >"$log" 2>&1 || rc=$?
+        if [ "$rc" = 0 ] || ! grep -q "Could not get lock" "$log" || [ "$waited" -ge "$wait" ]; then
+            break
+        fi
+        [ "$waited" = 0 ] && say "apt-get: another apt-get holds the package lists; waiting for it (up to $wait s)"
+        sleep 5
+        waited=$((waited + 5))
+    done
+    if [ "$rc" != 0 ]; then
+        cat "$log" >&2
+        say "this failed (exit status $rc): apt-get update"
+    fi
+    rm -f "$log"
+    return "$rc"
+}
+
 apt_get_install() {  # apt_get_install PACKAGE...: Debian packages, quietly (root only)
     if [ -z "${_APT_UPDATED:-}" ]; then
-        quietly apt-get -o DPkg::Lock::Timeout=600 update
+        apt_get_update
         _APT_UPDATED=1
     fi
     # NOTE: another apt-get (an unattended upgrade) may hold dpkg's lock: wait for it rather than fail at once

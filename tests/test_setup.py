@@ -149,3 +149,42 @@ def test_the_python_of_the_set_up_is_debians():
     if "No module named pip" in refused.stderr:
         return  # Debian's python3 without python3-pip: nothing could install into it at all
     assert refused.returncode != 0 and "externally-managed-environment" in refused.stderr
+
+
+def _dev_sh_functions(*names: str) -> str:
+    """The shell text of dev.sh's functions ``names`` (its helpers, without running its commands)."""
+    import re
+
+    text = (REPO / "dev.sh").read_text()
+    return "\n".join(re.search(rf"^{name}\(\) \{{.*?^\}}", text, re.S | re.M).group(0) for name in names)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("apt-get") is None, reason="needs root and apt-get (dev.sh's "
+                    "Debian packages are installed only then)")
+@pytest.mark.parametrize("held_for,wait,ok", [(6, 600, True), (None, 5, False)], ids=["released", "held"])
+def test_apt_get_update_waits_for_another_apt_get_that_holds_the_package_lists(held_for, wait, ok):
+    """#32.13: another apt-get update (the daily timer's) holds /var/lib/apt/lists/lock; dev.sh waits for it, up to
+    APT_LOCK_WAIT seconds, where apt-get alone fails at once with exit 100. The lock is apt's own (fcntl), held here
+    as apt holds it; the update is the real one (the network is needed, as dev.sh needs it)."""
+    import fcntl
+    import threading
+    import time
+
+    script = _dev_sh_functions("say", "apt_get_update") + "\napt_get_update\n"
+    with open("/var/lib/apt/lists/lock", "w") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        alone = subprocess.run(["apt-get", "update"], capture_output=True, text=True, timeout=60)
+        assert alone.returncode == 100 and "Could not get lock" in alone.stderr, alone.stderr
+        if held_for is not None:
+            threading.Timer(held_for, fcntl.lockf, (lock, fcntl.LOCK_UN)).start()
+        start = time.monotonic()
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=wait + 300,
+                              env={**os.environ, "APT_LOCK_WAIT": str(wait)})
+        took = time.monotonic() - start
+    assert "another apt-get holds the package lists; waiting for it" in done.stderr, done.stderr
+    if ok:
+        assert done.returncode == 0, done.stderr
+        assert took >= held_for - 1, took
+    else:
+        assert done.returncode == 100, done.stderr
+        assert "Could not get lock" in done.stderr and "this failed (exit status 100): apt-get update" in done.stderr
