@@ -287,3 +287,81 @@ def test_gpu_whole_step_peak_memory_is_no_higher_than_the_per_region_transforms(
           f"{per_region['reserved'] / mib:.1f}; cuBLAS workspace {whole['workspace'] / mib:.1f} MiB")
     assert whole["peak"] <= per_region["peak"] + mib, (whole, per_region)
     assert whole["reserved"] <= per_region["reserved"], (whole, per_region)
+
+
+#: The zoo's training protocols and the optimizer each one steps (as `thunder_nb.testing.zoo_protocols` runs them).
+TRAINING = {"train": "adamw", "logged": "adamw", "autocast": "adamw", "zero-grad": "sgd", "batchnorm": "sgd"}
+#: Cases that thunder itself cannot run, and the words that say so: the report must name them, with the fix.
+REFUSED = {("mobilenet_v3_small", "batchnorm"): "Only inplace=False is currently supported in dropout"}
+
+
+def _training_cases():
+    for name, model in MODELS.items():
+        for protocol in model.protocols:
+            if protocol in TRAINING:
+                yield name, protocol
+
+
+def _whole_step_case(name, protocol, steps, executors=()):
+    """`thunder_nb.testing.zoo_protocols._train`'s loop with `jit_step` in place of the compiled loss and the optimizer."""
+    import contextlib
+
+    model = MODELS[name]
+    net = model.build("cuda").train()
+    opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if TRAINING[protocol] == "adamw"
+           else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+    step = jit_step(net, model.loss(net), opt, executors=executors)
+    losses = []
+    for i in range(steps):
+        args, targets = model.batch(i, "cuda")
+        with (torch.autocast("cuda", dtype=torch.bfloat16) if protocol == "autocast" else contextlib.nullcontext()):
+            loss = step(*args, targets)
+        losses.append(loss.item() if protocol == "logged" else loss.detach().float().clone())
+    state = {n: t.detach().clone() for n, t in [*net.named_parameters(), *net.named_buffers()]}
+    return {"losses": losses, "state": state}, step
+
+
+@pytest.mark.parametrize("name,protocol", list(_training_cases()))
+def test_gpu_every_zoo_training_case_runs_whole_step_or_the_report_names_what_stops_it(name, protocol):
+    """#34's last point on the H200: each zoo training case, 6 steps of `jit_step` (3 uncaptured, the recording, 2
+    replays) against eager's loop from the same initial state, parameters and buffers compared; where thunder's words
+    for a failure say to leave its sdpa executor out, that choice must run it; a case thunder cannot run at all must
+    be named, with its fix, by `thunder_nb.step.capturability`."""
+    from thunder_nb.diagnosis.failures import known_limit
+    from thunder_nb.step import capturability
+    from thunder_nb.testing.zoo import FLOAT32, missing_package, run_protocol
+
+    model = MODELS[name]
+    if missing_package(model):
+        pytest.skip(f"needs the {missing_package(model)} package (the zoo extra)")
+    steps = 6
+    reference = run_protocol(name, protocol, "eager", steps=steps)
+    assert reference.error is None, reference.error
+    try:
+        try:
+            values, step = _whole_step_case(name, protocol, steps)
+        except StepRefused:
+            raise
+        except Exception as e:
+            limit = known_limit(e)
+            if not (limit and "no-sdpa" in f"{limit[0]}: {limit[1]}"):
+                raise
+            print(f"\n{name} {protocol}: {e!s:.200}; thunder's words say to leave its sdpa executor out: trying that")
+            values, step = _whole_step_case(name, protocol, steps, executors=["no-sdpa"])
+    except Exception as e:
+        if (name, protocol) not in REFUSED:
+            raise
+        assert REFUSED[name, protocol] in str(e), e
+        net = model.build("cuda").train()
+        args, targets = model.batch(0, "cuda")
+        report = capturability(net, model.loss(net), torch.optim.SGD(net.parameters(), lr=0.01), *args, targets)
+        assert report.blockers and all(b.fix for b in report.blockers), report
+        assert any(REFUSED[name, protocol] in str(b) for b in report.blockers), report.blockers
+        print(f"\n{name} {protocol}: not whole-step; the report names it: {report.blockers[0]}")
+        return
+    assert (name, protocol) not in REFUSED, "thunder runs it now: take it out of REFUSED"
+    rtol, atol = TOLERANCES.get(protocol, FLOAT32)
+    c = compare_values(values, reference.values, rtol=rtol, atol=atol, reference="eager's")
+    assert c.matches, c.difference
+    assert step.graphs_recorded == 1, step.recordings
+    print(f"\n{name} {protocol}: whole step, 1 graph, equal to eager (max abs error {c.max_abs_error:.2e})")
