@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import render  # NOTE: a Report shows itself through it (`diagnosis.model.VIEWS`); it never imports thunder
+from .cudagraph.notices import install_warning_format
 from .diagnosis.model import Defect, Outside, Region, Report, Site, TraceReport, Value
 
 __all__ = [
@@ -31,6 +32,10 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# NOTE: thunder-nb's warnings, printed as one line addressed to the user (`thunder-nb: RecaptureWarning: ...`) in plain
+# Python too, not as the library file and line of code that raised them; every other warning keeps its format
+install_warning_format()
 
 
 def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import copy
+import inspect
+import re
+import textwrap
+from collections.abc import Iterable
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import MagicHelpFormatter, argument, magic_arguments
 
 from .cudagraph.capture import CAPTURE_WORDS
 from .notebook import magic_line, magic_show
@@ -138,23 +145,48 @@ class ThunderCUDAGraphMagics(Magics):
                 magic_show.compare_and_show(in_shell, args, fn, call_args, call_kwargs, views, executors, progress)
 
 
-def _help_text(doc: str) -> str:
-    """The magic's help as a notebook user reads it: the usage line of a cell magic (``%%``, not IPython's ``%``) under
-    "Usage:" (not reStructuredText's ``::``), and argparse's choices without the brackets magic_arguments adds."""
-    import re
+class _NotebookHelpFormatter(MagicHelpFormatter):
+    """IPython's help formatter for a magic, as a notebook user reads a cell magic's help: the usage line with ``%%``
+    (IPython writes ``%``) under "Usage:" (not reStructuredText's ``::``), each option's value as argparse writes it
+    (``--whole-step MODEL,OPTIMIZER``, ``--original {stock,legacy}``: no ``<...>``, which is for reStructuredText),
+    wrapped for an 80-column screen whatever the terminal (the same help in every notebook; its test is exact)."""
 
-    head, _, rest = doc.partition("\n\n")
-    usage, _, body = rest.partition("\n\n")
-    if head.strip() == "::" and usage.lstrip().startswith("%thunder_cudagraph"):
-        # NOTE: one more character on the first line: continuation lines move right by one to stay aligned
-        lines = usage.replace("%thunder_cudagraph", "%%thunder_cudagraph", 1).splitlines()
-        usage = "\n".join([lines[0]] + [" " + line for line in lines[1:]])
-        doc = f"Usage:\n\n{usage}\n\n{body}"
-    doc = re.sub(r"<(\{[^}]*\})>", r"\1", doc)
-    return doc.replace("defined anywhere in the notebook::", "defined anywhere in the notebook:")
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_HELP_WIDTH)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        return argparse.HelpFormatter._format_action_invocation(self, action)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # NOTE: never at a hyphen: `mode="reduce-overhead"` is code, and a line break inside it reads as a typo
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def add_usage(self, usage: str | None, actions: Iterable[argparse.Action], groups: Iterable[Any],
+                  prefix: str | None = None) -> None:
+        # NOTE: argparse indents the usage's continuation lines by the prefix's length: "  %%" puts them under the
+        # first argument; "Usage:" is put above it afterwards, where it moves nothing
+        argparse.HelpFormatter.add_usage(self, usage, actions, groups, "  %%")
 
 
-ThunderCUDAGraphMagics.thunder_cudagraph.__doc__ = _help_text(ThunderCUDAGraphMagics.thunder_cudagraph.__doc__ or "")
+#: The help's width: argparse's own for an 80-column terminal.
+_HELP_WIDTH = 78
+
+
+def _help_text(parser: argparse.ArgumentParser) -> str:
+    """The magic's help as a notebook user reads it (`_NotebookHelpFormatter`), its text as plain text: code in single
+    backticks (reStructuredText's are doubled), an example under a line that ends in one colon (not two), prose
+    filled to the options' width."""
+    text = re.sub(r"``([^`]+)``", r"`\1`", re.sub(r"::$", ":", inspect.cleandoc(parser.description or ""), flags=re.M))
+    # NOTE: prose is filled to the width of the options below it; the indented example keeps its lines
+    paragraphs = [p if p.startswith(" ") else textwrap.fill(" ".join(p.split()), _HELP_WIDTH, break_on_hyphens=False)
+                  for p in text.split("\n\n")]
+    shown = copy.copy(parser)  # NOTE: a copy: the parser that parses the magic's line keeps IPython's formatter
+    shown.formatter_class = _NotebookHelpFormatter
+    shown.description = "\n\n".join(paragraphs)
+    return "Usage:\n\n" + shown.format_help()
+
+
+ThunderCUDAGraphMagics.thunder_cudagraph.__doc__ = _help_text(ThunderCUDAGraphMagics.thunder_cudagraph.parser)
 
 
 def options_markdown() -> str:

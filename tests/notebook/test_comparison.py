@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -527,3 +528,68 @@ def test_a_hazard_that_did_not_show_is_said_so_and_each_side_has_its_colour():
     assert html.index('<span class="tnb-bad" style="color:#e03131">original (stock): wrong result') < html.index(
         '<span class="tnb-good" style="color:#2b8a3e">fixed: ')
     assert 'class="tnb-note"' in html  # NOTE: the CPU's eager-mode phrase, neither good nor bad
+
+
+def test_a_side_with_only_warnings_is_amber_and_one_with_a_wrong_result_red():
+    """Each side's phrase has its worst finding's colour: the legacy transform's warnings alone (no error, a run that
+    matches eager) are amber; thunder's own transform's graph memory saved for the backward, a wrong result, red."""
+    legacy = compare(programs.mlp, programs.mlp_inputs(), training=True, original="legacy", **FAST)
+    stock = compare(programs.mlp, programs.mlp_inputs(), training=True, **FAST)
+    assert legacy.original.defects and {d.severity for d in legacy.original.defects} == {"warning"}
+    assert legacy.results["original"].ok
+    assert "wrong result" in {d.severity for d in stock.original.defects}
+    amber = legacy.verdict_html()
+    warns = len(legacy.original.defects)
+    assert f'<span class="tnb-warn" style="color:#e8590c">original (legacy): {warns} warnings (' in amber
+    assert '<span class="tnb-good" style="color:#2b8a3e">fixed: ' in amber
+    assert '<span class="tnb-bad" style="color:#e03131">original (stock): wrong result: ' in stock.verdict_html()
+    assert "#e8590c" not in stock.verdict_html() and "#e03131" not in amber
+
+
+# --- at the Python prompt ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nanogpt() -> Comparison:
+    """thunder's bundled nanoGPT, one training step's loss (small widths: the CPU traces it in seconds)."""
+    from thunder_nb.testing.models import model_case
+
+    case = model_case("nanoGPT", layers=2, width=32, heads=2, vocab=64, batch=2, seq=8)
+    return compare(case.step, case.make_batch(0), repeats=1)
+
+
+def _counted(defects) -> str:
+    """The defects as the text report counts them: wrong results apart from errors."""
+    wrong = sum(d.severity == "wrong result" for d in defects)
+    errors = sum(d.severity == "error" for d in defects)
+    return f"{wrong} wrong results, {errors} errors, {len(defects) - wrong - errors} warnings"
+
+
+def test_reprs_at_the_python_prompt_are_one_short_line(nanogpt):
+    """``report.forward`` was a dataclass dump of 770,936 characters (notebook 05's step), a `Comparison` of 1,100+."""
+    c, orig = nanogpt, nanogpt.original
+    assert c.results["original"].ok and c.results["fixed"].ok
+    assert orig.forward.defects and orig.backward.defects
+    shown = {"comparison": repr(c), "report": repr(orig), "forward": repr(orig.forward),
+             "backward": repr(orig.backward), "region": repr(orig.forward.regions[0])}
+    assert all("\n" not in r and len(r) < 200 for r in shown.values()), {k: len(r) for k, r in shown.items()}
+    assert shown["forward"] == (f"<TraceReport 'computation' forward: 1 region, 0 islands, "
+                                f"{_counted(orig.forward.defects)}>")
+    assert shown["backward"].startswith("<TraceReport 'backward_fn' backward: 1 region, 0 islands, ")
+    assert shown["region"].startswith("<Region 'CUDAGraph1' @") and shown["region"].endswith(", ran eagerly>")
+    assert shown["comparison"] == (
+        f"<Comparison 'nanoGPT_step' on cpu: stock: 2 regions, 0 islands, {_counted(orig.defects)}, matches eager; "
+        "fixed: 2 regions, 0 islands, 0 errors, 0 warnings, matches eager>")
+
+
+def test_a_reports_repr_counts_wrong_results_apart_from_errors_as_its_text_does(nanogpt):
+    orig = nanogpt.original
+    assert orig.rules and all(d.severity in ("wrong result", "warning") for d in orig.defects)
+    # NOTE: the repr said "71 errors" where the text report's verdict says "100 wrong results, 0 errors"
+    verdict = re.search(r"^verdict: .*\((\d+) wrong results, (\d+) errors, (\d+) warnings\)$", orig.to_text(), re.M)
+    per_trace = re.findall(r"(\d+) wrong results?, (\d+) errors?, (\d+) warnings?", repr(orig))
+    assert len(per_trace) == 2 and verdict is not None, repr(orig)
+    assert [sum(int(t[k]) for t in per_trace) for k in range(3)] == [int(g) for g in verdict.groups()]
+    assert repr(orig) == (f"<Report 'nanoGPT_step' (stock): forward: 1 region, 0 islands, "
+                          f"{_counted(orig.forward.defects)}; backward: 1 region, 0 islands, "
+                          f"{_counted(orig.backward.defects)}>")

@@ -44,6 +44,21 @@ __all__ = [
 LAUNCH_HOST_US: float = 4.0
 
 
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
+def _defect_counts(defects: tuple[Defect, ...]) -> str:
+    """``2 wrong results, 1 error, 3 warnings``, counted as the text report counts them: a wrong result apart from an
+    error, and a defect that kills the process apart from both; those two only where there are any."""
+    crash = sum(1 for d in defects if d.severity == "crashes the process")
+    wrong = sum(1 for d in defects if d.severity == "wrong result")
+    errors = sum(1 for d in defects if d.severity == "error")
+    warns = len(defects) - crash - wrong - errors
+    worst = ([f"{crash} crashing the process"] if crash else []) + ([_n(wrong, "wrong result")] if wrong else [])
+    return ", ".join(worst + [_n(errors, "error"), _n(warns, "warning")])
+
+
 @dataclass(frozen=True, slots=True)
 class TypeInfo:
     """What thunder's type comment says of a value, e.g. ``"cuda:0 f32[8, 16]"`` or ``"float ?"``."""
@@ -190,6 +205,14 @@ class Region:
     def scalar_handoffs(self) -> tuple[ScalarHandoff, ...]:
         """Numbers handed to the region on the device."""
         return self.plan.scalar_handoffs if self.plan is not None else ()
+
+    def __repr__(self) -> str:
+        """One line at the Python prompt (the dataclass's own holds every op and the source: 100,000s of characters for
+        a model's region); `source` and `ops` have the rest."""
+        ran = {True: "captured", False: "ran eagerly"}.get(self.captured, "not run")
+        return (f"<Region {self.name!r} @{self.position}: {_n(len(self.compute_ops), 'op')}, "
+                f"≈{_n(self.kernels, 'kernel')}, {_n(len(self.inputs), 'input')}, {_n(len(self.outputs), 'output')}, "
+                f"{ran}>")
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +361,16 @@ class TraceReport:
         """Capturable ops no region took (a one-op stretch): they run eagerly, and are not islands."""
         return tuple(o for o in self.outside if o.reason == "unfused")
 
+    def _counts(self) -> str:
+        """``forward: 1 region, 0 islands, 2 wrong results, 0 errors, 3 warnings``: what `Report`'s repr says of it."""
+        return (f"{self.kind}: {_n(len(self.regions), 'region')}, {_n(len(self.islands), 'island')}, "
+                f"{_defect_counts(self.defects)}")
+
+    def __repr__(self) -> str:
+        """One line at the Python prompt, e.g. ``<TraceReport 'computation' forward: 1 region, ...>`` (the dataclass's
+        own holds every op, value and source line: 770,936 characters for notebook 05's nanoGPT step)."""
+        return f"<TraceReport {self.name!r} {self._counts()}>"
+
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -375,18 +408,10 @@ class Report:
         return VIEWS["text"](self)
 
     def __repr__(self) -> str:
-        """One line at the Python prompt: the function, the transform, each trace's counts; ``to_text()`` has the
-        rest."""
-        def n(k: int, word: str) -> str:
-            return f"{k} {word}{'' if k == 1 else 's'}"
-
-        def counts(t: TraceReport) -> str:
-            errors = sum(1 for d in t.defects if d.is_error)
-            return (f"{t.kind}: {n(len(t.regions), 'region')}, {n(len(t.islands), 'island')}, "
-                    f"{n(errors, 'error')}, {n(len(t.defects) - errors, 'warning')}")
-
+        """One line at the Python prompt: the function, the transform, each trace's counts (`TraceReport._counts`: its
+        defects counted as the text report counts them); ``to_text()`` has the rest."""
         error = f", error={self.error!r}" if self.error else ""
-        return f"<Report {self.function!r} ({self.transform}): {'; '.join(counts(t) for t in self.traces)}{error}>"
+        return f"<Report {self.function!r} ({self.transform}): {'; '.join(t._counts() for t in self.traces)}{error}>"
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return VIEWS["mimebundle"](self, include=include, exclude=exclude)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..diagnosis.model import Report
-from ..render.common import plural, severity_counts
+from ..render.common import count_phrases, plural, severity_counts
 from .outcome import PEER, Outcome
 from .verdict import (
     WRONG_WHEN,
@@ -249,6 +249,27 @@ class Comparison:
         from .. import render
 
         return self.verdict_html() + render.side_by_side_html(self.original, self.fixed) + self.run_html()
+
+    def __repr__(self) -> str:
+        """One line at the Python prompt, each side named as `Report`'s repr names it (``stock``, ``legacy``,
+        ``fixed``): its regions, islands and defects (counted as the text report counts them) and how its run went;
+        `verdict` and `to_text` have the words. The dataclass's own repr dumped both reports, every field of them."""
+        def side(label: str, report: Report, out: Outcome) -> str:
+            regions = sum(len(t.regions) for t in report.traces)
+            islands = sum(len(t.islands) for t in report.traces)
+            if out.failure:
+                run = _failure_phrase(out.failure)
+            elif not out.ran:
+                run = "not run"
+            else:
+                run = "matches eager" if out.ok else "differs from eager"
+            return (f"{label}: {plural(regions, 'region')}, {plural(islands, 'island')}, "
+                    f"{', '.join(count_phrases(report.defects))}, {run}")
+
+        device = "cuda" if self.on_cuda else "cpu"
+        return (f"<Comparison {self.function!r} on {device}: "
+                f"{side(self.original_kind, self.original, self.results['original'])}; "
+                f"{side('fixed', self.fixed, self.results['fixed'])}>")
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         makers = {"text/plain": self.to_text, "text/html": self.to_html}

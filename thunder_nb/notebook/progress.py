@@ -23,7 +23,11 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 @contextlib.contextmanager
 def addressed_warnings() -> Iterator[None]:
-    """Show each warning thunder-nb's own code raises while the magic runs as one line addressed to the user."""
+    """Show each warning thunder-nb's own code raises while the magic runs as one line addressed to the user.
+
+    thunder-nb's own categories are printed so everywhere (`thunder_nb.cudagraph.notices.install_warning_format`);
+    here any other category raised in its files (a plain ``UserWarning``) is addressed to the magic too.
+    """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         yield
