@@ -469,3 +469,21 @@ def test_the_stock_side_counts_a_graph_only_when_one_was_made(fails, monkeypatch
     runner = transform.cuda_graph_runner
     (name,) = runner.python_callables
     assert len(runner.region_stats(name).graphs) == runner.graphs_captured == 1
+
+
+def test_a_view_of_an_input_whose_copy_has_other_strides_is_copied_out_with_a_thunder_nb_warning():
+    """An input with overlapping elements (``expand``) is copied into a contiguous buffer: a returned view of it cannot
+    be made again on the caller's tensor, so it is copied out, and the warning says so in thunder-nb's category (one
+    line to the user, `thunder_nb.cudagraph.notices.install_warning_format`), not as a bare UserWarning."""
+    from thunder_nb.cudagraph.notices import ViewCopyWarning, is_own
+
+    def f(x):
+        return x[1:], x * 2
+
+    x = torch.randn(3, 1).expand(3, 4)
+    with emulated_capture():
+        jfn = thunder.jit(f, transforms=[emulated()])
+        with pytest.warns(ViewCopyWarning, match="returns a view of its input 0, whose copy has other strides") as got:
+            view, doubled = jfn(x)
+    assert all(is_own(w.category) for w in got if issubclass(w.category, ViewCopyWarning))
+    assert torch.equal(view, x[1:]) and torch.equal(doubled, x * 2)

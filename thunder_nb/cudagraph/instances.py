@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import internals
+from .notices import ViewCopyWarning
 
 __all__ = [
     "Instance",
@@ -237,6 +238,7 @@ def view_plan(
                     f"thunder-nb: {fn_name} returns a view of its input {i}, whose copy has other strides "
                     f"({tuple(s.stride())} against {tuple(a.stride())}, an input with overlapping elements); "
                     "that output is copied out of the graph's memory when it leaves the function",
+                    ViewCopyWarning,
                     stacklevel=4,
                 )
                 break

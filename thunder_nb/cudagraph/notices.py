@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["HeldOutputsWarning", "EagerFallbackWarning", "RecaptureWarning", "is_own", "one_line",
+__all__ = ["HeldOutputsWarning", "EagerFallbackWarning", "RecaptureWarning", "ViewCopyWarning", "is_own", "one_line",
            "install_warning_format"]
 
 #: What a thunder-nb warning's line starts with (its messages start with it too; it is shown once).
@@ -22,6 +22,10 @@ class EagerFallbackWarning(UserWarning):
 
 class RecaptureWarning(UserWarning):
     """A region read too many values of a Python number to capture a graph for each: it runs without a graph."""
+
+
+class ViewCopyWarning(UserWarning):
+    """A region returns a view of an input whose copy has other strides: that output is copied out, not re-viewed."""
 
 
 def is_own(category: Any) -> bool:
