@@ -200,13 +200,16 @@ def test_a_gpu_only_paragraph_is_left_out_of_the_cpu_runs_check_and_no_other():
 #: time, as "copied at the last replay"; notebook 03's count of results copied out, before rotation handed two of
 #: them out where they lay; the memory plan's rotation clause on every "copied out" row, regions that save for a
 #: backward included, before "copied out" and "handed out (rotation)" became two rows; a warning printed as the library
-#: file and line that raised it, before thunder-nb's warnings became one line to the user). `STALE`: the notebooks whose
+#: file and line that raised it, before thunder-nb's warnings became one line to the user; a too-big full diagram said
+#: to be "listed by module below and in the generated code" where no listing followed, before fused ops got the module
+#: tree). `STALE`: the notebooks whose
 #: stored outputs came
 #: from before those changes, until the next H200 run (``python -m thunder_nb notebooks --in-place``) replaces them;
 #: strict, so that the run which removes them fails here until the entry goes (and the prose is read again).
 RETIRED = ("inductor decides for", "AccumulateGrad node's stream does not match",
            "nor a parameter or module buffer", "tensors copied out in 3 calls",
-           "another instance serves the next call (rotation)", "RecaptureWarning: thunder-nb:")
+           "another instance serves the next call (rotation)", "RecaptureWarning: thunder-nb:",
+           "listed by module below and in the generated code")
 STALE = {"02_islands", "04_training_step", "05_nanogpt_training", "06_real_model"}
 
 

@@ -1,16 +1,18 @@
 """Issue 32's points 2, 8, 9, 10 as a user meets them: one name and one count for islands, text of at least 11 px at
-the notebook's column width, a real model drawn as a module hierarchy small enough for a notebook, and kernel counts
-that are inductor's own or say who decides.
+the notebook's column width, a real model drawn as a module hierarchy small enough for a notebook (fused by inductor
+too), and kernel counts that are inductor's own and its library calls, or say who decides.
 
 Reports come from real thunder traces (thunder's bundled 6-layer nanoGPT training step under thunder-nb's transform
-with the emulated capture of `thunder_nb.testing`); diagrams from real ``dot``; the browser test drives Debian's
-Chromium through Playwright (never ``playwright install``) and leaves screenshots in ``out/test-artifacts/``.
+with the emulated capture of `thunder_nb.testing`, with and without ``--executors torchcompile``); diagrams from real
+``dot``; the browser test drives Debian's Chromium through Playwright (never ``playwright install``) and leaves
+screenshots in ``out/test-artifacts/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 import shutil
 import warnings
 import xml.etree.ElementTree as ET
@@ -19,8 +21,8 @@ import pytest
 
 import programs
 from thunder_nb import render
-from thunder_nb.diagnosis import analysis
-from thunder_nb.diagnosis.model import Report
+from thunder_nb.diagnosis import analysis, build
+from thunder_nb.diagnosis.model import FusedGroup, Report
 
 pytestmark = pytest.mark.slow  # NOTE: a 6-layer nanoGPT traced once for the module (about 24 s)
 
@@ -32,16 +34,17 @@ PANES_PER_CELL = 4
 NOTEBOOK_05_VIEWS = (("diagram", "lifetimes"), ("diagram",))
 
 
-def _fixed(fn, args, body, **options) -> Report:
+def _fixed(fn, args, body, executors: tuple[str, ...] = (), **options) -> Report:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import thunder
 
+        from thunder_nb.cudagraph.executors import executor_list
         from thunder_nb.fix import FixedCUDAGraphTransform
         from thunder_nb.testing import emulated_capture
 
     t = FixedCUDAGraphTransform(capture=False, **options)
-    jfn = thunder.jit(fn, transforms=[t])
+    jfn = thunder.jit(fn, transforms=[t], executors=executor_list(executors))
     with emulated_capture():
         t.cuda_graph_runner.capture = True
         body(jfn, args)
@@ -55,6 +58,16 @@ def nanogpt() -> Report:
 
     case = model_case("nanoGPT", layers=6, width=64, heads=2, vocab=128, batch=2, seq=16)
     return _fixed(case.step, case.make_batch(0), lambda jfn, args: jfn(*args).backward())
+
+
+@pytest.fixture(scope="module")
+def nanogpt_fused() -> Report:
+    """The same step with ``--executors torchcompile``: inductor fuses each trace's region into one group (about 70 s:
+    inductor compiles both on the CPU)."""
+    from thunder_nb.testing.models import model_case
+
+    case = model_case("nanoGPT", layers=6, width=64, heads=2, vocab=128, batch=2, seq=16)
+    return _fixed(case.step, case.make_batch(0), lambda jfn, args: jfn(*args).backward(), executors=("torchcompile",))
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +145,144 @@ def test_a_models_ops_are_grouped_by_module_with_repeated_blocks_folded(nanogpt)
         at = markup.index(part, at)
     assert "<details open" not in markup  # NOTE: one level opens per click
     assert render.html.trees_html(bwd).count(", ×") >= 1  # the backward folds its blocks too
+
+
+def _one_fusion():
+    """A trace of one region that is one fused group, from source text: the group's ops are not known."""
+    return analysis.analyze_source(
+        'def computation(x):\n  # x: "cuda:0 f32[8]"\n  [t1] = CUDAGraph1(x)\n  return (t1,)\n\n'
+        'def CUDAGraph1(x):\n  [t1] = TorchCompile0(x)  # t1: "cuda:0 f32[8]"\n  return [t1]\n', kind="forward")
+
+
+def _modules(g: render.modules.Group) -> list:
+    """A module tree's modules, nested: (name, repeat, submodules)."""
+    return [(i.name, i.repeat, _modules(i)) for i in g.items if isinstance(i, render.modules.Group)]
+
+
+def test_a_fused_models_ops_are_grouped_by_module_as_the_unfused_ones(nanogpt, nanogpt_fused):
+    """Inductor's fusion leaves a region one op (``TorchCompile0``): its tree groups the ops fused in it, which read the
+    module parameters as unfused ops do, into the unfused region's modules, repeated blocks folded."""
+    fwd, bwd = nanogpt_fused.forward, nanogpt_fused.backward
+    (region,) = fwd.regions
+    (group,) = region.fusions
+    assert [o.callee for o in region.compute_ops] == ["TorchCompile0"]  # NOTE: what the tree had to draw before
+    markup = render.html.trees_html(fwd)
+    at = 0
+    for part in [f"CUDAGraph1 by module: {len(group.ops)} ops, all fused in TorchCompile0 (one block of each folded",
+                 ">transformer</span>", ">h.0 … h.5, ×6</span>", ">attn</span>", "(in TorchCompile0)",
+                 ">lm_head</span>"]:
+        at = markup.index(part, at)
+    fused_tree = render.modules.module_tree(fwd, region)
+    assert _modules(fused_tree) == _modules(render.modules.module_tree(nanogpt.forward, nanogpt.forward.regions[0]))
+    assert [g.name for g in fused_tree.items if isinstance(g, render.modules.Group)] == ["transformer", "lm_head"]
+    # the backward: thunder's fusion moves weight-gradient sums after other modules' ops; each module stays one box
+    (bregion,) = bwd.regions
+    transformer = next(g for g in render.modules.module_tree(bwd, bregion).items
+                       if isinstance(g, render.modules.Group) and g.name == "transformer")
+    blocks = [(g.name, g.repeat) for g in transformer.items if isinstance(g, render.modules.Group)]
+    assert ("h.5 … h.1", 5) in blocks and ("h.0", 1) in blocks and len(blocks) == len(set(blocks)), blocks
+    assert "CUDAGraph2 by module: " in render.html.trees_html(bwd)
+
+
+def test_library_calls_add_to_inductors_count_and_never_to_an_unknown_one():
+    """inductor's ``generated_kernel_count`` leaves out the matmuls, convolutions and attention it hands to a library;
+    a group whose count is not known still gets no figure (its library calls would be only part of it)."""
+    (region,) = _one_fusion().regions
+    ops = ("linear", "sin", "matmul", "linear", "scaled_dot_product_attention", "convolution", "add")
+
+    def with_group(group: FusedGroup):
+        kernels = build.estimate_kernels(region.ops, {}, {group.name: group})
+        return dataclasses.replace(region, fusions=(group,), kernels=kernels)
+
+    counted = with_group(FusedGroup("TorchCompile0", "inductor", ops, 2))
+    assert counted.kernels == 7 and render.common.kernels(counted) == "≈7 kernels"
+    assert render.common.fused_line(counted.fusions[0], limit=2) == (
+        "TorchCompile0: 7 ops fused (inductor), inductor generated 2 kernels + 5 library calls (linear ×2, matmul, "
+        "scaled_dot_product_attention, convolution): linear, sin, +5 more")
+    assert render.common.replay_kernels(counted).startswith("≈7 kernels per replay, 5 of them library calls (")
+    assert build.library_calls(counted.fusions[0]) == ("linear", "matmul", "linear", "scaled_dot_product_attention",
+                                                       "convolution")
+    unknown = with_group(FusedGroup("TorchCompile0", "inductor", ops, None))
+    assert unknown.kernels == 1 and render.common.kernels(unknown) == "kernels: inductor decides (1 fused group)"
+    assert render.common.fused_line(unknown.fusions[0], limit=2) == (
+        "TorchCompile0: 7 ops fused (inductor), inductor decides its kernels: linear, sin, +5 more")
+    assert "library" not in render.common.replay_kernels(unknown)
+    # NOTE: nvFuser may generate its matmuls itself: no library calls are read into its groups
+    assert build.library_calls(FusedGroup("nvFusion0", "nvFuser", ops, None)) == ()
+
+
+@pytest.mark.slow
+def test_a_fused_groups_library_calls_are_the_extern_kernels_inductor_calls():
+    """The library calls counted from a fused group's ops are the extern kernels inductor's own code calls (a
+    vector's matmul is inductor's arithmetic), and the region adds them to inductor's generated kernels."""
+    import torch
+    import torch.nn.functional as F
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    def f(x, w, b, q, k, img, cw, v):
+        y = F.linear(x, w, b).sin()
+        a = (q @ k.transpose(-1, -2)).softmax(-1)
+        c = F.conv2d(img, cw).relu()
+        return y.sum() + a.sum() + c.sum() + v @ v
+
+    g = torch.Generator().manual_seed(0)
+    args = tuple(torch.randn(*shape, generator=g) for shape in
+                 ((2, 3, 8), (4, 8), (4,), (1, 2, 4, 8), (1, 2, 4, 8), (1, 3, 6, 6), (2, 3, 3, 3), (5,)))
+    code: list[str] = []
+
+    def body(jfn, args):
+        with config.patch({"fx_graph_cache": False}):  # NOTE: inductor's code of a compile, not of a cache hit
+            code.extend(run_and_get_code(jfn, *args)[1])
+
+    report = _fixed(f, args, body, executors=("torchcompile",))
+    (region,) = report.forward.regions
+    (group,) = region.fusions
+    extern = re.findall(r"extern_kernels\.(\w+)\(", "".join(code))
+    assert sorted(extern) == ["addmm", "bmm", "convolution"]
+    assert group.kernels and region.kernels == group.kernels + len(extern)
+    assert f"inductor generated {render.common.plural(group.kernels, 'kernel')} + 3 library calls (linear, matmul, " \
+           "conv2d): " in render.report_text(report)
+    assert build.library_calls(group) == ("linear", "matmul", "conv2d") and group.ops.count("matmul") == 2
+
+
+def test_the_kernel_label_of_a_fused_model_counts_its_library_calls(nanogpt_fused):
+    (region,) = nanogpt_fused.forward.regions
+    (group,) = region.fusions
+    # NOTE: 4 linears a block and the head; attention's 2 matmuls a block (on the CPU thunder decomposes attention)
+    assert {k: n for k, n in Counter(group.ops).items() if k in ("linear", "matmul")} == {"linear": 25, "matmul": 12}
+    assert region.kernels == group.kernels + 37
+    text = render.report_text(nanogpt_fused)
+    # NOTE: the region's ops as its unfused self counts them (the fused ops and the calls left out of the group)
+    assert len(region.every_op) == len(group.ops) + len(region.compute_ops) - 1
+    assert f"CUDAGraph1 @0: {len(region.every_op)} ops, ≈{region.kernels} kernels, captured" in text
+    assert (f"TorchCompile0: {len(group.ops)} ops fused (inductor), inductor generated {group.kernels} kernels + 37 "
+            "library calls (linear ×25, matmul ×12): arange, ") in text
+    source = render.region_diagram(nanogpt_fused.forward).source
+    assert f"CUDAGraph1: captured, ≈{region.kernels} kernels per replay, 37 of them library calls (" in source
+    assert "+ 37 library calls\\n" in source  # NOTE: the fused group's box: a line of its own
+    assert Counter(build.library_calls(group)) == {"linear": 25, "matmul": 12}
+
+
+@pytest.mark.dot
+@needs_dot
+def test_a_full_diagram_too_big_to_show_counts_fused_ops_and_names_only_listings_that_follow(nanogpt_fused,
+                                                                                            monkeypatch):
+    fwd = nanogpt_fused.forward
+    n = len(fwd.regions[0].fusions[0].ops)
+    shown, full, drawn = render.html._diagram_parts(fwd)
+    assert drawn and f"full diagram: {n} ops, all in 1 fused group (" in full
+    assert full.endswith("too big to show; its ops are listed by module below</p>")  # NOTE: not in the generated code
+    report = render.report_html(nanogpt_fused)
+    assert report.index("its ops are listed by module below") < report.index("CUDAGraph1 by module:")
+    pane = render.html.side_html(nanogpt_fused)
+    assert pane.index("CUDAGraph1 by module:") < pane.index("its ops are listed by module above")
+    assert "listed by module below" not in pane
+    # a region whose fused ops are not known (source text) has no tree: nothing is said to list them
+    monkeypatch.setattr(render.html, "FULL_MAX_BYTES", 0)
+    monkeypatch.setattr(render.html, "FIT", (1, 1))
+    _, full, _ = render.html._diagram_parts(_one_fusion())
+    assert "full diagram: 1 op (" in full and full.endswith(": too big to show</p>") and "listed" not in full
 
 
 def test_a_memory_plan_row_of_a_models_parameters_lists_a_few_and_folds_the_rest(nanogpt):

@@ -15,7 +15,14 @@ from .ops import BOOKKEEPING_NAMES, COLLECTION_NAMES, METADATA_NAMES, VIEW_NAMES
 from .plans import HAND_OUT_NAME, RegionStats
 from .source import ParsedFunction
 
-__all__ = ["estimate_kernels", "build", "fused_group"]
+__all__ = [
+    "LIBRARY_NAMES",
+    "estimate_kernels",
+    "group_kernels",
+    "library_calls",
+    "build",
+    "fused_group",
+]
 
 
 #: View-like ops that copy when they change the dtype or device (``to``, ``float``, ``type_as``).
@@ -30,6 +37,19 @@ _NO_KERNEL = (
 )
 #: Fusion symbols by name, for source text (a live trace says so itself: ``sym.is_fusion``).
 _FUSION_NAME = re.compile(r"^(?:TorchCompile|nvFusion)\d+$")
+#: thunder's names of the ops inductor hands to a library instead of generating a kernel for them (its extern kernels:
+#: matmuls to cuBLAS, convolutions to cuDNN, attention to torch's flash or efficient kernels), by default: without
+#: ``max_autotune``, which may choose a generated template instead. Each is one library call (`library_calls`).
+LIBRARY_NAMES = frozenset({
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm",
+    "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "convolution_backward",
+    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
+})
+#: Of `LIBRARY_NAMES`, those whose vector forms (``dot``, ``mv``) inductor decomposes into arithmetic it generates.
+_MATRIX_OPERANDS = frozenset({"linear", "matmul"})
 
 
 def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
@@ -39,11 +59,12 @@ def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
     Each call that launches work counts 1; these count 0: dels, the return and unpacking, views
     (`thunder_nb.diagnosis.ops.VIEW_NAMES`), metadata reads (``METADATA_NAMES``), thunder's ``update_aliases``,
     arithmetic on Python numbers alone (no tensor in or out), and ``to``/``float``/``type_as`` when the
-    dtype and device stay the same. A fusion symbol counts as its `FusedGroup.kernels`: the kernels inductor
-    generated for it (thunder-nb's torchcompile executor notes them when it compiles), or 1 when no count is
+    dtype and device stay the same. A fusion symbol counts as `group_kernels`: the kernels inductor generated for it
+    (thunder-nb's torchcompile executor notes them when it compiles) and 1 per library call among its ops
+    (`library_calls`: matmuls, convolutions, attention, which inductor does not generate), or 1 when no count is
     known (nvFuser, thunder's own executor; `Region.undecided`). So ``≈``, never a bound: an op like
     ``cross_entropy`` launches several kernels and counts 1, a ``reshape`` of a strided tensor copies and counts 0,
-    and a fusion's matmuls (library calls) are not among inductor's generated kernels.
+    and a library call may launch more than one kernel.
 
     Args:
         ops: the statements (`Region.ops`).
@@ -57,7 +78,7 @@ def estimate_kernels(ops: Iterable[Op], types: Mapping[str, TypeInfo],
             continue
         base = base_name(op.callee)
         if base in fusions:
-            kernels += fusions[base].kernels or 1
+            kernels += group_kernels(fusions[base])
             continue
         if base in _NO_KERNEL:
             continue
@@ -81,14 +102,71 @@ def _executor_label(name: str) -> str:
     return "nvFuser" if "nvfuser" in name else name
 
 
+def group_kernels(group: FusedGroup) -> int:
+    """≈ kernels one run of a fused group launches: inductor's generated kernels and its library calls, or 1 when the
+    executor decides (no count known: `Region.undecided`)."""
+    return 1 if group.kernels is None else group.kernels + len(library_calls(group))
+
+
+def library_calls(group: FusedGroup) -> tuple[str, ...]:
+    """The names of a fused group's ops that inductor hands to a library (`LIBRARY_NAMES`; each one call), in order.
+
+    As read from the live trace where the group comes from one (`FusedGroup.library`: a matmul of a vector is
+    inductor's own arithmetic), else from its ops' names; none for another executor's group (nvFuser may generate its
+    matmuls).
+    """
+    if group.executor != "inductor":
+        return ()
+    if group.library is not None:
+        return group.library
+    return tuple(n for n in group.ops if base_name(n) in LIBRARY_NAMES)
+
+
+def _is_library_call(bsym: Any) -> bool:
+    """Whether inductor hands this fused op to a library: a name of `LIBRARY_NAMES`, with matrices where it matters."""
+    name = base_name(bsym.sym.name)
+    if name not in LIBRARY_NAMES:
+        return False
+    if name in _MATRIX_OPERANDS:
+        return all(getattr(p, "ndim", 2) >= 2 for p in bsym.flat_proxy_args[:2])
+    return True
+
+
+#: The callee of a statement as thunder prints it: ``t5 = ltorch.linear(...)``, ``[t6, t7] = prims.var_mean(...)``.
+_CALLEE = re.compile(r"^\s*(?:[^=(]+=\s*)?([\w.]+)\(")
+
+
+def _names(proxies: Iterable[Any]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.name for p in proxies))
+
+
+def _statement(bsym: Any, line: int) -> Op:
+    """A fused op as a statement: its inputs and outputs are its proxies (thunder's names), its callee as printed.
+
+    Read from the symbol, not parsed: thunder prints some arguments as no Python (``(object of type
+    torch_memory_format)``).
+    """
+    try:
+        text = next((t for t in bsym.python(indent=0, print_depth=1) if not t.lstrip().startswith("#")), "")
+    except Exception:  # NOTE: a grouping aid for the views: a symbol that does not print keeps its name
+        text = ""
+    text = text.split("  # ")[0].strip()  # NOTE: without the type comment, as `source.parse_functions` leaves it
+    m = _CALLEE.match(text)
+    return Op("call", m.group(1) if m else bsym.sym.name, _names(bsym.flat_proxy_outs), _names(bsym.flat_proxy_args),
+              line, text or bsym.sym.name)
+
+
 def fused_group(bsym: Any) -> FusedGroup:
-    """The `FusedGroup` of a fusion bound symbol: its name, executor and fused ops."""
+    """The `FusedGroup` of a fusion bound symbol: its name, executor, fused ops (names and statements), inductor's
+    count of its kernels and its library calls."""
     from ..cudagraph.executors import KERNELS_ATTRIBUTE
 
-    ops = tuple(b.sym.name for b in bsym.subsymbols if base_name(b.sym.name) not in BOOKKEEPING_NAMES)
+    fused = [b for b in bsym.subsymbols if base_name(b.sym.name) not in BOOKKEEPING_NAMES]
     fn = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name)
-    return FusedGroup(bsym.sym.name, _executor_label(getattr(bsym.sym.executor, "name", "") or ""), ops,
-                      getattr(fn, KERNELS_ATTRIBUTE, None))
+    return FusedGroup(bsym.sym.name, _executor_label(getattr(bsym.sym.executor, "name", "") or ""),
+                      tuple(b.sym.name for b in fused), getattr(fn, KERNELS_ATTRIBUTE, None),
+                      statements=tuple(_statement(b, k) for k, b in enumerate(fused, start=1)),
+                      library=tuple(b.sym.name for b in fused if _is_library_call(b)))
 
 
 def _named_fusions(fn: ParsedFunction) -> tuple[FusedGroup, ...]:

@@ -135,16 +135,16 @@ class FusedGroup:
     # kernels inductor generated for it when it compiled (torch._inductor.metrics); None: not known, the executor
     # decides (nvFuser, thunder's own torch_compile executor, or inductor's cache compiled nothing here)
     kernels: int | None = None
+    # the fused ops as statements, in order (thunder's subsymbols with their inputs and outputs; `Op.line`: the place
+    # among the group's ops, from 1), which place a fused op by the module it reads as an unfused one is placed; empty
+    # when only the names are known (source text)
+    statements: tuple[Op, ...] = ()
+    # the ops inductor hands to a library instead of generating them (`thunder_nb.diagnosis.build.LIBRARY_NAMES`:
+    # matmuls, convolutions, attention), read from the live trace; None: not read (source text)
+    library: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
         return f"{self.name}: {self.ops_text()} fused ({self.executor})"
-
-    def kernels_text(self) -> str:
-        """``inductor generated 12 kernels`` (matmuls and other library calls come on top), or ``inductor decides its
-        kernels`` when no count is known."""
-        if self.kernels is None:
-            return f"{self.executor} decides its kernels"
-        return f"{self.executor} generated {self.kernels} kernel{'' if self.kernels == 1 else 's'}"
 
     def ops_text(self) -> str:
         """``7 ops``, or ``ops`` when they are not known."""
@@ -185,6 +185,13 @@ class Region:
     def compute_ops(self) -> tuple[Op, ...]:
         """The region's calls, without dels and the return."""
         return tuple(o for o in self.ops if o.kind == "call")
+
+    @property
+    def every_op(self) -> tuple[Op, ...]:
+        """`compute_ops` with each fused group's call replaced by the ops fused in it, where they are known
+        (`FusedGroup.statements`): what the region computes, counted as an unfused region's ops are."""
+        groups = {group.name: group.statements for group in self.fusions}
+        return tuple(o for op in self.compute_ops for o in (groups.get(op.callee.rsplit(".", 1)[-1]) or (op,)))
 
     @property
     def captured(self) -> bool | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 from collections.abc import Sequence
 
+from ..diagnosis.build import library_calls
 from ..diagnosis.model import LAUNCH_HOST_US, Defect, FusedGroup, Region, Report, TraceReport, Value
 
 __all__ = [
@@ -30,6 +32,9 @@ __all__ = [
     "region_colors",
     "verdict",
     "kernels",
+    "replay_kernels",
+    "library_text",
+    "fused_kernels",
     "fused_line",
     "launch_line",
 ]
@@ -136,10 +141,11 @@ def verdict(defects: Sequence[Defect]) -> str:
 
 
 def kernels(region: Region) -> str:
-    """``≈3 kernels``: the estimate of the kernels one run of the region launches. A fused group whose count is not
-    known (inductor compiles it on the first call, which has not run) gets no figure: ``≈3 kernels + 1 fused group
-    (inductor decides its kernels)``, or ``kernels: inductor decides (1 fused group)`` where the region is nothing
-    else. Never a bound: each op's own count is an estimate too (`thunder_nb.diagnosis.build.estimate_kernels`)."""
+    """``≈3 kernels``: the estimate of the kernels one run of the region launches, a fused group's library calls among
+    them (`replay_kernels` says how many). A fused group whose count is not known (inductor compiles it on the first
+    call, which has not run) gets no figure: ``≈3 kernels + 1 fused group (inductor decides its kernels)``, or
+    ``kernels: inductor decides (1 fused group)`` where the region is nothing else. Never a bound: each op's own count
+    is an estimate too (`thunder_nb.diagnosis.build.estimate_kernels`)."""
     if not region.undecided:
         return "≈" + plural(region.kernels, "kernel")
     who = "/".join(dict.fromkeys(g.executor for g in region.undecided))
@@ -150,11 +156,46 @@ def kernels(region: Region) -> str:
     return f"≈{plural(known, 'kernel')} + {groups} ({who} decides its kernels)"
 
 
+def _library(region: Region) -> int:
+    """Library calls among the kernels `kernels` counts: those of the fused groups whose kernels are known."""
+    return sum(len(library_calls(g)) for g in region.fusions if g.kernels is not None)
+
+
+def replay_kernels(region: Region) -> str:
+    """``≈82 kernels per replay, 31 of them library calls (…)``: `kernels`, with the library calls it counts (each
+    one kernel, though a library may launch more)."""
+    n = _library(region)
+    split = (f", {n} of them library calls (ops inductor hands to a library: matmuls, convolutions, attention)"
+             if n else "")
+    return f"{kernels(region)} per replay{split}"
+
+
+def library_text(calls: Sequence[str]) -> str:
+    """``31 library calls (linear ×25, matmul ×6)``: ops inductor hands to a library, by name, the commonest first."""
+    counts = Counter(c.rsplit(".", 1)[-1] for c in calls)
+    names = ", ".join(f"{c} ×{n}" if n > 1 else c for c, n in counts.most_common())
+    return f"{plural(len(calls), 'library call')} ({names})"
+
+
+def fused_kernels(group: FusedGroup, *, names: bool = True) -> list[str]:
+    """A fused group's kernels: ``["inductor generated 51 kernels", "+ 31 library calls (linear ×25, matmul ×6)"]``
+    (the ops' names only with ``names``); the second only where it hands ops to a library
+    (`thunder_nb.diagnosis.build.library_calls`). ``["inductor decides its kernels"]`` when no count is known, with no
+    figure: its library calls alone would be only part of its kernels."""
+    if group.kernels is None:
+        return [f"{group.executor} decides its kernels"]
+    calls = library_calls(group)
+    generated = f"{group.executor} generated {plural(group.kernels, 'kernel')}"
+    if not calls:
+        return [generated]
+    return [generated, f"+ {library_text(calls) if names else plural(len(calls), 'library call')}"]
+
+
 def fused_line(group: FusedGroup, limit: int = 12) -> str:
-    """``TorchCompile0: 7 ops fused (inductor), inductor generated 2 kernels: sin, mul, …``: a fused group, its
-    kernels (or who decides them) and (the first ``limit`` of) its ops."""
+    """``TorchCompile0: 7 ops fused (inductor), inductor generated 2 kernels + 1 library call (linear): sin, mul, …``:
+    a fused group, its kernels (or who decides them) and (the first ``limit`` of) its ops."""
     shown = ", ".join(group.ops[:limit]) + (f", +{len(group.ops) - limit} more" if len(group.ops) > limit else "")
-    head = f"{group}, {group.kernels_text()}"
+    head = f"{group}, {' '.join(fused_kernels(group))}"
     return f"{head}: {shown}" if shown else head
 
 

@@ -11,7 +11,10 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.model import FusedGroup, Op, Region
-from .common import FUSION_FILL, HANDOFF_COLOR, SCALAR_COLOR, STATE_FILL, fused_line, kernels, plural, state, type_label
+from .common import (
+    FUSION_FILL, HANDOFF_COLOR, SCALAR_COLOR, STATE_FILL, fused_kernels, fused_line, kernels, plural, replay_kernels,
+    state, type_label,
+)
 from .dot_syntax import dot_text, node_id, tip_lines
 from .memory import (
     ACTION_SHORT, ROLE_SHORT, Entry, input_roles, inputs_summary, known, output_actions, outputs_summary, region_memory,
@@ -52,7 +55,7 @@ def region_tips(b: Any, r: Region) -> list[str]:
     """The tooltip of a region: its state (and its kernels and fused groups, when it has some), then its memory plan."""
     tips = [f"{r.name}: {state(r)}"]
     if r.fusions:
-        tips[0] += f", {kernels(r)} per replay"
+        tips[0] += f", {replay_kernels(r)}"
         tips += [fused_line(group) for group in r.fusions]
     if known(b.trace, r):
         tips += [str(e) for e in region_memory(b.trace, r)]
@@ -152,12 +155,13 @@ def region_counts(r: Region) -> list[str]:
     """``["3 ops"]``; with fused groups also the kernel estimate: ``["1 op", "≈1 kernel"]``."""
     # NOTE: only regions with fused groups show their kernels here (the text report gives every region's),
     # so unfused diagrams stay as compact as they were
-    return [plural(len(r.compute_ops), "op")] + ([kernels(r)] if r.fusions else [])
+    return [plural(len(r.every_op), "op")] + ([kernels(r)] if r.fusions else [])
 
 
 def _fused_label(group: FusedGroup) -> list[str]:
-    """``7 ops fused (inductor)``, then the fused ops on up to two short lines."""
-    lines = [f"{group.ops_text()} fused ({group.executor})", group.kernels_text()]
+    """``7 ops fused (inductor)``, its kernels (``+ 2 library calls`` on a line of its own), then the fused ops on up to
+    two short lines."""
+    lines = [f"{group.ops_text()} fused ({group.executor})", *fused_kernels(group, names=False)]
     if group.ops:
         text = ", ".join(group.ops)
         wrapped = textwrap.wrap(text, 28, break_on_hyphens=False)

@@ -12,7 +12,7 @@ from .common import WRONG_COLOR, esc, launch_line, plural, severity_counts, verd
 from .dot import region_diagram
 from .lifetimes import lifetime_svg
 from .memory import known, region_memory
-from .modules import TREE_MIN_OPS, module_tree_html
+from .modules import fused_owners, has_tree, module_tree_html, region_ops
 from .source import source_html, trace_source_html
 from .text import report_text, trace_text
 
@@ -119,12 +119,34 @@ def verdict_spans(phrases: Sequence[tuple[str, str]]) -> str:
     return f'<div class="tnb-verdict" style="font-weight:600">{spans}</div>'
 
 
-def _ops(trace: TraceReport) -> int:
-    return sum(len(r.compute_ops) for r in trace.regions)
+def _full_what(trace: TraceReport, w: float, h: float) -> str:
+    """``full diagram: 506 ops, 505 of them in 1 fused group (35393 × 599 px)``: every region's ops, those a fusion
+    executor fused counted one by one where they are known (the drawing has one box per fused group)."""
+    n = sum(len(region_ops(r)) for r in trace.regions)
+    owners = [fused_owners(r) for r in trace.regions]
+    fused = sum(map(len, owners))
+    groups = sum(len(set(o.values())) for o in owners)
+    inside = f", {'all' if fused == n else f'{fused} of them'} in {plural(groups, 'fused group')}" if fused else ""
+    return f"full diagram: {plural(n, 'op')}{inside} ({w:.0f} × {h:.0f} px)"
 
 
-def _diagram_parts(trace: TraceReport) -> tuple[str, str, bool]:
-    """(the diagram shown, the full one in a closed ``<details>`` or "", drawn by ``dot``)."""
+def _too_big(trace: TraceReport, trees: str) -> str:
+    """What stands in for a full diagram too big to show: the module trees (``trees``: where they are from here,
+    "below" or "above"), as far as there are any."""
+    listed = [r.name for r in trace.regions if has_tree(r)]
+    if not listed:
+        return "too big to show"
+    if len(listed) == sum(1 for r in trace.regions if r.compute_ops):
+        where = f"its ops are listed by module {trees}"
+    else:
+        where = f"the ops of {', '.join(listed)} are listed by module {trees}"
+    # NOTE: the generated code holds a fused group's call, not the ops fused in it
+    return f"too big to show; {where}" + ("" if any(r.fusions for r in trace.regions) else " and in the generated code")
+
+
+def _diagram_parts(trace: TraceReport, trees: str = "below") -> tuple[str, str, bool]:
+    """(the diagram shown, the full one in a closed ``<details>`` or "", drawn by ``dot``); ``trees``: where the
+    module trees (`trees_html`) are from the second part, "below" or "above"."""
     graph = region_diagram(trace)
     image = svg(graph)
     if image is None:
@@ -140,11 +162,10 @@ def _diagram_parts(trace: TraceReport) -> tuple[str, str, bool]:
     if full and (w > FIT[0] or h > FIT[1]):
         small = svg(region_diagram(trace, collapse=True))
         if small is not None:
-            what = f"full diagram: {plural(_ops(trace), 'op')} ({w:.0f} × {h:.0f} px)"
+            what = _full_what(trace, w, h)
             if w > 2 * COLUMN or len(image) > FULL_MAX_BYTES:
-                # NOTE: wider than two columns, or megabytes: the module tree below the diagram shows its ops
-                return _box(small), f'<p class="tnb-full">{esc(what)}: too big to show; its ops are listed by module ' \
-                                    "below and in the generated code</p>", True
+                # NOTE: wider than two columns, or megabytes: the module trees below the diagram show its ops
+                return _box(small), f'<p class="tnb-full">{esc(what)}: {esc(_too_big(trace, trees))}</p>', True
             return (
                 _box(small),
                 f'<details class="tnb-full"><summary>{esc(what)}</summary>{_box(image, tall=False)}</details>',
@@ -174,8 +195,9 @@ def _box(image: str, *, tall: bool | None = None) -> str:
 
 
 def trees_html(trace: TraceReport) -> str:
-    """The module tree of each region of at least `TREE_MIN_OPS` ops (`thunder_nb.render.modules`)."""
-    return "".join(module_tree_html(trace, r) for r in trace.regions if len(r.compute_ops) >= TREE_MIN_OPS)
+    """The module tree of each region of at least `thunder_nb.render.modules.TREE_MIN_OPS` ops, its fused ops counted
+    (`thunder_nb.render.modules`)."""
+    return "".join(module_tree_html(trace, r) for r in trace.regions if has_tree(r))
 
 
 def _lifetimes(trace: TraceReport, rows: int | None = None) -> str:
@@ -345,7 +367,7 @@ def _pane_trace_html(trace: TraceReport, views: Sequence[str], *, ran: bool = Tr
     )
     parts, more, drawn = [head], [], True
     if "diagram" in views:
-        diagram, full, drawn = _diagram_parts(trace)
+        diagram, full, drawn = _diagram_parts(trace, "above")  # NOTE: it goes to the closed parts, after the trees
         parts.append(diagram + trees_html(trace))
         more.append(full)
         memory = memory_html(trace)

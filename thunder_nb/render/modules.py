@@ -1,8 +1,9 @@
 """A region's ops grouped by the module they run in, repeated blocks folded (``h.0 … h.5 ×6``), as nested HTML.
 
 The module of an op comes from the parameters and buffers it reads (`TraceReport.parameters`, the paths the
-prologue fetches them by); an op that reads none belongs to the innermost module around its neighbours. Each
-level opens with a click (``<details>``), so the view works in JupyterLab and in an exported page alike.
+prologue fetches them by); an op that reads none belongs to the innermost module around its neighbours. The ops a
+fusion executor fused (inductor's ``TorchCompile0``) are placed so too, each group's gathered by module (`_placed`).
+Each level opens with a click (``<details>``), so the view works in JupyterLab and in an exported page alike.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 from ..diagnosis.model import Op, Region, TraceReport
 from .common import STATE_FILL, esc, plural
 
-__all__ = ["TREE_MIN_OPS", "Group", "op_scopes", "module_tree", "module_tree_html"]
+__all__ = ["TREE_MIN_OPS", "Group", "region_ops", "fused_owners", "has_tree", "op_scopes", "module_tree",
+           "module_tree_html"]
 
 #: Regions with at least this many ops get a module tree in the default view.
 TREE_MIN_OPS = 30
@@ -42,6 +44,21 @@ class Group:
             (item.base or item.name, item.repeat, item.signature()) if isinstance(item, Group) else item.callee
             for item in self.items
         )
+
+
+def fused_owners(region: Region) -> dict[Op, str]:
+    """The fused group (its name) of each fused op whose statement is known."""
+    return {op: group.name for group in region.fusions for op in group.statements}
+
+
+def region_ops(region: Region) -> list[Op]:
+    """The region's calls, fused ones as the ops fused in them where they are known (`Region.every_op`)."""
+    return list(region.every_op)
+
+
+def has_tree(region: Region) -> bool:
+    """Whether the region gets a module tree in the default view: `TREE_MIN_OPS` ops or more, fused ones counted."""
+    return len(region_ops(region)) >= TREE_MIN_OPS
 
 
 def _module(path: str) -> tuple[str, ...]:
@@ -98,11 +115,44 @@ def op_scopes(trace: TraceReport, ops: Sequence[Op]) -> list[tuple[str, ...]]:
     return scopes
 
 
+def _placed(trace: TraceReport, region: Region) -> list[tuple[Op, tuple[str, ...]]]:
+    """Each op of `region_ops` with its module path (`op_scopes`); the ops of one fused group gathered by module, each
+    module where it first appears among them.
+
+    The order of a fused group's ops is not the order they run in (inductor schedules its kernels itself), and
+    thunder's fusion pass moves some (a backward's weight-gradient sums) after the ops of other modules: in program
+    order they would split a module into several boxes.
+    """
+    ops = region_ops(region)
+    scopes = op_scopes(trace, ops)
+    owners = fused_owners(region)
+    placed: list[tuple[Op, tuple[str, ...]]] = []
+    i = 0
+    while i < len(ops):
+        j = i + 1
+        if ops[i] in owners:
+            while j < len(ops) and owners.get(ops[j]) == owners[ops[i]]:
+                j += 1
+            first: dict[tuple[str, ...], int] = {}
+            for k in range(i, j):
+                for d in range(1, len(scopes[k]) + 1):
+                    first.setdefault(scopes[k][:d], k)
+            # NOTE: by the first appearance of each enclosing module, then in order: an op of a module itself stays
+            # between its submodules, where it was
+            span = sorted(range(i, j), key=lambda k: (*(first[scopes[k][:d]] for d in range(1, len(scopes[k]) + 1)),
+                                                     k))
+            placed += [(ops[k], scopes[k]) for k in span]
+        else:
+            placed.append((ops[i], scopes[i]))
+        i = j
+    return placed
+
+
 def module_tree(trace: TraceReport, region: Region) -> Group:
-    """The region's ops as a tree of modules, numbered blocks named ``h.0`` and runs of equal blocks folded."""
-    ops = list(region.compute_ops)
+    """The region's ops (`region_ops`: fused ones too) as a tree of modules, numbered blocks named ``h.0`` and runs of
+    equal blocks folded."""
     root = Group("")
-    for op, scope in zip(ops, op_scopes(trace, ops)):
+    for op, scope in _placed(trace, region):
         node = root
         for name in scope:
             last = node.items[-1] if node.items else None
@@ -155,52 +205,59 @@ def _ops_summary(ops: Sequence[Op]) -> str:
     return ", ".join(top) + (", …" if len(counts) > 3 else "")
 
 
-def _ops_html(ops: Sequence[Op]) -> str:
-    rows = "".join(f'<li class="tnb-op"><code>{esc(_op_line(o))}</code></li>'
+def _ops_html(ops: Sequence[Op], owners: dict[Op, str]) -> str:
+    rows = "".join(f'<li class="tnb-op"><code>{esc(_op_line(o))}</code>'
+                   + (f" <small>(in {esc(owners[o])})</small>" if o in owners else "") + "</li>"
                    for o in ops[:_LEAF_OPS])
     if len(ops) > _LEAF_OPS:
         rows += f'<li class="tnb-op">… {esc(plural(len(ops) - _LEAF_OPS, "more op"))}</li>'
     return rows
 
 
-def _items_html(items: Sequence[Group | Op]) -> str:
+def _items_html(items: Sequence[Group | Op], owners: dict[Op, str]) -> str:
     out: list[str] = []
     run: list[Op] = []
 
     def flush() -> None:
         if len(run) == 1:
-            out.append(_ops_html(run))
+            out.append(_ops_html(run, owners))
         elif run:
             out.append(f'<li><details><summary><span class="tnb-box tnb-ops">{esc(plural(len(run), "op"))}</span> '
-                       f'{esc(_ops_summary(run))}</summary><ol class="tnb-level">{_ops_html(run)}</ol></details></li>')
+                       f'{esc(_ops_summary(run))}</summary><ol class="tnb-level">{_ops_html(run, owners)}</ol>'
+                       "</details></li>")
         run.clear()
 
     for item in items:
         if isinstance(item, Group):
             flush()
-            out.append(_group_html(item))
+            out.append(_group_html(item, owners))
         else:
             run.append(item)
     flush()
     return "".join(out)
 
 
-def _group_html(g: Group) -> str:
+def _group_html(g: Group, owners: dict[Op, str]) -> str:
     n = len(g.ops())
     count = plural(n, "op") + (" each" if g.repeat > 1 else "")
     name = g.name + (f", ×{g.repeat}" if g.repeat > 1 else "")
     return (f'<li><details><summary><span class="tnb-box">{esc(name)}</span> {esc(count)}</summary>'
-            f'<ol class="tnb-level">{_items_html(g.items)}</ol></details></li>')
+            f'<ol class="tnb-level">{_items_html(g.items, owners)}</ol></details></li>')
 
 
 def module_tree_html(trace: TraceReport, region: Region) -> str:
     """The region's module tree: its top level shown, each module a box that opens one level per click."""
     root = module_tree(trace, region)
+    owners = fused_owners(region)
     fill = STATE_FILL.get(region.captured, "#f1f3f5")
-    head = (f"{region.name} by module: {plural(len(region.compute_ops), 'op')}"
+    groups = list(dict.fromkeys(owners.values()))
+    n = len(region_ops(region))
+    fused = (f", {'all' if len(owners) == n else f'{len(owners)} of them'} fused in {', '.join(groups)}" if owners
+             else "")
+    head = (f"{region.name} by module: {plural(n, 'op')}{fused}"
             + (" (one block of each folded run shown: ×N)" if _folded(root) else ""))
     return (f'<div class="tnb-tree" style="border-color:{fill}"><div class="tnb-h">{esc(head)}</div>'
-            f'<ol class="tnb-level">{_items_html(root.items)}</ol></div>')
+            f'<ol class="tnb-level">{_items_html(root.items, owners)}</ol></div>')
 
 
 def _folded(g: Group) -> bool:

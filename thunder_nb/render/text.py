@@ -28,7 +28,7 @@ def _value_list(trace: TraceReport, names: Iterable[str]) -> str:
 def _region_text(trace: TraceReport, r: Region) -> list[str]:
     where = f" @{r.position}" if r.position >= 0 else ""
     replays = f", {plural(r.stats.replays, 'replay')}" if r.stats.replays else ""
-    lines = [f"    {r.name}{where}: {plural(len(r.compute_ops), 'op')}, {kernels(r)}, {state(r)}{replays}"]
+    lines = [f"    {r.name}{where}: {plural(len(r.every_op), 'op')}, {kernels(r)}, {state(r)}{replays}"]
     for group in r.fusions:
         lines.append(f"      {fused_line(group)}")
     lines.append(f"      inputs:  {_value_list(trace, r.inputs)}")
@@ -54,7 +54,7 @@ def _region_text(trace: TraceReport, r: Region) -> list[str]:
 
 def trace_text(trace: TraceReport) -> list[str]:
     """The text lines of one trace: regions with their memory plan, islands, the hand-out, defects, lifetimes."""
-    n_ops = sum(len(r.compute_ops) for r in trace.regions)
+    n_ops = sum(len(r.every_op) for r in trace.regions)
     lines = [
         f"{trace.kind} trace `{trace.name}`: {plural(len(trace.regions), 'region')} ({plural(n_ops, 'op')}), "
         f"{plural(len(trace.islands), 'island')}" + (f", {plural(len(trace.unfused), 'unfused op')}" if trace.unfused
