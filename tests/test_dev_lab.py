@@ -64,12 +64,66 @@ def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
         check = subprocess.run([exe, "-c", "import thunder_nb; print(thunder_nb.__file__)"],
                                capture_output=True, text=True, cwd=tmp_path)
         assert check.returncode == 0 and str(REPO / "thunder_nb") in check.stdout, check.stderr
+        # NOTE: and as the user does it: a kernel the server starts, a cell with the magic's `%load_ext`, its help
+        outputs, reply = _run_in_a_lab_kernel(base, token, "%load_ext thunder_nb\n"
+                                                             "print(get_ipython().find_cell_magic('thunder_cudagraph'))")
+        assert reply["status"] == "ok", (reply, outputs)
+        assert "bound method ThunderCUDAGraphMagics.thunder_cudagraph" in "".join(outputs), outputs
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _run_in_a_lab_kernel(base: str, token: str, code: str, timeout: float = 120) -> tuple[list[str], dict]:
+    """Start a kernel through the server's REST API, run ``code`` over its websocket (the channels JupyterLab uses),
+    and return (the stream and result texts it printed, its execute_reply's content); the kernel is shut down."""
+    import asyncio
+    import uuid
+
+    from tornado.websocket import websocket_connect
+
+    request = urllib.request.Request(f"{base}/api/kernels?token={token}", data=b'{"name": "python3"}', method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        kernel = json.load(r)["id"]
+
+    async def run() -> tuple[list[str], dict]:
+        ws = await websocket_connect(f"{base.replace('http', 'ws')}/api/kernels/{kernel}/channels?token={token}")
+        msg_id = uuid.uuid4().hex
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": uuid.uuid4().hex,
+                       "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
+        outputs: list[str] = []
+        reply, idle = None, False
+        while reply is None or not idle:  # NOTE: the reply (shell) may come before the last output (iopub)
+            msg = json.loads(await asyncio.wait_for(ws.read_message(), timeout))
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                outputs.append(content["text"])
+            elif kind in ("execute_result", "display_data"):
+                outputs.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                outputs.append("\n".join(content["traceback"]))
+            elif kind == "execute_reply":
+                reply = content
+            elif kind == "status" and content["execution_state"] == "idle":
+                idle = True
+        ws.close()
+        return outputs, reply
+
+    try:
+        return asyncio.run(run())
+    finally:
+        delete = urllib.request.Request(f"{base}/api/kernels/{kernel}?token={token}", method="DELETE")
+        urllib.request.urlopen(delete, timeout=30).close()
 
 
 def test_the_fast_tier_selects_no_slow_browser_or_gpu_test_and_passes_pytest_arguments_on():
