@@ -217,7 +217,7 @@ class Region:
         """One line at the Python prompt (the dataclass's own holds every op and the source: 100,000s of characters for
         a model's region); `source` and `ops` have the rest."""
         ran = {True: "captured", False: "ran eagerly"}.get(self.captured, "not run")
-        return (f"<Region {self.name!r} @{self.position}: {_n(len(self.compute_ops), 'op')}, "
+        return (f"<Region {self.name!r} @{self.position}: {_n(len(self.every_op), 'op')}, "
                 f"≈{_n(self.kernels, 'kernel')}, {_n(len(self.inputs), 'input')}, {_n(len(self.outputs), 'output')}, "
                 f"{ran}>")
 
