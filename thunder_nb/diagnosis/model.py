@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,9 @@ __all__ = [
     "Defect",
     "TraceReport",
     "Report",
+    "plural",
+    "severity_counts",
+    "count_phrases",
 ]
 
 #: Host time one kernel launch costs, in microseconds, that a graph replay removes: measured on an H200 for
@@ -44,19 +47,25 @@ __all__ = [
 LAUNCH_HOST_US: float = 4.0
 
 
-def _n(k: int, word: str) -> str:
-    return f"{k} {word}{'' if k == 1 else 's'}"
+def plural(n: int, word: str, plural_form: str | None = None) -> str:
+    """``1 region``, ``2 regions`` (or ``plural_form``)."""
+    return f"{n} {word if n == 1 else (plural_form or word + 's')}"
 
 
-def _defect_counts(defects: tuple[Defect, ...]) -> str:
-    """``2 wrong results, 1 error, 3 warnings``, counted as the text report counts them: a wrong result apart from an
-    error, and a defect that kills the process apart from both; those two only where there are any."""
+def severity_counts(defects: Sequence[Defect]) -> tuple[int, int, int, int]:
+    """(crashing the process, wrong results, other errors, warnings) among ``defects``."""
     crash = sum(1 for d in defects if d.severity == "crashes the process")
     wrong = sum(1 for d in defects if d.severity == "wrong result")
-    errors = sum(1 for d in defects if d.severity == "error")
-    warns = len(defects) - crash - wrong - errors
-    worst = ([f"{crash} crashing the process"] if crash else []) + ([_n(wrong, "wrong result")] if wrong else [])
-    return ", ".join(worst + [_n(errors, "error"), _n(warns, "warning")])
+    errors = sum(1 for d in defects if d.is_error) - wrong - crash
+    return crash, wrong, errors, len(defects) - errors - wrong - crash
+
+
+def count_phrases(defects: Sequence[Defect]) -> list[str]:
+    """``["1 crashing the process", "2 wrong results", "0 errors", "3 warnings"]``, the worst first; the first two
+    only where there are any."""
+    crash, wrong, errors, warns = severity_counts(defects)
+    return ([f"{crash} crashing the process"] if crash else []) + ([plural(wrong, "wrong result")] if wrong else []) + [
+        plural(errors, "error"), plural(warns, "warning")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +226,8 @@ class Region:
         """One line at the Python prompt (the dataclass's own holds every op and the source: 100,000s of characters for
         a model's region); `source` and `ops` have the rest."""
         ran = {True: "captured", False: "ran eagerly"}.get(self.captured, "not run")
-        return (f"<Region {self.name!r} @{self.position}: {_n(len(self.every_op), 'op')}, "
-                f"≈{_n(self.kernels, 'kernel')}, {_n(len(self.inputs), 'input')}, {_n(len(self.outputs), 'output')}, "
+        return (f"<Region {self.name!r} @{self.position}: {plural(len(self.every_op), 'op')}, "
+                f"≈{plural(self.kernels, 'kernel')}, {plural(len(self.inputs), 'input')}, {plural(len(self.outputs), 'output')}, "
                 f"{ran}>")
 
 
@@ -370,8 +379,8 @@ class TraceReport:
 
     def _counts(self) -> str:
         """``forward: 1 region, 0 islands, 2 wrong results, 0 errors, 3 warnings``: what `Report`'s repr says of it."""
-        return (f"{self.kind}: {_n(len(self.regions), 'region')}, {_n(len(self.islands), 'island')}, "
-                f"{_defect_counts(self.defects)}")
+        return (f"{self.kind}: {plural(len(self.regions), 'region')}, {plural(len(self.islands), 'island')}, "
+                f"{', '.join(count_phrases(self.defects))}")
 
     def __repr__(self) -> str:
         """One line at the Python prompt, e.g. ``<TraceReport 'computation' forward: 1 region, ...>`` (the dataclass's

@@ -8,7 +8,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..diagnosis.build import library_calls
-from ..diagnosis.model import LAUNCH_HOST_US, Defect, FusedGroup, Region, Report, TraceReport, Value
+# NOTE: plural and the defect counts are the model's own (its reprs count as the reports do), re-exported here
+from ..diagnosis.model import (
+    LAUNCH_HOST_US, Defect, FusedGroup, Region, Report, TraceReport, Value, count_phrases, plural, severity_counts,
+)
 
 __all__ = [
     "STATE",
@@ -23,6 +26,8 @@ __all__ = [
     "BOOKKEEPING",
     "esc",
     "plural",
+    "severity_counts",
+    "count_phrases",
     "size",
     "type_label",
     "state",
@@ -57,11 +62,6 @@ _TIMING = re.compile(r"\s*\(took \d+ milliseconds\)")
 def esc(text: object) -> str:
     """Escape ``text`` for HTML and SVG text and attribute values."""
     return html.escape(str(text), quote=True)
-
-
-def plural(n: int, word: str, plural_form: str | None = None) -> str:
-    """``1 region``, ``2 regions`` (or ``plural_form``)."""
-    return f"{n} {word if n == 1 else (plural_form or word + 's')}"
 
 
 def size(n: int) -> str:
@@ -107,22 +107,6 @@ def has_region(trace: TraceReport, name: str) -> bool:
 def region_colors(trace: TraceReport) -> dict[str, str]:
     """A background colour per region, the same in the source view and the lifetime chart."""
     return {r.name: REGION_COLORS[k % len(REGION_COLORS)] for k, r in enumerate(trace.regions)}
-
-
-def severity_counts(defects: Sequence[Defect]) -> tuple[int, int, int, int]:
-    """(crashing the process, wrong results, other errors, warnings) among ``defects``."""
-    crash = sum(1 for d in defects if d.severity == "crashes the process")
-    wrong = sum(1 for d in defects if d.severity == "wrong result")
-    errors = sum(1 for d in defects if d.is_error) - wrong - crash
-    return crash, wrong, errors, len(defects) - errors - wrong - crash
-
-
-def count_phrases(defects: Sequence[Defect]) -> list[str]:
-    """``["1 crashing the process", "2 wrong results", "0 errors", "3 warnings"]``, the worst first; the first two
-    only where there are any."""
-    crash, wrong, errors, warns = severity_counts(defects)
-    return ([f"{crash} crashing the process"] if crash else []) + ([plural(wrong, "wrong result")] if wrong else []) + [
-        plural(errors, "error"), plural(warns, "warning")]
 
 
 def verdict(defects: Sequence[Defect]) -> str:

@@ -12,7 +12,7 @@ from .common import WRONG_COLOR, esc, launch_line, plural, severity_counts, verd
 from .dot import region_diagram
 from .lifetimes import lifetime_svg
 from .memory import known, region_memory
-from .modules import fused_owners, has_tree, module_tree_html, region_ops
+from .modules import fused_owners, has_tree, module_tree_html
 from .source import source_html, trace_source_html
 from .text import report_text, trace_text
 
@@ -122,7 +122,7 @@ def verdict_spans(phrases: Sequence[tuple[str, str]]) -> str:
 def _full_what(trace: TraceReport, w: float, h: float) -> str:
     """``full diagram: 506 ops, 505 of them in 1 fused group (35393 × 599 px)``: every region's ops, those a fusion
     executor fused counted one by one where they are known (the drawing has one box per fused group)."""
-    n = sum(len(region_ops(r)) for r in trace.regions)
+    n = sum(len(r.every_op) for r in trace.regions)
     owners = [fused_owners(r) for r in trace.regions]
     fused = sum(map(len, owners))
     groups = sum(len(set(o.values())) for o in owners)

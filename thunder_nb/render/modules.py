@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..diagnosis.model import Op, Region, TraceReport
 from .common import STATE_FILL, esc, plural
 
-__all__ = ["TREE_MIN_OPS", "Group", "region_ops", "fused_owners", "has_tree", "op_scopes", "module_tree",
+__all__ = ["TREE_MIN_OPS", "Group", "fused_owners", "has_tree", "op_scopes", "module_tree",
            "module_tree_html"]
 
 #: Regions with at least this many ops get a module tree in the default view.
@@ -51,14 +51,9 @@ def fused_owners(region: Region) -> dict[Op, str]:
     return {op: group.name for group in region.fusions for op in group.statements}
 
 
-def region_ops(region: Region) -> list[Op]:
-    """The region's calls, fused ones as the ops fused in them where they are known (`Region.every_op`)."""
-    return list(region.every_op)
-
-
 def has_tree(region: Region) -> bool:
     """Whether the region gets a module tree in the default view: `TREE_MIN_OPS` ops or more, fused ones counted."""
-    return len(region_ops(region)) >= TREE_MIN_OPS
+    return len(region.every_op) >= TREE_MIN_OPS
 
 
 def _module(path: str) -> tuple[str, ...]:
@@ -116,14 +111,14 @@ def op_scopes(trace: TraceReport, ops: Sequence[Op]) -> list[tuple[str, ...]]:
 
 
 def _placed(trace: TraceReport, region: Region) -> list[tuple[Op, tuple[str, ...]]]:
-    """Each op of `region_ops` with its module path (`op_scopes`); the ops of one fused group gathered by module, each
+    """Each op of `Region.every_op` with its module path (`op_scopes`); the ops of one fused group gathered by module, each
     module where it first appears among them.
 
     The order of a fused group's ops is not the order they run in (inductor schedules its kernels itself), and
     thunder's fusion pass moves some (a backward's weight-gradient sums) after the ops of other modules: in program
     order they would split a module into several boxes.
     """
-    ops = region_ops(region)
+    ops = region.every_op
     scopes = op_scopes(trace, ops)
     owners = fused_owners(region)
     placed: list[tuple[Op, tuple[str, ...]]] = []
@@ -149,7 +144,7 @@ def _placed(trace: TraceReport, region: Region) -> list[tuple[Op, tuple[str, ...
 
 
 def module_tree(trace: TraceReport, region: Region) -> Group:
-    """The region's ops (`region_ops`: fused ones too) as a tree of modules, numbered blocks named ``h.0`` and runs of
+    """The region's ops (`Region.every_op`: fused ones too) as a tree of modules, numbered blocks named ``h.0`` and runs of
     equal blocks folded."""
     root = Group("")
     for op, scope in _placed(trace, region):
@@ -251,7 +246,7 @@ def module_tree_html(trace: TraceReport, region: Region) -> str:
     owners = fused_owners(region)
     fill = STATE_FILL.get(region.captured, "#f1f3f5")
     groups = list(dict.fromkeys(owners.values()))
-    n = len(region_ops(region))
+    n = len(region.every_op)
     fused = (f", {'all' if len(owners) == n else f'{len(owners)} of them'} fused in {', '.join(groups)}" if owners
              else "")
     head = (f"{region.name} by module: {plural(n, 'op')}{fused}"
