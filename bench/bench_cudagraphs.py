@@ -62,6 +62,7 @@ def _inductor_graphs() -> int | None:
 #: thunder-nb's recommended configuration for speed: inductor's fused kernels inside the fixed transform's regions
 FUSED = "thunder-nb Fixed + torchcompile"
 NO_COPY = "thunder-nb Fixed, copy_outputs=False"
+COPY = "thunder-nb Fixed, rotation=0"  # NOTE: every returned output copied out of the graph, no second instance
 SLOW_PROLOGUE = "thunder-nb Fixed, fast_prologue=False"  # NOTE: thunder's own module lookups: what thunder_nb.cudagraph.prologue saves
 SPLIT_AUTOGRAD = "thunder-nb Fixed, split_autograd=True"  # NOTE: thunder.jit's two autograd Functions: what thunder_nb.jit's one saves
 COMPILED = 'torch.compile(mode="reduce-overhead")'
@@ -254,6 +255,7 @@ def benchmarks(device: str):
 PROGRAM_FILTER: str | None = None  # --programs: a regular expression the program name must match
 CONFIG_FILTER: str | None = None  # --configs: a regular expression the configuration name must match
 NO_INTERLEAVED = False
+ONLY_INTERLEAVED = False  # --only-interleaved
 
 
 def _cases():
@@ -270,6 +272,9 @@ def _cases():
         if fn is programs.chain and (not CONFIG_FILTER or re.search(CONFIG_FILTER, NO_COPY)):
             # NOTE: thunder's semantics (the next call overwrites what the caller holds): what the safe copy costs
             yield program, fn, make, NO_COPY, _fixed(fn, copy_outputs=False)
+        if fn is programs.chain and (not CONFIG_FILTER or re.search(CONFIG_FILTER, COPY)):
+            # NOTE: #31.4: rotation (the default) against copying every output out, on the program rotation is for
+            yield program, fn, make, COPY, _fixed(fn, rotation=0)
         if fn is programs.island:
 
             def handwritten():
@@ -321,6 +326,7 @@ INTERLEAVED = (
         "thunder CUDAGraphTransform",  # NOTE: before torch.compile, as in the training steps' groups
         COMPILED,  # NOTE: before the fused one: it resets dynamo
         "thunder-nb FixedCUDAGraphTransform",
+        COPY,
         NO_COPY,
         FUSED,
     )], ("chain: 32 steps, no island", "thunder CUDAGraphTransform")),
@@ -458,7 +464,7 @@ def run(calls: int, out: Path | None = None) -> tuple[list[Row], str]:
     import subprocess
 
     rows = []
-    n = len(list(_cases()))
+    n = 0 if ONLY_INTERLEAVED else len(list(_cases()))
     for i in range(n):
         proc = subprocess.run(
             [sys.executable, __file__, "--one", str(i), "--calls", str(calls)]
@@ -477,7 +483,7 @@ def run(calls: int, out: Path | None = None) -> tuple[list[Row], str]:
         print(f"  {r.program} / {r.config}: {r.median_us} us {r.note}", file=sys.stderr, flush=True)
         if out is not None:
             out.write_text(table(rows, calls))
-    text = table(rows, calls)
+    text = table(rows, calls) if rows else ""
     if NO_INTERLEAVED:
         return rows, text
     for g, (title, _, wanted, _) in enumerate(INTERLEAVED):
@@ -528,11 +534,14 @@ def main() -> int:
     ap.add_argument("--programs", metavar="REGEX", help="only the programs whose name matches")
     ap.add_argument("--configs", metavar="REGEX", help="only the configurations whose name matches")
     ap.add_argument("--no-interleaved", action="store_true", help="skip the tables of configurations taking turns")
+    ap.add_argument("--only-interleaved", action="store_true",
+                    help="only the tables of configurations taking turns (of the programs --programs selects)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one case, print JSON
     ap.add_argument("--interleaved", type=int, help=argparse.SUPPRESS)  # internal: time group N, print JSON
     a = ap.parse_args()
-    global PROGRAM_FILTER, CONFIG_FILTER, NO_INTERLEAVED
+    global PROGRAM_FILTER, CONFIG_FILTER, NO_INTERLEAVED, ONLY_INTERLEAVED
     PROGRAM_FILTER, CONFIG_FILTER, NO_INTERLEAVED = a.programs, a.configs, a.no_interleaved
+    ONLY_INTERLEAVED = a.only_interleaved
     if not torch.cuda.is_available():
         print("bench_cudagraphs: needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2
