@@ -21,3 +21,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "dot" in item.keywords and not has_dot:
             item.add_marker(skip_dot)
+
+
+@pytest.fixture(autouse=True)
+def _no_side_stream_left_current(request):
+    """A GPU test must leave the thread on the stream it found: ``torch.cuda.graph`` keeps its capture stream current
+    when a capture fails (thunder's own transform on ``.item()``, #727), and every later test in that worker then ran
+    on it (2026-12-03: `test_a_failed_capture_leaves_the_callers_stream_current` found another test's stream current).
+    A test that leaves one fails here, naming itself; the stream is put back either way."""
+    if "gpu" not in request.keywords:
+        yield
+        return
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        before = None
+    else:
+        before = torch.cuda.current_stream()
+    yield
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    found = before if before is not None else torch.cuda.default_stream()
+    left = torch.cuda.current_stream()
+    if left != found:
+        torch.cuda.set_stream(found)
+        pytest.fail(f"the test left CUDA stream {left} current (it started on {found}): a failed capture's stream; "
+                    "call thunder_nb.recover_from_failed_capture() after it", pytrace=False)
