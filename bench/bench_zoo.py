@@ -69,8 +69,10 @@ class Loop:
             self.transform = self.fn._lc_transforms[0]
         else:
             self.fn, self.transform = zoo.compile_with(config, fn, capture)
-        self.opt = (torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9) if protocol == "batchnorm"
-                    else torch.optim.AdamW(self.net.parameters(), lr=1e-3))
+        # NOTE: the zoo protocol's own loop (zoo_protocols): SGD with momentum for BatchNorm and zero_grad keeping the
+        # gradients, AdamW otherwise; the logged protocol reads loss.item() every step, autocast wraps the call
+        self.opt = (torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9)
+                    if protocol in ("batchnorm", "zero-grad") else torch.optim.AdamW(self.net.parameters(), lr=1e-3))
         self.batches = [model.batch(i, device) for i in range(3)]
         self.kept: list = []
         self.token = torch.zeros(1, 1, dtype=torch.long, device=device)
@@ -94,10 +96,14 @@ class Loop:
                 loss.backward()
             self.net.zero_grad()
         else:
-            self.opt.zero_grad()
-            loss = self.fn(*args, targets)
+            self.opt.zero_grad(set_to_none=self.protocol != "zero-grad")
+            with (torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16) if self.protocol == "autocast"
+                  else contextlib.nullcontext()):
+                loss = self.fn(*args, targets)
             loss.backward()
             self.opt.step()
+            if self.protocol in ("logged", "dropout"):
+                loss.item()  # NOTE: the number a user's loop logs (a host sync every step)
 
 
 def _predicted_crash(model: zoo.ZooModel, protocol: str) -> str | None:
@@ -186,6 +192,9 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
         if transform is not None:  # NOTE: the timed loop's own graphs and regions, after every round
             row["graphs"], row["regions"] = zoo.count_graphs(transform)
     add_ratios(by_config)
+    add_ratios(by_config, "thunder", key="vs_thunder")
+    if protocol == "decode":
+        add_ratios(by_config, "thunder no-sdpa", key="vs_thunder")  # NOTE: thunder's sdpa executor refuses decoding
     for config, loop in loops.items():  # NOTE: after the rounds, so that the profiler's cost never lands in them
         by_config[config]["kernel_us"] = kernel_us(loop, steps, device)
     return out
@@ -194,17 +203,21 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
 def table(results: dict, rounds: int, steps: int) -> str:
     lines = [f"Machine: {machine()}. {rounds} rounds of {steps} consecutive steps per configuration, taking turns.",
              "", "| model, protocol | configuration | ms/step (median of rounds) | vs reduce-overhead (min-max) "
-             "| GPU kernel µs/step | equal to eager | graphs (regions) after the rounds | first 3 steps, s | note |",
-             "|---|---|---:|---:|---:|---|---|---:|---|"]
+             "| vs thunder without graphs (min-max) | GPU kernel µs/step | equal to eager | graphs (regions) after the "
+             "rounds | first 3 steps, s | note |",
+             "|---|---|---:|---:|---:|---:|---|---|---:|---|"]
     for (model, protocol), rows in results.items():
         for row in rows:
             ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"
             ratio = row.get("ratio")
             rtext = f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-"
+            vs = row.get("vs_thunder")
+            vtext = f"{vs[0]:.3f}x ({vs[1]:.3f}-{vs[2]:.3f})" if vs else "-"
             graphs = f"{row['graphs']} ({row['regions']})" if row.get("graphs") is not None else ""
             first = f"{row['first_s']:.1f}" if row.get("first_s") else "-"
             kernels = f"{row['kernel_us']:.0f}" if row.get("kernel_us") else "-"
-            lines.append(f"| {model}, {protocol} | {LABELS[row['config']]} | {ms} | {rtext} | {kernels} | {row.get('matches', '-')} "
+            lines.append(f"| {model}, {protocol} | {LABELS[row['config']]} | {ms} | {rtext} | {vtext} | {kernels} "
+                         f"| {row.get('matches', '-')} "
                          f"| {graphs} | {first} | {row['note']} |")
     return "\n".join(lines)
 
@@ -212,7 +225,8 @@ def table(results: dict, rounds: int, steps: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_round_arguments(parser)
-    parser.add_argument("--rows", default="", help="model:protocol,... (default: every row of ROWS)")
+    parser.add_argument("--rows", default="", help="model:protocol,... (default: every row of ROWS); all: every "
+                        "case of the zoo (each model with each of its protocols)")
     parser.add_argument("--configs", default="", help="configuration,... (default: every one of CONFIGS; "
                         "reduce-overhead is the ratios' reference)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
@@ -223,7 +237,10 @@ def main() -> int:
                         help="cpu: emulated capture, without inductor's configurations (checks the script, times "
                              "nothing about CUDA graphs)")
     args = parser.parse_args()
-    rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ROWS
+    if args.rows == "all":
+        rows = [(name, protocol) for name, model in zoo.MODELS.items() for protocol in model.protocols]
+    else:
+        rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ROWS
     configs = tuple(c.strip() for c in args.configs.split(",")) if args.configs else CONFIGS
     if args.baseline:
         global BASELINE

@@ -100,13 +100,13 @@ def kernel_us(loop: Loop, steps: int, device: str) -> float | None:
     return total / steps if total else None
 
 
-def add_ratios(rows: Mapping[str, dict], reference: str = "reduce-overhead") -> None:
-    """Each row's ratio to ``reference``'s ms/step, round by round: ``row["ratio"]`` = (median, lowest, highest)."""
+def add_ratios(rows: Mapping[str, dict], reference: str = "reduce-overhead", key: str = "ratio") -> None:
+    """Each row's ratio to ``reference``'s ms/step, round by round: ``row[key]`` = (median, lowest, highest)."""
     ref = rows.get(reference, {"ms": []})["ms"]
     for row in rows.values():
         if row["ms"] and len(ref) == len(row["ms"]):
             ratios = [a / b for a, b in zip(row["ms"], ref)]
-            row["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+            row[key] = (statistics.median(ratios), min(ratios), max(ratios))
 
 
 def run_rows(keys: Iterable[Any], bench: Callable[[Any], Any], label: Callable[[Any], str],
