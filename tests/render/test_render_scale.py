@@ -169,9 +169,12 @@ def test_a_fused_models_ops_are_grouped_by_module_as_the_unfused_ones(nanogpt, n
     markup = render.html.trees_html(fwd)
     at = 0
     for part in [f"CUDAGraph1 by module: {len(group.ops)} ops, all fused in TorchCompile0 (one block of each folded",
-                 ">transformer</span>", ">h.0 … h.5, ×6</span>", ">attn</span>", "(in TorchCompile0)",
-                 ">lm_head</span>"]:
+                 ">transformer</span>", ">h.0 … h.5, ×6</span>", ">attn</span>",
+                 "transformer.h.0.attn.c_attn.weight", ">lm_head</span>"]:
         at = markup.index(part, at)
+    # NOTE: one fused group, named in the heading: no op repeats its name (notebook 05 came to 1.14 MB with them), and
+    # parameters read by their paths in the model, not by thunder's proxy names
+    assert "(in TorchCompile0)" not in markup and "t___globals___" not in markup
     fused_tree = render.modules.module_tree(fwd, region)
     assert _modules(fused_tree) == _modules(render.modules.module_tree(nanogpt.forward, nanogpt.forward.regions[0]))
     assert [g.name for g in fused_tree.items if isinstance(g, render.modules.Group)] == ["transformer", "lm_head"]

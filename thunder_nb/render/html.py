@@ -86,7 +86,7 @@ CSS = """<style>
 .thunder-nb .tnb-tree summary{font-weight:400}
 .thunder-nb .tnb-box{display:inline-block;border:1px solid #868e96;border-radius:3px;padding:0 5px;background:#fff;font-weight:600}
 .thunder-nb .tnb-ops{font-weight:400;border-style:dashed}
-.thunder-nb .tnb-op code{font-size:12px;white-space:pre-wrap}
+.thunder-nb ol.tnb-level>li>code{font-size:12px;white-space:pre-wrap}
 .thunder-nb .tnb-tall{max-height:900px;overflow-y:auto}
 .thunder-nb details{margin:2px 0}
 .thunder-nb details>summary{cursor:pointer;font-weight:600;margin:2px 0}

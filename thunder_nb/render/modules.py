@@ -21,8 +21,10 @@ __all__ = ["TREE_MIN_OPS", "Group", "fused_owners", "has_tree", "op_scopes", "mo
 #: Regions with at least this many ops get a module tree in the default view.
 TREE_MIN_OPS = 30
 
-_OP_TEXT = 110  # NOTE: characters of an op's statement shown in a leaf (the whole statement is in its title)
-_LEAF_OPS = 60  # NOTE: ops listed under one group; the rest are counted
+_OP_TEXT = 110  # NOTE: characters of an op's statement shown in a leaf
+# NOTE: ops listed under one group; the rest are counted (the region's code lists them all). Notebook 05's 6-layer
+# step, fused, listed 1,069 ops across its trees at 60, and made the notebook 1.14 MB (H200, 2026-12-03)
+_LEAF_OPS = 24
 
 
 @dataclass(slots=True)
@@ -188,9 +190,11 @@ def _tidy(g: Group) -> None:
     g.items = folded
 
 
-def _op_line(op: Op) -> str:
+def _op_line(op: Op, names: dict[str, str]) -> str:
+    """The op's statement, a parameter or buffer named by its path in the model (``h.0.ln_1.weight``, where the
+    trace says ``t___globals___model_transformer_h_0_ln_1_weight``)."""
     head = f"{', '.join(op.outputs)} = {op.callee}" if op.outputs else op.callee
-    text = f"{head}({', '.join(op.inputs)})"
+    text = f"{head}({', '.join(names.get(n, n) for n in op.inputs)})"
     return text if len(text) <= _OP_TEXT else text[: _OP_TEXT - 1] + "…"
 
 
@@ -200,44 +204,57 @@ def _ops_summary(ops: Sequence[Op]) -> str:
     return ", ".join(top) + (", …" if len(counts) > 3 else "")
 
 
-def _ops_html(ops: Sequence[Op], owners: dict[Op, str]) -> str:
-    rows = "".join(f'<li class="tnb-op"><code>{esc(_op_line(o))}</code>'
-                   + (f" <small>(in {esc(owners[o])})</small>" if o in owners else "") + "</li>"
-                   for o in ops[:_LEAF_OPS])
+@dataclass(slots=True, frozen=True)
+class _Marks:
+    """What a leaf writes after each op: its fused group's name (several groups in the region), or "not fused" (one
+    group, which the tree's heading names, holding most of the ops); and the parameters' display names."""
+
+    owners: dict[Op, str]
+    groups: int
+    names: dict[str, str]
+
+    def of(self, op: Op) -> str:
+        if self.groups > 1:
+            return f" <small>(in {esc(self.owners[op])})</small>" if op in self.owners else " <small>(not fused)</small>"
+        return " <small>(not fused)</small>" if self.owners and op not in self.owners else ""
+
+
+def _ops_html(ops: Sequence[Op], marks: _Marks) -> str:
+    rows = "".join(f"<li><code>{esc(_op_line(o, marks.names))}</code>{marks.of(o)}</li>" for o in ops[:_LEAF_OPS])
     if len(ops) > _LEAF_OPS:
-        rows += f'<li class="tnb-op">… {esc(plural(len(ops) - _LEAF_OPS, "more op"))}</li>'
+        rows += f"<li>… {esc(plural(len(ops) - _LEAF_OPS, 'more op'))} (the region's code lists them all)</li>"
     return rows
 
 
-def _items_html(items: Sequence[Group | Op], owners: dict[Op, str]) -> str:
+def _items_html(items: Sequence[Group | Op], marks: _Marks) -> str:
     out: list[str] = []
     run: list[Op] = []
 
     def flush() -> None:
         if len(run) == 1:
-            out.append(_ops_html(run, owners))
+            out.append(_ops_html(run, marks))
         elif run:
             out.append(f'<li><details><summary><span class="tnb-box tnb-ops">{esc(plural(len(run), "op"))}</span> '
-                       f'{esc(_ops_summary(run))}</summary><ol class="tnb-level">{_ops_html(run, owners)}</ol>'
+                       f'{esc(_ops_summary(run))}</summary><ol class="tnb-level">{_ops_html(run, marks)}</ol>'
                        "</details></li>")
         run.clear()
 
     for item in items:
         if isinstance(item, Group):
             flush()
-            out.append(_group_html(item, owners))
+            out.append(_group_html(item, marks))
         else:
             run.append(item)
     flush()
     return "".join(out)
 
 
-def _group_html(g: Group, owners: dict[Op, str]) -> str:
+def _group_html(g: Group, marks: _Marks) -> str:
     n = len(g.ops())
     count = plural(n, "op") + (" each" if g.repeat > 1 else "")
     name = g.name + (f", ×{g.repeat}" if g.repeat > 1 else "")
     return (f'<li><details><summary><span class="tnb-box">{esc(name)}</span> {esc(count)}</summary>'
-            f'<ol class="tnb-level">{_items_html(g.items, owners)}</ol></details></li>')
+            f'<ol class="tnb-level">{_items_html(g.items, marks)}</ol></details></li>')
 
 
 def module_tree_html(trace: TraceReport, region: Region) -> str:
@@ -249,10 +266,11 @@ def module_tree_html(trace: TraceReport, region: Region) -> str:
     n = len(region.every_op)
     fused = (f", {'all' if len(owners) == n else f'{len(owners)} of them'} fused in {', '.join(groups)}" if owners
              else "")
+    names = {name: path for name, path in trace.parameters}
     head = (f"{region.name} by module: {plural(n, 'op')}{fused}"
             + (" (one block of each folded run shown: ×N)" if _folded(root) else ""))
     return (f'<div class="tnb-tree" style="border-color:{fill}"><div class="tnb-h">{esc(head)}</div>'
-            f'<ol class="tnb-level">{_items_html(root.items, owners)}</ol></div>')
+            f'<ol class="tnb-level">{_items_html(root.items, _Marks(owners, len(groups), names))}</ol></div>')
 
 
 def _folded(g: Group) -> bool:
