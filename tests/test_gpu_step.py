@@ -362,6 +362,12 @@ def test_gpu_every_zoo_training_case_runs_whole_step_or_the_report_names_what_st
     assert (name, protocol) not in REFUSED, "thunder runs it now: take it out of REFUSED"
     rtol, atol = TOLERANCES.get(protocol, FLOAT32)
     c = compare_values(values, reference.values, rtol=rtol, atol=atol, reference="eager's")
-    assert c.matches, c.difference
+    # NOTE: the H200 run of 2026-12-03 found resnet18's first loss 4.14 from eager's (the first 3 steps run uncaptured
+    # on jit_step's side stream), unexplained: the message carries what tells a stream or state problem from a
+    # numeric one
+    assert c.matches, (f"{c.difference}; losses {[round(float(v), 5) for v in values['losses']]} against eager's "
+                       f"{[round(float(v), 5) for v in reference.values['losses']]}; the test ran on "
+                       f"{torch.cuda.current_stream()} (default {torch.cuda.default_stream()}); recordings "
+                       f"{step.recordings}")
     assert step.graphs_recorded == 1, step.recordings
     print(f"\n{name} {protocol}: whole step, 1 graph, equal to eager (max abs error {c.max_abs_error:.2e})")
