@@ -432,3 +432,20 @@ def test_default_views_read_at_11_px_in_a_notebook_column_and_open_one_level_per
                   f"width {widths_opened[0]} px")
     finally:
         context.close()
+
+
+def test_a_tree_marks_only_the_fewer_side_of_one_fused_group(nanogpt_fused):
+    """One fused group holding most ops: the ops left out say "not fused", the fused ones nothing (the heading names
+    the group); holding few: those few say which group. Either way each op can be told apart, at the least markup."""
+    from thunder_nb.render.modules import _Marks
+
+    (region,) = nanogpt_fused.forward.regions
+    owners = render.modules.fused_owners(region)
+    fused, other = next(iter(owners)), object()
+    most = _Marks(owners, {}, 1, True)
+    few = _Marks(owners, {}, 1, False)
+    assert most.of(fused) == "" and "not fused" in most.of(other)
+    assert "(in TorchCompile0)" in few.of(fused) and few.of(other) == ""
+    several = _Marks(owners, {}, 2, True)
+    assert "(in TorchCompile0)" in several.of(fused) and "not fused" in several.of(other)
+    assert _Marks({}, {}, 0, False).of(other) == ""
