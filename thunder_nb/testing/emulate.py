@@ -74,10 +74,13 @@ def emulated_capture() -> Iterator[None]:
 
     from ..cudagraph import runner as runner_module
 
-    saved = CUDAGraphRunner.build_cuda_graph, runner_module.RECORDERS["record"]
+    # NOTE: the dict itself, not the module's name for it: a capture left open until the interpreter exits is closed
+    # after the module's globals were cleared ("'NoneType' object does not support item assignment" at exit)
+    recorders = runner_module.RECORDERS
+    saved = CUDAGraphRunner.build_cuda_graph, recorders["record"]
     CUDAGraphRunner.build_cuda_graph = _build_stock
-    runner_module.RECORDERS["record"] = _record
+    recorders["record"] = _record
     try:
         yield
     finally:
-        CUDAGraphRunner.build_cuda_graph, runner_module.RECORDERS["record"] = saved
+        CUDAGraphRunner.build_cuda_graph, recorders["record"] = saved
