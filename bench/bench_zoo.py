@@ -6,10 +6,11 @@
 Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from
 the same initial state as eager (its values compared with eager's), then takes turns with the others in
 rounds: in each round, ``--steps`` consecutive steps with no sync inside (a training step is zero_grad, forward,
-backward and the optimizer's step; the kept protocol three forwards, then their backwards; inference one
+backward and the optimizer's step, as the zoo protocol runs it: the loss logged by ``.item()``, autocast around
+the call, gradients kept by ``zero_grad``; the kept protocol three forwards, then their backwards; inference one
 call under no_grad with the output kept), synchronised only at the round's ends. Reported: the median over
-rounds of milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's with its
-spread (the lowest and highest of the per-round ratios), and after the rounds torch.profiler's GPU kernel time
+rounds of milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's and to thunder
+without graphs' (without its sdpa executor for decoding) with its spread (the lowest and highest of the per-round ratios), and after the rounds torch.profiler's GPU kernel time
 per step (a step far above it waits for the host). A configuration the checker predicts would kill the
 process (thunder's transform on dropout attention) is not run; one that fails says how.
 """
