@@ -3,16 +3,17 @@
     python bench/bench_zoo.py [--rounds 5] [--steps 30] [--rows nanogpt:train,...|all] [--configs ...] [--out FILE.md]
                               [--baseline DIR]  # adds the configuration "baseline": thunder_nb.jit of an older commit
 
-Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from
-the same initial state as eager (its values compared with eager's), then takes turns with the others in
-rounds: in each round, ``--steps`` consecutive steps with no sync inside but the loop's own (a training step is zero_grad, forward,
-backward and the optimizer's step, as the zoo protocol runs it: the loss logged by ``.item()``, autocast around
-the call, gradients kept by ``zero_grad``; the kept protocol three forwards, then their backwards; inference one
-call under no_grad with the output kept), synchronised only at the round's ends. Reported: the median over
-rounds of milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's and to thunder
-without graphs' (without its sdpa executor for decoding), each with its spread (the lowest and highest of the
-per-round ratios), and after the rounds torch.profiler's GPU kernel time per step (a step far above it waits for the host). A configuration the checker predicts would kill the
-process (thunder's transform on dropout attention) is not run; one that fails says how.
+Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from the
+same initial state as eager (its values compared with eager's), then takes turns with the others in rounds: in each
+round, ``--steps`` consecutive steps with no sync inside but the loop's own (a training step is zero_grad, forward,
+backward and the optimizer's step, as the zoo protocol runs it: the loss logged by ``.item()``, autocast around the
+call, gradients kept by ``zero_grad``; the kept protocol three forwards, then their backwards; inference one call
+under no_grad with the output kept), synchronised only at the round's ends. Reported: the median over rounds of
+milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's and to thunder without
+graphs' (without its sdpa executor for decoding), each with its spread (the lowest and highest of the per-round
+ratios), and after the rounds torch.profiler's GPU kernel time per step (a step far above it waits for the host). A
+configuration the checker predicts would kill the process (thunder's transform on dropout attention) is not run; one
+that fails says how.
 """
 
 from __future__ import annotations
