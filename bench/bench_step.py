@@ -145,10 +145,6 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
     return out
 
 
-#: The zoo's training protocols (a loop with an optimizer step) and the optimizer each uses.
-TRAINING = {"train": "adamw", "logged": "adamw", "autocast": "adamw", "zero-grad": "sgd", "batchnorm": "sgd"}
-
-
 def zoo_capturability(device: str) -> str:
     """`thunder_nb.step.capturability` of every zoo training case, one line each (traces only: nothing runs)."""
     from thunder_nb.step import capturability
@@ -157,11 +153,10 @@ def zoo_capturability(device: str) -> str:
              "| model | protocol | in one graph | what stops the rest (line: fix) |", "|---|---|---:|---|"]
     for name, model in zoo.MODELS.items():
         for protocol in model.protocols:
-            if protocol not in TRAINING or zoo.missing_package(model):
+            if protocol not in zoo.TRAINING_OPTIMIZERS or zoo.missing_package(model):
                 continue
             net = model.build(device).train()
-            opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if TRAINING[protocol] == "adamw"
-                   else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+            opt = zoo.training_optimizer(zoo.TRAINING_OPTIMIZERS[protocol], net.parameters())
             args, targets = model.batch(0, device)
             around = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if protocol == "autocast"
                       else contextlib.nullcontext())

@@ -71,10 +71,9 @@ class Loop:
             self.transform = self.fn._lc_transforms[0]
         else:
             self.fn, self.transform = zoo.compile_with(config, fn, capture)
-        # NOTE: the zoo protocol's own loop (zoo_protocols): SGD with momentum for BatchNorm and zero_grad keeping the
-        # gradients, AdamW otherwise; the logged protocol reads loss.item() every step, autocast wraps the call
-        self.opt = (torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9)
-                    if protocol in ("batchnorm", "zero-grad") else torch.optim.AdamW(self.net.parameters(), lr=1e-3))
+        # NOTE: the zoo protocol's own loop (zoo_protocols): its optimizer (AdamW where it trains none: dropout);
+        # the logged protocol reads loss.item() every step, autocast wraps the call
+        self.opt = zoo.training_optimizer(zoo.TRAINING_OPTIMIZERS.get(protocol, "adamw"), self.net.parameters())
         self.batches = [model.batch(i, device) for i in range(3)]
         self.kept: list = []
         self.token = torch.zeros(1, 1, dtype=torch.long, device=device)
@@ -205,8 +204,8 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
 def table(results: dict, rounds: int, steps: int) -> str:
     lines = [f"Machine: {machine()}. {rounds} rounds of {steps} consecutive steps per configuration, taking turns.",
              "", "| model, protocol | configuration | ms/step (median of rounds) | vs reduce-overhead (min-max) "
-             "| vs thunder without graphs (min-max) | GPU kernel µs/step | equal to eager | graphs (regions) after the "
-             "rounds | first 3 steps, s | note |",
+             "| vs thunder without graphs (min-max) | GPU kernel µs/step | equal to eager "
+             "| graphs (regions) after the rounds | first 3 steps, s | note |",
              "|---|---|---:|---:|---:|---:|---|---|---:|---|"]
     for (model, protocol), rows in results.items():
         for row in rows:

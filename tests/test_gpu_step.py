@@ -12,7 +12,7 @@ import torch
 
 from thunder_nb.step import RecordAgainWarning, StepRefused, jit_step
 from thunder_nb.testing.models import model_case
-from thunder_nb.testing.zoo import MODELS, TOLERANCES
+from thunder_nb.testing.zoo import MODELS, TOLERANCES, TRAINING_OPTIMIZERS, training_optimizer
 from thunder_nb.notebook.values import compare_values
 
 pytestmark = pytest.mark.gpu
@@ -289,8 +289,6 @@ def test_gpu_whole_step_peak_memory_is_no_higher_than_the_per_region_transforms(
     assert whole["reserved"] <= per_region["reserved"], (whole, per_region)
 
 
-#: The zoo's training protocols and the optimizer each one steps (as `thunder_nb.testing.zoo_protocols` runs them).
-TRAINING = {"train": "adamw", "logged": "adamw", "autocast": "adamw", "zero-grad": "sgd", "batchnorm": "sgd"}
 #: Cases that thunder itself cannot run, and the words that say so: the report must name them, with the fix.
 REFUSED = {("mobilenet_v3_small", "batchnorm"): "Only inplace=False is currently supported in dropout"}
 
@@ -298,7 +296,7 @@ REFUSED = {("mobilenet_v3_small", "batchnorm"): "Only inplace=False is currently
 def _training_cases():
     for name, model in MODELS.items():
         for protocol in model.protocols:
-            if protocol in TRAINING:
+            if protocol in TRAINING_OPTIMIZERS:
                 yield name, protocol
 
 
@@ -308,8 +306,7 @@ def _whole_step_case(name, protocol, steps, executors=()):
 
     model = MODELS[name]
     net = model.build("cuda").train()
-    opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if TRAINING[protocol] == "adamw"
-           else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+    opt = training_optimizer(TRAINING_OPTIMIZERS[protocol], net.parameters())
     step = jit_step(net, model.loss(net), opt, executors=executors)
     losses = []
     for i in range(steps):
@@ -368,10 +365,10 @@ def test_gpu_every_zoo_training_case_runs_whole_step_or_the_report_names_what_st
     # samples). The message carries what tells a stream or state problem from a numeric one
     verdict = judge(ZooRun(name, protocol, "jit_step", values=values), reference,
                     lambda: run_protocol(name, protocol, "thunder", steps=steps))
+    curves = [[round(float(v), 5) for v in run["losses"]] for run in (values, reference.values)]
     assert verdict.matches, (f"{verdict.difference} (against {verdict.against}'s; thunder without graphs against "
-                             f"eager: {verdict.thunder_differs}); losses {[round(float(v), 5) for v in values['losses']]}"
-                             f" against eager's {[round(float(v), 5) for v in reference.values['losses']]}; the test "
-                             f"ran on {torch.cuda.current_stream()} (default {torch.cuda.default_stream()}); "
+                             f"eager: {verdict.thunder_differs}); losses {curves[0]} against eager's {curves[1]}; the "
+                             f"test ran on {torch.cuda.current_stream()} (default {torch.cuda.default_stream()}); "
                              f"recordings {step.recordings}")
     assert step.graphs_recorded == 1, step.recordings
     print(f"\n{name} {protocol}: whole step, 1 graph, equal to {verdict.against}'s (max abs error "

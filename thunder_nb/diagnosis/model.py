@@ -227,8 +227,8 @@ class Region:
         a model's region); `source` and `ops` have the rest."""
         ran = {True: "captured", False: "ran eagerly"}.get(self.captured, "not run")
         return (f"<Region {self.name!r} @{self.position}: {plural(len(self.every_op), 'op')}, "
-                f"≈{plural(self.kernels, 'kernel')}, {plural(len(self.inputs), 'input')}, {plural(len(self.outputs), 'output')}, "
-                f"{ran}>")
+                f"≈{plural(self.kernels, 'kernel')}, {plural(len(self.inputs), 'input')}, "
+                f"{plural(len(self.outputs), 'output')}, {ran}>")
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,8 +113,8 @@ def op_scopes(trace: TraceReport, ops: Sequence[Op]) -> list[tuple[str, ...]]:
 
 
 def _placed(trace: TraceReport, region: Region) -> list[tuple[Op, tuple[str, ...]]]:
-    """Each op of `Region.every_op` with its module path (`op_scopes`); the ops of one fused group gathered by module, each
-    module where it first appears among them.
+    """Each op of `Region.every_op` with its module path (`op_scopes`); the ops of one fused group gathered by module,
+    each module where it first appears among them.
 
     The order of a fused group's ops is not the order they run in (inductor schedules its kernels itself), and
     thunder's fusion pass moves some (a backward's weight-gradient sums) after the ops of other modules: in program
@@ -146,8 +146,8 @@ def _placed(trace: TraceReport, region: Region) -> list[tuple[Op, tuple[str, ...
 
 
 def module_tree(trace: TraceReport, region: Region) -> Group:
-    """The region's ops (`Region.every_op`: fused ones too) as a tree of modules, numbered blocks named ``h.0`` and runs of
-    equal blocks folded."""
+    """The region's ops (`Region.every_op`: fused ones too) as a tree of modules, numbered blocks named ``h.0`` and runs
+    of equal blocks folded."""
     root = Group("")
     for op, scope in _placed(trace, region):
         node = root
@@ -273,11 +273,11 @@ def module_tree_html(trace: TraceReport, region: Region) -> str:
     n = len(region.every_op)
     fused = (f", {'all' if len(owners) == n else f'{len(owners)} of them'} fused in {', '.join(groups)}" if owners
              else "")
-    names = {name: path for name, path in trace.parameters}
     head = (f"{region.name} by module: {plural(n, 'op')}{fused}"
             + (" (one block of each folded run shown: ×N)" if _folded(root) else ""))
+    marks = _Marks(owners, dict(trace.parameters), len(groups), 2 * len(owners) >= n)
     return (f'<div class="tnb-tree" style="border-color:{fill}"><div class="tnb-h">{esc(head)}</div>'
-            f'<ol class="tnb-level">{_items_html(root.items, _Marks(owners, names, len(groups), 2 * len(owners) >= n))}</ol></div>')
+            f'<ol class="tnb-level">{_items_html(root.items, marks)}</ol></div>')
 
 
 def _folded(g: Group) -> bool:

@@ -21,9 +21,9 @@ from typing import Any
 from ..diagnosis.protocols import GraphTransform, RecordingRunner
 from .modes import CaptureMode, capturing, check_mode
 from .zoo_models import MODELS, ZooModel, missing_package
-from .zoo_protocols import PROTOCOLS, keep_rate
+from .zoo_protocols import PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer
 
-__all__ = ["ZooModel", "MODELS", "PROTOCOLS", "CONFIGS", "ZooRun", "compile_with", "run_protocol", "run_in_child",
+__all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "CONFIGS", "ZooRun", "compile_with", "run_protocol", "run_in_child",
            "missing_package", "keep_rate", "TOLERANCES", "Judgement", "judge", "count_graphs", "plain_config"]
 
 

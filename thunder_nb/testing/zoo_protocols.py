@@ -10,7 +10,18 @@ from typing import Any
 
 from .zoo_models import ZooModel
 
-__all__ = ["PROTOCOLS", "keep_rate"]
+__all__ = ["PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "keep_rate"]
+
+#: The training protocols and the optimizer each one's loop steps with (`training_optimizer`): SGD with momentum
+#: where BatchNorm trains or gradients are kept by ``zero_grad``, AdamW otherwise.
+TRAINING_OPTIMIZERS = {"train": "adamw", "logged": "adamw", "autocast": "adamw", "zero-grad": "sgd", "batchnorm": "sgd"}
+
+
+def training_optimizer(kind: str, params: Any) -> Any:
+    """The zoo's optimizer ``kind`` ("adamw" or "sgd", as `TRAINING_OPTIMIZERS` names it) over ``params``."""
+    import torch
+
+    return torch.optim.AdamW(params, lr=1e-3) if kind == "adamw" else torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
 def _loss_value(loss: Any, logged: bool) -> Any:
@@ -30,8 +41,7 @@ def _train(model: ZooModel, net: Any, compiled: Callable[..., Any], device: Any,
     """A training loop with the optimizer outside the compiled function: zero_grad, forward, backward, step."""
     import torch
 
-    opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if optimizer == "adamw"
-           else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+    opt = training_optimizer(optimizer, net.parameters())
     losses = []
     dtype = torch.bfloat16
     around = (lambda: torch.autocast(torch.device(device).type, dtype=dtype)) if autocast else contextlib.nullcontext
@@ -114,9 +124,10 @@ def keep_rate(compiled_dropout: Callable[..., Any], device: Any, calls: int = 4)
 PROTOCOLS: dict[str, Callable[..., dict[str, Any]]] = {
     "train": _train,
     "logged": lambda m, n, c, d, s: _train(m, n, c, d, s, logged=True),
-    "zero-grad": lambda m, n, c, d, s: _train(m, n, c, d, s, set_to_none=False, optimizer="sgd"),
+    "zero-grad": lambda m, n, c, d, s: _train(m, n, c, d, s, set_to_none=False,
+                                              optimizer=TRAINING_OPTIMIZERS["zero-grad"]),
     "autocast": lambda m, n, c, d, s: _train(m, n, c, d, s, autocast=True),
-    "batchnorm": lambda m, n, c, d, s: _train(m, n, c, d, s, optimizer="sgd"),
+    "batchnorm": lambda m, n, c, d, s: _train(m, n, c, d, s, optimizer=TRAINING_OPTIMIZERS["batchnorm"]),
     "kept": _kept,
     "inference": _inference,
     "decode": _decode,
