@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
 import shutil
 import warnings
 import xml.etree.ElementTree as ET
+from collections import Counter
 
 import pytest
 
@@ -214,7 +214,6 @@ def test_library_calls_add_to_inductors_count_and_never_to_an_unknown_one():
     assert build.library_calls(FusedGroup("nvFusion0", "nvFuser", ops, None)) == ()
 
 
-@pytest.mark.slow
 def test_a_fused_groups_library_calls_are_the_extern_kernels_inductor_calls():
     """The library calls counted from a fused group's ops are the extern kernels inductor's own code calls (a
     vector's matmul is inductor's arithmetic), and the region adds them to inductor's generated kernels."""
