@@ -169,7 +169,8 @@ def main() -> int:
     rounds.run_rows([(args.model, getattr(torch, d)) for d in args.dtypes.split(",")],
                     lambda key: bench(key[0], key[1], args.rounds, args.steps, configs, args.device),
                     lambda key: f"{key[0]} {key[1]}", lambda results: table(results, args.rounds, args.steps),
-                    args.out, "KV-cache decoding")
+                    args.out, "KV-cache decoding", time_limit=args.time_limit,
+                    rest=("--dtypes", lambda key: str(key[1]).removeprefix("torch.")))
     return 0
 
 

@@ -216,7 +216,8 @@ def main() -> int:
     configs = [c for c in CONFIGS if c in chosen and (c != "pt2 whole step" or args.pt2)
                and not (args.device == "cpu" and c in ("reduce-overhead", "pt2 whole step"))]
     run_rows(args.models.split(","), lambda name: bench_model(name, args.rounds, args.steps, args.device, configs),
-             str, lambda res: table(res, args.rounds, args.steps), args.out, "Whole-step capture")
+             str, lambda res: table(res, args.rounds, args.steps), args.out, "Whole-step capture",
+             time_limit=args.time_limit, rest=("--models", str))
     return 0
 
 

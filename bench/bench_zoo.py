@@ -2,6 +2,7 @@
 
     python bench/bench_zoo.py [--rounds 5] [--steps 30] [--rows nanogpt:train,...|all] [--configs ...] [--out FILE.md]
                               [--baseline DIR]  # adds the configuration "baseline": thunder_nb.jit of an older commit
+                              [--time-limit S]  # a sweep in parts: rows that would not end in S seconds are named
 
 Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from the
 same initial state as eager (its values compared with eager's), then takes turns with the others in rounds: in each
@@ -261,7 +262,7 @@ def main() -> int:
         return bench_row(model, protocol, args.rounds, args.steps, args.device, configs)
 
     run_rows(rows, bench, lambda key: f"{key[0]} {key[1]}", lambda res: table(res, args.rounds, args.steps),
-             args.out, "Model zoo")
+             args.out, "Model zoo", time_limit=args.time_limit, rest=("--rows", lambda key: f"{key[0]}:{key[1]}"))
     return 0
 
 

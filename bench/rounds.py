@@ -30,9 +30,13 @@ class Loop(Protocol):
 
 
 def add_round_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--rounds`` and ``--steps``, with both scripts' defaults."""
+    """``--rounds``, ``--steps`` and ``--time-limit``, with the scripts' defaults."""
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--time-limit", type=float, metavar="S",
+                        help="start no row after the first that would not end within S seconds of the start (judged by the "
+                             "longest row so far); the table holds the rows that ran, and the last line names the "
+                             "rest, to run next (a GPU machine that lends a command ten minutes)")
 
 
 def sync(device: str) -> None:
@@ -110,19 +114,36 @@ def add_ratios(rows: Mapping[str, dict], reference: str = "reduce-overhead", key
 
 
 def run_rows(keys: Iterable[Any], bench: Callable[[Any], Any], label: Callable[[Any], str],
-             table: Callable[[dict], str], out: str | None, title: str) -> dict:
+             table: Callable[[dict], str], out: str | None, title: str, *, time_limit: float | None = None,
+             rest: tuple[str, Callable[[Any], str]] | None = None) -> dict:
     """Bench each key (``bench`` returns None to skip it), printing its seconds and its table as it goes; then print
-    the whole table and write it to ``out`` under ``# title, date``."""
+    the whole table and write it to ``out`` under ``# title, date``.
+
+    ``time_limit``: start no key after the first that would not end within that many seconds of the start, judged by
+    the longest key so far; the keys left are printed last, as ``rest[0]`` followed by ``rest[1]`` of each, joined by commas (the
+    argument that runs them next).
+    """
+    keys = list(keys)
     results = {}
-    for key in keys:
+    start, longest = time.perf_counter(), 0.0
+    left: list[Any] = []
+    for n, key in enumerate(keys):
+        if time_limit is not None and n and time.perf_counter() - start + longest > time_limit:
+            left = keys[n:]
+            break
         started = time.perf_counter()
         result = bench(key)
+        longest = max(longest, time.perf_counter() - started)
         if result is None:
             continue
         results[key] = result
         print(f"{label(key)}: {time.perf_counter() - started:.0f} s", flush=True)
         print(table({key: result}), flush=True)
     text = table(results)
+    if left:
+        option, spell = rest or ("rows", label)
+        text += (f"\n\nNot run, for the time limit ({time_limit:.0f} s; the longest row took {longest:.0f} s): "
+                 f"{option} {','.join(spell(k) for k in left)}")
     print(text)
     write_markdown(out, title, text)
     return results
