@@ -16,6 +16,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import programs
 import thunder_nb
+from thunder_nb import render
 from thunder_nb.fix import FixedCUDAGraphTransform, LegacyCUDAGraphTransform
 
 pytestmark = pytest.mark.gpu
@@ -42,6 +43,8 @@ def test_seed_reproducer_stock_fails_legacy_crashes_fixed_runs():
     legacy = thunder.jit(programs.seed, transforms=[LegacyCUDAGraphTransform(capture=True)])
     with pytest.raises(UnboundLocalError):
         legacy(x)
+    states = [r.stats.state_text for r in thunder_nb.analyze(legacy).forward.regions]
+    assert "raised UnboundLocalError" in states, f"#728's region, raising while it is recorded, reads {states}"
     t = FixedCUDAGraphTransform(capture=True)
     fixed = thunder.jit(programs.seed, transforms=[t])
     assert fixed(x) == programs.seed(x)
@@ -158,6 +161,9 @@ def test_a_failed_capture_leaves_the_callers_stream_current():
     assert torch.cuda.current_stream() == default
     result = thunder_nb.compare(f, (x,), repeats=2)
     assert not result.results["original"].ran and result.results["fixed"].matches, result.results
+    states = [r.stats.state for r in result.original.forward.regions]
+    assert "capture failed" in states, f"the region whose capture failed reads {states}"
+    assert "capture failed" in render.region_diagram(result.original.forward).source
     assert torch.cuda.current_stream() == default, "compare left the failed capture's stream current"
     mine = torch.cuda.Stream()
     with torch.cuda.stream(mine):  # NOTE: a caller on a stream of its own gets that one back, not the default

@@ -27,6 +27,7 @@ __all__ = [
     "compile_option",
     "fusion_symbol",
     "executors",
+    "error_line",
     "raised_by_cuda_init",
     "raised_by_graph_capture",
     "untraceable_op",
@@ -250,6 +251,12 @@ def fusion_symbol(name: str, executor: Any, fn: Callable[..., Any], inputs: Sequ
 
 
 # --- telling failures apart -------------------------------------------------------------------------
+
+
+def error_line(e: BaseException) -> str:
+    """``ValueError: boom``: the exception's type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def raised_by_cuda_init(e: BaseException) -> bool:

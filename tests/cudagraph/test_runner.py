@@ -471,6 +471,48 @@ def test_the_stock_side_counts_a_graph_only_when_one_was_made(fails, monkeypatch
     assert len(runner.region_stats(name).graphs) == runner.graphs_captured == 1
 
 
+@pytest.mark.parametrize("side", ["stock", "fixed"])
+def test_a_region_whose_recording_raised_says_so_until_a_graph_is_made(side, monkeypatch):
+    """Notebook 05's stock region, whose capture failed on the `.item()` inside it, read "not run" in its diagram next
+    to the verdict's "capture fails", and notebook 01's legacy region likewise next to "crashes (UnboundLocalError)":
+    the runner keeps a recording's error, and the region's state, label and fill say what raised until a later call
+    makes a graph. On the CPU the error cannot come out of a capture: it reads "raised" with the error's type (the
+    GPU test of a failed capture checks "capture failed")."""
+    from gpu_or_emulated import capturing, stock
+    from thunder_nb import render
+    from thunder_nb.render.common import STATE_FILL
+    from thunder_nb.testing import emulate
+
+    def f(x):
+        return ((x * 2).sin() + 1).cos()
+
+    calls = [0]
+    original = emulate.EmulatedGraph.__init__
+
+    def once(self, *args):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise UnboundLocalError("cannot access local variable 't8' where it is not associated with a value")
+        return original(self, *args)
+
+    monkeypatch.setattr(emulate.EmulatedGraph, "__init__", once)
+    transform = stock("emulated") if side == "stock" else emulated()
+    jfn = thunder.jit(f, transforms=[transform])
+    x = torch.randn(8)
+    with capturing("emulated"):
+        with pytest.raises(UnboundLocalError):
+            jfn(x)
+        (region,) = thunder_nb.analyze(jfn).forward.regions
+        assert region.stats.state == "raised" and region.captured is None and not region.stats.capture_failed
+        assert region.stats.failed.startswith("UnboundLocalError: cannot access local variable 't8'")
+        assert region.stats.state_text == "raised UnboundLocalError" and "raised UnboundLocalError" in repr(region)
+        dot = render.region_diagram(thunder_nb.analyze(jfn).forward).source
+        assert "raised UnboundLocalError" in dot and STATE_FILL["raised"] in dot
+        jfn(x)
+    (region,) = thunder_nb.analyze(jfn).forward.regions
+    assert region.stats.state == "captured", "a graph made later makes the region captured"
+
+
 def test_a_view_of_an_input_whose_copy_has_other_strides_is_copied_out_with_a_thunder_nb_warning():
     """An input with overlapping elements (``expand``) is copied into a contiguous buffer: a returned view of it cannot
     be made again on the caller's tensor, so it is copied out, and the warning says so in thunder-nb's category (one

@@ -33,6 +33,8 @@ class _Counts:
     rebound: dict[int, StaticInputChange] = field(default_factory=dict)  # input position -> rebound (stock runner)
     values: set = field(default_factory=set)  # the Python-number values keys were made for
     eager_reason: str | None = None  # why the region now runs without a graph on every call
+    failed: str | None = None  # a recording that raised, as one line (``error_line``), while no graph was made
+    capture_failed: bool = False  # ... and it was the capture that raised (`internals.raised_by_graph_capture`)
     last_key: Any = None
     last: Any = None  # the instance replayed last
     last_instances: Any = None  # the instances of `last_key` (the fixed runner)

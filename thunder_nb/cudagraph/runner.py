@@ -213,8 +213,12 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
                 + ("(gradients lent to autograd, not reset)" if lent else
                    "by the caller (rotation)" if rotated else "for a backward"))
             before = foreign_counts(self._foreign(args))
-            inst = self._record(fn_name, fn, args, key[1], cause, len(instances),
-                                share=instances[0] if rotated and self._rotates(fn_name, True) else None)
+            try:
+                inst = self._record(fn_name, fn, args, key[1], cause, len(instances),
+                                    share=instances[0] if rotated and self._rotates(fn_name, True) else None)
+            except BaseException as e:
+                counts.failed, counts.capture_failed = internals.error_line(e), internals.raised_by_graph_capture(e)
+                raise
             inst.settle()
             rebase(before)
             instances.append(inst)
@@ -258,10 +262,12 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         stream = internals.current_stream() if entry is None else None  # NOTE: only a call that records captures
         try:
             out = CUDAGraphRunner.call_cuda_graph(self, fn_name, *args)
-        except BaseException:
+        except BaseException as e:
             internals.recover_generators()
             if entry is None:
                 internals.recover_stream(stream)
+                if key not in self.cuda_graph_cache:  # NOTE: the recording raised, not the first replay after it
+                    counts.failed, counts.capture_failed = internals.error_line(e), internals.raised_by_graph_capture(e)
             raise
         finally:
             # NOTE: a graph counts once thunder cached it (its first replay may still have raised); a capture that
@@ -292,6 +298,8 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             demoted=tuple(c.demoted.values()),
             rebound=tuple(c.rebound.values()),
             eager_reason=c.eager_reason,
+            failed=c.failed,
+            capture_failed=c.capture_failed,
             copied=tuple(_input_name(self.trace_symbols[fn_name][1], i) for i in c.last.copied) if c.last else (),
         )
 

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import internals
+from ..internals import error_line
 
 __all__ = ["Where", "Failure", "FAILURE_KINDS", "error_line", "user_frame", "where_text", "untraceable", "trace_failure",
            "LIMITS", "known_limit", "NO_GPU", "is_user_file"]
@@ -31,12 +32,6 @@ class Where:
 
     def __str__(self) -> str:
         return where_text(self)
-
-
-def error_line(e: BaseException) -> str:
-    """``ValueError: boom``: the exception's type and the first line of its message."""
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def user_frame(tb: TracebackType | None) -> Where | None:

@@ -225,7 +225,7 @@ class Region:
     def __repr__(self) -> str:
         """One line at the Python prompt (the dataclass's own holds every op and the source: 100,000s of characters for
         a model's region); `source` and `ops` have the rest."""
-        ran = {True: "captured", False: "ran eagerly"}.get(self.captured, "not run")
+        ran = {"eager": "ran eagerly"}.get(self.stats.state, self.stats.state_text)
         return (f"<Region {self.name!r} @{self.position}: {plural(len(self.every_op), 'op')}, "
                 f"≈{plural(self.kernels, 'kernel')}, {plural(len(self.inputs), 'input')}, "
                 f"{plural(len(self.outputs), 'output')}, {ran}>")

@@ -207,11 +207,30 @@ class RegionStats:
     rebound: tuple[StaticInputChange, ...] = ()
     eager_reason: str | None = None  # why the region runs without a graph on every call now
     copied: tuple[str, ...] = ()  # inputs copied into the graph's buffers at the last replay
+    failed: str | None = None  # the error of a recording that raised, as one line ("UnboundLocalError: ...")
+    capture_failed: bool = False  # that error came out of the capture itself (an `.item()` inside it), not the code
 
     @property
     def captured(self) -> bool | None:
-        """True: a graph was captured; False: ran eagerly only; None: not run."""
+        """True: a graph was captured; False: ran eagerly only; None: not run (or its capture failed: `failed`)."""
         return True if self.graphs else (False if self.eager_calls or self.held_calls else None)
+
+    @property
+    def state(self) -> str:
+        """What became of the region: ``captured``, ``eager``, ``capture failed`` (its recording raised in the
+        capture itself: an op capture cannot take), ``raised`` (its own code raised while it was recorded: #728's
+        ``UnboundLocalError``; `failed` says what) or ``not run``."""
+        if self.graphs:
+            return "captured"
+        if self.failed is not None:
+            return "capture failed" if self.capture_failed else "raised"
+        return "eager" if self.eager_calls or self.held_calls else "not run"
+
+    @property
+    def state_text(self) -> str:
+        """`state` in the words a label shows: ``raised`` with the error's type (``raised UnboundLocalError``)."""
+        state = self.state
+        return f"raised {self.failed.split(':', 1)[0]}" if state == "raised" else state
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from ..diagnosis.model import (
 )
 
 __all__ = [
-    "STATE",
     "STATE_FILL",
+    "state_fill",
     "ISLAND_FILL",
     "FUSION_FILL",
     "REGION_COLORS",
@@ -44,8 +44,9 @@ __all__ = [
     "launch_line",
 ]
 
-STATE = {True: "captured", False: "eager", None: "not run"}
-STATE_FILL = {True: "#d3f9d8", False: "#ffe8cc", None: "#f1f3f5"}
+#: A region's fill by its `RegionStats.state`: green captured, orange eager, red a recording that raised, grey not run.
+STATE_FILL = {"captured": "#d3f9d8", "eager": "#ffe8cc", "capture failed": "#ffe3e3", "raised": "#ffe3e3",
+              "not run": "#f1f3f5"}
 FUSION_FILL = "#e7f5ff"  # NOTE: a fused group inside a region: pale blue, apart from the white single ops
 ISLAND_FILL = {"host-sync": "#fff3bf", "device-transfer": "#ffd8a8", "cpu-op": "#ffc9c9"}
 REGION_COLORS = ("#d0ebff", "#d3f9d8", "#e5dbff", "#fff3bf", "#ffe3e3", "#c3fae8", "#ffe8cc", "#f3d9fa")
@@ -84,8 +85,14 @@ def type_label(v: Value | None) -> str:
 
 
 def state(region: Region) -> str:
-    """``captured``, ``eager`` or ``not run``."""
-    return STATE.get(region.captured, "not run")
+    """``captured``, ``eager``, ``capture failed``, ``raised UnboundLocalError`` or ``not run``
+    (`RegionStats.state_text`)."""
+    return region.stats.state_text
+
+
+def state_fill(region: Region) -> str:
+    """The region's fill colour for its state (`STATE_FILL`)."""
+    return STATE_FILL[region.stats.state]
 
 
 def values(trace: TraceReport) -> dict[str, Value]:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.model import FusedGroup, Op, Region
 from .common import (
-    FUSION_FILL, HANDOFF_COLOR, SCALAR_COLOR, STATE_FILL, fused_kernels, fused_line, kernels, plural, replay_kernels,
-    state, type_label,
+    FUSION_FILL, HANDOFF_COLOR, SCALAR_COLOR, fused_kernels, fused_line, kernels, plural, replay_kernels,
+    state, state_fill, type_label,
 )
 from .dot_syntax import dot_text, node_id, tip_lines
 from .memory import (
@@ -47,7 +47,7 @@ def region_summary(b: Any, r: Region) -> list[str]:
 
 def draw_collapsed(b: Any, g: graphviz.Digraph, r: Region) -> None:
     """Draw the region as one summary node (a 3-D box in its state's colour)."""
-    attrs = {"fillcolor": STATE_FILL.get(r.captured, "white"), "shape": "box3d", "style": "filled"}
+    attrs = {"fillcolor": state_fill(r), "shape": "box3d", "style": "filled"}
     b.node(g, node_id(r.name), region_summary(b, r), region_tips(b, r), attrs)
 
 
@@ -98,7 +98,7 @@ def cluster_attrs(b: Any, r: Region) -> dict[str, str]:
         label.append(f"{inputs_summary(b.trace, r)} · {outputs_summary(b.trace, r)}")
     if r.scalar_handoffs:
         label.append("hand-offs: " + ", ".join(map(str, r.scalar_handoffs)))
-    attrs = {"fillcolor": STATE_FILL.get(r.captured, "white"), "style": "filled,rounded",
+    attrs = {"fillcolor": state_fill(r), "style": "filled,rounded",
              "tooltip": dot_text(*tip_lines(region_tips(b, r)))}
     mark = b.region_marks.get(r.name)
     if mark is not None:

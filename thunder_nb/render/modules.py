@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..diagnosis.model import Op, Region, TraceReport
-from .common import STATE_FILL, esc, plural
+from .common import esc, plural, state_fill
 
 __all__ = ["TREE_MIN_OPS", "Group", "fused_owners", "has_tree", "op_scopes", "module_tree",
            "module_tree_html"]
@@ -268,7 +268,7 @@ def module_tree_html(trace: TraceReport, region: Region) -> str:
     """The region's module tree: its top level shown, each module a box that opens one level per click."""
     root = module_tree(trace, region)
     owners = fused_owners(region)
-    fill = STATE_FILL.get(region.captured, "#f1f3f5")
+    fill = state_fill(region)
     groups = list(dict.fromkeys(owners.values()))
     n = len(region.every_op)
     fused = (f", {'all' if len(owners) == n else f'{len(owners)} of them'} fused in {', '.join(groups)}" if owners
