@@ -34,9 +34,9 @@ def add_round_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--time-limit", type=float, metavar="S",
-                        help="start no row after the first that would not end within S seconds of the start (judged by the "
-                             "longest row so far); the table holds the rows that ran, and the last line names the "
-                             "rest, to run next (a GPU machine that lends a command ten minutes)")
+                        help="start no row after the first that would not end within S seconds of the start "
+                             "(judged by the longest row so far); the table holds the rows that ran, and the last "
+                             "line names the rest, to run next (a GPU machine that lends a command ten minutes)")
 
 
 def sync(device: str) -> None:
@@ -120,8 +120,8 @@ def run_rows(keys: Iterable[Any], bench: Callable[[Any], Any], label: Callable[[
     the whole table and write it to ``out`` under ``# title, date``.
 
     ``time_limit``: start no key after the first that would not end within that many seconds of the start, judged by
-    the longest key so far; the keys left are printed last, as ``rest[0]`` followed by ``rest[1]`` of each, joined by commas (the
-    argument that runs them next).
+    the longest key so far; the keys left are printed last, as ``rest[0]`` followed by ``rest[1]`` of each, joined by
+    commas (the argument that runs them next).
     """
     keys = list(keys)
     results = {}

@@ -67,7 +67,7 @@ def draw_legend(g: graphviz.Digraph, trace: TraceReport, keys: set[str], lost: S
         lines += _wrap("double box: ops a fusion executor compiles together (its kernels: the count inductor gave, "
                        "or the executor decides)", "")
     if len(lines) == 1:
-        return  # NOTE: nothing to explain (a region's colour is also said in its label: captured, eager, capture failed, raised, not run)
+        return  # NOTE: nothing to explain (a region's colour is said in its label too: captured, eager, not run, ...)
     attrs = {"fontsize": "9", "shape": "note"}
     if defects:
         attrs.update(color=WRONG_COLOR if wrong or crash else DEFECT_COLOR)
