@@ -41,6 +41,10 @@ class _Counts:
     again: _KeyAgain | None = None  # proves that a call's key is `last_key` without making it (the fixed runner)
     again_misses: int = 0  # calls whose `again` failed where `_key` then made `last_key` all the same
 
+    def recording_raised(self, e: BaseException) -> None:
+        """Keep what a recording that raised says: its error line, and whether the capture itself raised."""
+        self.failed, self.capture_failed = internals.error_line(e), internals.raised_by_graph_capture(e)
+
 
 #: Calls whose `_KeyAgain` failed while `_key` made the same key, before a region stops making them (a guard stricter
 #: than the key on some input: each call would pay for both).

@@ -217,7 +217,7 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
                 inst = self._record(fn_name, fn, args, key[1], cause, len(instances),
                                     share=instances[0] if rotated and self._rotates(fn_name, True) else None)
             except BaseException as e:
-                counts.failed, counts.capture_failed = internals.error_line(e), internals.raised_by_graph_capture(e)
+                counts.recording_raised(e)
                 raise
             inst.settle()
             rebase(before)
@@ -267,7 +267,7 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             if entry is None:
                 internals.recover_stream(stream)
                 if key not in self.cuda_graph_cache:  # NOTE: the recording raised, not the first replay after it
-                    counts.failed, counts.capture_failed = internals.error_line(e), internals.raised_by_graph_capture(e)
+                    counts.recording_raised(e)
             raise
         finally:
             # NOTE: a graph counts once thunder cached it (its first replay may still have raised); a capture that

@@ -23,8 +23,8 @@ from .modes import CaptureMode, capturing, check_mode
 from .zoo_models import MODELS, ZooModel, missing_package
 from .zoo_protocols import PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer
 
-__all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "CONFIGS", "ZooRun", "compile_with", "run_protocol", "run_in_child",
-           "missing_package", "keep_rate", "TOLERANCES", "Judgement", "judge", "count_graphs", "plain_config"]
+__all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "CONFIGS", "ZooRun",
+           "compile_with", "run_protocol", "run_in_child", "missing_package", "keep_rate", "TOLERANCES", "Judgement", "judge", "count_graphs", "plain_config"]
 
 
 #: The configurations a protocol can run, in the order tables show them; "... no-sdpa": thunder's defaults without
