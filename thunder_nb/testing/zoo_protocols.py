@@ -36,12 +36,13 @@ def _snapshot(model: Any) -> dict[str, Any]:
     return {n: t.detach().clone() for n, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
-def _train(model: ZooModel, net: Any, compiled: Callable[..., Any], device: Any, steps: int, *, logged: bool = False,
-           set_to_none: bool = True, optimizer: str = "adamw", autocast: bool = False) -> dict[str, Any]:
-    """A training loop with the optimizer outside the compiled function: zero_grad, forward, backward, step."""
+def _train(model: ZooModel, net: Any, compiled: Callable[..., Any], device: Any, steps: int, *, protocol: str = "train",
+           logged: bool = False, set_to_none: bool = True, autocast: bool = False) -> dict[str, Any]:
+    """A training loop with the optimizer outside the compiled function: zero_grad, forward, backward, step; the
+    optimizer is ``protocol``'s (`TRAINING_OPTIMIZERS`)."""
     import torch
 
-    opt = training_optimizer(optimizer, net.parameters())
+    opt = training_optimizer(TRAINING_OPTIMIZERS[protocol], net.parameters())
     losses = []
     dtype = torch.bfloat16
     around = (lambda: torch.autocast(torch.device(device).type, dtype=dtype)) if autocast else contextlib.nullcontext
@@ -123,11 +124,10 @@ def keep_rate(compiled_dropout: Callable[..., Any], device: Any, calls: int = 4)
 
 PROTOCOLS: dict[str, Callable[..., dict[str, Any]]] = {
     "train": _train,
-    "logged": lambda m, n, c, d, s: _train(m, n, c, d, s, logged=True),
-    "zero-grad": lambda m, n, c, d, s: _train(m, n, c, d, s, set_to_none=False,
-                                              optimizer=TRAINING_OPTIMIZERS["zero-grad"]),
-    "autocast": lambda m, n, c, d, s: _train(m, n, c, d, s, autocast=True),
-    "batchnorm": lambda m, n, c, d, s: _train(m, n, c, d, s, optimizer=TRAINING_OPTIMIZERS["batchnorm"]),
+    "logged": lambda m, n, c, d, s: _train(m, n, c, d, s, protocol="logged", logged=True),
+    "zero-grad": lambda m, n, c, d, s: _train(m, n, c, d, s, protocol="zero-grad", set_to_none=False),
+    "autocast": lambda m, n, c, d, s: _train(m, n, c, d, s, protocol="autocast", autocast=True),
+    "batchnorm": lambda m, n, c, d, s: _train(m, n, c, d, s, protocol="batchnorm"),
     "kept": _kept,
     "inference": _inference,
     "decode": _decode,
