@@ -211,7 +211,7 @@ RETIRED = ("inductor decides for", "AccumulateGrad node's stream does not match"
            "nor a parameter or module buffer", "tensors copied out in 3 calls",
            "another instance serves the next call (rotation)", "RecaptureWarning: thunder-nb:",
            "listed by module below and in the generated code", "CUDAGraph1 · 1 op · not run", "CUDAGraph1: not run, ≈")
-STALE = {"01_del_bug", "05_nanogpt_training"}
+STALE: set = set()
 
 
 def test_stored_outputs_show_nothing_the_code_no_longer_prints(stored, request):
