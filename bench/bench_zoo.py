@@ -52,7 +52,9 @@ CONFIGS = ("eager", "thunder", "stock", "thunder_nb.jit", "fused", "reduce-overh
 LABELS = {"eager": "eager", "thunder": "thunder (no graphs)", "stock": "thunder's CUDAGraphTransform",
           "thunder_nb.jit": "thunder_nb.jit", "fused": "thunder_nb.jit + torchcompile",
           "reduce-overhead": "torch.compile reduce-overhead", "thunder no-sdpa": "thunder without sdpa (no graphs)",
-          "thunder_nb.jit no-sdpa": "thunder_nb.jit without sdpa", "baseline": "thunder_nb.jit at the baseline"}
+          "thunder_nb.jit no-sdpa": "thunder_nb.jit without sdpa", "baseline": "thunder_nb.jit at the baseline",
+          "thunder fused": "thunder with inductor's fusions (no graphs)",
+          "thunder nb-executors": "thunder with thunder_nb.jit's executors (no graphs)"}
 #: The older thunder_nb that the configuration "baseline" runs (``--baseline DIR``; see baseline.py), or None.
 BASELINE = None
 
@@ -168,8 +170,9 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
                 row["note"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:110]}"
                 continue
             if verdict.matches:
+                plain = zoo.plain_config(config)
                 row["matches"] = ("yes" if verdict.against == "eager"
-                                  else f"as {zoo.plain_config(config)}'s without graphs (which differs from eager's)")
+                                  else f"as {LABELS.get(plain, plain)}, which differs from eager")
             else:
                 row["matches"] = f"no: {verdict.difference}"
         try:

@@ -1,12 +1,14 @@
 """thunder's executors as thunder-nb chooses them: fusion executors by name, inductor's that leaves islands out of its
-fusions, and thunder's sdpa executor with a checker that refuses what its kernels cannot run."""
+fusions, thunder's sdpa executor with a checker that refuses what its kernels cannot run, and convolutions
+differentiated by PyTorch's own backward kernels."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "KERNELS_ATTRIBUTE"]
+__all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "native_convolution",
+           "KERNELS_ATTRIBUTE"]
 
 
 #: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
@@ -150,6 +152,79 @@ def checked_sdpa() -> Any:
     return ex
 
 
+_NATIVE_CONVOLUTION: list[Any] = []
+
+
+def native_convolution() -> Any:
+    """An executor that gives thunder's convolutions PyTorch's own backward: ``aten.convolution_backward``.
+
+    thunder 0.2.6 differentiates ``prims.convolution`` (every ``conv1d``/``conv2d``/``conv3d``) with its own rule.
+    It computes the input's gradient as a stride-1 convolution over the output's gradient padded with zeros: a
+    stride-2 convolution's becomes a convolution over four times the positions. The weight's gradient is one more
+    convolution over transposed tensors, and both add pads, flips and permutes. On torchvision's resnet18
+    training step, the GPU spent 2.3x eager PyTorch's kernel time (2,771 against 1,217 µs per step,
+    bench/results/2026-12-03-evening-h200.md). This executor claims ``prims.convolution``, runs its forward as
+    thunder's torch executor does (``torch.convolution``), and differentiates it with the kernels eager PyTorch's
+    autograd calls: ``aten.convolution_backward``, once for the input's gradient and once for the weight's and
+    the bias's. Each call asks only for its own gradients, so a gradient nobody reads is never computed (thunder
+    drops the call): the first layer's input gradient, for example.
+    """
+    if _NATIVE_CONVOLUTION:
+        return _NATIVE_CONVOLUTION[0]
+    import torch
+    from thunder.core import prims
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.transforms import get_grad, put_grad
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor("thunder_nb_convolution", version=torch.__version__)
+    register_executor(ex)
+
+    def _expanded(value: Any, rank: int) -> list[int]:
+        value = list(value)
+        return value * rank if len(value) == 1 else value
+
+    def _input_grad(g, a, weight, stride, padding, dilation, groups):
+        rank = weight.ndim - 2
+        return torch.ops.aten.convolution_backward(
+            g, a, weight, None, _expanded(stride, rank), _expanded(padding, rank), _expanded(dilation, rank), False,
+            [0] * rank, groups, [True, False, False])[0]
+
+    def _weight_grad(g, a, weight, has_bias, stride, padding, dilation, groups):
+        rank = weight.ndim - 2
+        _, gw, gb = torch.ops.aten.convolution_backward(
+            g, a, weight, [weight.shape[0]] if has_bias else None, _expanded(stride, rank), _expanded(padding, rank),
+            _expanded(dilation, rank), False, [0] * rank, groups, [False, True, has_bias])
+        return gw, gb
+
+    def _input_grad_meta(g, a, weight, stride, padding, dilation, groups):
+        return TensorProxy(like=a)
+
+    def _weight_grad_meta(g, a, weight, has_bias, stride, padding, dilation, groups):
+        return TensorProxy(like=weight), (TensorProxy(like=weight, shape=(weight.shape[0],)) if has_bias else None)
+
+    forward = ex.register_operator("thunder_nb_convolution", like=prims.convolution, fn=torch.convolution)
+    input_grad = ex.register_operator("thunder_nb_convolution_input_grad", meta=_input_grad_meta, fn=_input_grad)
+    weight_grad = ex.register_operator("thunder_nb_convolution_weight_grad", meta=_weight_grad_meta, fn=_weight_grad)
+
+    def grad_transform(a, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+        out = forward(a, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        g = get_grad(out)
+        put_grad(a, input_grad(g, a, weight, stride, padding, dilation, groups))
+        gw, gb = weight_grad(g, a, weight, bias is not None, stride, padding, dilation, groups)
+        put_grad(weight, gw)
+        if bias is not None:
+            put_grad(bias, gb)
+        return out
+
+    def checker(a, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> bool:
+        return not transposed  # NOTE: thunder's prims.convolution refuses transposed convolutions anyway
+
+    ex.register_implementation(prims.convolution, forward, checker=checker, grad_transform=grad_transform)
+    _NATIVE_CONVOLUTION.append(ex)
+    return ex
+
+
 def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] | None:
     """thunder's executor list with the named fusion executors first (less sdpa for ``no-sdpa``); None (thunder's
     defaults) for no names, unless ``checked``: then thunder's sdpa executor is always `checked_sdpa` instead.
@@ -183,13 +258,15 @@ def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] |
 def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """``thunder.jit``'s ``executors=`` list for a user's mix of names (`EXECUTOR_NAMES`) and thunder executors.
 
-    The given executors first, then the named ones, then thunder's defaults (less sdpa for ``no-sdpa``), each once;
-    thunder's sdpa executor, given or default, is `checked_sdpa`. `thunder_nb.jit` and `thunder_nb.step.jit_step`
-    both take their executors this way.
+    The given executors first, then `native_convolution` (PyTorch's own convolution backward), then the named ones,
+    then thunder's defaults (less sdpa for ``no-sdpa``), each once; thunder's sdpa executor, given or default, is
+    `checked_sdpa`. The convolution executor comes before the fusion executors: thunder asks the first executor that
+    claims an op for its backward, and the fusion executors claim ``prims.convolution`` with none of their own.
+    `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way.
 
     Raises:
         ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
     """
     given = [checked_sdpa() if getattr(e, "name", None) == "sdpa" else e for e in executors if not isinstance(e, str)]
-    named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
+    named = [native_convolution(), *executor_list([e for e in executors if isinstance(e, str)], checked=True)]
     return list(dict.fromkeys(given + [e for e in named if e not in given]))

@@ -29,12 +29,15 @@ __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_o
 
 #: The configurations a protocol can run, in the order tables show them; "... no-sdpa": thunder's defaults without
 #: its sdpa executor, the choice `thunder_nb.diagnosis.failures.LIMITS` offers where that executor refuses a model;
-#: "thunder fused": thunder with inductor's fusions (its torchcompile executor) and no graphs, the numerics "fused" has.
+#: "thunder fused": thunder with inductor's fusions (its torchcompile executor) and no graphs, the numerics "fused" has;
+#: "thunder nb-executors": thunder with the executors `thunder_nb.jit` chooses (`jit_executors`: PyTorch's own
+#: convolution backward, the checked sdpa) and no graphs, the numerics "thunder_nb.jit" and ``jit_step`` have.
 CONFIGS = ("eager", "thunder", "stock", "fixed", "thunder_nb.jit", "fused", "reduce-overhead", "thunder no-sdpa",
-           "thunder_nb.jit no-sdpa", "thunder fused")
+           "thunder_nb.jit no-sdpa", "thunder fused", "thunder nb-executors")
 
 #: The configuration without graphs whose numerics a configuration has: its executors, none of its capture.
-_PLAIN = {"fused": "thunder fused", "thunder_nb.jit no-sdpa": "thunder no-sdpa"}
+_PLAIN = {"thunder_nb.jit": "thunder nb-executors", "fused": "thunder fused",
+          "thunder_nb.jit no-sdpa": "thunder no-sdpa"}
 #: The executor names (`thunder_nb.cudagraph.executors.executor_list`) of each configuration that chooses some.
 _EXECUTORS = {"fused": ["torchcompile"], "thunder fused": ["torchcompile"], "thunder_nb.jit no-sdpa": ["no-sdpa"],
               "thunder no-sdpa": ["no-sdpa"]}
@@ -43,7 +46,9 @@ _EXECUTORS = {"fused": ["torchcompile"], "thunder fused": ["torchcompile"], "thu
 def plain_config(config: str) -> str:
     """The configuration that runs ``config``'s thunder trace (the same executors) without CUDA graphs: where eager
     differs from it, ``config`` must still equal it (`judge`'s ``plain``). Inductor's fusions round otherwise than
-    eager PyTorch's kernels, so "fused" answers to thunder with the torchcompile executor, not to plain thunder."""
+    eager PyTorch's kernels, so "fused" answers to thunder with the torchcompile executor, not to plain thunder; and
+    `thunder_nb.jit`'s convolution backward is PyTorch's, not thunder's, so it answers to thunder with its executors
+    (``jit_step`` too: "thunder nb-executors")."""
     return _PLAIN.get(config, "thunder")
 
 
@@ -64,10 +69,11 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
         return fn, None
     if config == "thunder":
         return thunder.jit(fn), None
-    if config in ("thunder no-sdpa", "thunder fused"):
-        from ..cudagraph.executors import executor_list
+    if config in ("thunder no-sdpa", "thunder fused", "thunder nb-executors"):
+        from ..cudagraph.executors import jit_executors
 
-        return thunder.jit(fn, executors=executor_list(_EXECUTORS[config])), None
+        # NOTE: the executors thunder_nb.jit puts together, so that each has the numerics of its graphs counterpart
+        return thunder.jit(fn, executors=jit_executors(_EXECUTORS.get(config, []))), None
     if config == "stock":
         transform = stock_transform(capture)
         return thunder.jit(fn, transforms=[transform]), transform
