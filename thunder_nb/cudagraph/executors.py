@@ -1,6 +1,6 @@
 """thunder's executors as thunder-nb chooses them: fusion executors by name, inductor's that leaves islands out of its
-fusions, thunder's sdpa executor with a checker that refuses what its kernels cannot run, and convolutions
-differentiated by PyTorch's own backward kernels."""
+fusions, thunder's sdpa executor with a checker that refuses what its kernels cannot run, and PyTorch's own kernels
+for convolutions' backward and training BatchNorm."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "native_convolution",
-           "KERNELS_ATTRIBUTE"]
+           "native_batch_norm", "KERNELS_ATTRIBUTE"]
 
 
 #: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
@@ -225,6 +225,86 @@ def native_convolution() -> Any:
     return ex
 
 
+_NATIVE_BATCH_NORM: list[Any] = []
+
+
+def native_batch_norm() -> Any:
+    """An executor that runs a training-mode ``batch_norm`` with PyTorch's own kernels, forward and backward.
+
+    thunder 0.2.6 decomposes ``torch.nn.functional.batch_norm`` into a ``var_mean``, the normalisation, the affine
+    step and the running statistics' update, each op a kernel, and differentiates that decomposition op by op: about
+    ten kernels forward and fifteen backward per BatchNorm layer (resnet18 has 20). This executor claims
+    ``ltorch.batch_norm`` in training mode with running statistics, and runs it as eager PyTorch's ``native_batch_norm``
+    does, in its functional form (``aten._native_batch_norm_legit_functional``: the normalised output, the batch's
+    mean and inverse standard deviation, and the new running statistics). The running statistics are then written
+    back with thunder's ``copy_``, as its decomposition writes them. The backward is
+    ``aten.native_batch_norm_backward``.
+    Evaluation mode, and a layer without running statistics, keep thunder's decomposition.
+    """
+    if _NATIVE_BATCH_NORM:
+        return _NATIVE_BATCH_NORM[0]
+    import thunder.torch as ltorch
+    import torch
+    from thunder.core import prims, utils
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.transforms import get_grad, put_grad
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor("thunder_nb_batch_norm", version=torch.__version__)
+    register_executor(ex)
+
+    def _forward(a, weight, bias, running_mean, running_var, momentum, eps):
+        return torch.ops.aten._native_batch_norm_legit_functional(a, weight, bias, running_mean, running_var, True,
+                                                                 momentum, eps)
+
+    def _forward_meta(a, weight, bias, running_mean, running_var, momentum, eps):
+        # NOTE: the batch's mean and inverse standard deviation come in the input's computation dtype (float32 for a
+        # bfloat16 or float16 input), the running statistics in their own
+        batch = utils.get_computation_dtype(a.dtype)
+        return (TensorProxy(like=a), TensorProxy(like=running_mean, dtype=batch),
+                TensorProxy(like=running_mean, dtype=batch), TensorProxy(like=running_mean), TensorProxy(like=running_var))
+
+    def _backward(g, a, weight, save_mean, save_invstd, eps, has_weight):
+        return torch.ops.aten.native_batch_norm_backward(g, a, weight, None, None, save_mean, save_invstd, True, eps,
+                                                         [True, has_weight, has_weight])
+
+    def _backward_meta(g, a, weight, save_mean, save_invstd, eps, has_weight):
+        params = (TensorProxy(like=weight), TensorProxy(like=weight)) if has_weight else (None, None)
+        return (TensorProxy(like=a), *params)
+
+    forward = ex.register_operator("thunder_nb_batch_norm", meta=_forward_meta, fn=_forward)
+    backward = ex.register_operator("thunder_nb_batch_norm_backward", meta=_backward_meta, fn=_backward)
+
+    def execution_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                            eps=1e-5):
+        out, _, _, new_mean, new_var = forward(a, weight, bias, running_mean, running_var, momentum, eps)
+        prims.copy_(new_mean, running_mean, grad_enabled=True)
+        prims.copy_(new_var, running_var, grad_enabled=True)
+        return out
+
+    def grad_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+        out, save_mean, save_invstd, new_mean, new_var = forward(a, weight, bias, running_mean, running_var, momentum,
+                                                                 eps)
+        prims.copy_(new_mean, running_mean, grad_enabled=True)
+        prims.copy_(new_var, running_var, grad_enabled=True)
+        ga, gw, gb = backward(get_grad(out), a, weight, save_mean, save_invstd, eps, weight is not None)
+        put_grad(a, ga)
+        if weight is not None:
+            put_grad(weight, gw)
+        if bias is not None:
+            put_grad(bias, gb)
+        return out
+
+    def checker(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5) -> bool:
+        return (training is True and running_mean is not None and running_var is not None
+                and (weight is None) == (bias is None) and isinstance(momentum, float) and isinstance(eps, float))
+
+    ex.register_implementation(ltorch.batch_norm, checker=checker, execution_transform=execution_transform,
+                               grad_transform=grad_transform)
+    _NATIVE_BATCH_NORM.append(ex)
+    return ex
+
+
 def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] | None:
     """thunder's executor list with the named fusion executors first (less sdpa for ``no-sdpa``); None (thunder's
     defaults) for no names, unless ``checked``: then thunder's sdpa executor is always `checked_sdpa` instead.
@@ -258,15 +338,17 @@ def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] |
 def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """``thunder.jit``'s ``executors=`` list for a user's mix of names (`EXECUTOR_NAMES`) and thunder executors.
 
-    The given executors first, then `native_convolution` (PyTorch's own convolution backward), then the named ones,
-    then thunder's defaults (less sdpa for ``no-sdpa``), each once; thunder's sdpa executor, given or default, is
-    `checked_sdpa`. The convolution executor comes before the fusion executors: thunder asks the first executor that
-    claims an op for its backward, and the fusion executors claim ``prims.convolution`` with none of their own.
+    The given executors first, then `native_convolution` and `native_batch_norm` (PyTorch's own kernels), then the
+    named ones, then thunder's defaults (less sdpa for ``no-sdpa``), each once; thunder's sdpa executor, given or
+    default, is `checked_sdpa`. PyTorch's kernels come before the fusion executors: thunder asks the first executor
+    that claims an op for its backward, and the fusion executors claim ``prims.convolution`` and ``batch_norm`` with
+    none of their own.
     `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way.
 
     Raises:
         ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
     """
     given = [checked_sdpa() if getattr(e, "name", None) == "sdpa" else e for e in executors if not isinstance(e, str)]
-    named = [native_convolution(), *executor_list([e for e in executors if isinstance(e, str)], checked=True)]
+    named = [native_convolution(), native_batch_norm(),
+             *executor_list([e for e in executors if isinstance(e, str)], checked=True)]
     return list(dict.fromkeys(given + [e for e in named if e not in given]))

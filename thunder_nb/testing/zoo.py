@@ -31,9 +31,9 @@ __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_o
 #: its sdpa executor, the choice `thunder_nb.diagnosis.failures.LIMITS` offers where that executor refuses a model;
 #: "thunder fused": thunder with inductor's fusions (its torchcompile executor) and no graphs, the numerics "fused" has;
 #: "thunder nb-executors": thunder with the executors `thunder_nb.jit` chooses (`jit_executors`: PyTorch's own
-#: convolution backward, the checked sdpa) and no graphs, the numerics "thunder_nb.jit" and ``jit_step`` have. These
-#: three "thunder ..." configurations take their executors as thunder_nb.jit does (`jit_executors`); "thunder" is
-#: thunder.jit as a user calls it.
+#: convolution backward and training BatchNorm, the checked sdpa) and no graphs, the numerics "thunder_nb.jit" and
+#: ``jit_step`` have. These three "thunder ..." configurations take their executors as thunder_nb.jit does
+#: (`jit_executors`); "thunder" is thunder.jit as a user calls it.
 CONFIGS = ("eager", "thunder", "stock", "fixed", "thunder_nb.jit", "fused", "reduce-overhead", "thunder no-sdpa",
            "thunder_nb.jit no-sdpa", "thunder fused", "thunder nb-executors")
 
@@ -49,8 +49,8 @@ def plain_config(config: str) -> str:
     """The configuration that runs ``config``'s thunder trace (the same executors) without CUDA graphs: where eager
     differs from it, ``config`` must still equal it (`judge`'s ``plain``). Inductor's fusions round otherwise than
     eager PyTorch's kernels, so "fused" answers to thunder with the torchcompile executor, not to plain thunder; and
-    `thunder_nb.jit`'s convolution backward is PyTorch's, not thunder's, so it answers to thunder with its executors
-    (``jit_step`` too: "thunder nb-executors")."""
+    `thunder_nb.jit`'s convolution backward and BatchNorm are PyTorch's, not thunder's, so it answers to thunder with
+    its executors (``jit_step`` too: "thunder nb-executors")."""
     return _PLAIN.get(config, "thunder")
 
 

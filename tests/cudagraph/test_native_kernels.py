@@ -1,9 +1,11 @@
-"""`thunder_nb.jit` differentiates convolutions with PyTorch's own kernels (`executors.native_convolution`).
+"""`thunder_nb.jit` runs convolutions' backward and training BatchNorm with PyTorch's own kernels.
 
-thunder 0.2.6's own rule computes a strided convolution's input gradient over the output gradient padded with zeros
-(four times the positions at stride 2) and adds pads, flips and permutes: on the H200 resnet18's training step ran
-2.3x eager's kernel time. These tests run real thunder traces on the CPU: the gradients are bit for bit eager's, the
-backward holds PyTorch's two calls and none of thunder's rewrites, and a gradient nobody reads is never computed.
+`executors.native_convolution`: thunder 0.2.6's own rule computes a strided convolution's input gradient over the
+output gradient padded with zeros (four times the positions at stride 2) and adds pads, flips and permutes.
+`executors.native_batch_norm`: thunder decomposes a training BatchNorm into about ten kernels forward and fifteen
+backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. These tests run real thunder traces on
+the CPU: gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
+thunder's rewrites, and a gradient nobody reads is never computed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 import thunder
 import thunder_nb
-from thunder_nb.cudagraph.executors import jit_executors, native_convolution
+from thunder_nb.cudagraph.executors import jit_executors, native_batch_norm, native_convolution
 from thunder_nb.fix import EagerFallbackWarning
 
 CONVOLUTIONS = {
@@ -99,3 +101,53 @@ def test_the_convolution_executor_comes_before_the_fusion_executors_that_claim_c
         warnings.simplefilter("ignore", EagerFallbackWarning)
         assert torch.equal(jfn(torch.ones(1, 3, 5, 5)), conv(torch.ones(1, 3, 5, 5)))
     assert not any("thunder_nb_convolution" in name for name in _ops(thunder.last_traces(jfn)[-1].bound_symbols))
+
+
+def _batch_norm_net(**options) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, **options), torch.nn.ReLU(),
+                               torch.nn.Conv2d(4, 6, 3, stride=2), torch.nn.BatchNorm2d(6, **options))
+
+
+def test_a_training_batch_norm_runs_bit_for_bit_as_eager_its_running_statistics_included():
+    """Three training steps: loss, every gradient, the running statistics and ``num_batches_tracked`` equal eager's
+    exactly, through the fixed transform's regions; thunder's decomposition (``var_mean`` and the rest) is gone."""
+    import copy
+
+    net = _batch_norm_net()
+    ref = copy.deepcopy(net)
+    jfn = _jit(lambda x: net(x).square().mean())
+    for i in range(3):
+        x = torch.randn(2, 3, 11, 11, generator=torch.Generator().manual_seed(i))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EagerFallbackWarning)
+            loss = jfn(x)
+        loss.backward()
+        expected = ref(x).square().mean()
+        expected.backward()
+        assert torch.equal(loss, expected), i
+        for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad), (i, name)
+        for (name, b), c in zip(net.named_buffers(), ref.buffers()):
+            assert torch.equal(b, c), (i, name, b, c)
+    assert int(net[1].num_batches_tracked) == 3
+    forward = _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+    assert forward.count("thunder_nb_batch_norm") == 2 and "var_mean" not in forward, forward
+    assert _backward_ops(jfn).count("thunder_nb_batch_norm_backward") == 2
+
+
+@pytest.mark.parametrize("mode", ["eval", "no running statistics"])
+def test_a_batch_norm_the_native_kernels_do_not_take_keeps_thunders_decomposition(mode):
+    """Evaluation mode (no backward through batch statistics) and ``track_running_stats=False`` are thunder's."""
+    net = _batch_norm_net(track_running_stats=mode == "eval")
+    net.train(mode != "eval")
+    x = torch.randn(2, 3, 11, 11, requires_grad=True)
+    jfn = _jit(lambda x: net(x).square().mean())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        loss = jfn(x)
+    torch.testing.assert_close(loss, net(x).square().mean())
+    forward = _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+    assert "thunder_nb_batch_norm" not in forward, forward
+    assert ("var_mean" in forward) == (mode != "eval"), forward  # NOTE: eval normalises by the running statistics
+    assert native_batch_norm().name in [e.name for e in jit_executors(())]
