@@ -301,19 +301,23 @@ def _training_cases():
 
 
 def _whole_step_case(name, protocol, steps, executors=()):
-    """`thunder_nb.testing.zoo_protocols._train`'s loop with `jit_step` in place of the compiled loss and the optimizer."""
+    """`thunder_nb.testing.zoo_protocols._train`'s loop with `jit_step` in place of the compiled loss and the optimizer,
+    under the cuDNN settings of the zoo's judged runs (`judged_numerics`), which its eager reference ran with."""
     import contextlib
+
+    from thunder_nb.testing.zoo import judged_numerics
 
     model = MODELS[name]
     net = model.build("cuda").train()
     opt = training_optimizer(TRAINING_OPTIMIZERS[protocol], net.parameters())
     step = jit_step(net, model.loss(net), opt, executors=executors)
     losses = []
-    for i in range(steps):
-        args, targets = model.batch(i, "cuda")
-        with (torch.autocast("cuda", dtype=torch.bfloat16) if protocol == "autocast" else contextlib.nullcontext()):
-            loss = step(*args, targets)
-        losses.append(loss.item() if protocol == "logged" else loss.detach().float().clone())
+    with judged_numerics():
+        for i in range(steps):
+            args, targets = model.batch(i, "cuda")
+            with (torch.autocast("cuda", dtype=torch.bfloat16) if protocol == "autocast" else contextlib.nullcontext()):
+                loss = step(*args, targets)
+            losses.append(loss.item() if protocol == "logged" else loss.detach().float().clone())
     state = {n: t.detach().clone() for n, t in [*net.named_parameters(), *net.named_buffers()]}
     return {"losses": losses, "state": state}, step
 

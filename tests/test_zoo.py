@@ -131,3 +131,17 @@ def test_an_executor_without_a_backward_for_an_op_is_worded_and_thunder_nbs_own_
         torch.testing.assert_close(g, p.grad)
     names = [b.sym.name for b in thunder.last_traces(fused)[-1].bound_symbols]
     assert "adaptive_avg_pool2d" in names and any(n.startswith("TorchCompile") for n in names), names
+
+
+def test_judged_runs_use_deterministic_full_float32_cudnn_and_give_the_defaults_back():
+    """resnet18's BatchNorm training amplifies cuDNN's run-to-run differences (TF32, backward-filter algorithms that
+    add in any order) past the zoo's tolerance: every judged run uses deterministic, full float32 cuDNN."""
+    import torch
+
+    from thunder_nb.testing.zoo import judged_numerics
+
+    before = (torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    with judged_numerics():
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.enabled
+    assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == before
