@@ -151,3 +151,20 @@ def test_a_batch_norm_the_native_kernels_do_not_take_keeps_thunders_decompositio
     assert "thunder_nb_batch_norm" not in forward, forward
     assert ("var_mean" in forward) == (mode != "eval"), forward  # NOTE: eval normalises by the running statistics
     assert native_batch_norm().name in [e.name for e in jit_executors(())]
+
+
+def test_a_training_batch_norm_under_no_grad_updates_its_running_statistics_as_eager_does():
+    """Training mode without autograd (a forward under ``torch.no_grad()``): the same kernels, no backward."""
+    import copy
+
+    net = _batch_norm_net()
+    ref = copy.deepcopy(net)
+    jfn = _jit(lambda x: net(x))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        for i in range(2):
+            x = torch.randn(2, 3, 11, 11, generator=torch.Generator().manual_seed(i))
+            assert torch.equal(jfn(x), ref(x)), i
+    for (name, b), c in zip(net.named_buffers(), ref.buffers()):
+        assert torch.equal(b, c), (name, b, c)
+    assert "thunder_nb_batch_norm" in _ops(thunder.last_traces(jfn)[-1].bound_symbols)

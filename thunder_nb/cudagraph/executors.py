@@ -234,12 +234,12 @@ def native_batch_norm() -> Any:
     thunder 0.2.6 decomposes ``torch.nn.functional.batch_norm`` into a ``var_mean``, the normalisation, the affine
     step and the running statistics' update, each op a kernel, and differentiates that decomposition op by op: about
     ten kernels forward and fifteen backward per BatchNorm layer (resnet18 has 20). This executor claims
-    ``ltorch.batch_norm`` in training mode with running statistics, and runs it as eager PyTorch's ``native_batch_norm``
-    does, in its functional form (``aten._native_batch_norm_legit_functional``: the normalised output, the batch's
-    mean and inverse standard deviation, and the new running statistics). The running statistics are then written
-    back with thunder's ``copy_``, as its decomposition writes them. The backward is
-    ``aten.native_batch_norm_backward``.
-    Evaluation mode, and a layer without running statistics, keep thunder's decomposition.
+    ``ltorch.batch_norm`` in training mode with running statistics, and runs it as eager PyTorch's
+    ``native_batch_norm`` does, in its functional form (``aten._native_batch_norm_legit_functional``: the normalised
+    output, the batch's mean and inverse standard deviation, and the new running statistics). The running statistics
+    are then written back with thunder's ``copy_``, as its decomposition writes them. The backward is
+    ``aten.native_batch_norm_backward``. Evaluation mode, and a layer without running statistics, keep thunder's
+    decomposition.
     """
     if _NATIVE_BATCH_NORM:
         return _NATIVE_BATCH_NORM[0]
@@ -262,7 +262,8 @@ def native_batch_norm() -> Any:
         # bfloat16 or float16 input), the running statistics in their own
         batch = utils.get_computation_dtype(a.dtype)
         return (TensorProxy(like=a), TensorProxy(like=running_mean, dtype=batch),
-                TensorProxy(like=running_mean, dtype=batch), TensorProxy(like=running_mean), TensorProxy(like=running_var))
+                TensorProxy(like=running_mean, dtype=batch), TensorProxy(like=running_mean),
+                TensorProxy(like=running_var))
 
     def _backward(g, a, weight, save_mean, save_invstd, eps, has_weight):
         return torch.ops.aten.native_batch_norm_backward(g, a, weight, None, None, save_mean, save_invstd, True, eps,
@@ -275,18 +276,20 @@ def native_batch_norm() -> Any:
     forward = ex.register_operator("thunder_nb_batch_norm", meta=_forward_meta, fn=_forward)
     backward = ex.register_operator("thunder_nb_batch_norm_backward", meta=_backward_meta, fn=_backward)
 
-    def execution_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
-                            eps=1e-5):
-        out, _, _, new_mean, new_var = forward(a, weight, bias, running_mean, running_var, momentum, eps)
-        prims.copy_(new_mean, running_mean, grad_enabled=True)
-        prims.copy_(new_var, running_var, grad_enabled=True)
-        return out
-
-    def grad_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    def normalised(a, running_mean, running_var, weight, bias, momentum, eps):
+        """The output, the batch's mean and inverse standard deviation; the running statistics written back."""
         out, save_mean, save_invstd, new_mean, new_var = forward(a, weight, bias, running_mean, running_var, momentum,
                                                                  eps)
         prims.copy_(new_mean, running_mean, grad_enabled=True)
         prims.copy_(new_var, running_var, grad_enabled=True)
+        return out, save_mean, save_invstd
+
+    def execution_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                            eps=1e-5):
+        return normalised(a, running_mean, running_var, weight, bias, momentum, eps)[0]  # NOTE: no_grad, training mode
+
+    def grad_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+        out, save_mean, save_invstd = normalised(a, running_mean, running_var, weight, bias, momentum, eps)
         ga, gw, gb = backward(get_grad(out), a, weight, save_mean, save_invstd, eps, weight is not None)
         put_grad(a, ga)
         if weight is not None:
