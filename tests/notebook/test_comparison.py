@@ -464,11 +464,11 @@ def test_gpu_peers_give_the_fixed_sides_speed_against_eager_and_torch_compile():
 
 @pytest.mark.parametrize("names", [(), ("torchcompile",)])
 def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_jit(names):
-    """The fixed side: the fixed transform, one autograd Function per call, the chosen executors first; the original:
-    thunder's defaults (its pair of Functions), the same executors."""
+    """The fixed side: the fixed transform, one autograd Function per call, PyTorch's own kernels and then the chosen
+    executors first; the original: thunder's defaults (its pair of Functions), the chosen executors."""
     import thunder
 
-    from thunder_nb.cudagraph.executors import executor_list
+    from thunder_nb.cudagraph.executors import executor_list, native_batch_norm, native_convolution
     from thunder_nb.fix import FixedCUDAGraphTransform
     from thunder_nb.notebook import runs
 
@@ -486,11 +486,14 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     executors = [[e.name for e in thunder.compile_data(j).executors_list if not e.name.startswith("__ad_hoc")]
                  for j in (fixed.jfn, orig.jfn)]
     expected = [e.name for e in chosen or thunder.get_default_executors()]  # NOTE: thunder adds its always-executors
-    # NOTE: the fixed side's sdpa executor is thunder's with a stricter checker (`cudagraph.executors.checked_sdpa`)
-    assert [n.replace("thunder_nb_sdpa", "sdpa") for n in executors[0]] == executors[1]
+    # NOTE: the fixed side's sdpa executor is thunder's with a stricter checker (`cudagraph.executors.checked_sdpa`),
+    # and PyTorch's own kernels for convolutions' backward and training BatchNorm come first, as in thunder_nb.jit
+    native = [native_convolution().name, native_batch_norm().name]
+    assert executors[0][:2] == native
+    assert [n.replace("thunder_nb_sdpa", "sdpa") for n in executors[0][2:]] == executors[1]
     assert executors[1][:len(expected)] == expected
     if names:
-        assert executors[0][0].startswith("thunder_nb_torchcompile")
+        assert executors[0][2].startswith("thunder_nb_torchcompile")
 
 
 def test_a_difference_from_eager_in_a_program_with_dropout_is_said_to_be_expected():

@@ -341,17 +341,17 @@ def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] |
 def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """``thunder.jit``'s ``executors=`` list for a user's mix of names (`EXECUTOR_NAMES`) and thunder executors.
 
-    The given executors first, then `native_convolution` and `native_batch_norm` (PyTorch's own kernels), then the
+    `native_convolution` and `native_batch_norm` (PyTorch's own kernels) first, then the given executors, then the
     named ones, then thunder's defaults (less sdpa for ``no-sdpa``), each once; thunder's sdpa executor, given or
-    default, is `checked_sdpa`. PyTorch's kernels come before the fusion executors: thunder asks the first executor
-    that claims an op for its backward, and the fusion executors claim ``prims.convolution`` and ``batch_norm`` with
-    none of their own.
-    `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way.
+    default, is `checked_sdpa`. PyTorch's kernels come before every other: thunder asks the first executor that claims
+    an op for its backward, and the fusion executors and thunder's torch executor claim ``prims.convolution`` and
+    ``batch_norm`` with none of their own. `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors
+    this way, and so does the magic's fixed side.
 
     Raises:
         ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
     """
+    native = [native_convolution(), native_batch_norm()]
     given = [checked_sdpa() if getattr(e, "name", None) == "sdpa" else e for e in executors if not isinstance(e, str)]
-    named = [native_convolution(), native_batch_norm(),
-             *executor_list([e for e in executors if isinstance(e, str)], checked=True)]
-    return list(dict.fromkeys(given + [e for e in named if e not in given]))
+    named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
+    return list(dict.fromkeys(native + given + named))
