@@ -363,9 +363,9 @@ def test_gpu_every_zoo_training_case_runs_whole_step_or_the_report_names_what_st
         return
     assert (name, protocol) not in REFUSED, "thunder runs it now: take it out of REFUSED"
     # NOTE: judged as the zoo's per-region GPU test judges (`zoo.judge`): equal to eager, or, where thunder without
-    # graphs and with jit_step's executors (PyTorch's convolution backward: "thunder nb-executors") differs from eager
-    # too, equal to it. The H200 run of 2026-12-03 found resnet18's first loss 4.14 from
-    # eager's, and an earlier run found eager's resnet18 BatchNorm losses[0] unequal to another eager run's
+    # graphs and with jit_step's executors (PyTorch's convolution backward and BatchNorm: "thunder nb-executors")
+    # differs from eager too, equal to it. The H200 run of 2026-12-03 found resnet18's first loss 4.14 from eager's,
+    # and an earlier run found eager's resnet18 BatchNorm losses[0] unequal to another eager run's
     # (2026-12-02-night-h200.md); on the CPU its first loss is exact and later ones drift chaotically (BatchNorm over 4
     # samples). The message carries what tells a stream or state problem from a numeric one
     verdict = judge(ZooRun(name, protocol, "jit_step", values=values), reference,

@@ -4,6 +4,7 @@ for convolutions' backward and training BatchNorm."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,9 +30,7 @@ def executor_names(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))  # NOTE: a name given twice is one executor
 
 
-_TORCH_COMPILE: dict[str, Any] = {}
-
-
+@functools.cache  # NOTE: one executor per name, registered once
 def _island_aware_torch_compile(name: str) -> Any:
     """thunder's torch_compile executor ``name`` that leaves islands, and arithmetic on numbers, out of its fusions.
 
@@ -40,8 +39,6 @@ def _island_aware_torch_compile(name: str) -> Any:
     would bake the number into the graph (thunder-nb's scalar hand-off rewrites the ops that read it,
     which it cannot do inside a compiled fusion). So those stay plain symbols between fusions.
     """
-    if name in _TORCH_COMPILE:
-        return _TORCH_COMPILE[name]
     from thunder.core.proxies import NumberProxy
     from thunder.executors import torch_compile
 
@@ -64,7 +61,6 @@ def _island_aware_torch_compile(name: str) -> Any:
 
     ex = IslandAwareTorchCompile(f"thunder_nb_{name}", original.required_ops, mode=original.mode)
     ex._implmap = {op: info for op, info in original._implmap.items() if op not in _backward_in_torch_executor()}
-    _TORCH_COMPILE[name] = ex
     return ex
 
 
@@ -118,9 +114,7 @@ def _counting_kernels(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-_CHECKED_SDPA: list[Any] = []
-
-
+@functools.cache  # NOTE: registered with thunder once
 def checked_sdpa() -> Any:
     """thunder's sdpa executor (fused attention) with a checker that refuses what its meta functions reject.
 
@@ -130,8 +124,6 @@ def checked_sdpa() -> Any:
     attention with torch's own kernel. With this checker such a call goes to the next executor; every call the
     fused kernels take runs as with thunder's executor (the same transforms, the same symbols).
     """
-    if _CHECKED_SDPA:
-        return _CHECKED_SDPA[0]
     import thunder.torch as ltorch
     from thunder.executors import sdpaex
     from thunder.extend import OperatorExecutor, register_executor
@@ -148,13 +140,10 @@ def checked_sdpa() -> Any:
     ex.register_implementation(ltorch.scaled_dot_product_attention, checker=checker,
                                execution_transform=sdpaex._scaled_dot_product_attention_fused,
                                grad_transform=sdpaex._scaled_dot_product_attention_grad)
-    _CHECKED_SDPA.append(ex)
     return ex
 
 
-_NATIVE_CONVOLUTION: list[Any] = []
-
-
+@functools.cache  # NOTE: registered with thunder once
 def native_convolution() -> Any:
     """An executor that gives thunder's convolutions PyTorch's own backward: ``aten.convolution_backward``.
 
@@ -169,8 +158,6 @@ def native_convolution() -> Any:
     the bias's. Each call asks only for its own gradients, so a gradient nobody reads is never computed (thunder
     drops the call): the first layer's input gradient, for example.
     """
-    if _NATIVE_CONVOLUTION:
-        return _NATIVE_CONVOLUTION[0]
     import torch
     from thunder.core import prims
     from thunder.core.proxies import TensorProxy
@@ -180,21 +167,19 @@ def native_convolution() -> Any:
     ex = OperatorExecutor("thunder_nb_convolution", version=torch.__version__)
     register_executor(ex)
 
-    def _expanded(value: Any, rank: int) -> list[int]:
-        value = list(value)
-        return value * rank if len(value) == 1 else value
+    def _backward(g, a, weight, bias_sizes, stride, padding, dilation, groups, mask):
+        """``aten.convolution_backward`` with thunder's parameters, each as long as the convolution's rank."""
+        rank = weight.ndim - 2
+        stride, padding, dilation = ([*v] * rank if len(v) == 1 else [*v] for v in (stride, padding, dilation))
+        return torch.ops.aten.convolution_backward(g, a, weight, bias_sizes, stride, padding, dilation, False,
+                                                   [0] * rank, groups, mask)
 
     def _input_grad(g, a, weight, stride, padding, dilation, groups):
-        rank = weight.ndim - 2
-        return torch.ops.aten.convolution_backward(
-            g, a, weight, None, _expanded(stride, rank), _expanded(padding, rank), _expanded(dilation, rank), False,
-            [0] * rank, groups, [True, False, False])[0]
+        return _backward(g, a, weight, None, stride, padding, dilation, groups, [True, False, False])[0]
 
     def _weight_grad(g, a, weight, has_bias, stride, padding, dilation, groups):
-        rank = weight.ndim - 2
-        _, gw, gb = torch.ops.aten.convolution_backward(
-            g, a, weight, [weight.shape[0]] if has_bias else None, _expanded(stride, rank), _expanded(padding, rank),
-            _expanded(dilation, rank), False, [0] * rank, groups, [False, True, has_bias])
+        _, gw, gb = _backward(g, a, weight, [weight.shape[0]] if has_bias else None, stride, padding, dilation, groups,
+                              [False, True, has_bias])
         return gw, gb
 
     def _input_grad_meta(g, a, weight, stride, padding, dilation, groups):
@@ -221,13 +206,10 @@ def native_convolution() -> Any:
         return not transposed  # NOTE: thunder's prims.convolution refuses transposed convolutions anyway
 
     ex.register_implementation(prims.convolution, forward, checker=checker, grad_transform=grad_transform)
-    _NATIVE_CONVOLUTION.append(ex)
     return ex
 
 
-_NATIVE_BATCH_NORM: list[Any] = []
-
-
+@functools.cache  # NOTE: registered with thunder once
 def native_batch_norm() -> Any:
     """An executor that runs a training-mode ``batch_norm`` with PyTorch's own kernels, forward and backward.
 
@@ -241,8 +223,6 @@ def native_batch_norm() -> Any:
     ``aten.native_batch_norm_backward``. Evaluation mode, and a layer without running statistics, keep thunder's
     decomposition.
     """
-    if _NATIVE_BATCH_NORM:
-        return _NATIVE_BATCH_NORM[0]
     import thunder.torch as ltorch
     import torch
     from thunder.core import prims, utils
@@ -299,12 +279,12 @@ def native_batch_norm() -> Any:
         return out
 
     def checker(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5) -> bool:
+        # NOTE: weight and bias together or neither: the backward's mask asks for both gradients or none
         return (training is True and running_mean is not None and running_var is not None
                 and (weight is None) == (bias is None) and isinstance(momentum, float) and isinstance(eps, float))
 
     ex.register_implementation(ltorch.batch_norm, checker=checker, execution_transform=execution_transform,
                                grad_transform=grad_transform)
-    _NATIVE_BATCH_NORM.append(ex)
     return ex
 
 

@@ -72,7 +72,7 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
         return fn, None
     if config == "thunder":
         return thunder.jit(fn), None
-    if config in ("thunder no-sdpa", "thunder fused", "thunder nb-executors"):
+    if config in _PLAIN.values():
         from ..cudagraph.executors import jit_executors
 
         # NOTE: the executors thunder_nb.jit puts together, so that each has the numerics of its graphs counterpart
@@ -151,8 +151,8 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
     from .. import internals
 
     stream = internals.current_stream()
-    plain = ("eager", "thunder", "thunder no-sdpa", "thunder fused", "thunder nb-executors", "reduce-overhead")
-    with capturing(capture if config not in plain else False), judged_numerics():
+    without_graphs = ("eager", "thunder", "reduce-overhead", *_PLAIN.values())
+    with capturing(capture if config not in without_graphs else False), judged_numerics():
         try:
             compiled, transform = compile_with(config, fn, capture)
             run.values = PROTOCOLS[protocol](model, net, compiled, device, steps)
