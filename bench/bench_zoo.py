@@ -5,13 +5,16 @@
                               [--time-limit S]  # a sweep in parts: rows that would not end in S seconds are named
 
 Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from the
-same initial state as eager (its values compared with eager's), then takes turns with the others in rounds: in each
+same initial state as eager (its values compared with eager's; a dropout run's losses follow its random masks, so it
+is judged by the dropout checks instead: `thunder_nb.testing.zoo.dropout_problem`), then takes turns with the others in rounds: in each
 round, ``--steps`` consecutive steps with no sync inside but the loop's own (a training step is zero_grad, forward,
 backward and the optimizer's step, as the zoo protocol runs it: the loss logged by ``.item()``, autocast around the
 call, gradients kept by ``zero_grad``; the kept protocol three forwards, then their backwards; inference one call
 under no_grad with the output kept), synchronised only at the round's ends. Reported: the median over rounds of
 milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's and to thunder without
-graphs' (without its sdpa executor for decoding), each with its spread (the lowest and highest of the per-round
+graphs' (without its sdpa executor where that executor refuses the case: decoding, and a case whose plain thunder
+fails with the limit that names the choice, such as autocast's backward, which then adds the configurations without
+it), each with its spread (the lowest and highest of the per-round
 ratios), and after the rounds torch.profiler's GPU kernel time per step (a step far above it waits for the host). A
 configuration the checker predicts would kill the process (thunder's transform on dropout attention) is not run; one
 that fails says how.
@@ -146,9 +149,10 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
     reference = run("eager")
     out = []
     loops: dict[str, Loop] = {}
-    for config in configs:
-        if config.endswith("no-sdpa") and protocol != "decode":
-            continue
+    # NOTE: without sdpa only where thunder's sdpa executor refuses the case: decoding, and any case whose plain thunder
+    # fails with the limit that names that choice (autocast's backward), which then adds them below
+    queue = [c for c in configs if not c.endswith("no-sdpa") or protocol == "decode"]
+    for config in queue:
         if device == "cpu" and config in ("fused", "reduce-overhead"):
             continue  # NOTE: inductor compiles C++ on the CPU for minutes; the CPU run only checks the script works
         row = {"config": config, "ms": [], "note": ""}
@@ -163,6 +167,10 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
             if checked.error is not None:
                 component = f" ({checked.limit.split(': ')[0]})" if checked.limit else ""  # NOTE: which component refuses
                 row["note"] = f"fails: {checked.error[:110]}{component}"
+                if config == "thunder" and checked.limit and "no-sdpa" in checked.limit:
+                    # NOTE: the choice the limit's words offer: thunder without it, and each graph configuration too
+                    queue += [c for c in ("thunder no-sdpa", *(f"{c} no-sdpa" for c in configs)) if c in LABELS
+                              and c not in queue]
                 continue
             try:
                 verdict = zoo.judge(checked, reference, lambda: run(zoo.plain_config(config)))
@@ -171,8 +179,13 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
                 continue
             if verdict.matches:
                 plain = zoo.plain_config(config)
-                row["matches"] = ("yes" if verdict.against == "eager"
-                                  else f"as {LABELS.get(plain, plain)}, which differs from eager")
+                if verdict.against == "eager":
+                    row["matches"] = "yes"
+                elif verdict.against == zoo.DROPOUT_CHECKS:  # NOTE: random masks: no values to compare with eager's
+                    row["matches"] = (f"{zoo.DROPOUT_CHECKS} pass (keep rate {checked.values['keep rate']:.3f}; "
+                                      "masks and losses change every call)")
+                else:
+                    row["matches"] = f"as {LABELS.get(plain, plain)}, which differs from eager"
             else:
                 row["matches"] = f"no: {verdict.difference}"
         try:
@@ -198,8 +211,8 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
             row["graphs"], row["regions"] = zoo.count_graphs(transform)
     add_ratios(by_config)
     add_ratios(by_config, "thunder", key="vs_thunder")
-    if protocol == "decode":
-        add_ratios(by_config, "thunder no-sdpa", key="vs_thunder")  # NOTE: thunder's sdpa executor refuses decoding
+    if not by_config.get("thunder", {}).get("ms"):  # NOTE: where thunder's sdpa executor refused it: thunder without
+        add_ratios(by_config, "thunder no-sdpa", key="vs_thunder")
     for config, loop in loops.items():  # NOTE: after the rounds, so that the profiler's cost never lands in them
         by_config[config]["kernel_us"] = kernel_us(loop, steps, device)
     return out

@@ -19,7 +19,8 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import thunder_nb
 from thunder_nb.notebook.values import compare_values
-from thunder_nb.testing.zoo import MODELS, judge, missing_package, plain_config, run_in_child, run_protocol
+from thunder_nb.testing.zoo import (MODELS, ZooRun, dropout_problem, judge, missing_package, plain_config, run_in_child,
+                                   run_protocol)
 
 pytestmark = pytest.mark.gpu
 
@@ -56,8 +57,7 @@ def test_gpu_nanogpt_with_dropout_trains_without_killing_the_process(config):
     assert rc == 0, f"the child died (rc {rc}):\n{err[-3000:]}"
     assert result["error"] is None, result["error"]
     values = result["values"]
-    assert values["finite"] and values["distinct"], values
-    assert abs(values["keep rate"] - 0.9) < 0.01 and values["masks change"], values
+    assert dropout_problem(ZooRun("nanogpt-dropout", "dropout", config, values)) is None, values
     assert result["graphs"] >= 1
     print(f"\nnanoGPT dropout 0.1, {config}: losses {values['losses']}, keep rate {values['keep rate']:.4f}, "
           f"{result['graphs']} graphs for {result['regions']} regions")

@@ -7,11 +7,13 @@ capture replays write the recorded outputs in place, as real ones do (`thunder_n
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from thunder_nb.cudagraph.transform import RUNNER_DEFAULTS
-from thunder_nb.testing.zoo import (CONFIGS, MODELS, PROTOCOLS, compile_with, judge, missing_package, plain_config,
-                                   run_protocol)
+from thunder_nb.testing.zoo import (CONFIGS, DROPOUT_CHECKS, MODELS, PROTOCOLS, Judgement, compile_with, judge,
+                                   missing_package, plain_config, run_protocol)
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +71,16 @@ def test_dropout_masks_change_from_call_to_call_with_the_right_keep_rate():
     values = run.values
     assert values["finite"] and values["distinct"], values
     assert abs(values["keep rate"] - 0.9) < 0.01 and values["masks change"], values
+    # NOTE: the judge reads the dropout checks, never eager's losses, which follow eager's own random masks
+    reference = run_protocol("nanogpt-dropout", "dropout", "eager", device="cpu", steps=3)
+    assert reference.values["losses"] != values["losses"]
+    verdict = judge(run, reference, lambda: pytest.fail("a dropout run is not compared with plain thunder"))
+    assert verdict == Judgement(True, DROPOUT_CHECKS, None, None)
+    for change, problem in ((dict(values, **{"keep rate": 0.8}), "keep rate 0.8, expected 0.90"),
+                            (dict(values, **{"masks change": False}), "the same dropout mask on two calls"),
+                            (dict(values, losses=values["losses"][:1] * 3, distinct=False), "the same loss twice")):
+        verdict = judge(dataclasses.replace(run, values=change), reference, lambda: None)
+        assert not verdict.matches and verdict.difference.startswith(problem), verdict
 
 
 def test_an_unknown_configuration_is_refused_with_the_choices():

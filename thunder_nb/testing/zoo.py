@@ -25,7 +25,7 @@ from .zoo_protocols import PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_o
 
 __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "CONFIGS", "ZooRun",
            "compile_with", "run_protocol", "run_in_child", "missing_package", "keep_rate", "TOLERANCES", "Judgement",
-           "judge", "count_graphs", "plain_config", "judged_numerics"]
+           "judge", "DROPOUT_CHECKS", "dropout_problem", "count_graphs", "plain_config", "judged_numerics"]
 
 
 #: The configurations a protocol can run, in the order tables show them; "... no-sdpa": thunder's defaults without
@@ -186,19 +186,44 @@ class Judgement:
     """How a run's values compare: with eager's, or, where plain thunder's differ from eager's too, with those."""
 
     matches: bool
-    against: str  # "eager" or "plain thunder"
+    against: str  # "eager", "plain thunder", or `DROPOUT_CHECKS`
     difference: str | None
     max_abs_error: float | None
     thunder_differs: str | None = None  # plain thunder's own first difference from eager, when it has one
+
+
+#: What a dropout run is judged against: its masks are random numbers, which no two configurations draw alike.
+DROPOUT_CHECKS = "the dropout checks"
+
+
+def dropout_problem(run: ZooRun) -> str | None:
+    """What a dropout run gets wrong, or None: every loss and gradient finite, the losses different from call to call,
+    the masks different from call to call, and the kept fraction within 0.01 of ``1 - p`` (the model's dropout)."""
+    v, keep = run.values, 1 - MODELS[run.model].dropout
+    if not v.get("finite"):
+        return "a loss or gradient is not finite"
+    if not v.get("distinct"):
+        return f"the same loss twice: {v.get('losses')}"
+    if not v.get("masks change"):
+        return "the same dropout mask on two calls"
+    if abs(v.get("keep rate", -1.0) - keep) >= 0.01:
+        return f"keep rate {v.get('keep rate')}, expected {keep:.2f}"
+    return None
 
 
 def judge(run: ZooRun, reference: ZooRun, plain: Callable[[], ZooRun]) -> Judgement:
     """Compare ``run``'s values with eager's (``reference``); if they differ, ask plain thunder (``plain()``, run
     only then): where thunder without graphs differs from eager as well, the difference is thunder's numerics,
     and ``run`` must equal plain thunder's values instead. Values of ``run.protocol`` use its `TOLERANCES`.
+
+    A dropout run is judged by `dropout_problem` alone: its losses follow its random masks, so they equal eager's
+    only where the configuration draws its random numbers as eager does (eager itself), never by design.
     """
     from ..notebook.values import compare_values
 
+    if run.protocol == "dropout":
+        problem = dropout_problem(run)
+        return Judgement(problem is None, DROPOUT_CHECKS, problem, None)
     rtol, atol = TOLERANCES.get(run.protocol, FLOAT32)
     c = compare_values(run.values, reference.values, rtol=rtol, atol=atol, reference="eager's")
     if c.matches:
