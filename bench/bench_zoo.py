@@ -169,8 +169,8 @@ def bench_row(model_name: str, protocol: str, rounds: int, steps: int, device: s
                 row["note"] = f"fails: {checked.error[:110]}{component}"
                 if config == "thunder" and checked.limit and "no-sdpa" in checked.limit:
                     # NOTE: the choice the limit's words offer: thunder without it, and each graph configuration too
-                    queue += [c for c in ("thunder no-sdpa", *(f"{c} no-sdpa" for c in configs)) if c in LABELS
-                              and c not in queue]
+                    queue += [c for c in dict.fromkeys(("thunder no-sdpa", *(f"{c} no-sdpa" for c in configs)))
+                              if c in LABELS and c not in queue]
                 continue
             try:
                 verdict = zoo.judge(checked, reference, lambda: run(zoo.plain_config(config)))
