@@ -6,16 +6,15 @@
 
 Headline: throughput as a user's loop runs. Each configuration first runs the zoo protocol's checked steps from the
 same initial state as eager (its values compared with eager's; a dropout run's losses follow its random masks, so it
-is judged by the dropout checks instead: `thunder_nb.testing.zoo.dropout_problem`), then takes turns with the others in rounds: in each
-round, ``--steps`` consecutive steps with no sync inside but the loop's own (a training step is zero_grad, forward,
+is judged by the dropout checks instead: `thunder_nb.testing.zoo.dropout_problem`), then takes turns with the others
+in rounds: in each round, ``--steps`` consecutive steps with no sync inside but the loop's own (a training step is zero_grad, forward,
 backward and the optimizer's step, as the zoo protocol runs it: the loss logged by ``.item()``, autocast around the
 call, gradients kept by ``zero_grad``; the kept protocol three forwards, then their backwards; inference one call
 under no_grad with the output kept), synchronised only at the round's ends. Reported: the median over rounds of
 milliseconds per step, and each configuration's ratio to torch.compile reduce-overhead's and to thunder without
 graphs' (without its sdpa executor where that executor refuses the case: decoding, and a case whose plain thunder
 fails with the limit that names the choice, such as autocast's backward, which then adds the configurations without
-it), each with its spread (the lowest and highest of the per-round
-ratios), and after the rounds torch.profiler's GPU kernel time per step (a step far above it waits for the host). A
+it), each with its spread (the lowest and highest of the per-round ratios), and after the rounds torch.profiler's GPU kernel time per step (a step far above it waits for the host). A
 configuration the checker predicts would kill the process (thunder's transform on dropout attention) is not run; one
 that fails says how.
 """
