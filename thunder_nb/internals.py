@@ -22,6 +22,7 @@ __all__ = [
     "copy_into",
     "storage_use_count",
     "metadata_guard",
+    "ObjectGuard",
     "data_ptrs_equal",
     "recover_generators",
     "compile_option",
@@ -180,6 +181,86 @@ def metadata_guard(tensors: Sequence[Any]) -> Callable[..., bool] | None:
         return None
     return TensorGuards(*tensors, dynamic_dims_sizes=[list(t.size()) for t in tensors],
                         dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+
+
+class ObjectGuard:
+    """A C check over objects reached from one root (torch.compile's guard trees, ``RootGuardManager``).
+
+    Build it with `ObjectGuard.make`, then describe what must still hold through `Node` s: ``node.item(key)``
+    reads an item of the dict the node is, ``node.instance_dict()`` its object's ``__dict__``, ``node.type()`` its
+    type, ``node.mro()`` a type's ``__mro__``, ``node.tuple_item(i)``, ``node.type_dict()`` a type's own dict;
+    ``is_(obj)``, ``type_is(cls)``, ``lacks(key)`` and ``unchanged(d)`` (no write to the dict since: its version
+    tag) check the node's value. ``check(root)`` is then one C call, False where a read fails. Each node is made
+    once per path (``name``), so its reads are made once per check.
+    """
+
+    class Node:
+        __slots__ = ("_manager", "_name", "_children")
+
+        def __init__(self, manager: Any, name: str):
+            self._manager, self._name, self._children = manager, name, {}
+
+        def _child(self, kind: str, key: Any, example: Any, make: Callable[..., Any]) -> ObjectGuard.Node:
+            node = self._children.get((kind, key))
+            if node is None:
+                from torch._dynamo.guards import GuardManagerType
+
+                name = f"{self._name}{kind}{key!r}"
+                manager = make(source=name, example_value=example, guard_manager_enum=GuardManagerType.GUARD_MANAGER)
+                node = self._children[(kind, key)] = ObjectGuard.Node(manager, name)
+            return node
+
+        def item(self, key: Any, example: Any) -> ObjectGuard.Node:
+            return self._child("[]", key, example, lambda **kw: self._manager.dict_getitem_manager(key=key, **kw))
+
+        def instance_dict(self, example: dict) -> ObjectGuard.Node:
+            return self._child(".__dict__", "", example, self._manager.get_generic_dict_manager)
+
+        def type(self, example: type) -> ObjectGuard.Node:
+            return self._child(".__class__", "", example, self._manager.type_manager)
+
+        def mro(self, example: tuple) -> ObjectGuard.Node:
+            return self._child(".__mro__", "", example, self._manager.type_mro_manager)
+
+        def tuple_item(self, i: int, example: Any) -> ObjectGuard.Node:
+            return self._child("()", i, example, lambda **kw: self._manager.tuple_getitem_manager(key=i, **kw))
+
+        def type_dict(self, example: dict) -> ObjectGuard.Node:
+            return self._child(".tp_dict", "", example, self._manager.type_dict_manager)
+
+        def is_(self, obj: Any) -> None:
+            self._manager.add_id_match_guard(id(obj), [f"{self._name} is the same object"], None)
+
+        def type_is(self, cls: type) -> None:
+            self._manager.add_type_match_guard(id(cls), [f"type({self._name}) is {cls.__qualname__}"], None)
+
+        def lacks(self, key: Any) -> None:
+            self._manager.add_dict_contains_guard(False, key, [f"{key!r} not in {self._name}"], None)
+
+        def unchanged(self, d: dict) -> None:
+            self._manager.add_dict_version_guard(d, [f"{self._name} unchanged"], None)
+
+    def __init__(self, manager: Any):
+        self.root = ObjectGuard.Node(manager, "root")
+        self.check: Callable[[Any], bool] = manager.check
+
+    @staticmethod
+    def make() -> ObjectGuard | None:
+        """An empty guard (every check passes until nodes add reads); None where torch has no guard trees."""
+        try:
+            from torch._C._dynamo.guards import RootGuardManager
+            from torch._dynamo.guards import GuardManagerType  # noqa: F401
+        except ImportError:  # pragma: no cover - a torch without dynamo's C guards
+            return None
+        return ObjectGuard(RootGuardManager())
+
+    @staticmethod
+    def type_dict_of(cls: type) -> dict:
+        """The dict behind ``cls.__dict__`` (a read-only proxy of it)."""
+        import gc
+
+        (d,) = [r for r in gc.get_referents(cls.__dict__) if type(r) is dict]
+        return d
 
 
 def data_ptrs_equal(tensors: list[Any], ptrs: list[int | None], indices: list[int]) -> bool:

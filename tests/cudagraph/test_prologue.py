@@ -12,6 +12,7 @@ from torch.nn.utils import parametrize
 
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.cudagraph.prologue import (
+    ModuleWalk,
     check_tensor,
     child,
     get_buffer,
@@ -165,6 +166,82 @@ def test_shadowing_and_own_lookups_go_to_the_method():
         "holder.lin.weight")
 
 
+_LOOKUPS = [("submodule", "block"), ("submodule", "block.1"), ("parameter", "block.0.weight"),
+            ("parameter", "block.1.bias"), ("buffer", "block.steps"), ("parameter", "head.weight")]
+
+
+def _plain_tree() -> nn.Module:
+    root = nn.Module()
+    root.block = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
+    root.block.register_buffer("steps", torch.zeros(()))
+    root.head = nn.Linear(4, 2)
+    return root
+
+
+def _walk_is_the_methods(walk: ModuleWalk, root: nn.Module) -> tuple | None:
+    """``walk(root)`` returns the very objects the methods return, or both raise AttributeError (then None)."""
+    try:
+        expected = [getattr(root, f"get_{kind}")(target) for kind, target in _LOOKUPS]
+    except AttributeError:
+        with pytest.raises(AttributeError):
+            walk(root)
+        return None
+    found = walk(root)
+    assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected))
+    return found
+
+
+class _LooksUpItsOwnWay(nn.Sequential):
+    def __getattr__(self, name):
+        return super().__getattr__("0" if name == "1" else name)
+
+
+def _change_class_of_block(root):
+    root.block.__class__ = _LooksUpItsOwnWay
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda root: setattr(root.head, "weight", nn.Parameter(torch.ones(2, 4))), id="parameter-replaced"),
+    pytest.param(lambda root: root.block.__setitem__(1, nn.LayerNorm(4)), id="submodule-replaced"),
+    pytest.param(lambda root: setattr(root.block, "steps", torch.ones(())), id="buffer-replaced"),
+    pytest.param(lambda root: object.__setattr__(root.block[0], "weight", torch.ones(4, 3)), id="instance-attribute"),
+    pytest.param(lambda root: setattr(nn.LayerNorm, "bias", property(lambda self: "shadowed")), id="class-attribute"),
+    pytest.param(lambda root: setattr(nn.Module, "head", property(lambda self: "shadowed")), id="base-class-attribute"),
+    pytest.param(_change_class_of_block, id="class-swapped"),
+    pytest.param(lambda root, w=nn.Parameter(torch.ones(1)): setattr(root, "get_parameter", lambda t: w), id="own-method"),
+])
+def test_the_walk_returns_the_last_calls_objects_only_while_nothing_they_rest_on_changed(change):
+    """After a plain walk, the next call is proved by the walk's guard (the very tuple comes back); any change that
+    could make a method answer otherwise fails it, and the walk finds what the methods find."""
+    root = _plain_tree()
+    walk = ModuleWalk(_LOOKUPS)
+    first = _walk_is_the_methods(walk, root)
+    assert first is not None and walk(root) is first  # NOTE: the guard passed: the last call's objects
+    saved = {c: dict(vars(c)) for c in (nn.LayerNorm, nn.Module)}
+    try:
+        change(root)
+        after = _walk_is_the_methods(walk, root)
+        assert after is None or after is not first
+        _walk_is_the_methods(walk, root)  # NOTE: again, through the guard remade where the walk was plain
+    finally:
+        for c, attrs in saved.items():
+            for name in set(vars(c)) - set(attrs):
+                delattr(c, name)
+            for name in ("bias",):
+                if name in attrs and vars(c).get(name) is not attrs[name]:
+                    setattr(c, name, attrs[name])
+
+
+def test_the_walk_reads_each_origin_it_is_given():
+    walk = ModuleWalk(_LOOKUPS)
+    a, b = _plain_tree(), _plain_tree()
+    for root in (a, b, a, a, b):
+        _walk_is_the_methods(walk, root)
+    shared = nn.Module()
+    shared.block, shared.head = a.block, a.head  # NOTE: another origin holding the same objects: the same answers
+    assert _walk_is_the_methods(walk, shared) is not None
+
+
 def test_the_tensor_check_passes_and_fails_where_thunders_does():
     from thunder.executors.pythonex import _check_tensor_shape_and_metadata_impl as thunders
 
@@ -272,7 +349,7 @@ def test_a_training_step_walks_paths_and_follows_replaced_parameters_buffers_and
     with emulated_capture():
         step(0)
         text = _prologue_text(j)
-        assert "thunder_nb_get_parameter(" in text and ".get_parameter(" not in text
+        assert "thunder_nb_module_walk(" in text and ".get_parameter(" not in text
         assert ".get_submodule(" not in text and ".get_buffer(" not in text
         assert "thunder_nb_check_tensors(" in text and "check_tensor_metadata(" not in text
         assert "thunder_nb_check_values(" in text and "check_number_type_and_value(" not in text
@@ -344,7 +421,7 @@ def test_a_module_passed_as_an_argument_is_read_from_that_argument():
     with emulated_capture():
         for model in (a, b, a):
             torch.testing.assert_close(j(model, x), model(x))
-    assert "thunder_nb_get_parameter(" in _prologue_text(j)
+    assert "thunder_nb_module_walk(" in _prologue_text(j)
 
 
 def test_a_symbolic_size_keeps_thunders_check():

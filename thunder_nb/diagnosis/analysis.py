@@ -116,8 +116,8 @@ def _argument_names(prologue: Any) -> frozenset[str]:
     return frozenset(derived - roots)
 
 
-# NOTE: thunder's ``x = obj.get_parameter('h.0.ln_1.weight')`` and thunder-nb's fast prologue's
-# ``x = thunder_nb_get_parameter(obj, m, 'weight', 'h.0.ln_1.weight')``: the path is the call's last string
+# NOTE: thunder's ``x = obj.get_parameter('h.0.ln_1.weight')``: the path is the call's last string (thunder-nb's fast
+# prologue fetches them all in one call, whose object names the paths: `_parameter_paths`)
 _GET_PARAMETER = re.compile(r"^\s*(\w+)(?::[^=\n]*)? = [\w.]*get_(?:parameter|buffer)\([^\n]*'([^'\n]+)'\)", re.M)
 
 
@@ -132,6 +132,14 @@ def _parameter_paths(prologues: Iterable[Any]) -> dict[str, str]:
             continue
         for m in _GET_PARAMETER.finditer(source):
             paths.setdefault(m.group(1), m.group(2))
+        for b in prologue.bound_symbols:
+            # NOTE: thunder-nb's ``(m4, ..., t3) = thunder_nb_module_walk(obj)``: the walk names each output's
+            # (kind, path) in ``lookup_targets``
+            targets = getattr(getattr(b.sym, "python_impl", None), "lookup_targets", None)
+            if isinstance(targets, tuple) and isinstance(b.output, tuple):
+                for out, (kind, target) in zip(b.output, targets):
+                    if kind != "submodule" and hasattr(out, "name"):
+                        paths.setdefault(out.name, target)
     return paths
 
 
