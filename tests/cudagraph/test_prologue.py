@@ -232,6 +232,18 @@ def test_the_walk_returns_the_last_calls_objects_only_while_nothing_they_rest_on
                     setattr(c, name, attrs[name])
 
 
+def test_a_walk_that_asked_a_method_makes_no_guard_and_follows_every_change():
+    root = _plain_tree()
+    root.block[1].bias = nn.Parameter(torch.zeros(4))
+    object.__setattr__(root.block[1], "bias", root.block[1]._parameters["bias"])  # NOTE: the instance dict first
+    walk = ModuleWalk(_LOOKUPS)
+    first = _walk_is_the_methods(walk, root)
+    assert first is not None and walk(root) is not first  # NOTE: walked again: no guard stood for the method's answer
+    object.__setattr__(root.block[1], "bias", nn.Parameter(torch.ones(4)))
+    # NOTE: the method returns the instance attribute, not the registered parameter; so must the walk
+    assert _walk_is_the_methods(walk, root)[3] is vars(root.block[1])["bias"]
+
+
 def test_the_walk_reads_each_origin_it_is_given():
     walk = ModuleWalk(_LOOKUPS)
     a, b = _plain_tree(), _plain_tree()

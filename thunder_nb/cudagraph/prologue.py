@@ -68,6 +68,7 @@ _MISSING = object()
 _GETATTR = _Module.__getattr__
 _GETATTRIBUTE = _Module.__getattribute__
 _METHODS = {name: getattr(_Module, name) for name in ("get_submodule", "get_parameter", "get_buffer")}
+_HEAPTYPE = 1 << 9  # NOTE: Py_TPFLAGS_HEAPTYPE: a class made by a class statement (its attributes can be set)
 _NONE: dict[str, Any] = {}  # NOTE: read only: what a module without a ``_parameters`` or ``_buffers`` dict has
 
 
@@ -166,13 +167,26 @@ class ModuleWalk:
     def __init__(self, lookups: Sequence[tuple[str, str]]):
         #: (kind, target) of each lookup, in order: kind is "submodule", "parameter" or "buffer"
         self.lookup_targets = tuple(lookups)
+        # NOTE: each module on the paths once, a parent before its children: (path, index of the parent, name)
+        paths: dict[tuple[str, ...], int] = {(): 0}
+        steps: list[tuple[tuple[str, ...], int, str]] = []
+
+        def index(path: tuple[str, ...]) -> int:
+            i = paths.get(path)
+            if i is None:
+                parent = index(path[:-1])
+                i = paths[path] = len(steps) + 1
+                steps.append((path, parent, path[-1]))
+            return i
+
         plan = []
         for kind, target in self.lookup_targets:
             if kind == _SUBMODULE:
-                plan.append((kind, target, tuple(target.split(".")), ""))
+                plan.append((kind, target, index(tuple(target.split("."))), ""))
             else:
                 path, _, name = target.rpartition(".")
-                plan.append((kind, target, tuple(path.split(".")) if path else (), name))
+                plan.append((kind, target, index(tuple(path.split(".")) if path else ()), name))
+        self._steps = tuple(steps)
         self._plan = tuple(plan)
         self._guard: Callable[[Any], bool] | None = None
         self._found: tuple = ()
@@ -191,27 +205,24 @@ class ModuleWalk:
                 made = _walk_guard(origin, modules, reads)
             except Exception:  # NOTE: torch's guard refused an object: walked every call from now on
                 made, self._made = None, _GUARD_REMAKES
-            if made is not None:
+            if made is not None and made[0](origin):
                 self._guard, self._held = made
                 self._found = found
+            elif made is not None:  # NOTE: a guard that fails the very objects it was made of would never serve
+                self._made = _GUARD_REMAKES
         return found
 
     def walk(self, origin: Any) -> tuple[tuple, dict[tuple[str, ...], Any], list | None]:
         """The lookups' results; the modules walked to by path; and each parameter or buffer read from its module's
         dict as ``(path, name, kind, value)``, None where any lookup took its method."""
         root = plain_root(origin)
-        modules: dict[tuple[str, ...], Any] = {(): root}
-        reads: list | None = [] if root is not None else None
+        walked = [root]
+        for _, parent, a in self._steps:
+            walked.append(child(walked[parent], a))
+        reads: list | None = [] if root is not None and None not in walked else None
         found = []
-        for kind, target, path, name in self._plan:
-            m = modules.get(path, _MISSING)
-            if m is _MISSING:
-                m = root
-                for i in range(1, len(path) + 1):
-                    sub = modules.get(path[:i], _MISSING)
-                    if sub is _MISSING:
-                        sub = modules[path[:i]] = child(m, path[i - 1])
-                    m = sub
+        for kind, target, at, name in self._plan:
+            m = walked[at]
             if kind == _SUBMODULE:
                 value = m if m is not None else origin.get_submodule(target)
             else:
@@ -219,11 +230,12 @@ class ModuleWalk:
                 value = read(m, name) if m is not None else None
                 if value is None:
                     value = getattr(origin, method)(target)
+                    reads = None
                 elif reads is not None:
-                    reads.append((path, name, kind, value))
-            if m is None:
-                reads = None
+                    reads.append((self._steps[at - 1][0] if at else (), name, kind, value))
             found.append(value)
+        modules = {(): root}
+        modules.update((path, m) for (path, _, _), m in zip(self._steps, walked[1:]))
         return tuple(found), modules, reads
 
 
@@ -246,7 +258,9 @@ def _walk_guard(origin: Any, modules: dict[tuple[str, ...], Any], reads: list) -
         mro_node = node.type(cls).mro(mro)
         mro_node.is_(mro)
         for i, k in enumerate(mro):
-            if k not in dict_checked:
+            # NOTE: a static type (``object``) takes no attributes; on Python 3.12 its dict is not where torch's guard
+            # reads it
+            if k not in dict_checked and k.__flags__ & _HEAPTYPE:
                 dict_checked.add(k)
                 d = internals.ObjectGuard.type_dict_of(k)
                 mro_node.tuple_item(i, k).type_dict(d).unchanged(d)
