@@ -14,11 +14,6 @@ from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.cudagraph.prologue import (
     ModuleWalk,
     check_tensor,
-    child,
-    get_buffer,
-    get_parameter,
-    get_submodule,
-    plain_root,
     tensor_checks,
     value_checks,
 )
@@ -92,12 +87,9 @@ def _same(fast, method):
     return "found"
 
 
-def _walked(root, path: str):
-    """The module `child` walks to along ``path`` (None where the method must answer), as the prologue does."""
-    m = plain_root(root)
-    for a in path.split(".") if path else ():
-        m = child(m, a)
-    return m
+def _lookup(root, kind: str, target: str):
+    """``root.get_<kind>(target)`` as a prologue's first call finds it: a `ModuleWalk` of that one lookup."""
+    return ModuleWalk([(kind, target)])(root)[0]
 
 
 def _check_every_lookup(root):
@@ -105,17 +97,15 @@ def _check_every_lookup(root):
     modules = [n for n, _ in root.named_modules() if n] + ["gone", "shadowed.inner", "own.lin", "missing", "block.0.x",
                                                             "block.steps", "block.0.weight"]
     for t in modules:
-        outcomes.append(_same(lambda: get_submodule(root, _walked(root, t), t), lambda: root.get_submodule(t)))
+        outcomes.append(_same(lambda: _lookup(root, "submodule", t), lambda: root.get_submodule(t)))
     params = [n for n, _ in root.named_parameters()] + [
         "para.weight", "param_named_like_module.weight", "own.lin.weight", "block.steps", "block.0.missing", "nowhere.w",
         "block.0"]
     for t in params:
-        path, _, name = t.rpartition(".")
-        outcomes.append(_same(lambda: get_parameter(root, _walked(root, path), name, t), lambda: root.get_parameter(t)))
+        outcomes.append(_same(lambda: _lookup(root, "parameter", t), lambda: root.get_parameter(t)))
     buffers = [n for n, _ in root.named_buffers()] + ["block.empty", "block.0.weight", "block.none", "para.x", "block.0"]
     for t in buffers:
-        path, _, name = t.rpartition(".")
-        outcomes.append(_same(lambda: get_buffer(root, _walked(root, path), name, t), lambda: root.get_buffer(t)))
+        outcomes.append(_same(lambda: _lookup(root, "buffer", t), lambda: root.get_buffer(t)))
     return outcomes
 
 
@@ -129,23 +119,23 @@ def test_each_lookup_returns_what_the_module_method_returns():
 def test_lookups_follow_changes_to_classes_and_instances_made_after_the_first_call():
     root = _tree()
     _check_every_lookup(root)
-    # NOTE: nothing is remembered between calls: a class that gains a property named like a submodule, a root
-    # whose instance gets its own get_parameter, a module swapped for one that looks attributes up its own way
+    # NOTE: a fresh walk finds what the methods find after: a class that gains a property named like a submodule, a
+    # root whose instance gets its own get_parameter, a module swapped for one that looks attributes up its own way
     _Shadowed.block_like = property(lambda self: "the property")
     try:
         root.shadowed._modules["block_like"] = nn.Linear(2, 2)
         nn.LayerNorm.weight = property(lambda self: "shadowed")
         seen = []
         root.get_parameter = lambda target: seen.append(target) or nn.Module.get_parameter(root, target)
-        assert get_parameter(root, _walked(root, "block.0"), "weight", "block.0.weight") is root.block[0].weight
+        assert _lookup(root, "parameter", "block.0.weight") is root.block[0].weight
         assert seen == ["block.0.weight"]
         del root.get_parameter
         with pytest.raises(AttributeError):
-            get_parameter(root, _walked(root, "block.1"), "weight", "block.1.weight")  # NOTE: the property wins now
+            _lookup(root, "parameter", "block.1.weight")  # NOTE: the property wins now
         root.block[0] = _OwnGetattr()
         root.block[0].other = nn.Linear(2, 2)
         outcomes = _check_every_lookup(root)
-        assert get_submodule(root, _walked(root, "block.0.lin"), "block.0.lin") is root.block[0].other
+        assert _lookup(root, "submodule", "block.0.lin") is root.block[0].other
         assert outcomes.count("found") >= 10
     finally:
         del _Shadowed.block_like
@@ -154,16 +144,15 @@ def test_lookups_follow_changes_to_classes_and_instances_made_after_the_first_ca
 
 def test_shadowing_and_own_lookups_go_to_the_method():
     root = _tree()
-    assert get_submodule(root, _walked(root, "own.lin"), "own.lin") is root.own.other  # NOTE: its own __getattr__
+    assert _lookup(root, "submodule", "own.lin") is root.own.other  # NOTE: its own __getattr__
     with pytest.raises(AttributeError):
-        get_submodule(root, _walked(root, "shadowed.inner"), "shadowed.inner")  # NOTE: the property wins, not _modules
+        _lookup(root, "submodule", "shadowed.inner")  # NOTE: the property wins, not _modules
     with pytest.raises(AttributeError):
-        get_parameter(root, _walked(root, "param_named_like_module"), "weight", "param_named_like_module.weight")
-    assert get_buffer(root, _walked(root, "block"), "empty", "block.empty") is None
+        _lookup(root, "parameter", "param_named_like_module.weight")
+    assert _lookup(root, "buffer", "block.empty") is None
     other = nn.Module()
     other.holder = _Holder(nn.Linear(2, 2))  # NOTE: no _parameters in its __dict__: the walk must not stumble on it
-    assert get_parameter(other, _walked(other, "holder.lin"), "weight", "holder.lin.weight") is other.get_parameter(
-        "holder.lin.weight")
+    assert _lookup(other, "parameter", "holder.lin.weight") is other.get_parameter("holder.lin.weight")
 
 
 _LOOKUPS = [("submodule", "block"), ("submodule", "block.1"), ("parameter", "block.0.weight"),

@@ -59,8 +59,8 @@ from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 
 from .. import internals
 
-__all__ = ["plain_root", "child", "get_submodule", "get_parameter", "get_buffer", "ModuleWalk", "check_tensor",
-           "tensor_checks", "value_checks", "rewrite_module_lookups", "fast_module_lookups"]
+__all__ = ["plain_root", "child", "ModuleWalk", "check_tensor", "tensor_checks", "value_checks",
+           "rewrite_module_lookups", "fast_module_lookups"]
 
 _Module = torch.nn.Module
 _Tensor = torch.Tensor
@@ -108,11 +108,6 @@ def child(m: Any, a: str) -> Any:
     return sub
 
 
-def get_submodule(root: Any, found: Any, target: str) -> Any:
-    """``root.get_submodule(target)``, where ``found`` is the module `child` walked to (None: ask the method)."""
-    return found if found is not None else root.get_submodule(target)
-
-
 def _read_parameter(m: Any, name: str) -> Any:
     """``m``'s parameter ``name`` where ``getattr(m, name)`` is plainly ``m._parameters[name]``; None where it may
     differ."""
@@ -133,18 +128,6 @@ def _read_buffer(m: Any, name: str) -> Any:
     return None
 
 
-def get_parameter(root: Any, m: Any, name: str, target: str) -> Any:
-    """``root.get_parameter(target)``, where ``m`` is the module `child` walked to (None: ask the method)."""
-    p = _read_parameter(m, name) if m is not None else None
-    return p if p is not None else root.get_parameter(target)
-
-
-def get_buffer(root: Any, m: Any, name: str, target: str) -> Any:
-    """``root.get_buffer(target)``, where ``m`` is the module `child` walked to (None: ask the method)."""
-    b = _read_buffer(m, name) if m is not None else None
-    return b if b is not None else root.get_buffer(target)
-
-
 _SUBMODULE, _PARAMETER, _BUFFER = "submodule", "parameter", "buffer"
 _READS = {_PARAMETER: (_read_parameter, "get_parameter"), _BUFFER: (_read_buffer, "get_buffer")}
 
@@ -154,33 +137,33 @@ class ModuleWalk:
     ``origin.get_submodule(target)``, ``get_parameter`` or ``get_buffer`` returns for each ``(kind, target)`` of
     ``lookups``.
 
-    A call walks the paths as the functions above do: `plain_root`, then each module on the paths once by
-    `child`, each parameter and buffer read from its module's dict where that reading cannot differ from the
-    method's, the method everywhere else. Where every lookup of a call took the plain reading, that call also
-    makes one C guard (`internals.ObjectGuard`) of everything those readings relied on: each module and
-    parameter on the paths is the same object at the same key of its parent's dicts, no instance dict holds a
-    name that would shadow it, each object's class is the same, and no class on those classes' MROs has been
-    written to since (their dicts' version tags; static types such as ``object`` take no attributes and are left
-    out), which covers the class attributes the readings found absent and ``Module``'s own ``__getattr__`` and
-    methods. A guard serves only once it passes the objects it was made of. The next calls then return that
-    call's objects after one check of the guard (about 4 µs on the CPU for litgpt's pythia-14m, where the walk
-    took 20), and walk again where it fails. The objects are held until then. A walk that keeps failing its
-    guard (`_GUARD_REMAKES`) stops making guards.
+    A call walks the paths: `plain_root`, then each module on the paths once by `child`, each parameter and buffer
+    read from its module's dict where that reading cannot differ from the method's (`_read_parameter`,
+    `_read_buffer`), the method everywhere else. Where every lookup of a call took the plain reading, that call also
+    makes one C guard (`internals.ObjectGuard`) of everything those readings relied on: each module and parameter on
+    the paths is the same object at the same key of its parent's dicts, no instance dict holds a name that would
+    shadow it, each object's class is the same, and no class on those classes' MROs has been written to since (their
+    dicts' version tags; static types such as ``object`` take no attributes and are left out), which covers the
+    class attributes the readings found absent and ``Module``'s own ``__getattr__`` and methods. A guard serves only
+    once it passes the objects it was made of. The next calls then return that call's objects after one check of the
+    guard (about 4 µs on the CPU for litgpt's pythia-14m, where the walk took 20), and walk again where it fails.
+    The objects are held until then. A walk that keeps failing its guard (`_GUARD_REMAKES`) stops making guards.
     """
 
     def __init__(self, lookups: Sequence[tuple[str, str]]):
         #: (kind, target) of each lookup, in order: kind is "submodule", "parameter" or "buffer"
         self.lookup_targets = tuple(lookups)
-        # NOTE: each module on the paths once, a parent before its children: (path, index of the parent, name)
+        # NOTE: each module on the paths once, a parent before its children: (index of the parent, name), the
+        # origin's plain root at index 0
         paths: dict[tuple[str, ...], int] = {(): 0}
-        steps: list[tuple[tuple[str, ...], int, str]] = []
+        steps: list[tuple[int, str]] = []
 
         def index(path: tuple[str, ...]) -> int:
             i = paths.get(path)
             if i is None:
                 parent = index(path[:-1])
                 i = paths[path] = len(steps) + 1
-                steps.append((path, parent, path[-1]))
+                steps.append((parent, path[-1]))
             return i
 
         plan = []
@@ -202,11 +185,11 @@ class ModuleWalk:
         if guard is not None and guard(origin):
             return self._found
         self._guard, self._found, self._held = None, (), ()
-        found, modules, reads = self.walk(origin)
+        found, walked, reads = self.walk(origin)
         if reads is not None and self._made < _GUARD_REMAKES:
             self._made += 1
             try:
-                made = _walk_guard(origin, modules, reads)
+                made = _walk_guard(origin, self._steps, walked, reads)
             except Exception:  # NOTE: torch's guard refused an object: walked every call from now on
                 made, self._made = None, _GUARD_REMAKES
             if made is not None and made[0](origin):
@@ -216,12 +199,13 @@ class ModuleWalk:
                 self._made = _GUARD_REMAKES
         return found
 
-    def walk(self, origin: Any) -> tuple[tuple, dict[tuple[str, ...], Any], list | None]:
-        """The lookups' results; the modules walked to by path; and each parameter or buffer read from its module's
-        dict as ``(path, name, kind, value)``, None where any lookup took its method."""
+    def walk(self, origin: Any) -> tuple[tuple, list[Any], list | None]:
+        """The lookups' results; the modules walked to, the origin's plain root first, then one per step (None where
+        the method must answer); and each parameter or buffer read from its module's dict, as ``(index of the
+        module, name, kind, value)``, or None where any lookup took its method."""
         root = plain_root(origin)
         walked = [root]
-        for _, parent, a in self._steps:
+        for parent, a in self._steps:
             walked.append(child(walked[parent], a))
         reads: list | None = [] if root is not None and None not in walked else None
         found = []
@@ -236,17 +220,15 @@ class ModuleWalk:
                     value = getattr(origin, method)(target)
                     reads = None
                 elif reads is not None:
-                    reads.append((self._steps[at - 1][0] if at else (), name, kind, value))
+                    reads.append((at, name, kind, value))
             found.append(value)
-        modules = {(): root}
-        modules.update((path, m) for (path, _, _), m in zip(self._steps, walked[1:]))
-        return tuple(found), modules, reads
+        return tuple(found), walked, reads
 
 
-def _walk_guard(origin: Any, modules: dict[tuple[str, ...], Any],
+def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any],
                 reads: list) -> tuple[Callable[[Any], bool], tuple] | None:
-    """A guard that ``ModuleWalk.walk(o)`` would find ``modules`` and ``reads`` again for an ``o`` that passes it (see
-    `ModuleWalk`), and the objects it compares by id; None where torch has no guard trees."""
+    """A guard that `ModuleWalk.walk` would find ``walked`` and ``reads`` again (along ``steps``) for an origin that
+    passes it (see `ModuleWalk`), and the objects it compares by id; None where torch has no guard trees."""
     guard = internals.ObjectGuard.make()
     if guard is None:
         return None
@@ -277,32 +259,30 @@ def _walk_guard(origin: Any, modules: dict[tuple[str, ...], Any],
         else:
             dict_node.lacks(which)
 
-    nodes = {(): guard.root}
+    nodes = [guard.root]  # NOTE: one per module of ``walked``
     same_class(guard.root, origin)
     root_dict = guard.root.instance_dict(origin.__dict__)
     for name in _METHODS:
         root_dict.lacks(name)
-    for path, sub in modules.items():  # NOTE: a parent comes before its children (the walk's order)
-        if not path:
-            continue
-        parent = modules[path[:-1]]
-        d, a = parent.__dict__, path[-1]
-        dict_node = nodes[path[:-1]].instance_dict(d)
+    for (parent, a), sub in zip(steps, walked[1:]):  # NOTE: a parent comes before its children
+        d = walked[parent].__dict__
+        dict_node = nodes[parent].instance_dict(d)
         dict_node.lacks(a)
         lacks_in(dict_node, d, "_parameters", a)
         lacks_in(dict_node, d, "_buffers", a)
-        node = nodes[path] = dict_node.item("_modules", d["_modules"]).item(a, sub)
+        node = dict_node.item("_modules", d["_modules"]).item(a, sub)
         node.is_(sub)
         same_class(node, sub)
-    for path, name, kind, value in reads:
-        d = modules[path].__dict__
-        dict_node = nodes[path].instance_dict(d)
+        nodes.append(node)
+    for at, name, kind, value in reads:
+        d = walked[at].__dict__
+        dict_node = nodes[at].instance_dict(d)
         dict_node.lacks(name)
         if kind == _BUFFER:
             lacks_in(dict_node, d, "_parameters", name)
         which = "_parameters" if kind == _PARAMETER else "_buffers"
         dict_node.item(which, d[which]).item(name, value).is_(value)
-    held = (tuple(modules.values()), tuple(v for *_, v in reads), tuple(mro_checked | dict_checked))
+    held = (tuple(walked), tuple(v for *_, v in reads), tuple(mro_checked | dict_checked))
     return guard.check, held
 
 
