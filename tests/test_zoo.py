@@ -45,9 +45,9 @@ def test_zoo_case_equals_eager_under_emulated_capture(model, protocol, config):
     if missing_package(MODELS[model]):
         pytest.skip(f"needs the {missing_package(MODELS[model])} package (the zoo extra: bash dev.sh installs it)")
     reference = run_protocol(model, protocol, "eager", device="cpu", capture="emulated", steps=3)
-    assert reference.error is None, reference.error
+    assert reference.error is None, reference.traceback
     run = run_protocol(model, protocol, config, device="cpu", capture="emulated", steps=3)
-    assert run.error is None, run.error
+    assert run.error is None, run.traceback
     verdict = judge(run, reference, lambda: run_protocol(model, protocol, plain_config(config), device="cpu", steps=3))
     assert verdict.matches, (verdict.against, verdict.difference)
     if verdict.thunder_differs:

@@ -14,6 +14,7 @@ from thunder.core.trace import TraceCtx, from_trace
 from thunder.executors.utils import Region
 
 from . import internals
+from .cudagraph import call
 from .cudagraph.defer import defer_returned_items
 from .cudagraph.executors import jit_executors
 from .cudagraph.passes import (
@@ -56,8 +57,10 @@ __all__ = [
 ONE_AUTOGRAD_FUNCTION = {"thunderfx_disable_split_autograd": True}
 
 
-def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False, **transform_options: Any) -> Any:
-    """``thunder.jit(fn)`` as thunder-nb recommends it: `FixedCUDAGraphTransform` and one autograd Function per call.
+def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False, fast_call: bool = True,
+        **transform_options: Any) -> Any:
+    """``thunder.jit(fn)`` as thunder-nb recommends it: `FixedCUDAGraphTransform`, one autograd Function per call,
+    and thunder's call path shortened on a cache hit.
 
     Args:
         executors: fusion executors put before thunder's defaults: names (``"torchcompile"``: inductor's fused
@@ -68,6 +71,9 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
         split_autograd: connect to autograd as ``thunder.jit`` does by default (two Functions per call; see
             `ONE_AUTOGRAD_FUNCTION`). With the single Function, the gradients flowing into the backward call stay
             alive until it returns, as with any ``torch.autograd.Function``.
+        fast_call: make the calls that hit thunder's cache by thunder's steps without its wrappers around them
+            (`thunder_nb.cudagraph.call.fast_call`: the same results and statistics; 38 µs of a 102 µs decode step's
+            host time on the CPU was those wrappers). False: thunder's own call path.
         transform_options: `FixedCUDAGraphTransform`'s arguments (``capture``, ``copy_outputs``, ...).
 
     Returns:
@@ -77,7 +83,8 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
 
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
     options["executors"] = jit_executors(executors)
-    return thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
+    jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
+    return call.fast_call(jfn) if fast_call else jfn
 
 
 def recover_from_failed_capture(stream: Any = None) -> None:

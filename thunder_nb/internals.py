@@ -6,7 +6,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "graph_pool_bytes",
@@ -15,6 +15,9 @@ __all__ = [
     "check_versions",
     "del_last_used",
     "build_traces",
+    "CallPath",
+    "call_path",
+    "default_device",
     "has_traces",
     "saved_for_backward",
     "clear_cublas_workspaces",
@@ -87,6 +90,51 @@ def build_traces(jfn: Any, *args: Any, **kwargs: Any) -> None:
     import thunder
 
     thunder.compile_data(jfn)._get_computation_and_inputs(*args, **kwargs)
+
+
+class CallPath(NamedTuple):
+    """The private parts of ``thunder.jit``'s call path that a call on a cache hit goes through (thunder 0.2.6's
+    ``fn_`` and ``get_computation_and_inputs``), for `thunder_nb.cudagraph.call`."""
+
+    cache_info: Any  # ContextVar: the dict the prologue reads its ``cache_info[...]`` entries from
+    compile_data: Any  # ContextVar: (CompileData, CompileStats) while a prologue runs (``get_thunder_module``)
+    langctx: Any  # ContextVar: the language context the prologue runs under
+    language: Any  # the LanguageContext of ``jfn``'s compile data
+    caching: tuple[Any, ...]  # the cache options under which thunder looks entries up by their prologues
+    is_tracing: Callable[[], bool]  # inside a thunder trace: thunder calls the function itself there
+    connect_to_autograd: Callable[..., None]
+
+
+def call_path(cd: Any) -> CallPath:
+    """`CallPath` for a jitted function's compile data ``cd``."""
+    import thunder
+    import thunder.core.compile_data as compile_data
+    import thunder.core.langctxs as langctxs
+    from thunder.core.options import CACHE_OPTIONS
+    from thunder.core.trace import is_tracing
+    from thunder.executors.torch_autograd import connect_to_autograd
+
+    return CallPath(thunder._cache_info_ctx, compile_data._compile_data, langctxs._langctx,
+                    langctxs.langctx(cd.langctx).langctx,
+                    (CACHE_OPTIONS.CONSTANT_VALUES, CACHE_OPTIONS.SYMBOLIC_VALUES), is_tracing, connect_to_autograd)
+
+
+_CPU: Any = None
+
+
+def default_device() -> Any:
+    """``torch.get_default_device()``, without its Python walk of the torch-function mode stack (2.3 µs on the CPU)
+    where that stack is empty and no default device was set (``torch.set_default_device`` and ``with
+    torch.device(...)`` both push a mode): then it is the CPU."""
+    import torch
+
+    global _CPU
+    if torch._C._len_torch_function_stack() == 0 and getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context",
+                                                              None) is None:
+        if _CPU is None:
+            _CPU = torch.device("cpu")
+        return _CPU
+    return torch.get_default_device()
 
 
 def has_traces(jfn: Any) -> bool:
@@ -189,8 +237,8 @@ class ObjectGuard:
     Build it with `ObjectGuard.make`, then describe what must still hold through `Node` s: ``node.item(key)``
     reads an item of the dict the node is, ``node.instance_dict()`` its object's ``__dict__``, ``node.type()`` its
     type, ``node.mro()`` a type's ``__mro__``, ``node.tuple_item(i)``, ``node.type_dict()`` a type's own dict;
-    ``is_(obj)``, ``type_is(cls)``, ``lacks(key)`` and ``unchanged(d)`` (no write to the dict since: its version
-    tag) check the node's value. ``check(root)`` is then one C call, False where a read fails. Each node is made
+    ``is_(obj)``, ``type_is(cls)``, ``equals(value)``, ``lacks(key)`` and ``unchanged(d)`` (no write to the dict
+    since: its version tag) check the node's value. ``check(root)`` is then one C call, False where a read fails. Each node is made
     once per path (``name``), so its reads are made once per check.
     """
 
@@ -239,6 +287,9 @@ class ObjectGuard:
 
         def unchanged(self, d: dict) -> None:
             self._manager.add_dict_version_guard(d, [f"{self._name} unchanged"], None)
+
+        def equals(self, value: Any) -> None:
+            self._manager.add_equals_match_guard(value, [f"{self._name} == {value!r}"], None)
 
     def __init__(self, manager: Any):
         self.root = ObjectGuard.Node(manager, "root")

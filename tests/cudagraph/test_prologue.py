@@ -462,3 +462,90 @@ def test_the_batched_tensor_check_with_its_guard_passes_and_fails_where_thunders
                     assert outcome(lambda: check(v, w)) == expected, (v, w, e)
                     seen.add(expected)
     assert seen == {"passes", "fails"}
+
+
+class _Flagged(nn.Module):
+    """A module whose forward reads attributes thunder checks as values: two in its instance dict, one on its class
+    (read on every call, outside the walk's guard), one through a property."""
+
+    offset = 1.0
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.scale = 2.0
+        self.flag = True
+        self._power = 2
+
+    @property
+    def power(self):
+        return self._power
+
+    def forward(self, x):
+        y = self.inner(x) * self.scale
+        if self.flag:
+            y = y + self.offset
+        return y ** self.power
+
+
+def _flagged_changes():
+    """(what, change of one module) in order; each is made to the fast, the oracle and the eager module."""
+    return [
+        ("nothing", lambda m: None),
+        ("nothing again (the guard)", lambda m: None),
+        ("a new value", lambda m: setattr(m, "scale", 3.0)),
+        ("an equal value of another type", lambda m: setattr(m, "scale", 3)),
+        ("back to a float", lambda m: setattr(m, "scale", 3.0)),
+        ("a submodule's training flag", lambda m: m.inner.eval()),
+        ("a flag", lambda m: setattr(m, "flag", False)),
+        ("through a property", lambda m: setattr(m, "_power", 3)),
+        ("NaN", lambda m: setattr(m, "scale", float("nan"))),
+        ("NaN again", lambda m: None),
+        ("a shadowing class attribute", lambda m: (delattr(m, "flag"), setattr(type(m), "flag", True))),
+        ("the class attribute changed", lambda m: setattr(type(m), "offset", 5.0)),
+    ]
+
+
+@pytest.mark.parametrize("form", ["a function of the module", "the jitted module"])
+def test_attribute_checks_moved_into_the_walk_retrace_where_thunders_prologue_does(form):
+    """The checks of attributes the walk makes (in its guard, or on every call) pass and fail as thunder's prologue's:
+    the same cache misses, call for call, and eager's results. A jitted module is its own origin, a
+    `thunder.ThunderModule` whose lookups its own methods answer: no guard, the checks made on every call."""
+    torch.manual_seed(0)
+    fast_m = _Flagged()
+    oracle_m, eager_m = copy.deepcopy(fast_m), copy.deepcopy(fast_m)
+    if form == "the jitted module":
+        fast = thunder.jit(fast_m, transforms=[_emulated()])
+        oracle = thunder.jit(oracle_m, transforms=[_emulated(fast_prologue=False)])
+    else:
+        fast = thunder.jit(lambda x: fast_m(x), transforms=[_emulated()])
+        oracle = thunder.jit(lambda x: oracle_m(x), transforms=[_emulated(fast_prologue=False)])
+    x = torch.randn(3, 4)
+    try:
+        with emulated_capture():
+            for i, (what, change) in enumerate(_flagged_changes()):
+                if what == "a shadowing class attribute":
+                    delattr(fast_m, "flag"), delattr(oracle_m, "flag"), delattr(eager_m, "flag")
+                    _Flagged.flag = True
+                elif what == "the class attribute changed":
+                    _Flagged.offset = 5.0
+                else:
+                    for m in (fast_m, oracle_m, eager_m):
+                        change(m)
+                expected = eager_m(x)
+                torch.testing.assert_close(fast(x), expected, equal_nan=True, msg=what)
+                torch.testing.assert_close(oracle(x), expected, equal_nan=True, msg=what)
+                assert thunder.cache_misses(fast) == thunder.cache_misses(oracle), what
+                if i == 1:
+                    walk = next(v for k, v in thunder.last_prologue_traces(fast)[-1].python_ctx().items()
+                                if k.startswith("thunder_nb_module_walk"))
+                    names = {name for _, name, *_ in walk.attribute_checks}
+                    assert {"scale", "flag", "_power", "training"} <= names, names
+                    # NOTE: the second call was proved by the guard, where there is one
+                    assert (walk._guard is None) == (form == "the jitted module")
+                    assert "check_number_type_and_value(" not in _prologue_text(fast)
+        assert thunder.cache_misses(fast) >= 7
+    finally:
+        _Flagged.offset = 1.0
+        if "flag" in vars(_Flagged):
+            del _Flagged.flag

@@ -28,6 +28,12 @@ walk anew where it fails. A submodule, parameter or buffer replaced between call
 attribute that would now shadow one, a class written to: each fails the guard, and the walk finds what the
 methods would.
 
+Thunder's reads of an attribute of the origin or of a submodule it looks up, whose value only a value check against
+a constant reads (a module's ``training`` flag, its sizes: 87 of the 104 value checks of litgpt pythia-14m's decode
+step), become checks the walk makes. Its guard holds those of them read plainly from an instance dict (the value's
+type and equality), so a call its guard proves reads none of them; the others (a property, a class attribute, NaN)
+it reads and checks on every call, and a walk without a guard checks them all.
+
 The prologue's tensor checks (``check_tensor_metadata``: shape, device, dtype, ``requires_grad``)
 where the shape is all plain ints (33 on the nanoGPT step) become one call of `tensor_checks`'
 function after the last of them, which compares them all at once and, where that differs, checks
@@ -148,11 +154,21 @@ class ModuleWalk:
     once it passes the objects it was made of. The next calls then return that call's objects after one check of the
     guard (about 4 µs on the CPU for litgpt's pythia-14m, where the walk took 20), and walk again where it fails.
     The objects are held until then. A walk that keeps failing its guard (`_GUARD_REMAKES`) stops making guards.
+
+    ``attributes`` are thunder's value checks of attributes read from the origin or from a submodule a lookup found
+    (`attribute_checks`). Every walk reads them by ``getattr`` and checks them, raising as thunder's check does (the
+    prologue then fails: a new trace). Its guard also holds each of them found plainly in its module's instance dict
+    (there, no attribute of that name on the class, whose MRO the guard keeps unchanged; not NaN, which equals
+    nothing): the same type and an equal value. A call the guard proves checks only the others (`_plain_attributes`).
     """
 
-    def __init__(self, lookups: Sequence[tuple[str, str]]):
+    def __init__(self, lookups: Sequence[tuple[str, str]], attributes: Sequence[tuple[int, str, Any, bool]] = ()):
         #: (kind, target) of each lookup, in order: kind is "submodule", "parameter" or "buffer"
         self.lookup_targets = tuple(lookups)
+        #: thunder's value checks of attributes read from the origin or a looked-up module, made by the walk:
+        #: (index of the lookup whose object is read, -1 for the origin; attribute; expected value; whether thunder
+        #: checks it as a string)
+        self.attribute_checks = tuple(attributes)
         # NOTE: each module on the paths once, a parent before its children: (index of the parent, name), the
         # origin's plain root at index 0
         paths: dict[tuple[str, ...], int] = {(): 0}
@@ -175,29 +191,56 @@ class ModuleWalk:
                 plan.append((kind, target, index(tuple(path.split(".")) if path else ()), name))
         self._steps = tuple(steps)
         self._plan = tuple(plan)
+        # NOTE: per attribute check, the index in ``walked`` of the module it reads (0: the origin), None where its
+        # object is a parameter or buffer (never in the guard)
+        self._attribute_at = tuple(0 if i < 0 else plan[i][2] if plan[i][0] == _SUBMODULE else None
+                                   for i, *_ in self.attribute_checks)
+        self._check_attributes = _attribute_checker(self.attribute_checks)
         self._guard: Callable[[Any], bool] | None = None
         self._found: tuple = ()
         self._held: tuple = ()  # NOTE: the guard's objects, kept alive while it compares their ids
+        self._unguarded: Callable[[Any, tuple], None] | None = None  # checks of the attributes the guard leaves out
         self._made = 0
 
     def __call__(self, origin: Any) -> tuple:
         guard = self._guard
         if guard is not None and guard(origin):
+            if self._unguarded is not None:
+                self._unguarded(origin, self._found)
             return self._found
-        self._guard, self._found, self._held = None, (), ()
+        self._guard, self._found, self._held, self._unguarded = None, (), (), None
         found, walked, reads = self.walk(origin)
+        self._check_attributes(origin, found)
         if reads is not None and self._made < _GUARD_REMAKES:
             self._made += 1
+            guarded, unguarded = self._plain_attributes(walked)
             try:
-                made = _walk_guard(origin, self._steps, walked, reads)
+                made = _walk_guard(origin, self._steps, walked, reads, guarded)
             except Exception:  # NOTE: torch's guard refused an object: walked every call from now on
                 made, self._made = None, _GUARD_REMAKES
             if made is not None and made[0](origin):
                 self._guard, self._held = made
                 self._found = found
+                self._unguarded = _attribute_checker([self.attribute_checks[i] for i in unguarded]) if unguarded else None
             elif made is not None:  # NOTE: a guard that fails the very objects it was made of would never serve
                 self._made = _GUARD_REMAKES
         return found
+
+    def _plain_attributes(self, walked: list[Any]) -> tuple[list[tuple[int, str, Any]], list[int]]:
+        """The attribute checks a guard of ``walked`` can make: ``(index in walked, name, value)`` of each attribute
+        read plainly from its module's instance dict (there, and not on its class's MRO, which the guard keeps
+        unchanged), its value equal to itself (not NaN); and the indices of the other checks (a property, a
+        parameter's attribute, NaN), which the walk makes on every call."""
+        guarded, unguarded = [], []
+        for i, ((_, name, _, _), at) in enumerate(zip(self.attribute_checks, self._attribute_at)):
+            m = walked[at] if at is not None else None
+            d = m.__dict__ if m is not None else _NONE
+            value = d.get(name, _MISSING)
+            if value is not _MISSING and getattr(type(m), name, _MISSING) is _MISSING and value == value:
+                guarded.append((at, name, value))
+            else:
+                unguarded.append(i)
+        return guarded, unguarded
 
     def walk(self, origin: Any) -> tuple[tuple, list[Any], list | None]:
         """The lookups' results; the modules walked to, the origin's plain root first, then one per step (None where
@@ -225,10 +268,25 @@ class ModuleWalk:
         return tuple(found), walked, reads
 
 
-def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any],
-                reads: list) -> tuple[Callable[[Any], bool], tuple] | None:
+def _attribute_checker(checks: Sequence[tuple[int, str, Any, bool]]) -> Callable[[Any, tuple], None]:
+    """``check(origin, found)``: thunder's value check of each attribute of ``checks`` (see `ModuleWalk`), read by
+    ``getattr`` from the origin or the object a lookup found; raises as thunder's check does."""
+    reads = tuple((i, name) for i, name, _, _ in checks)
+    values = value_checks([v for *_, v, _ in checks], [string for *_, string in checks])
+
+    def check(origin: Any, found: tuple) -> None:
+        if reads:
+            values(*[getattr(origin if i < 0 else found[i], name) for i, name in reads])
+
+    return check
+
+
+def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any], reads: list,
+                attributes: Sequence[tuple[int, str, Any]] = ()) -> tuple[Callable[[Any], bool], tuple] | None:
     """A guard that `ModuleWalk.walk` would find ``walked`` and ``reads`` again (along ``steps``) for an origin that
-    passes it (see `ModuleWalk`), and the objects it compares by id; None where torch has no guard trees."""
+    passes it, and that each of ``attributes`` (``(index in walked, name, value)``) is still that value of that type
+    in its module's instance dict (see `ModuleWalk`); and the objects it compares by id. None where torch has no
+    guard trees."""
     guard = internals.ObjectGuard.make()
     if guard is None:
         return None
@@ -282,6 +340,10 @@ def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any]
             lacks_in(dict_node, d, "_parameters", name)
         which = "_parameters" if kind == _PARAMETER else "_buffers"
         dict_node.item(which, d[which]).item(name, value).is_(value)
+    for at, name, value in attributes:
+        node = nodes[at].instance_dict(walked[at].__dict__).item(name, value)
+        node.type_is(type(value))
+        node.equals(value)
     held = (tuple(walked), tuple(v for *_, v in reads), tuple(mro_checked | dict_checked))
     return guard.check, held
 
@@ -424,6 +486,55 @@ def _call(name: str, fn: Any, args: tuple, output: Any, header: Any = "", dont_d
     return BoundSymbol(sym, args, {}, output, [], header=header, _call_ctx={name: fn})
 
 
+def _lookup(b: BoundSymbol) -> str | None:
+    """The kind of module lookup ``b`` is that a `ModuleWalk` makes, or None."""
+    kind = _KINDS.get(b.sym.id)
+    if (kind is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[0], Proxy)
+            or not isinstance(b.args[1], str) or not b.args[1]):
+        return None  # NOTE: an empty target is the module itself: nothing to walk
+    return kind
+
+
+def _foldable_attribute_reads(bsyms: Sequence[BoundSymbol]) -> tuple[dict[int, tuple[Proxy, int, BoundSymbol]],
+                                                                     set[int]]:
+    """The attribute reads a walk makes with their value checks: each ``unpack_attr`` of an origin's walk or of a
+    submodule it looks up, whose value only a value check against a constant reads (``training``, a size, a flag),
+    by id: (the origin, index of the lookup whose object it reads or -1 for the origin, the check); and the
+    checks' ids."""
+    modules: dict[str, tuple[Proxy, int]] = {}  # a submodule lookup's output name -> (the origin, lookup index)
+    counts: dict[str, int] = {}
+    origins: dict[str, Proxy] = {}
+    for b in bsyms:
+        kind = _lookup(b)
+        if kind is not None:
+            origin = b.args[0]
+            i = counts[origin.name] = counts.get(origin.name, 0) + 1
+            origins[origin.name] = origin
+            if kind == _SUBMODULE and isinstance(b.output, Proxy):
+                modules[b.output.name] = (origin, i - 1)
+    uses: dict[str, int] = {}
+    checks: dict[str, BoundSymbol] = {}
+    for b in bsyms:
+        for p in b.flat_proxy_args:
+            uses[p.name] = uses.get(p.name, 0) + 1
+        if _is_value_check(b):
+            checks[b.args[0].name] = b
+    folded: dict[int, tuple[Proxy, int, BoundSymbol]] = {}
+    for b in bsyms:
+        if (b.sym.id != PrimIDs.UNPACK_ATTR or len(b.args) != 2 or b.kwargs or not isinstance(b.args[0], Proxy)
+                or not isinstance(b.args[1], str) or not isinstance(b.output, Proxy)):
+            continue
+        obj, out = b.args[0].name, b.output.name
+        check = checks.get(out)
+        if check is None or uses.get(out) != 1:
+            continue  # NOTE: the value is read by more than its check (an op, another read): it stays a read
+        if obj in modules:
+            folded[id(b)] = (*modules[obj], check)
+        elif obj in origins:
+            folded[id(b)] = (origins[obj], -1, check)
+    return folded, {id(check) for *_, check in folded.values()}
+
+
 def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymbol], int]:
     """The prologue's bound symbols with each origin's module lookups by dotted name made one `ModuleWalk` call; and
     how many lookups and checks were rewritten.
@@ -434,33 +545,46 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
     """
     out: list[Any] = []
     n = 0
-    # origin's name -> [place of its call in ``out``, the origin, [(kind, target, output)]]
+    # origin's name -> [place of its call in ``out``, the origin, [(kind, target, output)], [attribute checks]]
     walks: dict[str, list[Any]] = {}
     # the call's name (`_BATCHED`) -> thunder's checks it makes, each with its place in ``out``
     batched: dict[str, list[tuple[int, BoundSymbol]]] = {name: [] for name in _BATCHED}
+    folded, folded_checks = _foldable_attribute_reads(bsyms)
+
+    def walk_of(origin: Proxy) -> list[Any]:
+        walk = walks.get(origin.name)
+        if walk is None:
+            walk = walks[origin.name] = [len(out), origin, [], []]
+            out.append(None)  # NOTE: the walk's call, made below once all its lookups and reads are known
+        return walk
+
     for b in bsyms:
+        if id(b) in folded_checks:
+            continue  # NOTE: made by the walk that reads its attribute
+        fold = folded.get(id(b))
+        if fold is not None:
+            origin, index, check = fold
+            walk_of(origin)[3].append((index, b.args[1], check.args[1], check.sym.id == PrimIDs.CHECK_STRING_VALUE))
+            n += 2
+            continue
         batch = next((name for name, kind in _BATCHED.items() if kind.accepts(b)), None)
         if batch is not None:
             batched[batch].append((len(out), b))
             continue
-        kind = _KINDS.get(b.sym.id)
-        if (kind is None or len(b.args) != 2 or b.kwargs or not isinstance(b.args[0], Proxy)
-                or not isinstance(b.args[1], str) or not b.args[1]):
-            out.append(b)  # NOTE: an empty target is the module itself: nothing to walk
+        kind = _lookup(b)
+        if kind is None:
+            out.append(b)
             continue
         origin, target = b.args
-        walk = walks.get(origin.name)
-        if walk is None:
-            walk = walks[origin.name] = [len(out), origin, []]
-            out.append(None)  # NOTE: the walk's call, made below once all its lookups are known
-        walk[2].append((kind, target, b.output))
+        walk_of(origin)[2].append((kind, target, b.output))
         n += 1
-    for i, (at, origin, lookups) in enumerate(walks.values()):
+    for i, (at, origin, lookups, attributes) in enumerate(walks.values()):
         name = "thunder_nb_module_walk" + (f"_{i}" if i else "")
-        walk = ModuleWalk([(kind, target) for kind, target, _ in lookups])
+        walk = ModuleWalk([(kind, target) for kind, target, _ in lookups], attributes)
+        checked = f" and {len(attributes)} checks of their attributes" if attributes else ""
         out[at] = _call(name, walk, (origin,), tuple(output for *_, output in lookups),
-                        f"thunder's {len(lookups)} lookups of modules, parameters and buffers from {origin.name}, "
-                        "at once")
+                        f"thunder's {len(lookups)} lookups of modules, parameters and buffers from {origin.name}"
+                        f"{checked}, at once", dont_dce=bool(attributes))
     # NOTE: the later place first, so that inserting there leaves the earlier one where it was
     batches = []
     for name, placed in batched.items():

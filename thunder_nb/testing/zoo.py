@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -104,6 +105,7 @@ class ZooRun:
     # nested tensors and numbers (compared with eager's by `thunder_nb.notebook.values.compare_values`)
     values: Any = None
     error: str | None = None  # the exception that stopped it, ``Type: first line``
+    traceback: str | None = None  # its whole traceback, the chained ones included, for a test's failure message
     limit: str | None = None  # where it is one of thunder's known limits: the component, and what to try
     graphs: int | None = None  # CUDA graphs the transform recorded
     regions: int | None = None  # regions in its traces (`count_graphs`)
@@ -169,6 +171,7 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
 
             internals.recover_capture(stream)  # NOTE: thunder's transform failing at capture leaves its stream current
             run.error = error_line(e)
+            run.traceback = "".join(traceback.format_exception(e))
             limit = known_limit(e)
             run.limit = f"{limit[0]}: {limit[1]}" if limit else None
     return run

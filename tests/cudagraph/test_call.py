@@ -1,0 +1,150 @@
+"""thunder's call path on a cache hit (`thunder_nb.cudagraph.call`): the cache decisions, values and statistics of
+thunder's own path, call for call."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import pytest
+import thunder
+import torch
+from torch import nn
+
+import thunder_nb
+from thunder_nb.cudagraph.call import cache_info
+
+
+def _thunders_cache_info(jfn, *args, **kwargs) -> dict:
+    """What thunder's own ``populate_cache_info`` puts in the cache-info dict for this call."""
+    info: dict = {}
+    thunder.compile_data(jfn).populate_cache_info(info, *args, **kwargs)
+    return info
+
+
+def _calls():
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    sparse = torch.eye(3).to_sparse()
+    return {
+        "distinct": ((a, b), {}),
+        "the same tensor twice": ((a, a), {}),
+        "views of one storage": ((a[0], b, a[1:], a.view(12)), {}),
+        "keyword arguments": ((a,), {"y": a, "z": b}),
+        "nested": (([a, b], (1, None, "s")), {"k": {"m": a}}),
+        "a parameter (a subclass: left out, as thunder does)": ((nn.Parameter(a), a), {}),
+        "a sparse tensor (not strided)": ((sparse, sparse, a), {}),
+        "numbers only": ((1, 2.0, True), {}),
+    }
+
+
+@pytest.mark.parametrize("state", ["defaults", "float64 default dtype", "a device context", "no_grad"])
+@pytest.mark.parametrize("case", list(_calls()))
+def test_cache_info_is_thunders(case, state):
+    jfn = thunder.jit(lambda *args, **kwargs: None)
+    args, kwargs = _calls()[case]
+    with contextlib.ExitStack() as stack:
+        if state == "float64 default dtype":
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float64)
+            stack.callback(torch.set_default_dtype, previous)
+        elif state == "a device context":
+            stack.enter_context(torch.device("meta"))
+        elif state == "no_grad":
+            stack.enter_context(torch.no_grad())
+        ours, theirs = cache_info(args, kwargs), _thunders_cache_info(jfn, *args, **kwargs)
+    assert list(ours.items()) == list(theirs.items())
+    if case == "views of one storage":
+        assert ours["alias_tensor_indices"] == "0,2,3"  # NOTE: the test can fail: a wrong grouping differs
+
+
+def _fn(x, y):
+    return x * 2 + y.sin()
+
+
+def _steps():
+    """(description, context, args) of successive calls; each changes one thing thunder's cache keys on."""
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    return [
+        ("first call", contextlib.nullcontext, (x, y)),
+        ("a hit", contextlib.nullcontext, (x, y)),
+        ("a hit with new values", contextlib.nullcontext, (x + 1, y - 1)),
+        ("a new shape", contextlib.nullcontext, (torch.randn(2, 5), torch.randn(2, 5))),
+        ("back to the first shape", contextlib.nullcontext, (x, y)),
+        ("aliased inputs", contextlib.nullcontext, (x, x)),
+        ("no_grad", torch.no_grad, (x, y)),
+        ("requires_grad", contextlib.nullcontext, (x.clone().requires_grad_(), y)),
+        ("autocast on the CPU (thunder's path)", lambda: torch.autocast("cpu", dtype=torch.bfloat16), (x, y)),
+        ("a float64 input", contextlib.nullcontext, (x.double(), y.double())),
+        ("a hit again", contextlib.nullcontext, (x, y)),
+    ]
+
+
+def _stats(jfn) -> tuple[int, int, int, int]:
+    cs = thunder.compile_stats(jfn)
+    return cs.calls, cs.cache_hits, cs.cache_misses, len(cs.interpreter_cache)
+
+
+def test_fast_call_makes_thunders_cache_decisions_call_for_call():
+    fast = thunder_nb.jit(_fn, capture=False)
+    slow = thunder_nb.jit(_fn, capture=False, fast_call=False)
+    assert fast is not slow and thunder.compile_data(fast) is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for what, context, args in _steps():
+            with context():
+                out_fast, out_slow = fast(*args), slow(*args)
+            torch.testing.assert_close(out_fast, out_slow, rtol=0, atol=0, msg=what)
+            assert out_fast.requires_grad == out_slow.requires_grad, what
+            assert _stats(fast) == _stats(slow), what
+            assert torch.is_grad_enabled()
+    calls, hits, misses, entries = _stats(fast)
+    assert (calls, hits) == (11, 11 - misses) and misses == entries >= 6
+
+
+def test_a_hit_takes_the_short_path_and_leaves_thunders_statistics():
+    fast = thunder_nb.jit(_fn, capture=False)
+    slow = thunder_nb.jit(_fn, capture=False, fast_call=False)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    for jfn in (fast, slow):
+        jfn(x, y)
+        jfn(x, y)
+    cs_fast, cs_slow = thunder.compile_stats(fast), thunder.compile_stats(slow)
+    entry = cs_fast.interpreter_cache[-1]
+    # NOTE: thunder's path runs the computation wrapped in its timer; the short path calls the entry's own function
+    assert cs_fast.last_computation is entry.computation_fn
+    assert cs_slow.last_computation is not cs_slow.interpreter_cache[-1].computation_fn
+    assert thunder.last_traces(fast)[-1].python() == thunder.last_traces(slow)[-1].python()
+    assert thunder.last_prologue_traces(fast) is entry.prologue_traces
+    assert cs_fast.last_trace_host_start <= cs_fast.last_trace_host_execution_start
+    assert cs_fast.last_trace_host_execution_stop <= cs_fast.last_trace_host_stop
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).square().mean()
+
+
+def test_a_module_trains_as_with_thunders_path():
+    torch.manual_seed(0)
+    nets = [_Net() for _ in range(3)]
+    for net in nets[1:]:
+        net.load_state_dict(nets[0].state_dict())
+    fast = thunder_nb.jit(nets[1], capture=False)
+    slow = thunder_nb.jit(nets[2], capture=False, fast_call=False)
+    assert isinstance(fast, thunder.ThunderModule) and thunder.compile_data(fast).fn is nets[1]
+    x = torch.randn(5, 6)
+    for _ in range(3):
+        losses = [m(x) for m in (nets[0], fast, slow)]
+        for loss in losses:
+            loss.backward()
+        torch.testing.assert_close(losses[1], losses[2], rtol=0, atol=0)
+        torch.testing.assert_close(losses[1], losses[0])
+        for p0, p1, p2 in zip(*(n.parameters() for n in nets)):
+            torch.testing.assert_close(p1.grad, p2.grad, rtol=0, atol=0)
+            torch.testing.assert_close(p1.grad, p0.grad)
+    assert _stats(fast) == _stats(slow) == (3, 2, 1, 1)
+    assert thunder.last_backward_traces(fast)

@@ -1,0 +1,156 @@
+"""thunder.jit's call path on a cache hit: the same steps with less around them (`fast_call`).
+
+On every call, the function ``thunder.jit`` returns (thunder 0.2.6's ``fn_``) goes through five wrappers that count
+and time the call, sets three context variables (the cache-info dict, the compile data, the language context) by
+two decorators and a context manager per cache entry, fills the cache-info dict the prologues check
+(``torch.get_default_device()`` alone takes 2.3 µs on the CPU: it walks the torch-function mode stack in Python;
+the aliasing of the tensor arguments goes through a pytree flatten and a defaultdict), tries each cache entry's
+prologue from the newest, copies the hit's entry to wrap its computation in a timer, runs it, connects it to
+autograd, runs the epilogue and sets grad mode back. On litgpt pythia-14m's one-token decode step that was 38 µs
+of the call's 102 µs of host time on the CPU (`bench/host_profile.py`); under CUDA graphs the host's time is what
+a decode step takes (bench/results/2026-12-04-fast-call-h200.md).
+
+`fast_call` wraps a jitted function so that a call takes the same steps in the same order: the same cache-info
+entries with the same values, the prologues tried newest first under the same context variables, the hit's
+computation, autograd connection and epilogue, grad mode set back, and the same statistics in
+``thunder.compile_stats`` (calls, cache hits, the last traces, prologue and computation, the host timestamps). It
+hands the call to thunder's own path wherever that path does more: inside a trace, under autocast (thunder pushes
+the autocast dtype for tracing), for a distributed module (DDP's and FSDP's no-sync flag), under a cache option
+other than thunder's default, and on a cache miss, where thunder tries the prologues again, traces, and adds the
+entry that later calls hit.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import internals
+
+__all__ = ["fast_call", "cache_info", "tensor_aliases"]
+
+_Tensor = torch.Tensor
+_STRIDED = torch.strided
+_LEAVES = (torch.Tensor, int, float, bool, str, type(None))  # NOTE: what thunder's pytree takes as one leaf each
+
+
+def tensor_aliases(args: tuple, kwargs: dict) -> str:
+    """thunder's ``cache_info["alias_tensor_indices"]`` for a call: the flat positions of the plain strided tensors
+    among ``(args, kwargs)``'s leaves that share a storage, ``","``-joined per storage with more than one, the
+    storages ``"-"``-joined in order of first appearance; ``""`` where none share."""
+    if not kwargs and all(type(a) in _LEAVES for a in args):
+        flat: Any = args  # NOTE: the leaves are the arguments themselves: no pytree flatten
+    else:
+        flat = internals.flatten((args, kwargs))
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(flat):
+        # NOTE: as thunder: exactly ``torch.Tensor`` (a subclass may refuse ``data_ptr``), strided layout
+        if type(t) is _Tensor and t.layout is _STRIDED:
+            groups.setdefault(t.untyped_storage().data_ptr(), []).append(i)
+    return "-".join(",".join(map(str, v)) for v in groups.values() if len(v) > 1)
+
+
+def cache_info(args: tuple, kwargs: dict, check_aliases: bool = True) -> dict[str, Any]:
+    """The cache-info dict thunder's ``populate_cache_info`` makes for a call outside autocast and distributed
+    modules, in its order: default dtype and device, autocast off, the tensor aliases (`tensor_aliases`; left out
+    under thunder's ``skip_inplace_alias_updates``), grad mode, no DDP no-sync."""
+    info = {"default_dtype": torch.get_default_dtype(), "default_device": internals.default_device(),
+            "is_autocast_enabled": False}
+    if check_aliases:
+        info["alias_tensor_indices"] = tensor_aliases(args, kwargs)
+    info["is_grad_enabled"] = torch.is_grad_enabled()
+    info["no_grad_sync"] = False
+    return info
+
+
+def fast_call(jfn: Any) -> Any:
+    """``jfn`` (what ``thunder.jit`` returned) with its calls made by `fast_call`'s path on a cache hit (see the
+    module): a `thunder.ThunderModule`'s forward function is replaced and the module returned; a function is wrapped
+    (its attributes, thunder's compile data and statistics among them, copied). ``jfn`` itself where thunder's
+    path is taken on every call (a distributed module, a cache option without prologue lookups)."""
+    import thunder
+
+    cd, cs = thunder.compile_data(jfn), thunder.compile_stats(jfn)
+    path = internals.call_path(cd)
+    options = cd.compile_options
+    if getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False) or cd.cache_option not in path.caching:
+        return jfn
+    module = isinstance(jfn, torch.nn.Module)
+    slow: Callable[..., Any] = jfn._forward_fn if module else jfn
+    call = _hit_path(cd, cs, path, slow, check_aliases=not options.get("skip_inplace_alias_updates", False),
+                     split_autograd=not options.get("thunderfx_disable_split_autograd", False),
+                     differentiable=options.get("is_differentiable_outputs", None))
+    if module:
+        jfn._forward_fn = call
+        return jfn
+    return functools.wraps(jfn)(call)
+
+
+def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., Any], *, check_aliases: bool,
+              split_autograd: bool, differentiable: Any) -> Callable[..., Any]:
+    """The call of `fast_call`: thunder's steps on a hit, ``slow`` (thunder's own path) everywhere else."""
+    entries = cs.interpreter_cache
+    pair = (cd, cs)
+    info_var, data_var, lang_var, language = path.cache_info, path.compile_data, path.langctx, path.language
+    is_tracing, connect = path.is_tracing, path.connect_to_autograd
+    autocast_on, autocast_cpu_on = torch.is_autocast_enabled, torch.is_autocast_cpu_enabled
+    set_grad_enabled = torch.set_grad_enabled
+    now = time.perf_counter_ns
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not entries or autocast_on() or autocast_cpu_on() or is_tracing():
+            return slow(*args, **kwargs)
+        start = now()
+        info = cache_info(args, kwargs, check_aliases)
+        cd.is_grad_enabled = info["is_grad_enabled"]
+        cache_start = now()
+        info_token, lang_token, data_token = info_var.set(info), lang_var.set(language), data_var.set(pair)
+        entry = None
+        try:
+            for e in reversed(entries):
+                try:
+                    inps, pro_to_epi = e.prologue_fn(*args, **kwargs)
+                except Exception:  # NOTE: as thunder: a prologue that raises is a miss of its entry
+                    continue
+                entry = e
+                break
+        finally:
+            data_var.reset(data_token)
+            lang_var.reset(lang_token)
+            info_var.reset(info_token)
+        if entry is None:
+            return slow(*args, **kwargs)  # NOTE: a miss: thunder tries them again, then traces and adds the entry
+        cs.calls += 1
+        cs.cache_hits += 1
+        cs.last_trace_host_start, cs.last_trace_cache_start = start, cache_start
+        cs.last_traces = entry.computation_traces
+        cs.last_interpreted_instructions = None
+        cs.last_interpreter_log = None
+        cs.last_prologue_traces = entry.prologue_traces
+        cs.last_prologue = entry.prologue_fn
+        cs.last_prologue_transformation_start = cs.last_prologue_transformation_stop = 0
+        cs.last_computation_transformation_start = cs.last_computation_transformation_stop = 0
+        computation = entry.computation_fn
+        cs.last_trace_host_execution_start = now()
+        try:
+            result = computation(*inps)
+        finally:
+            cs.last_trace_host_execution_stop = now()
+        if entry.backward_fn:
+            data, (saved_tensors, saved_other) = result
+            connect(backward_fn=entry.backward_fn, flat_args=data["flat_args"], flat_output=data["flat_output"],
+                    saved_tensors=saved_tensors, saved_other=saved_other,
+                    return_none_instead_of_grads=entry.return_none_instead_of_grads,
+                    disable_split_autograd=not split_autograd, is_differentiable_outputs=differentiable)
+            result = data["output"]
+        result = entry.epilogue_fn(*pro_to_epi, *result)
+        set_grad_enabled(cd.is_grad_enabled)
+        cs.last_computation = computation
+        cs.last_trace_host_stop = now()
+        return result
+
+    return call
