@@ -122,10 +122,10 @@ def test_a_hit_takes_the_short_path_and_leaves_thunders_statistics():
 class _Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 2)
+        self.a, self.norm, self.b = nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)
 
     def forward(self, x):
-        return self.b(torch.relu(self.a(x))).square().mean()
+        return self.b(torch.relu(self.norm(self.a(x)))).square().mean()
 
 
 def test_a_module_trains_as_with_thunders_path():
@@ -146,5 +146,41 @@ def test_a_module_trains_as_with_thunders_path():
         for p0, p1, p2 in zip(*(n.parameters() for n in nets)):
             torch.testing.assert_close(p1.grad, p2.grad, rtol=0, atol=0)
             torch.testing.assert_close(p1.grad, p0.grad)
+        for b0, b1, b2 in zip(*(n.buffers() for n in nets)):  # NOTE: BatchNorm's statistics, written by thunder
+            torch.testing.assert_close(b1, b2, rtol=0, atol=0)
+            torch.testing.assert_close(b1, b0)
     assert _stats(fast) == _stats(slow) == (3, 2, 1, 1)
     assert thunder.last_backward_traces(fast)
+
+
+def test_an_epilogue_that_returns_its_argument_is_skipped_and_others_run():
+    """The short path returns an epilogue's one argument itself where the epilogue only returns it; a container
+    returned is made by the epilogue, as on thunder's path."""
+    x = torch.randn(3)
+    for fn in (lambda x: x * 2, lambda x: (x * 2, {"a": x})):
+        fast, slow = thunder_nb.jit(fn, capture=False), thunder_nb.jit(fn, capture=False, fast_call=False)
+        for _ in range(3):
+            a, b = fast(x), slow(x)
+            assert type(a) is type(b)
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_thunders_decorators_are_left_out_only_where_they_change_nothing():
+    """Under ``no_grad`` outside autocast, the short path runs an entry's computation without thunder's
+    ``@torch.no_grad() @no_autocast``; not the computation of an entry made under autocast, whose decorator turns
+    autocast back on after each call."""
+    from thunder_nb.cudagraph.call import _undecorated
+
+    x = torch.randn(3, 4)
+    fast, slow = thunder_nb.jit(_fn, capture=False), thunder_nb.jit(_fn, capture=False, fast_call=False)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(fast(x, x), slow(x, x), rtol=0, atol=0)
+            assert not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    plain = thunder.compile_stats(fast).interpreter_cache[-1].computation_fn
+    assert _undecorated(plain) is plain.__wrapped__.__wrapped__
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast(x, x)
+    under_autocast = thunder.compile_stats(fast).interpreter_cache[-1].computation_fn
+    assert under_autocast is not plain and _undecorated(under_autocast) is None
+    assert not torch.is_autocast_enabled("cpu")

@@ -13,7 +13,9 @@ a decode step takes (bench/results/2026-12-04-fast-call-h200.md).
 `fast_call` wraps a jitted function so that a call takes the same steps in the same order: the same cache-info
 entries with the same values, the prologues tried newest first under the same context variables, the hit's
 computation, autograd connection and epilogue, grad mode set back, and the same statistics in
-``thunder.compile_stats`` (calls, cache hits, the last traces, prologue and computation, the host timestamps). It
+``thunder.compile_stats`` (calls, cache hits, the last traces, prologue and computation, the host timestamps).
+Under ``no_grad`` it runs the computation without thunder's ``@torch.no_grad() @no_autocast``, which there set off
+what is off and back (`_undecorated`), and it does not call an epilogue that only returns its argument. It
 hands the call to thunder's own path wherever that path does more: inside a trace, under autocast (thunder pushes
 the autocast dtype for tracing), for a distributed module (DDP's and FSDP's no-sync flag), under a cache option
 other than thunder's default, and on a cache miss, where thunder tries the prologues again, traces, and adds the
@@ -35,6 +37,7 @@ __all__ = ["fast_call", "cache_info", "tensor_aliases"]
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
+_MISSING = object()
 _LEAVES = (torch.Tensor, int, float, bool, str, type(None))  # NOTE: what thunder's pytree takes as one leaf each
 
 
@@ -67,6 +70,45 @@ def cache_info(args: tuple, kwargs: dict, check_aliases: bool = True) -> dict[st
     return info
 
 
+def _undecorated(fn: Any) -> Callable[..., Any] | None:
+    """The function thunder's ``@torch.no_grad() @no_autocast`` decorate, where ``fn`` is exactly those two around it;
+    else None. ``no_autocast`` sets autocast off for the call and then back to what it was when the function was made:
+    a call outside autocast of an entry made outside autocast (its prologue checks it), under ``no_grad``, is the same
+    without them."""
+    inner = getattr(fn, "__wrapped__", None)
+    bare = getattr(inner, "__wrapped__", None)
+    if (getattr(getattr(fn, "__code__", None), "co_name", None) != "decorate_context"
+            or getattr(getattr(inner, "__code__", None), "co_name", None) != "no_autocast_fn"
+            or getattr(bare, "__wrapped__", None) is not None or not callable(bare)):
+        return None
+    cells = dict(zip(inner.__code__.co_freevars, inner.__closure__ or ()))
+    try:
+        if cells["prev_cpu"].cell_contents or cells["prev"].cell_contents:
+            return None  # NOTE: made under autocast: its decorator turns autocast back on after each call
+    except (KeyError, ValueError):
+        return None
+    return bare
+
+
+def _returns_its_argument(traces: Any) -> bool:
+    """Whether an epilogue (its last trace) does nothing but return its one argument (``def epilogue(t): return t``):
+    no module state to write back, nothing to wrap."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import Proxy
+
+    if not traces:
+        return False
+    trace = traces[-1]
+    # NOTE: ``unpack_trivial`` only names an argument
+    bsyms = [b for b in trace.bound_symbols if b.sym.id != PrimIDs.UNPACK_TRIVIAL]
+    args = trace.args
+    if len(bsyms) != 1 or bsyms[0].sym.id != PrimIDs.RETURN or len(args) != 1 or trace.kwargs:
+        return False
+    returned = bsyms[0].args
+    return (len(returned) == 1 and not bsyms[0].kwargs and isinstance(returned[0], Proxy)
+            and isinstance(args[0], Proxy) and returned[0].name == args[0].name)
+
+
 def fast_call(jfn: Any) -> Any:
     """``jfn`` (what ``thunder.jit`` returned) with its calls made by `fast_call`'s path on a cache hit (see the
     module): a `thunder.ThunderModule`'s forward function is replaced and the module returned; a function is wrapped
@@ -97,12 +139,14 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
     pair = (cd, cs)
     info_var, data_var, lang_var, language = path.cache_info, path.compile_data, path.langctx, path.language
     is_tracing, connect = path.is_tracing, path.connect_to_autograd
-    autocast_on, autocast_cpu_on = torch.is_autocast_enabled, torch.is_autocast_cpu_enabled
-    set_grad_enabled = torch.set_grad_enabled
+    autocast_on = torch.is_autocast_enabled  # NOTE: ("cpu"), not the deprecated is_autocast_cpu_enabled: it warns
+    grad_enabled, set_grad_enabled = torch.is_grad_enabled, torch.set_grad_enabled
+    identity: dict[int, bool] = {}  # id of an entry's epilogue -> whether it returns its one argument as it is
+    undecorated: dict[int, Any] = {}  # id of an entry's computation -> it without thunder's decorators, or None
     now = time.perf_counter_ns
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not entries or autocast_on() or autocast_cpu_on() or is_tracing():
+        if not entries or autocast_on() or autocast_on("cpu") or is_tracing():
             return slow(*args, **kwargs)
         start = now()
         info = cache_info(args, kwargs, check_aliases)
@@ -135,9 +179,17 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
         cs.last_prologue_transformation_start = cs.last_prologue_transformation_stop = 0
         cs.last_computation_transformation_start = cs.last_computation_transformation_stop = 0
         computation = entry.computation_fn
+        run = computation
+        if not grad_enabled():
+            # NOTE: grad and autocast already off: thunder's two decorators would set them off and back
+            bare = undecorated.get(id(computation), _MISSING)
+            if bare is _MISSING:
+                bare = undecorated[id(computation)] = _undecorated(computation)
+            if bare is not None:
+                run = bare
         cs.last_trace_host_execution_start = now()
         try:
-            result = computation(*inps)
+            result = run(*inps)
         finally:
             cs.last_trace_host_execution_stop = now()
         if entry.backward_fn:
@@ -147,8 +199,16 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
                     return_none_instead_of_grads=entry.return_none_instead_of_grads,
                     disable_split_autograd=not split_autograd, is_differentiable_outputs=differentiable)
             result = data["output"]
-        result = entry.epilogue_fn(*pro_to_epi, *result)
-        set_grad_enabled(cd.is_grad_enabled)
+        epilogue = entry.epilogue_fn
+        same = identity.get(id(epilogue))
+        if same is None:
+            same = identity[id(epilogue)] = _returns_its_argument(entry.epilogue_traces)
+        if same and len(pro_to_epi) + len(result) == 1:
+            result = (*pro_to_epi, *result)[0]  # NOTE: what the epilogue would return, without its two decorators
+        else:
+            result = epilogue(*pro_to_epi, *result)
+        if grad_enabled() != cd.is_grad_enabled:
+            set_grad_enabled(cd.is_grad_enabled)
         cs.last_computation = computation
         cs.last_trace_host_stop = now()
         return result
