@@ -26,6 +26,8 @@ __all__ = [
     "storage_use_count",
     "metadata_guard",
     "ObjectGuard",
+    "thunder_module_class",
+    "THUNDER_MODULE_LOOKUPS",
     "data_ptrs_equal",
     "recover_generators",
     "compile_option",
@@ -312,6 +314,19 @@ class ObjectGuard:
 
         (d,) = [r for r in gc.get_referents(cls.__dict__) if type(r) is dict]
         return d
+
+
+#: The dicts a ``thunder.ThunderModule`` reads first in its ``get_submodule``, ``get_parameter`` and ``get_buffer``
+#: (thunder 0.2.6: its module cache and its parameter and buffer overrides, filled when it is made), by lookup kind.
+THUNDER_MODULE_LOOKUPS = {"submodule": "_module_cache", "parameter": "_overrides_parameters",
+                          "buffer": "_overrides_buffers"}
+
+
+def thunder_module_class() -> type:
+    """``thunder.core.module.ThunderModule``."""
+    from thunder.core.module import ThunderModule
+
+    return ThunderModule
 
 
 def data_ptrs_equal(tensors: list[Any], ptrs: list[int | None], indices: list[int]) -> bool:

@@ -510,7 +510,7 @@ def _flagged_changes():
 def test_attribute_checks_moved_into_the_walk_retrace_where_thunders_prologue_does(form):
     """The checks of attributes the walk makes (in its guard, or on every call) pass and fail as thunder's prologue's:
     the same cache misses, call for call, and eager's results. A jitted module is its own origin, a
-    `thunder.ThunderModule` whose lookups its own methods answer: no guard, the checks made on every call."""
+    `thunder.ThunderModule`, whose lookups read its own dicts."""
     torch.manual_seed(0)
     fast_m = _Flagged()
     oracle_m, eager_m = copy.deepcopy(fast_m), copy.deepcopy(fast_m)
@@ -541,11 +541,36 @@ def test_attribute_checks_moved_into_the_walk_retrace_where_thunders_prologue_do
                                 if k.startswith("thunder_nb_module_walk"))
                     names = {name for _, name, *_ in walk.attribute_checks}
                     assert {"scale", "flag", "_power", "training"} <= names, names
-                    # NOTE: the second call was proved by the guard, where there is one
-                    assert (walk._guard is None) == (form == "the jitted module")
+                    assert walk._guard is not None  # NOTE: the second call was proved by the guard
                     assert "check_number_type_and_value(" not in _prologue_text(fast)
         assert thunder.cache_misses(fast) >= 7
     finally:
         _Flagged.offset = 1.0
         if "flag" in vars(_Flagged):
             del _Flagged.flag
+
+
+def test_a_thunder_modules_walk_reads_its_dicts_and_its_guard_follows_them():
+    """A `thunder.ThunderModule` answers lookups from its module cache and overrides, then the wrapped model's
+    methods: the walk returns what its methods return, the guard proves a repeat, and a changed override, a missing
+    name, or a lookup method set on the instance is followed."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    jm = thunder.jit(model)
+    lookups = [("submodule", "0"), ("parameter", "0.weight"), ("buffer", "1.running_mean"), ("submodule", "1")]
+    walk = ModuleWalk(lookups)
+
+    def methods():
+        return tuple(getattr(jm, f"get_{kind}")(target) for kind, target in lookups)
+
+    first = walk(jm)
+    assert all(a is b for a, b in zip(first, methods()))
+    assert walk(jm) is first and walk._guard is not None  # NOTE: proved by the guard: the same tuple
+    new = nn.Parameter(torch.randn(4, 4))
+    jm._overrides_parameters["0.weight"] = new  # NOTE: what thunder's transforms do to override a parameter
+    assert walk(jm)[1] is new
+    jm.set_buffer("1.running_mean", torch.ones(4))
+    assert all(a is b for a, b in zip(walk(jm), methods()))
+    del jm._module_cache["1"]  # NOTE: then the wrapped model's get_submodule answers
+    assert all(a is b for a, b in zip(walk(jm), methods()))
+    jm.get_parameter = lambda target: "the instance's own"
+    assert walk(jm)[1] == "the instance's own"
