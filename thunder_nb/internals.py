@@ -240,8 +240,8 @@ class ObjectGuard:
     reads an item of the dict the node is, ``node.instance_dict()`` its object's ``__dict__``, ``node.type()`` its
     type, ``node.mro()`` a type's ``__mro__``, ``node.tuple_item(i)``, ``node.type_dict()`` a type's own dict;
     ``is_(obj)``, ``type_is(cls)``, ``equals(value)``, ``lacks(key)`` and ``unchanged(d)`` (no write to the dict
-    since: its version tag) check the node's value. ``check(root)`` is then one C call, False where a read fails. Each node is made
-    once per path (``name``), so its reads are made once per check.
+    since: its version tag) check the node's value. ``check(root)`` is then one C call, False where a read fails.
+    Each node is made once per path (``name``), so its reads are made once per check.
     """
 
     class Node:

@@ -141,8 +141,9 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
     is_tracing, connect = path.is_tracing, path.connect_to_autograd
     autocast_on = torch.is_autocast_enabled  # NOTE: ("cpu"), not the deprecated is_autocast_cpu_enabled: it warns
     grad_enabled, set_grad_enabled = torch.is_grad_enabled, torch.set_grad_enabled
-    identity: dict[int, bool] = {}  # id of an entry's epilogue -> whether it returns its one argument as it is
-    undecorated: dict[int, Any] = {}  # id of an entry's computation -> it without thunder's decorators, or None
+    # NOTE: keyed by the functions themselves (hashed by identity, kept alive here: an id is never reused for another)
+    identity: dict[Any, bool] = {}  # an entry's epilogue -> whether it returns its one argument as it is
+    undecorated: dict[Any, Any] = {}  # an entry's computation -> it without thunder's decorators, or None
     now = time.perf_counter_ns
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -182,9 +183,9 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
         run = computation
         if not grad_enabled():
             # NOTE: grad and autocast already off: thunder's two decorators would set them off and back
-            bare = undecorated.get(id(computation), _MISSING)
+            bare = undecorated.get(computation, _MISSING)
             if bare is _MISSING:
-                bare = undecorated[id(computation)] = _undecorated(computation)
+                bare = undecorated[computation] = _undecorated(computation)
             if bare is not None:
                 run = bare
         cs.last_trace_host_execution_start = now()
@@ -200,9 +201,9 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
                     disable_split_autograd=not split_autograd, is_differentiable_outputs=differentiable)
             result = data["output"]
         epilogue = entry.epilogue_fn
-        same = identity.get(id(epilogue))
+        same = identity.get(epilogue)
         if same is None:
-            same = identity[id(epilogue)] = _returns_its_argument(entry.epilogue_traces)
+            same = identity[epilogue] = _returns_its_argument(entry.epilogue_traces)
         if same and len(pro_to_epi) + len(result) == 1:
             result = (*pro_to_epi, *result)[0]  # NOTE: what the epilogue would return, without its two decorators
         else:

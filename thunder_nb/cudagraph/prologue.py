@@ -23,10 +23,10 @@ method itself runs everywhere else:
 - anything missing, ``None`` or of the wrong kind goes to the method, which raises its own error.
 
 The lookups from one module (the origin: the jitted module, a module the jitted function closes over, or a module
-argument) become one call of a `ModuleWalk` where the first of them stood. It walks each module on the paths once (`child`, one step from its
-parent, the root's check `plain_root` first), and where every lookup took the plain reading it makes one C guard
-of everything those readings relied on; later calls return the same objects after one check of that guard, and
-walk anew where it fails. A submodule, parameter or buffer replaced between calls, an attribute or class
+argument) become one call of a `ModuleWalk` where the first of them stood. It walks each module on the paths once
+(`child`, one step from its parent, the root's check `plain_root` first), and where every lookup took the plain
+reading it makes one C guard of everything those readings relied on; later calls return the same objects after
+one check of that guard, and walk anew where it fails. A submodule, parameter or buffer replaced between calls, an attribute or class
 attribute that would now shadow one, a class written to: each fails the guard, and the walk finds what the
 methods would.
 
@@ -234,7 +234,8 @@ class ModuleWalk:
             if made is not None and made[0](origin):
                 self._guard, self._held = made
                 self._found = found
-                self._unguarded = _attribute_checker([self.attribute_checks[i] for i in unguarded]) if unguarded else None
+                self._unguarded = (_attribute_checker([self.attribute_checks[i] for i in unguarded]) if unguarded
+                                   else None)
             elif made is not None:  # NOTE: a guard that fails the very objects it was made of would never serve
                 self._made = _GUARD_REMAKES
         return found
