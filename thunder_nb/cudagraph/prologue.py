@@ -25,10 +25,10 @@ method itself runs everywhere else:
 The lookups from one module (the origin: the jitted module, a module the jitted function closes over, or a module
 argument) become one call of a `ModuleWalk` where the first of them stood. It walks each module on the paths once
 (`child`, one step from its parent, the root's check `plain_root` first), and where every lookup took the plain
-reading it makes one C guard of everything those readings relied on; later calls return the same objects after
-one check of that guard, and walk anew where it fails. A submodule, parameter or buffer replaced between calls, an attribute or class
-attribute that would now shadow one, a class written to: each fails the guard, and the walk finds what the
-methods would.
+reading it makes one C guard of everything those readings relied on; later calls return the same objects after one
+check of that guard, and walk anew where it fails. A submodule, parameter or buffer replaced between calls, an
+attribute or class attribute that would now shadow one, a class written to: each fails the guard, and the walk finds
+what the methods would.
 
 Thunder's reads of an attribute of the origin or of a submodule it looks up, whose value only a value check against
 a constant reads (a module's ``training`` flag, its sizes: 87 of the 104 value checks of litgpt pythia-14m's decode
