@@ -219,15 +219,16 @@ class ModuleWalk:
         self._check_attributes(origin, found)
         if reads is not None and self._made < _GUARD_REMAKES:
             self._made += 1
+            # NOTE: the object each attribute check reads (a submodule lookup's answer is the module walked to);
+            # where the guard has it: the lookup's index for a ThunderModule (`walked` None), else its walked index
+            objects = [origin if i < 0 else found[i] if self._plan[i][0] == _SUBMODULE else None
+                       for i, *_ in self.attribute_checks]
+            places = [i for i, *_ in self.attribute_checks] if walked is None else self._attribute_at
             try:
+                guarded, unguarded = self._plain_attributes(objects, places)
                 if walked is None:  # NOTE: a ThunderModule's lookups, read from its own dicts
-                    guarded, unguarded = self._plain_attributes(
-                        [origin if i < 0 else found[i] if self._plan[i][0] == _SUBMODULE else None
-                         for i, *_ in self.attribute_checks], [i for i, *_ in self.attribute_checks])
                     made = _thunder_module_guard(origin, self._plan, found, guarded)
                 else:
-                    guarded, unguarded = self._plain_attributes(
-                        [walked[at] if at is not None else None for at in self._attribute_at], self._attribute_at)
                     made = _walk_guard(origin, self._steps, walked, reads, guarded)
             except Exception:  # NOTE: torch's guard refused an object: walked every call from now on
                 made, self._made = None, _GUARD_REMAKES
@@ -379,6 +380,20 @@ def _guard_attributes(nodes: Any, objects: Any, attributes: Sequence[tuple[Any, 
         node.equals(value)
 
 
+def _origin_guard(origin: Any) -> tuple[Any, _ClassChecks, Any] | None:
+    """A new guard (None where torch has no guard trees) that ``origin``'s class is the same and its instance dict has
+    no lookup method of its own; its class checks, and the node of that instance dict."""
+    guard = internals.ObjectGuard.make()
+    if guard is None:
+        return None
+    classes = _ClassChecks()
+    classes.same_class(guard.root, origin)
+    root_dict = guard.root.instance_dict(origin.__dict__)
+    for name in _METHODS:
+        root_dict.lacks(name)
+    return guard, classes, root_dict
+
+
 def _thunder_module_guard(origin: Any, plan: Sequence[tuple[str, str, int, str]], found: tuple,
                           attributes: Sequence[tuple[int, str, Any]]) -> tuple[Callable[[Any], bool], tuple] | None:
     """A guard that a `thunder.ThunderModule` origin's lookups (``plan``) answer ``found`` again from its own dicts
@@ -386,15 +401,11 @@ def _thunder_module_guard(origin: Any, plan: Sequence[tuple[str, str, int, str]]
     key), and that each of ``attributes`` (``(index of the lookup, or -1 for the origin, name, value)``) is still
     that value of that type in its module's instance dict, the module's class unchanged; and the objects it compares
     by id. None where torch has no guard trees."""
-    guard = internals.ObjectGuard.make()
-    if guard is None:
+    made = _origin_guard(origin)
+    if made is None:
         return None
-    classes = _ClassChecks()
-    classes.same_class(guard.root, origin)
+    guard, classes, root_dict = made
     d = origin.__dict__
-    root_dict = guard.root.instance_dict(d)
-    for name in _METHODS:
-        root_dict.lacks(name)
     nodes: dict[int, Any] = {-1: guard.root}
     objects: dict[int, Any] = {-1: origin}
     for k, ((kind, target, *_), obj) in enumerate(zip(plan, found)):
@@ -414,10 +425,10 @@ def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any]
     passes it, and that each of ``attributes`` (``(index in walked, name, value)``) is still that value of that type
     in its module's instance dict (see `ModuleWalk`); and the objects it compares by id. None where torch has no
     guard trees."""
-    guard = internals.ObjectGuard.make()
-    if guard is None:
+    made = _origin_guard(origin)
+    if made is None:
         return None
-    classes = _ClassChecks()
+    guard, classes, _ = made
     same_class = classes.same_class
 
     def lacks_in(dict_node: Any, d: dict, which: str, name: str) -> None:
@@ -428,10 +439,6 @@ def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any]
             dict_node.lacks(which)
 
     nodes = [guard.root]  # NOTE: one per module of ``walked``
-    same_class(guard.root, origin)
-    root_dict = guard.root.instance_dict(origin.__dict__)
-    for name in _METHODS:
-        root_dict.lacks(name)
     for (parent, a), sub in zip(steps, walked[1:]):  # NOTE: a parent comes before its children
         d = walked[parent].__dict__
         dict_node = nodes[parent].instance_dict(d)
