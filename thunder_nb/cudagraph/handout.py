@@ -18,6 +18,7 @@ from thunder.core.trace import TraceCtx, reset_tracectx, set_tracectx
 from .. import internals
 from ..diagnosis.plans import HAND_OUT_NAME, HandOutAction, HandOutPlan
 from .instances import Instance, copy_together, storage
+from .passes import written_argument
 
 __all__ = ["HandOut", "insert_hand_out"]
 
@@ -364,8 +365,8 @@ def _graph_derived(bsyms: Sequence[BoundSymbol], passthrough: dict[str, tuple[tu
         if b.sym.id in (prims.PrimIDs.DEL, prims.PrimIDs.RETURN):
             continue
         args = b.flat_proxy_args
-        if b.sym.name == "copy_" and len(args) > 1:
-            derived = args[1].name in graph
+        if (dst := written_argument(b)) is not None:
+            derived = dst.name in graph
         elif b.sym.name == "update_aliases":
             graph.update(o.name for o, a in zip(b.flat_proxy_outs, args) if a.name in graph)
             continue

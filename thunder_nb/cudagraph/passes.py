@@ -11,7 +11,7 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx
 
-from ..diagnosis.ops import alias_root
+from ..diagnosis.ops import WRITES_ARGUMENT, alias_root
 
 __all__ = [
     "strip_top_level_dels",
@@ -20,6 +20,7 @@ __all__ = [
     "walk",
     "in_place_plan",
     "has_in_place",
+    "written_argument",
     "returned_names",
     "is_cuda_trace",
 ]
@@ -101,7 +102,8 @@ def in_place_plan(
     the same tensor as ``x``, and ``t12 = copy_(t11, t10)`` then updates ``x`` (``t12`` is ``x`` too).
 
     Returns:
-        (positions of inputs written by a ``copy_``, ((output position, input position), ...))
+        (positions of inputs written by a ``copy_`` or another in-place op (`written_argument`),
+        ((output position, input position), ...))
     """
     every = list(walk(bsyms))  # NOTE: inside fusions too (inductor's TorchCompile holds updates of its inputs)
     root: dict[str, str] = {}
@@ -116,9 +118,9 @@ def in_place_plan(
             srcs = [p for p in tree_flatten(b.args[0])[0] if isinstance(p, Proxy)]
             for out, src in zip(b.flat_proxy_outs, srcs):
                 root[out.name] = find(src.name)
-        elif b.sym.name == "copy_" and len(b.flat_proxy_args) > 1 and b.flat_proxy_outs:
+        elif (dst := written_argument(b)) is not None and b.flat_proxy_outs:
             # NOTE: ``copy_(src, dst)`` returns ``dst`` itself: its result is the destination under another name
-            root[b.flat_proxy_outs[0].name] = find(b.flat_proxy_args[1].name)
+            root[b.flat_proxy_outs[0].name] = find(dst.name)
     # NOTE: one update_aliases call names a whole alias group (a tensor and its views): a copy_ into
     # any member writes the memory of every input in the group. Inside a fusion too (inductor's TorchCompile
     # holds BatchNorm's ``update_aliases`` of num_batches_tracked and its ``copy_``), as `dests` reads them there
@@ -127,7 +129,7 @@ def in_place_plan(
         for b in every
         if b.sym.name == "update_aliases"
     )
-    dests = {group_of(b.flat_proxy_args[1].name) for b in every if b.sym.name == "copy_" and len(b.flat_proxy_args) > 1}
+    dests = {group_of(dst.name) for b in every if (dst := written_argument(b)) is not None}
     position = {p.name: i for i, p in enumerate(inputs)}
     written = tuple(i for i, p in enumerate(inputs) if group_of(p.name) in dests)
     through = tuple(
@@ -136,8 +138,16 @@ def in_place_plan(
     return written, through
 
 
+def written_argument(b: BoundSymbol) -> Proxy | None:
+    """The argument ``b`` writes in place and returns (``copy_``'s destination; `WRITES_ARGUMENT`), or None."""
+    at = WRITES_ARGUMENT.get(b.sym.name)
+    if at is None or len(b.args) <= at or not isinstance(b.args[at], Proxy):
+        return None
+    return b.args[at]
+
+
 def has_in_place(bsyms: Sequence[BoundSymbol]) -> bool:
-    return any(b.sym.name == "copy_" for b in bsyms)
+    return any(b.sym.name in WRITES_ARGUMENT for b in bsyms)
 
 
 def returned_names(trace: TraceCtx) -> set[str]:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .model import Defect, Op, TypeInfo
-from .ops import IN_PLACE_NAMES, VIEW_NAMES, alias_root, base_name, classify_op
+from .ops import IN_PLACE_NAMES, VIEW_NAMES, WRITES_ARGUMENT, alias_root, base_name, classify_op
 from .plans import HandOutPlan, HandOutStats, RegionPlan, RegionStats
 from .source import ParsedFunction
 
@@ -208,14 +208,16 @@ def _check_never_freed(found: _Findings, returned: set[str]) -> None:
 
 
 def _in_place_updates_of_params(fn: ParsedFunction) -> list[tuple[Op, str]]:
-    """``copy_`` statements that write (through an alias or a view) into a parameter."""
+    """In-place statements (``copy_``, `ops.WRITES_ARGUMENT`) that write (through an alias or a view) into a
+    parameter."""
     find = alias_root(
         [*op.inputs, *op.outputs] for op in fn.ops if op.callee.rsplit(".", 1)[-1] == "update_aliases"
     )
     found = []
     for op in fn.ops:
-        if op.callee.rsplit(".", 1)[-1] == "copy_" and len(op.inputs) > 1:
-            group = find(op.inputs[1])
+        at = WRITES_ARGUMENT.get(base_name(op.callee))
+        if at is not None and len(op.inputs) > at:
+            group = find(op.inputs[at])
             found += [(op, p) for p in fn.params if find(p) == group]
     return found
 

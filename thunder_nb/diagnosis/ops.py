@@ -17,6 +17,8 @@ __all__ = [
     "BOOKKEEPING_NAMES",
     "COLLECTION_NAMES",
     "IN_PLACE_NAMES",
+    "WRITES_ARGUMENT",
+    "INDEX_COPY_NAME",
     "VIEW_NAMES",
     "parse_type",
     "type_of_proxy",
@@ -255,8 +257,13 @@ VIEW_NAMES = frozenset(
         "reshape_prim", "T", "mT", "mH", "H", "view_as_real",
     }
 )
+#: thunder-nb's in-place ``index_copy_`` (`thunder_nb.cudagraph.inplace`): ``r = thunder_nb_index_copy_(dst, dim,
+#: index, src)`` writes ``dst`` and returns it.
+INDEX_COPY_NAME = "thunder_nb_index_copy_"
+#: Ops that write one argument in place and return it: name -> that argument's position (``copy_(src, dst)``).
+WRITES_ARGUMENT = {"copy_": 1, INDEX_COPY_NAME: 0}
 #: Ops whose result is (an alias of) an argument updated in place: no new memory.
-IN_PLACE_NAMES = frozenset({"copy_", "update_aliases"})
+IN_PLACE_NAMES = frozenset({"update_aliases", *WRITES_ARGUMENT})
 
 
 def base_name(callee: str) -> str:
