@@ -17,7 +17,7 @@ from . import internals
 from .cudagraph import call
 from .cudagraph.defer import defer_returned_items
 from .cudagraph.executors import jit_executors
-from .cudagraph.inplace import fold_index_copies
+from .cudagraph.inplace import fold_in_place
 from .cudagraph.passes import (
     region_del_pass,
     strip_top_level_dels,
@@ -130,9 +130,10 @@ class FixedCUDAGraphTransform(RegionTransform):
         fast_prologue: find the submodules, parameters and buffers thunder's prologue looks up on every
             call along their paths' dicts instead of through ``Module.get_parameter`` and its kin, with
             the same results (default True; see `thunder_nb.cudagraph.prologue`).
-        in_place_index_copy: run each ``index_copy_`` that thunder functionalized (an out-of-place copy of the
-            whole tensor, then a ``copy_`` back: a KV cache's update) as one in-place ``index_copy_`` again,
-            where that computes the same (default True; see `thunder_nb.cudagraph.inplace`).
+        in_place_updates: run each update of part of a tensor that thunder functionalized (``index_copy_``,
+            ``buf[i] = v``, ``index_put_``, ``index_add_``, ``scatter_``, ``scatter_add_``: an out-of-place copy of
+            the whole tensor, then a ``copy_`` back; a KV cache's update) in place again, where that computes the
+            same (default True; see `thunder_nb.cudagraph.inplace`).
         lend_gradients: hand the gradients a backward's graph wrote to autograd where they lie, guarded,
             instead of copying them out (default True): autograd makes them the parameters' ``.grad``, and
             while any is still referenced (``.grad`` not reset, gradient accumulation, a name) the next
@@ -157,7 +158,7 @@ class FixedCUDAGraphTransform(RegionTransform):
         defer_items: bool = True,
         fast_prologue: bool = True,
         lend_gradients: bool = True,
-        in_place_index_copy: bool = True,
+        in_place_updates: bool = True,
     ):
         runner = RunnerOptions(share_mem_pool=share_mem_pool, max_instances=max_instances,
                                instance_memory=instance_memory, instance_bytes=instance_bytes,
@@ -166,7 +167,7 @@ class FixedCUDAGraphTransform(RegionTransform):
         self.scalar_handoff = scalar_handoff
         self.defer_items = defer_items
         self.fast_prologue = fast_prologue
-        self.in_place_index_copy = in_place_index_copy
+        self.in_place_updates = in_place_updates
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         """As the base transform; then make the prologue's module lookups path walks (`thunder_nb.cudagraph.prologue`), and
@@ -217,12 +218,12 @@ class FixedCUDAGraphTransform(RegionTransform):
         backward = self._begin(trace)
         work = from_trace(trace)
         work.bound_symbols = strip_top_level_dels(trace.bound_symbols, collections=backward)
-        if self.in_place_index_copy:
+        if self.in_place_updates:
             before = len(work.bound_symbols)
-            work.bound_symbols = fold_index_copies(work.bound_symbols)
+            work.bound_symbols = fold_in_place(work.bound_symbols)
             if len(work.bound_symbols) < before:
-                self.notes.append(f"{before - len(work.bound_symbols)} index_copy + copy_ pairs (thunder's "
-                                  "functionalized index_copy_) run as one in-place index_copy_ each")
+                self.notes.append(f"{before - len(work.bound_symbols)} partial updates that thunder made out of place "
+                                  "(a copy of the whole tensor, then a copy_ back) run in place again")
         if self.scalar_handoff:
             handed = handoff_numbers(work, work.bound_symbols, self.can_fuse, cuda=self._cuda)
             work.bound_symbols, self._handoffs, self._keep_out = handed.bsyms, handed.handoffs, handed.keep_out

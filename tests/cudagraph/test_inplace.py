@@ -1,10 +1,11 @@
-"""A KV cache's ``index_copy_`` runs in place inside the graph (`thunder_nb.cudagraph.inplace`).
+"""A KV cache's update runs in place inside the graph (`thunder_nb.cudagraph.inplace`).
 
-thunder 0.2.6 functionalizes ``buf.index_copy_(dim, index, src)`` into an out-of-place ``index_copy`` of the whole
-buffer and a ``copy_`` back: three kernels over the whole cache where one writes a row. The fixed transform folds
-each such pair into one in-place ``index_copy_`` where that computes the same, and leaves it alone where it would
-not. Real thunder traces, emulated capture on the CPU and real capture on the GPU (``-m gpu``); every result and
-every buffer is compared with eager PyTorch's, bit for bit.
+thunder 0.2.6 functionalizes an update of part of a tensor (``buf.index_copy_(dim, index, src)``, ``buf[:, :, pos] =
+v`` and their kin) into an out-of-place copy of the whole tensor with that part changed and a ``copy_`` back: three
+kernels over the whole cache where one writes a row. The fixed transform folds each such pair into one in-place
+update where that computes the same, and leaves it alone where it would not. Real thunder traces, emulated capture on
+the CPU and real capture on the GPU (``-m gpu``); every result and every buffer is compared with eager PyTorch's, bit
+for bit.
 """
 
 from __future__ import annotations
@@ -17,13 +18,30 @@ import torch
 
 import thunder_nb
 from gpu_or_emulated import MODES, capturing, device_of
-from thunder_nb.diagnosis.ops import INDEX_COPY_NAME
+from thunder_nb.diagnosis.ops import IN_PLACE_FORMS
 from thunder_nb.fix import EagerFallbackWarning
+
+
+def _rows(pos: torch.Tensor) -> torch.Tensor:
+    return pos.view(1, 1, 1, 1).expand(1, 2, 1, 4)
+
+
+#: Updates of a cache ``buf`` (1, 2, 8, 4) at position ``pos`` with ``x`` (1, 2, 1, 4), each as a program writes it,
+#: with thunder's out-of-place op for it.
+UPDATES = {
+    "index_copy_": ("index_copy", lambda buf, pos, x: buf.index_copy_(2, pos, x)),  # NOTE: litgpt's KVCache
+    "setitem": ("copy_with_setitem_impl", lambda buf, pos, x: buf.__setitem__((slice(None), slice(None), pos), x)),
+    "index_put_": ("index_put", lambda buf, pos, x: buf.index_put_((torch.zeros_like(pos), torch.ones_like(pos), pos),
+                                                                   x[0, 1])),
+    "index_add_": ("index_add", lambda buf, pos, x: buf.index_add_(2, pos, x)),
+    "scatter_": ("scatter", lambda buf, pos, x: buf.scatter_(2, _rows(pos), x)),
+    "scatter_add_": ("scatter_add", lambda buf, pos, x: buf.scatter_add_(2, _rows(pos), x)),
+}
 
 
 class Cache(torch.nn.Module):
     """Two cache buffers updated at a position each call, then read, as litgpt's ``KVCache`` does; ``variant`` picks
-    the order of the program's reads and writes."""
+    the update of ``k`` (a key of `UPDATES`) or an order of the program's reads and writes."""
 
     def __init__(self, variant: str, device: str):
         super().__init__()
@@ -32,10 +50,10 @@ class Cache(torch.nn.Module):
         self.register_buffer("v", -torch.arange(64.0, device=device).reshape(1, 2, 8, 4))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        if self.variant == "in place":  # NOTE: litgpt's KVCache.forward
-            k = self.k.index_copy_(2, pos, x.sin())
-            v = self.v.index_copy_(2, pos, x.cos())
-            return (k * 2 + v).sum(2)
+        if self.variant in UPDATES:
+            UPDATES[self.variant][1](self.k, pos, x.sin())
+            self.v.index_copy_(2, pos, x.cos())
+            return (self.k * 2 + self.v).sum(2)
         new_k = self.k.index_copy(2, pos, x.sin())
         if self.variant == "read between":  # NOTE: the cache read as it was, between the new rows and the copy back
             before = self.k.sum(2)
@@ -59,6 +77,10 @@ def _region_ops(jfn) -> list[str]:
     return [n for n in names if n != "python_del"]
 
 
+def _folded(ops: list[str]) -> list[str]:
+    return [n for n in ops if n in IN_PLACE_FORMS.values()]
+
+
 def _decode(variant: str, mode: str, calls: int = 5, **options):
     """The variant jitted and eager side by side over ``calls`` calls at advancing positions: the jitted function, and
     for each call whether its result and both buffers equal eager's bit for bit."""
@@ -79,19 +101,20 @@ def _decode(variant: str, mode: str, calls: int = 5, **options):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("variant", ["in place", "read between"])
-def test_a_cache_update_runs_as_one_in_place_index_copy_with_eagers_results(variant, mode):
+@pytest.mark.parametrize("variant", [*UPDATES, "read between"])
+def test_a_cache_update_runs_in_place_with_eagers_results(variant, mode):
     jfn, equal = _decode(variant, mode)
     assert all(all(e) for e in equal), equal  # NOTE: (result, k, v) per call
     ops = _region_ops(jfn)
-    updates = 2 if variant == "in place" else 1
-    assert ops.count(INDEX_COPY_NAME) == updates, ops
-    assert "index_copy" not in ops and "copy_" not in ops, ops
-    # NOTE: the cache is a module buffer the region writes: written in place, read where it lies
+    op = UPDATES[variant][0] if variant in UPDATES else "index_copy"
+    folded = [IN_PLACE_FORMS[op]] + (["thunder_nb_index_copy_"] if variant in UPDATES else [])
+    assert sorted(_folded(ops)) == sorted(folded), ops
+    assert not set(IN_PLACE_FORMS) & set(ops) and "copy_" not in ops, ops
+    # NOTE: the caches are module buffers the region writes: written in place, read where they lie
     transform = jfn._lc_transforms[0]
     (plan,) = transform.cuda_graph_runner.plans.values()
-    assert len(plan.write_back) == updates, plan
-    assert any("in-place index_copy_" in n for n in transform.notes), transform.notes
+    assert len(plan.write_back) == len(folded), plan
+    assert any("run in place again" in n for n in transform.notes), transform.notes
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -100,15 +123,16 @@ def test_an_index_copy_stays_out_of_place_where_in_place_would_change_the_result
     jfn, equal = _decode(variant, mode)
     assert all(all(e) for e in equal), equal
     ops = _region_ops(jfn)
-    assert INDEX_COPY_NAME not in ops and "index_copy" in ops, ops
+    assert not _folded(ops) and "index_copy" in ops, ops
 
 
-def test_without_the_fold_the_trace_keeps_thunders_out_of_place_pair_and_the_same_results():
-    """The oracle: ``in_place_index_copy=False`` is thunder's functionalized form, with the same results."""
-    jfn, equal = _decode("in place", "emulated", in_place_index_copy=False)
+def test_without_the_fold_the_trace_keeps_thunders_out_of_place_pairs_and_the_same_results():
+    """The oracle: ``in_place_updates=False`` is thunder's functionalized form, with the same results."""
+    jfn, equal = _decode("index_copy_", "emulated", in_place_updates=False)
     assert all(all(e) for e in equal), equal
     ops = _region_ops(jfn)
-    assert INDEX_COPY_NAME not in ops and ops.count("index_copy") == ops.count("copy_") == 2, ops
+    assert not _folded(ops), ops
+    assert ops.count("index_copy") == ops.count("copy_") == 2, ops
 
 
 def test_litgpt_kv_cache_decoding_updates_its_caches_in_place():
@@ -127,4 +151,4 @@ def test_litgpt_kv_cache_decoding_updates_its_caches_in_place():
             jfn(torch.zeros(1, 1, dtype=torch.long), torch.tensor([4]))  # NOTE: one decoded token
     ops = _region_ops(jfn)
     layers = len(net.transformer.h)
-    assert ops.count(INDEX_COPY_NAME) == 2 * layers and "index_copy" not in ops, ops
+    assert ops.count("thunder_nb_index_copy_") == 2 * layers and "index_copy" not in ops, ops

@@ -18,7 +18,7 @@ __all__ = [
     "COLLECTION_NAMES",
     "IN_PLACE_NAMES",
     "WRITES_ARGUMENT",
-    "INDEX_COPY_NAME",
+    "IN_PLACE_FORMS",
     "VIEW_NAMES",
     "parse_type",
     "type_of_proxy",
@@ -257,11 +257,18 @@ VIEW_NAMES = frozenset(
         "reshape_prim", "T", "mT", "mH", "H", "view_as_real",
     }
 )
-#: thunder-nb's in-place ``index_copy_`` (`thunder_nb.cudagraph.inplace`): ``r = thunder_nb_index_copy_(dst, dim,
-#: index, src)`` writes ``dst`` and returns it.
-INDEX_COPY_NAME = "thunder_nb_index_copy_"
+#: thunder's torch executor's out-of-place partial updates -> thunder-nb's in-place form of each
+#: (`thunder_nb.cudagraph.inplace`): ``r = thunder_nb_index_copy_(dst, dim, index, src)`` writes ``dst``, returns it.
+IN_PLACE_FORMS = {
+    "index_copy": "thunder_nb_index_copy_",
+    "index_put": "thunder_nb_index_put_",
+    "index_add": "thunder_nb_index_add_",
+    "scatter": "thunder_nb_scatter_",
+    "scatter_add": "thunder_nb_scatter_add_",
+    "copy_with_setitem_impl": "thunder_nb_setitem_",  # NOTE: ``buf[key] = value``
+}
 #: Ops that write one argument in place and return it: name -> that argument's position (``copy_(src, dst)``).
-WRITES_ARGUMENT = {"copy_": 1, INDEX_COPY_NAME: 0}
+WRITES_ARGUMENT = {"copy_": 1, **{name: 0 for name in IN_PLACE_FORMS.values()}}
 #: Ops whose result is (an alias of) an argument updated in place: no new memory.
 IN_PLACE_NAMES = frozenset({"update_aliases", *WRITES_ARGUMENT})
 
