@@ -25,8 +25,8 @@ from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import BoundSymbol, Symbol
 
-from ..diagnosis.ops import IN_PLACE_FORMS, alias_root
-from .passes import walk, written_argument
+from ..diagnosis.ops import IN_PLACE_FORMS
+from .passes import alias_groups, same_tensor, walk, written_argument
 
 __all__ = ["fold_in_place", "in_place_symbol"]
 
@@ -82,25 +82,8 @@ def fold_in_place(bsyms: Sequence[BoundSymbol]) -> list[BoundSymbol]:
     for i, b in enumerate(bsyms):
         for p in b.flat_proxy_args:
             readers.setdefault(p.name, []).append(i)
-    same: dict[str, str] = {}  # NOTE: ``(b,) = update_aliases((a,))`` and ``b = copy_(x, a)``: b is a, renamed
-
-    def tensor(name: str) -> str:
-        while name in same:
-            name = same[name]
-        return name
-
-    for b in bsyms:
-        if b.sym.name == "update_aliases" and b.args:
-            for out, arg in zip(b.flat_proxy_outs, tree_flatten(b.args[0])[0]):
-                if isinstance(arg, Proxy):
-                    same[out.name] = tensor(arg.name)
-        elif (dst := written_argument(b)) is not None and b.flat_proxy_outs:
-            same[b.flat_proxy_outs[0].name] = tensor(dst.name)
-    group_of = alias_root(
-        [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
-        for b in bsyms
-        if b.sym.name == "update_aliases"
-    )
+    tensor, _ = same_tensor(bsyms)
+    group_of = alias_groups(bsyms)
     found: list[tuple[int, int]] = []
     for i, b in enumerate(bsyms):
         if (b.sym.name not in IN_PLACE_FORMS or getattr(b.sym.executor, "name", None) != "torch" or not b.args

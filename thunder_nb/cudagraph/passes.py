@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from thunder.core import prims
@@ -21,6 +21,8 @@ __all__ = [
     "in_place_plan",
     "has_in_place",
     "written_argument",
+    "same_tensor",
+    "alias_groups",
     "returned_names",
     "is_cuda_trace",
 ]
@@ -106,6 +108,25 @@ def in_place_plan(
         ((output position, input position), ...))
     """
     every = list(walk(bsyms))  # NOTE: inside fusions too (inductor's TorchCompile holds updates of its inputs)
+    find, renamed = same_tensor(every)  # NOTE: a fusion's output can be an input under another name
+    # NOTE: inside a fusion too (inductor's TorchCompile holds BatchNorm's ``update_aliases`` of num_batches_tracked
+    # and its ``copy_``), as `dests` reads them there
+    group_of = alias_groups(every)
+    dests = {group_of(dst.name) for b in every if (dst := written_argument(b)) is not None}
+    position = {p.name: i for i, p in enumerate(inputs)}
+    written = tuple(i for i, p in enumerate(inputs) if group_of(p.name) in dests)
+    through = tuple(
+        (j, position[find(o.name)]) for j, o in enumerate(outputs) if o.name in renamed and find(o.name) in position
+    )
+    return written, through
+
+
+def same_tensor(bsyms: Sequence[BoundSymbol]) -> tuple[Callable[[str], str], set[str]]:
+    """The first name of each tensor, by any of its names, and the names that are a tensor renamed.
+
+    ``(b,) = update_aliases((a,))`` makes ``b`` the same tensor as ``a``, and so does ``b = copy_(x, a)`` (an in-place
+    op returns what it wrote: `written_argument`).
+    """
     root: dict[str, str] = {}
 
     def find(name: str) -> str:
@@ -113,29 +134,24 @@ def in_place_plan(
             name = root[name]
         return name
 
-    for b in every:  # NOTE: a fusion's output can be an input under another name
+    for b in bsyms:
         if b.sym.name == "update_aliases" and b.args:
             srcs = [p for p in tree_flatten(b.args[0])[0] if isinstance(p, Proxy)]
             for out, src in zip(b.flat_proxy_outs, srcs):
                 root[out.name] = find(src.name)
         elif (dst := written_argument(b)) is not None and b.flat_proxy_outs:
-            # NOTE: ``copy_(src, dst)`` returns ``dst`` itself: its result is the destination under another name
             root[b.flat_proxy_outs[0].name] = find(dst.name)
-    # NOTE: one update_aliases call names a whole alias group (a tensor and its views): a copy_ into
-    # any member writes the memory of every input in the group. Inside a fusion too (inductor's TorchCompile
-    # holds BatchNorm's ``update_aliases`` of num_batches_tracked and its ``copy_``), as `dests` reads them there
-    group_of = alias_root(
+    return find, set(root)
+
+
+def alias_groups(bsyms: Sequence[BoundSymbol]) -> Callable[[str], str]:
+    """The root of each name's alias group (`alias_root`): one ``update_aliases`` call names a whole group (a tensor
+    and its views), so an update of any member writes the memory of every other."""
+    return alias_root(
         [p.name for p in tree_flatten(b.args)[0] if isinstance(p, Proxy)] + [p.name for p in b.flat_proxy_outs]
-        for b in every
+        for b in bsyms
         if b.sym.name == "update_aliases"
     )
-    dests = {group_of(dst.name) for b in every if (dst := written_argument(b)) is not None}
-    position = {p.name: i for i, p in enumerate(inputs)}
-    written = tuple(i for i, p in enumerate(inputs) if group_of(p.name) in dests)
-    through = tuple(
-        (j, position[find(o.name)]) for j, o in enumerate(outputs) if o.name in root and find(o.name) in position
-    )
-    return written, through
 
 
 def written_argument(b: BoundSymbol) -> Proxy | None:
