@@ -152,3 +152,26 @@ def test_litgpt_kv_cache_decoding_updates_its_caches_in_place():
     ops = _region_ops(jfn)
     layers = len(net.transformer.h)
     assert ops.count("thunder_nb_index_copy_") == 2 * layers and "index_copy" not in ops, ops
+
+
+def test_the_report_says_a_buffer_is_updated_where_it_lies_and_a_copied_input_is_written_back():
+    """A module buffer is the caller's own tensor, read in place: the graph updates it and nothing is copied back.
+    A function's argument is copied into the graph's buffer: the runner copies it back after each replay."""
+    jfn, _ = _decode("index_copy_", "emulated")
+    text = thunder_nb.analyze(jfn).to_text()
+    assert "updated in place where it lies, by the graph: nothing to copy back" in text and "written back" not in text
+
+    def bump(x, y):
+        x.add_(1)
+        return (x * y).sum()
+
+    with capturing("emulated"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        jbump = thunder_nb.jit(bump)
+        x, y = torch.zeros(4), torch.ones(4)
+        for _ in range(3):
+            jbump(x, y)
+    assert torch.equal(x, torch.full((4,), 3.0))
+    text = thunder_nb.analyze(jbump).to_text()
+    assert "written back: x (updated in place: copied back to the caller's tensor after each replay)" in text, text
+    assert "where it lies, by the graph" not in text

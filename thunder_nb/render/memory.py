@@ -25,6 +25,7 @@ _STOCK_INPUTS = {"static": "marked static by thunder: read where it lies, assume
                  "number": INPUT_ROLES["number"]}
 _GRAPH_MEMORY_RULES = ("returned-graph-memory", "saved-graph-memory")
 _WRITE_BACK = "updated in place: copied back to the caller's tensor after each replay"
+_UPDATED_WHERE_IT_LIES = "updated in place where it lies, by the graph: nothing to copy back"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +113,13 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
                 reason = f"{reason}; {keyed}" if reason else keyed
             entries.append(Entry(ROLE_LABELS[role], tuple(names), reason))
     if region.plan is not None and region.plan.write_back:
-        entries.append(Entry("written back", region.plan.write_back, _WRITE_BACK))
+        # NOTE: an input read in place is the caller's own tensor: the graph updates it; a copied one is copied back
+        where_it_lies = tuple(n for n in region.plan.write_back if roles.get(n) == "static")
+        copied = tuple(n for n in region.plan.write_back if n not in where_it_lies)
+        if where_it_lies:
+            entries.append(Entry("updated in place", where_it_lies, _UPDATED_WHERE_IT_LIES))
+        if copied:
+            entries.append(Entry("written back", copied, _WRITE_BACK))
     by_action: dict[tuple[str, str], list[str]] = {}
     for name, (action, fate) in output_actions(trace, region).items():
         by_action.setdefault((action, fate), []).append(name)
