@@ -137,7 +137,7 @@ def _read_buffer(m: Any, name: str) -> Any:
 
 
 _SUBMODULE, _PARAMETER, _BUFFER = "submodule", "parameter", "buffer"
-_READS = {_PARAMETER: (_read_parameter, "get_parameter"), _BUFFER: (_read_buffer, "get_buffer")}
+_READS = {_PARAMETER: _read_parameter, _BUFFER: _read_buffer}
 _METHOD_OF = {_SUBMODULE: "get_submodule", _PARAMETER: "get_parameter", _BUFFER: "get_buffer"}
 
 
@@ -277,10 +277,9 @@ class ModuleWalk:
             if kind == _SUBMODULE:
                 value = m if m is not None else origin.get_submodule(target)
             else:
-                read, method = _READS[kind]
-                value = read(m, name) if m is not None else None
+                value = _READS[kind](m, name) if m is not None else None
                 if value is None:
-                    value = getattr(origin, method)(target)
+                    value = getattr(origin, _METHOD_OF[kind])(target)
                     reads = None
                 elif reads is not None:
                     reads.append((at, name, kind, value))

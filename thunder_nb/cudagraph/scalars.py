@@ -13,8 +13,8 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, tracectx
 from thunder.executors import torchex as tx
 
-from ..diagnosis.ops import WRITES_ARGUMENT
 from ..diagnosis.plans import ScalarHandoff
+from .passes import has_in_place
 
 __all__ = ["Handoff", "handoff_numbers", "ARITHMETIC", "READERS"]
 
@@ -220,7 +220,7 @@ def _updated_between(bsyms: Sequence[BoundSymbol], sources: dict, numbers: Seque
             continue
         name, tensor = n.name, src[1]
         start = next(i for i, b in enumerate(bsyms) if name in {p.name for p in b.flat_proxy_outs})
-        if any(b.sym.name in WRITES_ARGUMENT for b in bsyms[start:at]):
+        if has_in_place(bsyms[start:at]):
             return (f"an in-place update between {name} = item({tensor.name}) and its reader may write "
                     f"through an alias of {tensor.name}")
     return None
