@@ -1,0 +1,86 @@
+"""The training-loop fuzzer (`thunder_nb.testing.fuzz.loops`): loops as users write them, eager against thunder-nb.
+
+Each loop runs in eager PyTorch, in thunder without graphs (the reference whose difference from eager bounds the
+others') and under ``thunder_nb.jit`` and ``jit_step``, regions run eagerly and through emulated capture; every run
+must equal eager's at every step (loss, parameters, buffers, optimizer state), or refuse with a clear error. A
+failure prints the loop and the first diverging step of each wrong run.
+
+- the fast tier: the loops of issue 50 (a head added mid-run with a ``hasattr`` branch, a frozen layer), each in the
+  runs that went wrong;
+- the fixed slice (slow): one loop per feature of `loops.FEATURES`, drawn from fixed seeds, so that every feature
+  runs in every CI;
+- the date run (slow): hypothesis draws new loops every day from a seed of today's date
+  (``THUNDER_NB_FUZZ_SEED=<seed>`` replays one; ``THUNDER_NB_LOOP_EXAMPLES`` sets how many, default 3).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, note, seed, settings
+
+from thunder_nb.testing.fuzz import loops
+from thunder_nb.testing.fuzz.choices import RandomChooser
+
+EXAMPLES = int(os.environ.get("THUNDER_NB_LOOP_EXAMPLES", "3"))
+DATE_SEED = int(os.environ.get("THUNDER_NB_FUZZ_SEED") or datetime.date.today().strftime("%Y%m%d"))
+#: The runs of every loop: each configuration without inductor, regions run eagerly and through emulated capture.
+RUNS = [(c, m) for c in ("thunder_nb.jit", "jit_step") for m in (False, "emulated")]
+
+
+def _check(verdict: loops.LoopVerdict) -> None:
+    errors = {k: r.error for k, r in verdict.runs.items() if r.error}
+    if verdict.eager.error or verdict.eager.refused:
+        pytest.skip(f"eager PyTorch itself fails this loop: {verdict.eager.error or verdict.eager.refused}")
+    assert not verdict.wrong and not errors, verdict.report() + "".join(
+        f"\n  {c} (capture={m!r}) raised {e}" for (c, m), e in errors.items())
+
+
+def test_a_head_added_mid_run_with_a_hasattr_branch_is_trained_as_eager_trains_it():
+    loop = loops.Loop(model="mlp", optimizer="AdamW", steps=5, events=((2, "add-head"),), seed=11)
+    _check(loops.judge(loop, [("thunder_nb.jit", "emulated"), ("jit_step", "emulated")]))
+
+
+def test_a_layer_frozen_then_unfrozen_is_left_alone_while_frozen_in_every_mode():
+    loop = loops.Loop(model="embed", optimizer="AdamW", steps=6, events=((2, "freeze"), (4, "unfreeze")), seed=12)
+    _check(loops.judge(loop, [("jit_step", False), ("jit_step", "emulated")]))
+
+
+def test_every_feature_of_the_generator_is_reachable():
+    seen: set[str] = set()
+    for i, feature in enumerate(loops.FEATURES):
+        loop = loops.generate(RandomChooser(i), seed=i, require=feature)
+        assert feature in loop.features(), (feature, loop)
+        seen |= loop.features()
+    assert seen == set(loops.FEATURES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feature", loops.FEATURES)
+def test_fixed_slice(feature):
+    i = loops.FEATURES.index(feature)
+    loop = loops.generate(RandomChooser(1000 + i), seed=i, require=feature)
+    _check(loops.judge(loop, RUNS))
+
+
+@pytest.mark.slow
+def test_batchnorm_trained_under_inductors_fusions_equals_eager():
+    """Issue 50's first point: thunder-nb's torchcompile executor trained resnet18's first convolution and BatchNorm
+    into NaN; the loop with BatchNorm under inductor's fusions, SGD with momentum and weight decay."""
+    loop = loops.Loop(model="conv-bn", optimizer="SGD", steps=3, seed=3)
+    _check(loops.judge(loop, [("fused", False), ("jit_step fused", "emulated")]))
+
+
+@pytest.mark.slow
+def test_date_run():
+    @seed(DATE_SEED)
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate))
+    @given(loop=loops.loops())
+    def judge(loop):
+        note(f"replay: THUNDER_NB_FUZZ_SEED={DATE_SEED}")
+        _check(loops.judge(loop, RUNS))
+
+    judge()
