@@ -2,7 +2,7 @@
 # thunder-nb's commands. Each one sets up what it needs first (idempotent), one progress line a step:
 #   bash dev.sh example   run the main job on the built-in example
 #   bash dev.sh test      run the tests (what CI runs); --fast: the inner loop's tier (not slow, browser or gpu)
-#   bash dev.sh lab       open JupyterLab on notebooks/ with the extension ready (as root too)
+#   bash dev.sh lab       open JupyterLab on a working copy of notebooks/ with the extension ready (as root too)
 # Set-up: uv (on PATH, or else from PyPI into the private virtualenv .cache/uv-venv/: never into the
 # system Python, which Debian's python3 refuses (PEP 668, "externally-managed-environment"); Debian's
 # python3-venv first, when root and it is missing) -> .venv with the locked versions (uv.lock) ->
@@ -184,8 +184,21 @@ case "${1:-}" in
         # NOTE: Jupyter refuses to run as root without --allow-root; the server listens on this machine only
         root=()
         [ "$(id -u)" = 0 ] && root=(--allow-root)
-        say "opening JupyterLab on notebooks/ (stop it with Ctrl-C); in a notebook: %load_ext thunder_nb"
-        exec .venv/bin/python -m jupyterlab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks "${root[@]}" "$@"
+        # NOTE: a working copy, so that Lab's autosave and the user's new notebooks never touch the repository; a
+        # notebook already there is the user's (their edits, their saved widget state) and is never overwritten
+        lab_dir=${THUNDER_NB_LAB_DIR:-.cache/lab}
+        mkdir -p "$lab_dir"
+        copied=0
+        for nb in notebooks/*.ipynb; do
+            if [ ! -e "$lab_dir/$(basename "$nb")" ]; then
+                cp "$nb" "$lab_dir/"
+                copied=$((copied + 1))
+            fi
+        done
+        say "notebooks: a working copy in $lab_dir ($copied copied from notebooks/; yours kept as you saved them;" \
+            "delete one to get the repository's version back)"
+        say "opening JupyterLab on $lab_dir (stop it with Ctrl-C); in a notebook: %load_ext thunder_nb"
+        exec .venv/bin/python -m jupyterlab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir="$lab_dir" "${root[@]}" "$@"
         ;;
     *)
         echo "usage: bash dev.sh example | test [--fast] [pytest args] | lab [jupyterlab args]" >&2

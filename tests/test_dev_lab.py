@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -33,7 +34,9 @@ def _free_port() -> int:
 def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
     port, token = _free_port(), secrets.token_hex(8)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
+           "THUNDER_NB_LAB_DIR": str(tmp_path / "lab")}
+    before = _git_status()
     proc = subprocess.Popen(["bash", "dev.sh", "lab", "--no-browser", f"--ServerApp.port={port}",
                              "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -52,7 +55,14 @@ def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
                 time.sleep(1)
         with urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=10) as r:
             names = {item["name"] for item in json.load(r)["content"]}
-        assert "01_del_bug.ipynb" in names  # NOTE: the server's root is notebooks/
+        assert "01_del_bug.ipynb" in names  # NOTE: the server's root is a working copy of notebooks/
+        # NOTE: as Lab's autosave and File > New do: a teaching notebook saved with a change, a new notebook made
+        _save(base, token, "01_del_bug.ipynb", lambda nb: nb["cells"].append(
+            {"cell_type": "markdown", "metadata": {}, "source": "my note"}))
+        _save(base, token, "mine.ipynb", lambda nb: None)
+        assert (tmp_path / "lab" / "mine.ipynb").exists()
+        assert "my note" in (tmp_path / "lab" / "01_del_bug.ipynb").read_text()
+        assert _git_status() == before, "dev.sh lab changed the repository's files"
         with urllib.request.urlopen(f"{base}/api/kernelspecs?token={token}", timeout=10) as r:
             spec = json.load(r)["kernelspecs"]["python3"]["spec"]
         # NOTE: the kernel is the project's Python, so `%load_ext thunder_nb` finds the package. jupyter_client runs a
@@ -75,6 +85,26 @@ def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--", "notebooks"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def _save(base: str, token: str, name: str, edit) -> None:
+    """Save notebook ``name`` through the server's contents API, as Lab does: the stored one edited, or a new one."""
+    url = f"{base}/api/contents/{name}?token={token}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            nb = json.load(r)["content"]
+    except urllib.error.HTTPError:
+        nb = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    edit(nb)
+    body = json.dumps({"type": "notebook", "format": "json", "content": nb}).encode()
+    req = urllib.request.Request(url, data=body, method="PUT", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status in (200, 201)
 
 
 def _run_in_a_lab_kernel(base: str, token: str, code: str, timeout: float = 120) -> tuple[list[str], dict]:

@@ -1,5 +1,6 @@
-"""``python -m thunder_nb``: run notebooks in a real kernel and export them as standalone pages (the work is
-`thunder_nb.notebook.export`).
+"""``python -m thunder_nb``: run notebooks in a real kernel and export them as standalone pages.
+
+The work is `thunder_nb.notebook.export`'s.
 
     python -m thunder_nb example [--out DIR]                 notebook 01: executed .ipynb + standalone .html
     python -m thunder_nb notebooks [--out DIR | --in-place] [NAME ...]
@@ -20,7 +21,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m thunder_nb", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    p = argparse.ArgumentParser(prog="python -m thunder_nb", description=__doc__.splitlines()[0].split(": ", 1)[1])  # NOTE: one whole sentence
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ex = sub.add_parser(
         "example",

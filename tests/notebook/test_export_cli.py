@@ -155,3 +155,14 @@ def test_a_warning_reaches_the_stored_outputs_when_the_runner_ignores_warnings(t
     nb = export.execute_notebook(path, timeout=120)
     streams = [o.get("text", "") for o in nb.cells[0].outputs if o.get("output_type") == "stream"]
     assert any("shown to the reader" in text for text in streams), nb.cells[0].outputs
+
+
+def test_the_help_of_every_command_ends_its_sentences():
+    """``python -m thunder_nb --help`` once ended mid-sentence ("...standalone pages (the work is")."""
+    from thunder_nb.__main__ import _parser
+
+    parser = _parser()
+    texts = [parser.description]
+    texts += [p.description for p in parser._subparsers._group_actions[0].choices.values()]
+    for text in texts:
+        assert text and text.rstrip().endswith((".", ")")) and text.count("(") == text.count(")"), text
