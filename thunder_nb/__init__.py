@@ -28,6 +28,8 @@ __all__ = [
     "recover_from_failed_capture",
     "compare",
     "Comparison",
+    "judge",
+    "Judgement",
     "load_ipython_extension",
 ]
 
@@ -73,6 +75,11 @@ def __getattr__(name: str) -> Any:
         from . import step
 
         return getattr(step, name)
+    if name in ("judge", "Judgement"):
+        # NOTE: the one judge of "equal": every verdict of thunder-nb, the notebooks' included, asks it
+        from .diagnosis import judge
+
+        return getattr(judge, name)
     if name in ("compare", "Comparison"):
         from .notebook import comparison
 

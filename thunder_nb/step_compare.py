@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .diagnosis.judge import AUTOCAST, TRAINED, Judgement, Tolerance, judge
 from .step_capture import StepRefused, capturability
 from .step_graph import jit_step, step_mode
 from .step_report import StepComparison
@@ -58,7 +59,7 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
         _eager_forward(model, loss_fn, optimizer, batch)  # NOTE: a step that fails in eager too is the user's to fix
     if report.blockers or not execute:
         return StepComparison(report, device_text, "none", 0)
-    rtol, atol = _tolerance(params)
+    tolerance = _tolerance(params)
     n = warmup + 1 + replays
     saved = _Saved(model, optimizer, params)
     step = None
@@ -75,12 +76,7 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
         except StepRefused as e:
             return StepComparison(report, device_text, mode, n, graphs=step.graphs_recorded, error=str(e),
                                   notes=(_PUT_BACK,))
-        loss_ok, loss_error = _close(torch.tensor(whole_losses, dtype=torch.float64),
-                                     torch.tensor(eager_losses, dtype=torch.float64), rtol, atol)
-        param_ok, param_error = True, 0.0
-        for p, ref in zip(params, eager_params):
-            ok, err = _close(p.detach(), ref, rtol, atol)
-            param_ok, param_error = param_ok and ok, max(param_error, err)
+        whole_params = [p.detach().clone() for p in params]
         notes.extend(f"in the run: {note}" for note in step.notes)
         timings: list[tuple[str, float]] = []
         if mode == "cuda" and repeats > 0:
@@ -92,8 +88,21 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
             for _ in range(2):
                 _eager_step(loss_fn, optimizer, batch)
             timings[0] = ("eager", _time_steps(lambda: _eager_step(loss_fn, optimizer, batch), repeats, rounds, device))
+        verdict = judge({"loss": whole_losses, "parameter": whole_params},
+                        {"loss": eager_losses, "parameter": eager_params}, tolerance=tolerance)
+        if not verdict.equal:
+            # NOTE: the one judge's rule 4: as far from eager as thunder without graphs, with jit_step's executors
+            say(f"running {n} steps of thunder without graphs (how far thunder's own numerics take it from eager)…")
+            saved.restore()
+            plain = _without_graphs(model, loss_fn, optimizer, batch, n, params, executors)
+            if plain is not None:
+                verdict = judge({"loss": whole_losses, "parameter": whole_params},
+                                {"loss": eager_losses, "parameter": eager_params}, without_graphs=plain,
+                                tolerance=tolerance)
+            notes.append(_judged_note(verdict, plain is not None))
         return StepComparison(report, device_text, mode, n, (tuple(eager_losses), tuple(whole_losses)), len(params),
-                              loss_error, param_error, (rtol, atol), loss_ok and param_ok, step.graphs_recorded,
+                              _largest(whole_losses, eager_losses), _largest(whole_params, eager_params),
+                              (tolerance.rtol, tolerance.atol), verdict.equal, step.graphs_recorded,
                               tuple(timings), repeats if timings else 0, notes=(*notes, _PUT_BACK))
     finally:
         del step  # NOTE: the graph and its memory go before the state is put back
@@ -145,23 +154,52 @@ def _tensors_trained(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     return list(seen.values())
 
 
-def _tolerance(params: Sequence[torch.Tensor]) -> tuple[float, float]:
-    """(rtol, atol): the zoo's tolerances for a logged loss (float32), wider for 16-bit parameters."""
+def _tolerance(params: Sequence[torch.Tensor]) -> Tolerance:
+    """The one judge's base tolerance for the losses and parameters of a few training steps: `TRAINED` (float32
+    parameters after optimizer steps), `AUTOCAST` for 16-bit parameters."""
     if any(p.dtype in (torch.float16, torch.bfloat16) for p in params):
-        return 2e-2, 2e-2
-    return 1e-4, 1e-4
+        return AUTOCAST
+    return TRAINED
 
 
-def _close(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:
-    """(whether ``got`` equals ``ref`` within the tolerance, the largest absolute difference)."""
-    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
-    if got.shape != ref.shape:
-        return False, float("inf")
-    if not got.numel():
-        return True, 0.0
-    diff = (got - ref).abs()
-    ok = bool(torch.all(diff <= atol + rtol * ref.abs())) and not bool(torch.isnan(got).any() ^ torch.isnan(ref).any())
-    return ok, float(diff.nan_to_num(nan=0.0).max())
+def _largest(got: Sequence[Any], ref: Sequence[Any]) -> float:
+    """The largest absolute difference over losses (numbers) or tensors, NaNs aside (the judge calls those wrong)."""
+    worst = 0.0
+    for a, b in zip(got, ref):
+        diff = (torch.as_tensor(a).detach().double().cpu() - torch.as_tensor(b).detach().double().cpu()).abs()
+        if diff.numel():
+            worst = max(worst, float(diff.nan_to_num(nan=0.0).max()))
+    return worst
+
+
+def _without_graphs(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,
+                    batch: Sequence[Any], n: int, params: Sequence[torch.Tensor],
+                    executors: Sequence[Any]) -> dict[str, Any] | None:
+    """``n`` steps of the user's loop with ``loss_fn`` jitted by thunder, without graphs, with the executors jit_step
+    takes (`jit_executors`), from the state put back: their losses and the parameters after the last; None where
+    thunder fails (the base tolerance alone decides then)."""
+    import thunder
+
+    from .cudagraph.executors import jit_executors
+
+    try:
+        jloss = thunder.jit(loss_fn, executors=jit_executors(executors))
+        losses = [float(_eager_step(jloss, optimizer, batch)) for _ in range(n)]
+    except Exception:  # NOTE: no yardstick; the whole step's own run was judged at the base tolerance
+        return None
+    return {"loss": losses, "parameter": [p.detach().clone() for p in params]}
+
+
+def _judged_note(verdict: Judgement, measured: bool) -> str:
+    """What the judge leaned on, or why it could not: a note of the comparison."""
+    if not measured:
+        return "thunder without graphs failed on this step: the whole step is judged at the base tolerance alone"
+    if verdict.without_graphs_wrong is not None:
+        return f"thunder without graphs is itself wrong on this step: {verdict.without_graphs_wrong}"
+    if verdict.widened:
+        return (f"thunder without graphs differs from eager too (by {verdict.without_graphs_error:.3g}): the whole "
+                "step is judged within that difference")
+    return f"thunder without graphs differs from eager by {verdict.without_graphs_error or 0.0:.3g}"
 
 
 def _eager_forward(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,

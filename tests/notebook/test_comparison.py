@@ -296,7 +296,8 @@ def test_compare_values_nested():
     c = compare_values((t + 1e-7, {"n": 3, "f": 0.5}), (t, {"n": 3, "f": 0.5}))
     assert c.matches and c.difference is None and c.max_abs_error == pytest.approx(1e-7, abs=1e-7)
     c = compare_values((t + 1, 3), (t, 3))
-    assert not c.matches and c.max_abs_error == 1.0 and c.difference.startswith("result[0]: Tensor-likes are not close")
+    assert not c.matches and c.max_abs_error == 1.0
+    assert c.difference.startswith("result[0]: 4 of 4 elements differ: 1.0 at index (0,), expected 0.0")
     assert compare_values(3, 4, reference="eager's") == ValueComparison(False, 1, "result: 3, eager's 4")
     assert not compare_values([t], (t,)).matches
     c = compare_values(t, t.double())
@@ -309,6 +310,27 @@ def test_compare_values_nested():
     assert compare_values(torch.tensor([1, 5]), torch.tensor([1, 2])).max_abs_error == 3.0  # int tensors too
     assert first_difference({"a": 1}, {"a": 2}, label="grad") == "grad['a']: 1, expected 2"
     assert compare_values((1, 2), (1,)).difference == "result: 3 parts, expected 2"
+
+
+def test_a_side_as_far_from_eager_as_thunder_without_graphs_matches_and_says_so():
+    """The one judge's rule 4 in `compare`: thunder's own sdpa backward puts the gradient 7.5e-4 from eager's (no
+    graph involved: regions run eagerly here), beyond float32's tolerance. Each side then answers to thunder without
+    graphs with its executors, run only for this, and matches eager within that difference, which the verdict
+    states; before, both sides' gradients were called different from eager."""
+    torch.manual_seed(0)
+    q = (torch.randn(64, 64) * 10).requires_grad_()
+
+    def attention(q):
+        v = q.view(1, 1, 64, 64)
+        return torch.nn.functional.scaled_dot_product_attention(v, v, v).sum()
+
+    c = compare(attention, (q,), training=True, repeats=1)
+    for side in ("fixed", "original"):
+        out = c.results[side]
+        assert out.matches and out.grads_match and out.grads_max_abs_error > 1e-4, out
+        assert out.thunder_error == pytest.approx(out.grads_max_abs_error), out
+    assert re.search(r"fixed: 2 regions, 0 islands, matches eager, grads match \(as close as thunder without graphs: "
+                     r"it differs from eager by [\d.e-]+ too\)", c.verdict()), c.verdict()
 
 
 def test_compare_values_tolerances_are_parameters():

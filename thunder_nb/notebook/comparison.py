@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..cudagraph.capture import capture_mode
-from ..cudagraph.executors import executor_list
+from ..cudagraph.executors import executor_list, jit_executors
 from ..diagnosis.failures import Failure
 from ..diagnosis.model import Defect
 from . import runs
@@ -86,9 +86,12 @@ def _import_thunder(say: Callable[[str], None]) -> None:
         from .. import fix  # noqa: F401
 
 
-def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
-             say: Callable[[str], None]) -> tuple[Any, dict[str, Outcome], Any, list[str]]:
+def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any, say: Callable[[str], None],
+             plain: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Outcome], Any, list[str]]:
     """Run and time eager PyTorch, then check and time each compiled run (``runs.Run``) against it, in order.
+
+    ``plain``: per key of ``compiled``, thunder without graphs with its executors (`runs.WithoutGraphs`), run only
+    where that version differs from eager beyond the base tolerance.
 
     Returns:
         (eager's checked call, an `Outcome` per key of ``compiled``, the timings, notes on later failures).
@@ -108,7 +111,8 @@ def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any,
             say(f"not running the {key} version: {fatal.message}")
             results[key] = Outcome(False, Failure.predicted(fatal))
         else:
-            results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say)
+            results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say,
+                                               (plain or {}).get(key))
     return reference, results, timings, notes
 
 
@@ -230,7 +234,11 @@ def compare(
 
         # NOTE: the original runs last: a capture that fails must not disturb the other runs' device state
         peer = {"peer": runs.peer(fn, args, kwargs)} if peers else {}
-        reference, results, timings, notes = _run_all(eager, {"fixed": fixed, **peer, "original": orig}, plan, say)
+        # NOTE: each thunder side's numerics without its graphs: the fixed side's executors are thunder_nb.jit's
+        plain = {"fixed": runs.WithoutGraphs(fn, args, kwargs, jit_executors(chosen or ()), plan),
+                 "original": runs.WithoutGraphs(fn, args, kwargs, chosen, plan)}
+        reference, results, timings, notes = _run_all(eager, {"fixed": fixed, **peer, "original": orig}, plan, say,
+                                                      plain)
         say(f"analysing {name}…")
         return Comparison(
             original=analyze(orig.jfn, error=orig.error), fixed=analyze(fixed.jfn, error=fixed.error),

@@ -14,10 +14,11 @@ from ..diagnosis import failures
 from ..diagnosis.failures import Failure, error_line
 from ..diagnosis.protocols import RecordingRunner
 from .outcome import PEER, PEER_MODE, CompareError, EagerError, Outcome, TraceError
+from ..diagnosis.judge import Judgement, judge
 from .reach import Bound, bind
-from .values import compare_values, short
+from .values import short
 
-__all__ = ["WARMUP", "Plan", "Ran", "Run", "Timings", "compile_both", "peer", "reference",
+__all__ = ["WARMUP", "Plan", "Ran", "Run", "Timings", "WithoutGraphs", "compile_both", "peer", "reference",
            "check_and_time", "params", "on_cuda", "detached"]
 
 #: Calls made, untimed, before the timed ones.
@@ -201,6 +202,67 @@ def peer(fn: Any, args: tuple, kwargs: dict) -> Run:
     return run
 
 
+class WithoutGraphs:
+    """Thunder without CUDA graphs, with the executors of the side it stands beside, on its own copies: the yardstick
+    of how far thunder's own numerics take that side from eager (the one judge's rule 4,
+    `thunder_nb.diagnosis.judge`). It runs only when the side differs from eager beyond the base tolerance, and then
+    as many steps as the side took; where it fails, or draws random numbers, the base tolerance alone decides."""
+
+    def __init__(self, fn: Any, args: tuple, kwargs: dict, executors: list[Any] | None, plan: Plan):
+        self._fn, self._args, self._kwargs, self._executors, self._plan = fn, args, kwargs, executors, plan
+        self._run: Run | None = None
+        self._failed = False
+
+    def checked(self) -> Ran | None:
+        """Its checked call (value and gradients, as `reference`'s), made on first use; None where it failed."""
+        if self._run is None and not self._failed:
+            import thunder
+
+            run = Run("thunder", bind(self._fn, self._args, self._kwargs))
+            try:
+                run.jfn = thunder.jit(run.bound.fn, **({"executors": self._executors}
+                                                       if self._executors is not None else {}))
+                _trace(run)
+                self._failed = _draws_random(run.jfn)
+            except Exception:  # NOTE: without a yardstick the base tolerance decides; the side's own run says the rest
+                self._failed = True
+            if not self._failed:
+                run.ran = _check(run, self._plan)
+                self._failed = run.ran.error is not None
+            self._run = run
+        return None if self._failed else self._run.ran
+
+    def params_after(self, steps: int) -> dict[str, Any] | None:
+        """Its trainable tensors after ``steps`` training steps (each followed by its SGD step), or None."""
+        if self.checked() is None:
+            return None
+        run = self._run
+        try:
+            while run.steps < steps:
+                run.call(self._plan.training)
+                run.after_step(self._plan.lr)
+        except Exception:  # NOTE: as in `checked`: no yardstick
+            self._failed = True
+            return None
+        return params(run)
+
+
+def _draws_random(jfn: Any) -> bool:
+    """Whether ``jfn``'s last traces run an op that draws random numbers (its draws are not eager's, nor another
+    run's: no yardstick)."""
+    import thunder
+
+    from ..diagnosis.ops import CAPTURE_DEPENDENT, RANDOM_NAMES
+
+    def names(bsyms: Any) -> Any:
+        for b in bsyms:
+            yield b.sym.name
+            yield from names(b.subsymbols)
+
+    traces = [*thunder.last_traces(jfn)[-1:], *(thunder.last_backward_traces(jfn) or [])[-1:]]
+    return any(n in RANDOM_NAMES or n in CAPTURE_DEPENDENT for t in traces for n in names(t.bound_symbols))
+
+
 # --- running ----------------------------------------------------------------------------------------
 
 
@@ -244,7 +306,25 @@ def _check(run: Run, plan: Plan) -> Ran:
     return ran
 
 
-def _outcome(run: Run, eager: Ran, training: bool) -> Outcome:
+def _judged(actual: Any, expected: Any, plain: Any, *, label: str = "result") -> Judgement:
+    """The one judge (`thunder_nb.diagnosis.judge.judge`) against eager's values, first at the base tolerance, then,
+    where that says they differ and ``plain()`` gives thunder-without-graphs' values, within their own difference."""
+    first = judge(actual, expected, label=label, reference=EAGER)
+    if first.equal or plain is None:
+        return first
+    yardstick = plain()
+    if yardstick is None:
+        return first
+    return judge(actual, expected, without_graphs=yardstick, label=label, reference=EAGER)
+
+
+def _thunder_note(*judgements: Judgement | None) -> float | None:
+    """Thunder-without-graphs' own largest difference from eager, where a verdict leaned on it (else None)."""
+    leaned = [j.without_graphs_error for j in judgements if j is not None and j.widened]
+    return max((e for e in leaned if e is not None), default=None) if leaned else None
+
+
+def _outcome(run: Run, eager: Ran, training: bool, plain: WithoutGraphs | None = None) -> Outcome:
     ran = run.ran
     eager_regions = run.transform is not None and any(
         run.runner.region_stats(name).eager_calls for name in run.runner.python_callables
@@ -252,12 +332,23 @@ def _outcome(run: Run, eager: Ran, training: bool) -> Outcome:
     if ran.error is not None:
         return Outcome(False, Failure.of(ran.error, "run"), eager_regions=eager_regions)
     value = detached(ran.value)
-    result = compare_values(value, detached(eager.value), reference=EAGER)
-    grads = compare_values(ran.grads, eager.grads, label="grad", reference=EAGER) if training else None
-    return Outcome(True, value=short(value), matches=result.matches, max_abs_error=result.max_abs_error,
+
+    def thunder_value() -> Any:
+        ref = plain.checked()
+        return None if ref is None else detached(ref.value)
+
+    def thunder_grads() -> Any:
+        ref = plain.checked()
+        return None if ref is None else ref.grads
+
+    result = _judged(value, detached(eager.value), thunder_value if plain is not None else None)
+    grads = (_judged(ran.grads, eager.grads, thunder_grads if plain is not None else None, label="grad")
+             if training else None)
+    return Outcome(True, value=short(value), matches=result.equal, max_abs_error=result.max_abs_error,
                    mismatch=result.difference or (grads.difference if grads else None),
-                   grads_match=grads.matches if grads else None, grads_max_abs_error=grads.max_abs_error if grads else None,
-                   eager_regions=eager_regions)
+                   grads_match=grads.equal if grads else None,
+                   grads_max_abs_error=grads.max_abs_error if grads else None,
+                   eager_regions=eager_regions, thunder_error=_thunder_note(result, grads))
 
 
 def time_calls(run: Run, plan: Plan) -> list[float]:
@@ -304,8 +395,11 @@ def params(run: Run) -> dict[str, Any]:
 
 
 def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Timings, notes: list[str],
-                   plan: Plan, say: Callable[[str], None]) -> Outcome:
-    """Check one compiled version against eager, time it, and (with ``lr``) compare its parameters after as many steps."""
+                   plan: Plan, say: Callable[[str], None], plain: WithoutGraphs | None = None) -> Outcome:
+    """Check one compiled version against eager, time it, and (with ``lr``) compare its parameters after as many steps.
+
+    ``plain``: thunder without graphs with this version's executors, asked only where the version differs from eager
+    beyond the base tolerance (the one judge's rule 4)."""
     from .. import internals
     from ..fix import recover_from_failed_capture
 
@@ -316,7 +410,7 @@ def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Tim
     run.ran = _check(run, plan)
     if run.ran.error is not None and plan.cuda:
         recover_from_failed_capture(stream)
-    outcome = _outcome(run, eager, plan.training)
+    outcome = _outcome(run, eager, plan.training, plain)
     if not outcome.ran:
         return outcome
     say(f"timing {plan.name} with {what} ({plan.repeats} calls)…")
@@ -329,10 +423,18 @@ def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Tim
         return outcome
     if eager_params is None:
         return outcome
-    checked = compare_values(params(run), eager_params, label="parameter", reference=EAGER)
+
+    def thunder_params() -> Any:
+        found = plain.params_after(run.steps)
+        return found
+
+    checked = _judged(params(run), eager_params, thunder_params if plain is not None else None, label="parameter")
     if checked.difference:
         notes.append(f"{run.label}: after {run.steps} SGD steps, {checked.difference}")
-    return dataclasses.replace(outcome, params_match=checked.matches, params_max_abs_error=checked.max_abs_error)
+    leaned = _thunder_note(checked)
+    return dataclasses.replace(outcome, params_match=checked.equal, params_max_abs_error=checked.max_abs_error,
+                               thunder_error=max((e for e in (outcome.thunder_error, leaned) if e is not None),
+                                                 default=None))
 
 
 def on_cuda(bound: Bound) -> bool:

@@ -2,7 +2,8 @@
 
 Shared by ``tests/`` and ``bench/``. Each `ZooModel` builds the same initial state for every configuration
 (eager PyTorch, thunder, thunder's CUDA-graph transform, thunder-nb, torch.compile), and each protocol runs a
-loop as a user writes it and returns what to compare with eager's run from that state. A probe that may
+loop as a user writes it and returns what to compare with eager's run from that state, through the one judge of
+"equal" (`judge`, `thunder_nb.diagnosis.judge`). A probe that may
 kill the process (thunder's transform on dropout attention) runs in a child process: ``python -m
 thunder_nb.testing.zoo MODEL PROTOCOL CONFIG`` prints one JSON line, and `run_in_child` reads it.
 """
@@ -19,38 +20,61 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..diagnosis.judge import AUTOCAST, MODEL, TRAINED, Tolerance
 from ..diagnosis.protocols import GraphTransform, RecordingRunner
 from .modes import CaptureMode, capturing, check_mode
 from .zoo_models import MODELS, ZooModel, missing_package
-from .zoo_protocols import PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer
+from .zoo_protocols import PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer, whole_step_training
 
 __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "CONFIGS", "ZooRun",
            "compile_with", "run_protocol", "run_in_child", "missing_package", "keep_rate", "TOLERANCES", "Judgement",
-           "judge", "DROPOUT_CHECKS", "dropout_problem", "count_graphs", "plain_config", "judged_numerics"]
+           "judge", "DROPOUT_CHECKS", "dropout_problem", "count_graphs", "plain_config", "judged_numerics",
+           "GRAPH_CONFIGS", "STEP_CONFIGS", "applies"]
 
 
 #: The configurations a protocol can run, in the order tables show them; "... no-sdpa": thunder's defaults without
 #: its sdpa executor, the choice `thunder_nb.diagnosis.failures.LIMITS` offers where that executor refuses a model;
-#: "thunder fused": thunder with inductor's fusions (its torchcompile executor) and no graphs, the numerics "fused" has;
-#: "thunder nb-executors": thunder with the executors `thunder_nb.jit` chooses (`jit_executors`: PyTorch's own
-#: convolution backward and training BatchNorm, the checked sdpa) and no graphs, the numerics "thunder_nb.jit" and
-#: ``jit_step`` have. These three "thunder ..." configurations take their executors as thunder_nb.jit does
-#: (`jit_executors`); "thunder" is thunder.jit as a user calls it.
+#: "... fused": with thunder-nb's torchcompile executor (inductor's fusions); "fixed ...": thunder.jit with the fixed
+#: transform (and, with an executor choice, the executors `thunder_nb.jit` takes); "jit_step ...": the whole training
+#: step as one graph (`thunder_nb.step.jit_step`, the training protocols only); "thunder fused": thunder with
+#: inductor's fusions (its torchcompile executor) and no graphs, the numerics "fused" has; "thunder nb-executors":
+#: thunder with the executors `thunder_nb.jit` chooses (`jit_executors`: PyTorch's own convolution backward and
+#: training BatchNorm, the checked sdpa) and no graphs, the numerics "thunder_nb.jit" and ``jit_step`` have. These three
+#: "thunder ..." configurations take their executors as thunder_nb.jit does (`jit_executors`); "thunder" is thunder.jit
+#: as a user calls it.
 CONFIGS = ("eager", "thunder", "stock", "fixed", "thunder_nb.jit", "fused", "reduce-overhead", "thunder no-sdpa",
-           "thunder_nb.jit no-sdpa", "thunder fused", "thunder nb-executors")
+           "thunder_nb.jit no-sdpa", "thunder fused", "thunder nb-executors", "fixed fused", "fixed no-sdpa",
+           "jit_step", "jit_step fused")
+
+#: The documented configurations with CUDA graphs, each judged against eager through the one judge with thunder
+#: without graphs (`plain_config`) as its yardstick: `thunder_nb.jit` with its default, torchcompile and no-sdpa
+#: executors, the fixed transform with the same three, and `jit_step` default and fused (issue 50).
+GRAPH_CONFIGS = ("fixed", "fixed fused", "fixed no-sdpa", "thunder_nb.jit", "fused", "thunder_nb.jit no-sdpa",
+                 "jit_step", "jit_step fused")
+#: The configurations that run a whole training step (`jit_step`), not a compiled loss: training protocols only.
+STEP_CONFIGS = ("jit_step", "jit_step fused")
 
 #: The configuration without graphs whose numerics a configuration has: its executors, none of its capture.
 _PLAIN = {"thunder_nb.jit": "thunder nb-executors", "fused": "thunder fused",
-          "thunder_nb.jit no-sdpa": "thunder no-sdpa"}
+          "thunder_nb.jit no-sdpa": "thunder no-sdpa", "fixed fused": "thunder fused",
+          "fixed no-sdpa": "thunder no-sdpa", "jit_step": "thunder nb-executors", "jit_step fused": "thunder fused"}
 #: The executor names (`thunder_nb.cudagraph.executors.executor_list`) of each configuration that chooses some.
 _EXECUTORS = {"fused": ["torchcompile"], "thunder fused": ["torchcompile"], "thunder_nb.jit no-sdpa": ["no-sdpa"],
-              "thunder no-sdpa": ["no-sdpa"]}
+              "thunder no-sdpa": ["no-sdpa"], "fixed fused": ["torchcompile"], "fixed no-sdpa": ["no-sdpa"],
+              "jit_step fused": ["torchcompile"]}
+#: The configurations that run no CUDA graph (judged runs of theirs run outside `capturing`).
+_WITHOUT_GRAPHS = ("eager", "thunder", "reduce-overhead", "thunder no-sdpa", "thunder fused", "thunder nb-executors")
+
+
+def applies(config: str, protocol: str) -> bool:
+    """Whether ``config`` can run ``protocol``: a whole-step configuration only a training protocol."""
+    return config not in STEP_CONFIGS or protocol in TRAINING_OPTIMIZERS
 
 
 def plain_config(config: str) -> str:
-    """The configuration that runs ``config``'s thunder trace (the same executors) without CUDA graphs: where eager
-    differs from it, ``config`` must still equal it (`judge`'s ``plain``). Inductor's fusions round otherwise than
-    eager PyTorch's kernels, so "fused" answers to thunder with the torchcompile executor, not to plain thunder; and
+    """The configuration that runs ``config``'s thunder trace (the same executors) without CUDA graphs: the yardstick
+    `judge` measures ``config``'s difference from eager with. Inductor's fusions round otherwise than eager
+    PyTorch's kernels, so "fused" answers to thunder with the torchcompile executor, not to plain thunder; and
     `thunder_nb.jit`'s convolution backward and BatchNorm are PyTorch's, not thunder's, so it answers to thunder with
     its executors (``jit_step`` too: "thunder nb-executors")."""
     return _PLAIN.get(config, "thunder")
@@ -60,7 +84,8 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
     """``fn`` compiled the way ``config`` names it; returns (the callable, its CUDA-graph transform or None).
 
     ``capture``: real capture (True), regions run eagerly (False), or the emulated capture of
-    `thunder_nb.testing.emulated_capture` (``"emulated"``: call inside ``capturing("emulated")``).
+    `thunder_nb.testing.emulated_capture` (``"emulated"``: call inside ``capturing("emulated")``). The whole-step
+    configurations (`STEP_CONFIGS`) compile a model, loss and optimizer together: `run_protocol` runs them.
     """
     import thunder
     import torch
@@ -81,9 +106,15 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
     if config == "stock":
         transform = stock_transform(capture)
         return thunder.jit(fn, transforms=[transform]), transform
-    if config == "fixed":
+    if config in ("fixed", "fixed fused", "fixed no-sdpa"):
         transform = make_transform(FixedCUDAGraphTransform, capture)
-        return thunder.jit(fn, transforms=[transform]), transform
+        if config == "fixed":
+            return thunder.jit(fn, transforms=[transform]), transform
+        from ..cudagraph.executors import jit_executors
+
+        return thunder.jit(fn, transforms=[transform], executors=jit_executors(_EXECUTORS[config])), transform
+    if config in STEP_CONFIGS:
+        raise ValueError(f"{config!r} compiles a whole training step, not a function: `run_protocol` runs it")
     if config in ("thunder_nb.jit", "fused", "thunder_nb.jit no-sdpa"):
         jfn = jit(fn, capture=capture is True, executors=_EXECUTORS.get(config, []))
         transform = jfn._lc_transforms[0]
@@ -137,10 +168,20 @@ def judged_numerics() -> Iterator[None]:
         yield
 
 
+def _whole_step(net: Any, loss: Callable[..., Any], protocol: str, capture: CaptureMode, executors: list[str]) -> Any:
+    """`jit_step` of ``net``'s loss and ``protocol``'s optimizer, recording at its second call (one uncaptured step
+    first, so that a protocol's three steps are one uncaptured, the recording, one replay)."""
+    from ..step import jit_step
+
+    opt = training_optimizer(TRAINING_OPTIMIZERS[protocol], net.parameters())
+    return jit_step(net, loss, opt, capture=capture, warmup=1, executors=executors)
+
+
 def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "cuda", capture: CaptureMode = True,
                  steps: int = 3) -> ZooRun:
     """Run ``protocol`` on a fresh ``model_name`` compiled by ``config``; errors are kept in the result, not raised.
-    It runs under `judged_numerics`."""
+    It runs under `judged_numerics`. A whole-step configuration (`STEP_CONFIGS`) runs a training protocol's loop as
+    `jit_step`: one uncaptured step, the recording, then replays."""
     model = MODELS[model_name]
     run = ZooRun(model_name, protocol, config)
     net = model.build(device)
@@ -153,9 +194,13 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
     from .. import internals
 
     stream = internals.current_stream()
-    without_graphs = ("eager", "thunder", "reduce-overhead", *_PLAIN.values())
-    with capturing(capture if config not in without_graphs else False), judged_numerics():
+    with capturing(capture if config not in _WITHOUT_GRAPHS else False), judged_numerics():
         try:
+            if config in STEP_CONFIGS:
+                step = _whole_step(net, fn, protocol, capture, _EXECUTORS.get(config, []))
+                run.values = whole_step_training(model, step, device, steps, protocol)
+                run.graphs, run.regions = step.graphs_recorded, 1
+                return run
             compiled, transform = compile_with(config, fn, capture)
             run.values = PROTOCOLS[protocol](model, net, compiled, device, steps)
             if transform is not None:
@@ -177,22 +222,31 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
     return run
 
 
-#: Tolerances against eager per protocol (rtol, atol): bfloat16 under autocast; parameters after optimizer steps
-#: (AdamW's normalised update turns a gradient's last-bit difference into up to 1e-4 of a weight); else float32.
-TOLERANCES: dict[str, tuple[float, float]] = {"autocast": (2e-2, 2e-2), "train": (1e-4, 1e-4), "logged": (1e-4, 1e-4),
-                                              "zero-grad": (1e-4, 1e-4), "batchnorm": (1e-4, 1e-4)}
-FLOAT32 = (1e-4, 1e-5)
+#: The one judge's base tolerance against eager per protocol (`thunder_nb.diagnosis.judge`): bfloat16 under autocast;
+#: parameters after optimizer steps (AdamW's normalised update turns a gradient's last-bit difference into up to 1e-4
+#: of a weight); a model's float32 outputs otherwise (`FLOAT32`).
+TOLERANCES: dict[str, Tolerance] = {"autocast": AUTOCAST, "train": TRAINED, "logged": TRAINED, "zero-grad": TRAINED,
+                                    "batchnorm": TRAINED}
+FLOAT32 = MODEL
 
 
 @dataclass(frozen=True)
 class Judgement:
-    """How a run's values compare: with eager's, or, where plain thunder's differ from eager's too, with those."""
+    """How a run's values compare with eager's, as the one judge says (`thunder_nb.diagnosis.judge.judge`).
+
+    ``against``: "eager", "eager, within thunder without graphs' own difference" (thunder's own numerics take it that
+    far from eager, and the run no further), or `DROPOUT_CHECKS`. ``thunder_differs``: thunder without graphs' own
+    first difference from eager, or why it could not be asked (it fails). ``thunder_wrong``: why thunder without
+    graphs is itself wrong here (not finite where eager is, or beyond the judge's sane bound): then it excuses
+    nothing, and the run answers to eager alone.
+    """
 
     matches: bool
-    against: str  # "eager", "plain thunder", or `DROPOUT_CHECKS`
+    against: str
     difference: str | None
     max_abs_error: float | None
-    thunder_differs: str | None = None  # plain thunder's own first difference from eager, when it has one
+    thunder_differs: str | None = None
+    thunder_wrong: str | None = None
 
 
 #: What a dropout run is judged against: its masks are random numbers, which no two configurations draw alike.
@@ -215,30 +269,31 @@ def dropout_problem(run: ZooRun) -> str | None:
 
 
 def judge(run: ZooRun, reference: ZooRun, plain: Callable[[], ZooRun]) -> Judgement:
-    """Compare ``run``'s values with eager's (``reference``); if they differ, ask plain thunder (``plain()``, run
-    only then): where thunder without graphs differs from eager as well, the difference is thunder's numerics,
-    and ``run`` must equal plain thunder's values instead. Values of ``run.protocol`` use its `TOLERANCES`.
+    """The one judge (`thunder_nb.diagnosis.judge.judge`) of ``run``'s values against eager's (``reference``), at
+    ``run.protocol``'s `TOLERANCES`; where they differ beyond it, with thunder without graphs (``plain()``, run only
+    then: `plain_config`'s configuration) as the yardstick: ``run`` may differ from eager as far as it does, and no
+    further, while it is sane itself. A thunder that is itself wrong (NaN where eager is finite, or far off) excuses
+    nothing: the run is then wrong, and ``thunder_wrong`` says why.
 
     A dropout run is judged by `dropout_problem` alone: its losses follow its random masks, so they equal eager's
     only where the configuration draws its random numbers as eager does (eager itself), never by design.
     """
-    from ..notebook.values import compare_values
+    from ..diagnosis.judge import judge as judge_values
 
     if run.protocol == "dropout":
         problem = dropout_problem(run)
         return Judgement(problem is None, DROPOUT_CHECKS, problem, None)
-    rtol, atol = TOLERANCES.get(run.protocol, FLOAT32)
-    c = compare_values(run.values, reference.values, rtol=rtol, atol=atol, reference="eager's")
-    if c.matches:
-        return Judgement(True, "eager", None, c.max_abs_error)
+    tolerance = TOLERANCES.get(run.protocol, FLOAT32)
+    first = judge_values(run.values, reference.values, tolerance=tolerance)
+    if first.equal:
+        return Judgement(True, first.against, None, first.max_abs_error)
     base = plain()
     if base.error is not None:
-        return Judgement(False, "eager", c.difference, c.max_abs_error, f"plain thunder fails: {base.error}")
-    own = compare_values(base.values, reference.values, rtol=rtol, atol=atol, reference="eager's")
-    if own.matches:
-        return Judgement(False, "eager", c.difference, c.max_abs_error)
-    t = compare_values(run.values, base.values, rtol=rtol, atol=atol, reference="plain thunder's")
-    return Judgement(t.matches, "plain thunder", t.difference, t.max_abs_error, own.difference)
+        return Judgement(False, first.against, first.difference, first.max_abs_error,
+                         f"thunder without graphs fails: {base.error}")
+    j = judge_values(run.values, reference.values, without_graphs=base.values, tolerance=tolerance)
+    return Judgement(j.equal, j.against, j.difference, j.max_abs_error, j.without_graphs_differs,
+                     j.without_graphs_wrong)
 
 
 def _plain(x: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .zoo_models import ZooModel
 
-__all__ = ["PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "keep_rate"]
+__all__ = ["PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "keep_rate", "whole_step_training"]
 
 #: The training protocols and the optimizer each one's loop steps with (`training_optimizer`): SGD with momentum
 #: where BatchNorm trains or gradients are kept by ``zero_grad``, AdamW otherwise.
@@ -55,6 +55,22 @@ def _train(model: ZooModel, net: Any, compiled: Callable[..., Any], device: Any,
         opt.step()
         losses.append(_loss_value(loss, logged))
     return {"losses": losses, "state": _snapshot(net)}
+
+
+def whole_step_training(model: ZooModel, step: Any, device: Any, steps: int, protocol: str) -> dict[str, Any]:
+    """``protocol``'s training loop (`_train`'s) with a `thunder_nb.step.jit_step` in place of the compiled loss, its
+    backward and the optimizer's step: what to compare with eager's `_train` from the same state."""
+    import torch
+
+    losses = []
+    around = ((lambda: torch.autocast(torch.device(device).type, dtype=torch.bfloat16)) if protocol == "autocast"
+              else contextlib.nullcontext)
+    for i in range(steps):
+        args, targets = model.batch(i, device)
+        with around():
+            loss = step(*args, targets)
+        losses.append(_loss_value(loss, protocol == "logged"))
+    return {"losses": losses, "state": _snapshot(step.model)}
 
 
 def _kept(model: ZooModel, net: Any, compiled: Callable[..., Any], device: Any, steps: int) -> dict[str, Any]:

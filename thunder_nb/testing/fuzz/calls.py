@@ -6,10 +6,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...notebook.values import first_difference
+from ...diagnosis.judge import yardstick_problem as judge_yardstick
+from ...notebook.values import compare_values
 from .programs import Program
 
-__all__ = ["Call", "PROTOCOL", "FAILURE_KINDS", "Run", "Failure", "execute", "differences"]
+__all__ = ["Call", "PROTOCOL", "FAILURE_KINDS", "Run", "Failure", "execute", "differences", "yardstick_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,30 +162,51 @@ def execute(fn: Callable[..., Any], program: Program, device: str) -> Run:
     return run
 
 
-def differences(run: Run, ref: Run) -> list[Failure]:
+def differences(run: Run, ref: Run, without_graphs: Run | None = None) -> list[Failure]:
     """Every kind of difference between ``run`` and the reference, with the first of each kind; empty when they agree.
 
+    Each value is judged by the one judge of "equal" (`thunder_nb.diagnosis.judge`); with ``without_graphs`` (plain
+    thunder's run of the same calls) a value may differ from the reference's as far as that run's does (its rule 4).
     Both runs must be complete (no error); a run's own error is judged by the caller.
     """
     found: dict[str, str] = {}
+    plain = without_graphs.final() if without_graphs is not None else None
 
     def note(kind: str, text: str | None) -> None:
         if text is not None and kind not in found:
             found[kind] = text
 
+    def differ(got: Any, expected: Any, label: str, yardstick: Any = None) -> str | None:
+        return compare_values(got, expected, label=label, without_graphs=yardstick).difference
+
     if len(run.fresh) != len(ref.fresh):
         note("output", f"{len(run.fresh)} calls returned, expected {len(ref.fresh)}")
     final, ref_final = run.final(), ref.final()
     for c, (outs, ref_outs) in enumerate(zip(run.fresh, ref.fresh)):
-        fresh_why = first_difference(outs, ref_outs, label=f"call {c}: output")
+        fresh_why = differ(outs, ref_outs, f"call {c}: output",
+                           without_graphs.fresh[c] if without_graphs is not None else None)
         note("output", fresh_why)
         if fresh_why is None:
-            note("kept", first_difference(final["kept"][c], ref_final["kept"][c], label=f"call {c}: output kept"))
+            note("kept", differ(final["kept"][c], ref_final["kept"][c], f"call {c}: output kept",
+                                plain["kept"][c] if plain is not None else None))
         for j, (a, b) in enumerate(zip(run.aliasing[c], ref.aliasing[c])):
             if a != b:
                 note("alias", f"call {c}: output {j} lies in {_describe_alias(a)}, expected {_describe_alias(b)}")
     for kind in ("input", "gradient"):
-        note(kind, first_difference(final[kind], ref_final[kind], label=kind))
+        note(kind, differ(final[kind], ref_final[kind], kind, plain[kind] if plain is not None else None))
     if run.backward_ran != ref.backward_ran:
         note("gradient", f"backward ran: {run.backward_ran}, expected {ref.backward_ran}")
     return [Failure(k, found[k]) for k in FAILURE_KINDS if k in found]
+
+
+def yardstick_problem(plain: Run, ref: Run) -> str | None:
+    """Why plain thunder's run is no yardstick against the reference's (not finite where the reference is, far from
+    it: `thunder_nb.diagnosis.judge.yardstick_problem`), or None."""
+    final, ref_final = plain.final(), ref.final()
+    parts = [(plain.fresh, ref.fresh, "output"), (final["kept"], ref_final["kept"], "output kept"),
+             (final["input"], ref_final["input"], "input"), (final["gradient"], ref_final["gradient"], "gradient")]
+    for got, expected, label in parts:
+        problem = judge_yardstick(got, expected, label=label)
+        if problem is not None:
+            return problem
+    return None

@@ -12,7 +12,7 @@ from typing import Any
 from ...diagnosis.protocols import GraphTransform, PlanningTransform, RecordingRunner
 from ...notebook.values import first_difference
 from ..modes import CaptureMode, capturing, check_mode, make_transform, stock_transform
-from .calls import Failure, Run, differences, execute
+from .calls import Failure, Run, differences, execute, yardstick_problem
 from .programs import Program
 from .rules import KNOWN_BUGS, known_analyze_error, known_by_values, predict
 from .verdicts import FixedStats, Outcome, Verdict
@@ -21,12 +21,15 @@ __all__ = ["judge", "Outcome", "Verdict", "FixedStats", "region_sources"]
 
 
 class _Reference:
-    """Eager PyTorch's run, and plain ``thunder.jit``'s (made on demand) where thunder's own behaviour differs."""
+    """Eager PyTorch's run, and plain ``thunder.jit``'s (made on demand): the one judge of "equal"
+    (`thunder_nb.diagnosis.judge`) lets a run differ from eager's as far as plain thunder's does, while plain thunder
+    is sane itself (``thunder_wrong`` says where it is not)."""
 
     def __init__(self, fn: Callable[..., Any], program: Program, device: str, outcome: Outcome):
         self._fn, self._program, self._device, self._outcome = fn, program, device, outcome
         self.eager = execute(fn, program, device)
         self._plain: Run | None = None
+        self.thunder_wrong: str | None = None  # why plain thunder is itself wrong here (not finite, far from eager)
 
     @property
     def plain(self) -> Run:
@@ -36,19 +39,22 @@ class _Reference:
             jfn = thunder.jit(self._fn, fusion_type=self._program.fusion_type)
             self._plain = execute(jfn, self._program, self._device)
             self._outcome.thunder_differs = self._plain.error is None and bool(differences(self._plain, self.eager))
+            if self._outcome.thunder_differs:
+                self.thunder_wrong = yardstick_problem(self._plain, self.eager)
         return self._plain
 
     def disagrees(self, run: Run, *, settle: bool = True) -> list[Failure]:
-        """How ``run`` differs from eager PyTorch; empty when it agrees (or, where thunder differs, agrees with
-        thunder).
+        """How ``run`` differs from eager PyTorch; empty when it agrees (where thunder differs, within thunder's own
+        difference).
 
         With ``settle=False`` plain thunder is not consulted (it costs a trace): for a first look.
         """
         found = differences(run, self.eager)
         if found and settle and self.plain.error is None and self._outcome.thunder_differs:
-            # NOTE: where thunder itself differs from eager, the difference from thunder is the telling one
-            return [Failure(f.kind, f"{f.text} (against plain thunder, which differs from eager too)")
-                    for f in differences(run, self.plain)]
+            # NOTE: where thunder itself differs from eager, the run may differ as far, and no further; a plain
+            # thunder that is itself wrong excuses nothing
+            return [Failure(f.kind, f"{f.text} (thunder without graphs differs from eager too)")
+                    for f in differences(run, self.eager, without_graphs=self.plain)]
         return found
 
 
@@ -68,8 +74,11 @@ def judge(program: Program, *, device: str = "cpu", capture: CaptureMode = False
        first call are kept apart from those the runner recorded during the run;
     3. stock: ``host-sync-in-region`` is reported exactly when a region's code calls ``.item()``.
 
-    A program that PyTorch or plain thunder rejects is discarded. Where plain thunder's own results
-    differ from eager PyTorch's, a transform may match either. Bugs already found are in
+    A program that PyTorch or plain thunder rejects is discarded. Values are judged by the one judge of
+    "equal" (`thunder_nb.diagnosis.judge`): where plain thunder's own results differ from eager PyTorch's, a
+    transform may differ from eager as far as plain thunder does, and no further; where plain thunder is itself
+    wrong (not finite where eager is, far from eager) and the fixed transform differs from eager, the program is
+    discarded as thunder's wrong result ("thunder wrong: ..."), never judged equal. Bugs already found are in
     `rules.KNOWN_BUGS`: counted, not reported again.
 
     Args:
@@ -79,7 +88,8 @@ def judge(program: Program, *, device: str = "cpu", capture: CaptureMode = False
             eagerly; ``"emulated"``: the runners' capture path on the CPU (`thunder_nb.testing.emulated_capture`).
 
     Returns:
-        The `Outcome`; ``discarded`` says why when PyTorch or plain thunder rejects the program.
+        The `Outcome`; ``discarded`` says why when PyTorch or plain thunder rejects the program, or plain thunder
+        is itself wrong where the fixed transform differs from eager.
     """
     outcome = Outcome(program, capture=check_mode(capture))
     fn = program.function()
@@ -103,7 +113,7 @@ def _first(failures: list[Failure]) -> str | None:
 def _judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcome: Outcome, ref: _Reference) -> bool:
     """Claim 1: the fixed transform leaves what eager PyTorch leaves, and its traces have no defect.
 
-    Returns False when the program is discarded (plain thunder cannot run it either).
+    Returns False when the program is discarded (plain thunder cannot run it either, or is itself wrong).
     """
     import thunder
 
@@ -122,6 +132,10 @@ def _judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcom
     else:
         failures = ref.disagrees(run)
         outcome.fixed_mismatch = _first(failures)
+        if failures and ref.thunder_wrong is not None:
+            # NOTE: thunder's own wrong result (NaN where eager is finite, far from eager): no transform's to answer for
+            outcome.discarded = f"thunder wrong: {_wrong_kind(ref.thunder_wrong)}"
+            return False
         if failures:
             bugs = _known_wrong_results(fn, program, device, capture, ref)
             if bugs:
@@ -132,6 +146,11 @@ def _judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcom
     outcome.fixed_stats = _fixed_stats(transform)
     _check_fixed_traces(jfixed, transform, outcome, run.error)
     return True
+
+
+def _wrong_kind(why: str) -> str:
+    """A short class of plain thunder's wrong result, for the tally: not finite, or far from eager."""
+    return "not finite" if "not finite" in why else "far from eager"
 
 
 def _fixed_stats(transform: PlanningTransform) -> FixedStats:
