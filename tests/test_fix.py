@@ -21,6 +21,7 @@ from thunder_nb.fix import (
     LegacyCUDAGraphTransform,
     region_del_pass,
 )
+from thunder_nb.diagnosis.judge import EXACT, Tolerance, assert_equal
 
 EAGER = dict(capture=False)
 
@@ -83,7 +84,7 @@ def test_island_program_matches_eager(fusion_type, handoff):
     t = FixedCUDAGraphTransform(scalar_handoff=handoff, **EAGER)
     jfn = thunder.jit(programs.island, transforms=[t], fusion_type=fusion_type)
     x = programs.vec()
-    torch.testing.assert_close(jfn(x), programs.island(x), rtol=0, atol=0)
+    assert_equal(jfn(x), programs.island(x), tolerance=EXACT)
     report = thunder_nb.analyze(jfn)
     allowed = {"scalar-region-input"} if not handoff else set()
     assert set(report.rules) <= allowed, report.defects
@@ -108,9 +109,9 @@ def test_mlp_training_step_matches_eager(fusion_type):
     jfn = thunder.jit(programs.mlp, transforms=[FixedCUDAGraphTransform(**EAGER)], fusion_type=fusion_type)
     loss, grads = grads_of(jfn, args)
     ref_loss, ref_grads = grads_of(programs.mlp, args)
-    torch.testing.assert_close(loss, ref_loss)
+    assert_equal(loss, ref_loss)
     for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r)
+        assert_equal(g, r)
     report = thunder_nb.analyze(jfn)
     assert report.backward is not None and report.backward.regions
     assert report.defects == ()
@@ -122,8 +123,8 @@ def test_backward_with_saved_scalar_works():
     jfn = thunder.jit(programs.saved_scalar, transforms=[FixedCUDAGraphTransform(**EAGER)])
     loss, grads = grads_of(jfn, args)
     ref_loss, ref_grads = grads_of(programs.saved_scalar, args)
-    torch.testing.assert_close(loss, ref_loss)
-    torch.testing.assert_close(grads[0], ref_grads[0])
+    assert_equal(loss, ref_loss)
+    assert_equal(grads[0], ref_grads[0])
     report = thunder_nb.analyze(jfn)
     # the saved Python number reaches the backward region as a 0-d tensor filled outside the graph
     assert report.defects == ()
@@ -206,9 +207,9 @@ def test_a_returned_view_of_an_input_is_a_view_of_the_callers_tensor(capture):
     assert "view" in {op.callee.rsplit(".", 1)[-1] for op in region.ops}  # the view is made in the graph
     for inp, out, view in ((x, a, v), (x2, a2, v2)):
         assert view.data_ptr() == inp.data_ptr()
-        torch.testing.assert_close(out, inp.sin() * 2.0)
+        assert_equal(out, inp.sin() * 2.0)
     x.add_(1.0)
-    torch.testing.assert_close(v, x.view(2, 4))
+    assert_equal(v, x.view(2, 4))
 
 
 def loss_of(x, w):
@@ -245,13 +246,13 @@ def test_two_forwards_before_one_backward(capture):
         with warnings.catch_warnings():
             warnings.simplefilter("error", HeldOutputsWarning)
             (jfn(x1, w) + jfn(x2, w)).backward()
-        torch.testing.assert_close(w.grad, w_ref.grad)
+        assert_equal(w.grad, w_ref.grad)
         (region,) = thunder_nb.analyze(jfn).forward.regions
         assert region.stats.instances == 2 and region.stats.held_calls == 0
         w.grad = None
         with pytest.warns(HeldOutputsWarning, match="saved for the backward .* no further instance: max_instances=2"):
             (jfn(x1, w) + jfn(x2, w) + jfn(x3, w)).backward()
-        torch.testing.assert_close(w.grad, w_ref3.grad)
+        assert_equal(w.grad, w_ref3.grad)
         report = thunder_nb.analyze(jfn)
         assert report.forward.regions[0].stats.held_calls == 1
         assert "without the graph: 1 call" in report.to_text()
@@ -287,7 +288,7 @@ def test_forwards_kept_before_their_backwards_get_an_instance_each_while_memory_
                 losses = [jfn(x, w) for x in xs]
             for loss in losses:
                 loss.backward()
-            torch.testing.assert_close(w.grad, w_ref.grad)
+            assert_equal(w.grad, w_ref.grad)
         (region,) = thunder_nb.analyze(jfn).forward.regions
         assert region.stats.instances == 3 and region.stats.held_calls == 0
         causes = [g.cause for g in t.cuda_graph_runner._count(region.name).graphs]
@@ -303,7 +304,7 @@ def test_forwards_kept_before_their_backwards_get_an_instance_each_while_memory_
             losses = [jfn(x, w) for x in xs]
         for loss in losses:
             loss.backward()
-        torch.testing.assert_close(w.grad, w_ref.grad)
+        assert_equal(w.grad, w_ref.grad)
         (region,) = thunder_nb.analyze(jfn).forward.regions
         assert region.stats.instances == 1 and region.stats.held_calls == 2
 
@@ -346,7 +347,7 @@ def test_in_place_updates_run_inside_the_graph_and_once_per_call(capture):
     assert len(report.forward.regions) == 1 and report.forward.islands == ()
     assert report.forward.regions[0].stats.replays == len(xs)
     for name, buf in net.named_buffers():
-        torch.testing.assert_close(buf, dict(eager.named_buffers())[name], rtol=1e-5, atol=1e-6, msg=name)
+        assert_equal(buf, dict(eager.named_buffers())[name], tolerance=Tolerance(1e-5, 1e-6), label=name)
     assert int(net[1].num_batches_tracked) == len(xs) == int(eager[1].num_batches_tracked)
     for p, q in zip(net.parameters(), eager.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+        assert_equal(p, q, tolerance=Tolerance(1e-4, 1e-5))

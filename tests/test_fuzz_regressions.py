@@ -18,6 +18,7 @@ import thunder_nb
 from thunder_nb.fix import FixedCUDAGraphTransform, LegacyCUDAGraphTransform
 from thunder_nb.testing import emulated_capture, fuzz
 from thunder_nb.testing.modes import make_transform
+from thunder_nb.diagnosis.judge import assert_equal
 
 
 def fixed(fn, **options):
@@ -65,7 +66,7 @@ def test_never_freed_reports_an_input_updated_in_place():
     x = torch.randn(4)
     expected = updates_its_input(x.clone())
     jfn = fixed(updates_its_input)
-    torch.testing.assert_close(jfn(x), expected)
+    assert_equal(jfn(x), expected)
     assert thunder_nb.analyze(jfn).defects == ()
 
 
@@ -90,7 +91,7 @@ def test_dataflow_fusion_keeps_a_read_before_an_in_place_update():
     assert expected[1] == 1.0
     jfn = fixed(read_then_update, fusion_type="dataflow", scalar_handoff=False)
     out, s = jfn(x)
-    torch.testing.assert_close(out, expected[0])
+    assert_equal(out, expected[0])
     assert s == expected[1]
 
 
@@ -117,8 +118,8 @@ def test_scalar_handoff_reads_the_number_before_an_in_place_update(fn):
     """
     x = torch.tensor([1.0, 2.0, 3.0, 4.0])
     expected = fn(x.clone())
-    torch.testing.assert_close(fixed(fn, scalar_handoff=False)(x.clone()), expected)
-    torch.testing.assert_close(fixed(fn)(x.clone()), expected)
+    assert_equal(fixed(fn, scalar_handoff=False)(x.clone()), expected)
+    assert_equal(fixed(fn)(x.clone()), expected)
 
 
 # --- capture: in-place updates ---------------------------------------------------------------------
@@ -169,8 +170,8 @@ def test_capture_keeps_in_place_updates(fn, cls):
     with emulated_capture():
         jfn = thunder.jit(fn, transforms=[make_transform(cls, "emulated")])
         out = jfn(x)
-    torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(x, x_expected)
+    assert_equal(out, expected)
+    assert_equal(x, x_expected)
 
 
 def test_checker_reports_a_region_that_updates_an_input_in_place():
@@ -216,12 +217,12 @@ def test_capture_keeps_in_place_updates_through_views_made_in_regions():
     updates_a_view_of_its_input_in_training(x_expected, w).sum().backward()
     x_plain = x.clone()
     thunder.jit(updates_a_view_of_its_input_in_training)(x_plain, w).sum().backward()
-    torch.testing.assert_close(x_plain, x_expected)  # thunder's own result, after backward
+    assert_equal(x_plain, x_expected)  # thunder's own result, after backward
     with emulated_capture():
         t = make_transform(FixedCUDAGraphTransform, "emulated")
         jfn = thunder.jit(updates_a_view_of_its_input_in_training, transforms=[t])
         jfn(x, w).sum().backward()
-    torch.testing.assert_close(x, x_expected)
+    assert_equal(x, x_expected)
     forward = thunder_nb.analyze(jfn).traces[0]
     captured = {op.callee.rsplit(".", 1)[-1] for r in forward.regions for op in r.ops}
     assert {"unsqueeze", "expand"} <= captured, captured  # the views are still made inside the graph
@@ -282,7 +283,7 @@ def test_hand_out_leaves_an_input_updated_from_a_region_alone():
     x, w = torch.randn(5), torch.randn(5)
     expected = updates_its_input_from_another(x.clone(), w)
     jfn = fixed(updates_its_input_from_another, fusion_type="dataflow")
-    torch.testing.assert_close(jfn(x, w), expected)
+    assert_equal(jfn(x, w), expected)
     assert thunder_nb.analyze(jfn).defects == ()
 
 
@@ -305,7 +306,7 @@ def test_analyze_reads_a_forward_that_saves_nothing_for_the_backward(transforms)
     x, w = torch.randn(4), torch.randn(4, requires_grad=True)
     jfn = thunder.jit(reads_a_grad_input_only_through_item, transforms=transforms)
     out, s = jfn(x, w)
-    torch.testing.assert_close(out, x.sin())
+    assert_equal(out, x.sin())
     assert thunder_nb.analyze(jfn).defects == ()
 
 
@@ -331,16 +332,16 @@ def test_returned_view_sees_an_update_thunder_applies_in_the_backward():
     v_plain = thunder.jit(returns_a_view_it_updates_in_training)(x)
     v_plain.sum().backward()
     # NOTE: detached: autograd refuses to read a custom Function's output view whose base was updated
-    torch.testing.assert_close(v_plain.detach(), returns_a_view_it_updates_in_training(x.detach().clone()))
+    assert_equal(v_plain.detach(), returns_a_view_it_updates_in_training(x.detach().clone()))
     v_eager = fixed(returns_a_view_it_updates_in_training)(x)
     v_eager.sum().backward()
-    torch.testing.assert_close(v_eager.detach(), v_plain.detach())
+    assert_equal(v_eager.detach(), v_plain.detach())
     with emulated_capture():
         jfn = thunder.jit(returns_a_view_it_updates_in_training,
                           transforms=[make_transform(FixedCUDAGraphTransform, "emulated")])
         v = jfn(x)
         v.sum().backward()
-    torch.testing.assert_close(v.detach(), v_plain.detach())
+    assert_equal(v.detach(), v_plain.detach())
 
 
 def saves_a_view_of_another_regions_output(x0, x1):
@@ -378,7 +379,7 @@ def test_a_saved_view_of_another_graphs_memory_holds_that_graph_until_the_backwa
         t = make_transform(FixedCUDAGraphTransform, "emulated")
         got = two_forwards_one_backward(thunder.jit(saves_a_view_of_another_regions_output, transforms=[t]))
     for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e)
+        assert_equal(g, e)
 
 
 @pytest.mark.gpu
@@ -390,7 +391,7 @@ def test_returned_view_sees_an_update_thunder_applies_in_the_backward_on_gpu():
     jfn = thunder.jit(returns_a_view_it_updates_in_training, transforms=[FixedCUDAGraphTransform(capture=True)])
     v = jfn(x)
     v.sum().backward()
-    torch.testing.assert_close(v.detach(), v_plain.detach())
+    assert_equal(v.detach(), v_plain.detach())
 
 
 @pytest.mark.gpu
@@ -404,5 +405,5 @@ def test_capture_keeps_in_place_updates_on_gpu(fn):
     x_expected = x.clone()
     expected = fn(x_expected)
     jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(capture=True)])
-    torch.testing.assert_close(jfn(x), expected)
-    torch.testing.assert_close(x, x_expected)
+    assert_equal(jfn(x), expected)
+    assert_equal(x, x_expected)

@@ -13,6 +13,7 @@ from torch import nn
 
 import thunder_nb
 from thunder_nb.cudagraph.call import cache_info
+from thunder_nb.diagnosis.judge import EXACT, assert_equal
 
 
 def _thunders_cache_info(jfn, *args, **kwargs) -> dict:
@@ -93,7 +94,7 @@ def test_fast_call_makes_thunders_cache_decisions_call_for_call():
         for what, context, args in _steps():
             with context():
                 out_fast, out_slow = fast(*args), slow(*args)
-            torch.testing.assert_close(out_fast, out_slow, rtol=0, atol=0, msg=what)
+            assert_equal(out_fast, out_slow, tolerance=EXACT, label=what)
             assert out_fast.requires_grad == out_slow.requires_grad, what
             assert _stats(fast) == _stats(slow), what
             assert torch.is_grad_enabled()
@@ -141,14 +142,14 @@ def test_a_module_trains_as_with_thunders_path():
         losses = [m(x) for m in (nets[0], fast, slow)]
         for loss in losses:
             loss.backward()
-        torch.testing.assert_close(losses[1], losses[2], rtol=0, atol=0)
-        torch.testing.assert_close(losses[1], losses[0])
+        assert_equal(losses[1], losses[2], tolerance=EXACT)
+        assert_equal(losses[1], losses[0])
         for p0, p1, p2 in zip(*(n.parameters() for n in nets)):
-            torch.testing.assert_close(p1.grad, p2.grad, rtol=0, atol=0)
-            torch.testing.assert_close(p1.grad, p0.grad)
+            assert_equal(p1.grad, p2.grad, tolerance=EXACT)
+            assert_equal(p1.grad, p0.grad)
         for b0, b1, b2 in zip(*(n.buffers() for n in nets)):  # NOTE: BatchNorm's statistics, written by thunder
-            torch.testing.assert_close(b1, b2, rtol=0, atol=0)
-            torch.testing.assert_close(b1, b0)
+            assert_equal(b1, b2, tolerance=EXACT)
+            assert_equal(b1, b0)
     assert _stats(fast) == _stats(slow) == (3, 2, 1, 1)
     assert thunder.last_backward_traces(fast)
 
@@ -162,7 +163,7 @@ def test_an_epilogue_that_returns_its_argument_is_skipped_and_others_run():
         for _ in range(3):
             a, b = fast(x), slow(x)
             assert type(a) is type(b)
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            assert_equal(a, b, tolerance=EXACT)
 
 
 def test_thunders_decorators_are_left_out_only_where_they_change_nothing():
@@ -175,7 +176,7 @@ def test_thunders_decorators_are_left_out_only_where_they_change_nothing():
     fast, slow = thunder_nb.jit(_fn, capture=False), thunder_nb.jit(_fn, capture=False, fast_call=False)
     with torch.no_grad():
         for _ in range(2):
-            torch.testing.assert_close(fast(x, x), slow(x, x), rtol=0, atol=0)
+            assert_equal(fast(x, x), slow(x, x), tolerance=EXACT)
             assert not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
     plain = thunder.compile_stats(fast).interpreter_cache[-1].computation_fn
     assert _undecorated(plain) is plain.__wrapped__.__wrapped__

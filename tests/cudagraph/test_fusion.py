@@ -14,6 +14,7 @@ from thunder_nb.diagnosis import ops
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing.emulate import emulated_capture
 from thunder_nb.testing.models import model_case
+from thunder_nb.diagnosis.judge import assert_equal
 
 torch_compile = pytest.importorskip("thunder.executors.torch_compile", reason="thunder's torch_compile executor")
 
@@ -38,9 +39,9 @@ def _compare_steps(device: str, capture: bool, *, executors=None, log_loss: bool
             out, expected = out[0], expected[0]
         out.backward()
         expected.backward()
-        torch.testing.assert_close(out, expected)
+        assert_equal(out, expected)
         for (name, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+            assert_equal(p.grad, q.grad, label=f"grad of {name}")
             p.grad = q.grad = None
     return t, j
 
@@ -100,7 +101,7 @@ def test_thunder_nb_torchcompile_keeps_an_islands_number_out_of_fusions_so_one_g
     with emulated_capture():
         for _ in range(4):
             x = torch.randn(64)
-            torch.testing.assert_close(j(x), f(x))
+            assert_equal(j(x), f(x))
     assert t.graphs_captured == 1
     fusions = [s for b in thunder.last_traces(j)[-1].bound_symbols for s in b.subsymbols
                if s.sym.name.startswith("TorchCompile")]
@@ -132,8 +133,8 @@ def test_in_place_updates_inside_an_inductor_fusion_are_applied_once_per_step():
     runner = transform.cuda_graph_runner
     assert runner.graphs_captured >= 1 and any(n.startswith("TorchCompile") for n in _fusion_names(fused))
     assert int(net[1].num_batches_tracked) == int(ref[1].num_batches_tracked) == 3
-    torch.testing.assert_close(net[1].running_mean, ref[1].running_mean)
-    torch.testing.assert_close(net[1].running_var, ref[1].running_var)
+    assert_equal(net[1].running_mean, ref[1].running_mean)
+    assert_equal(net[1].running_var, ref[1].running_var)
 
 
 def _fusion_names(jfn) -> list[str]:

@@ -19,6 +19,7 @@ import thunder_nb
 from gpu_or_emulated import CAPTURE, MODES, capturing, device_of, fixed, stock
 from thunder_nb.fix import HeldOutputsWarning
 from thunder_nb.testing.models import model_case
+from thunder_nb.diagnosis.judge import assert_equal, judge
 
 
 def randn(*shape, seed: int, device: str) -> torch.Tensor:
@@ -53,7 +54,7 @@ def test_a_returned_view_made_after_an_island_is_not_overwritten_by_the_next_cal
     assert t.graphs_captured >= 1
     for (row, top), x in zip(kept, xs):
         ref_row, ref_top = fn(x, w)
-        torch.testing.assert_close(row, ref_row)
+        assert_equal(row, ref_row)
         assert top == pytest.approx(ref_top)
     fwd = thunder_nb.analyze(jfn).forward
     # NOTE: each kept result copied out, or left where it lies while instances took turns (rotation)
@@ -78,8 +79,8 @@ def test_thunders_transform_returns_a_view_the_next_call_overwrites_and_the_chec
         kept = jfn(x1, w)  # a replay
         jfn(x2, w)
     assert [(d.rule, d.severity) for d in report.defects if d.is_error] == [("returned-graph-memory", "wrong result")]
-    assert not torch.allclose(kept, last_row(x1, w))  # overwritten by the third call
-    torch.testing.assert_close(kept, last_row(x2, w))
+    assert not judge(kept, last_row(x1, w)).equal  # overwritten by the third call
+    assert_equal(kept, last_row(x2, w))
 
 
 # --- 2. two forwards before one backward, the saved tensor a view made after an island ---------------
@@ -108,7 +109,7 @@ def test_two_forwards_before_one_backward_with_a_saved_view_made_after_an_island
         with warnings.catch_warnings():
             warnings.simplefilter("error", HeldOutputsWarning)
             (jfn(x1, w) + jfn(x2, w)).backward()
-    torch.testing.assert_close(w.grad, w_ref.grad)
+    assert_equal(w.grad, w_ref.grad)
     report = thunder_nb.analyze(jfn)
     assert report.forward.hand_out_stats.guarded > 0 and report.defects == ()
     assert max(r.stats.instances for r in report.forward.regions) == 2
@@ -139,7 +140,7 @@ def test_one_function_over_several_parameter_sets_keeps_each_layers_weights(mode
             outs = [[jfn(x, w, b) for w, b in params] for _ in range(2)]
     for out in outs:
         for o, (w, b) in zip(out, before):
-            torch.testing.assert_close(o, layer(x, w, b))
+            assert_equal(o, layer(x, w, b))
     for (w, b), (w0, b0) in zip(params, before):
         assert torch.equal(w.detach(), w0) and torch.equal(b.detach(), b0)
     (region,) = thunder_nb.analyze(jfn).forward.regions
@@ -199,8 +200,8 @@ def test_one_block_function_per_layer_trains_each_layer(mode):
             h = block_apply(h, blk.w)
         h.sum().backward()
     for blk, ref in zip(blocks, ref_blocks):
-        torch.testing.assert_close(blk.w, ref.w)
-        torch.testing.assert_close(blk.w.grad, ref.w.grad)
+        assert_equal(blk.w, ref.w)
+        assert_equal(blk.w.grad, ref.w.grad)
 
 
 # --- 4. aliasing as in eager ------------------------------------------------------------------------
@@ -220,8 +221,8 @@ def test_returned_tensors_that_share_memory_in_eager_share_it_after_the_copy_out
         y, yt = jfn(randn(4, 6, seed=1, device=device))  # a replay: copied out of graph memory
         jfn(randn(4, 6, seed=2, device=device))
     ref_y, ref_yt = and_its_transpose(randn(4, 6, seed=1, device=device))
-    torch.testing.assert_close(y, ref_y)
-    torch.testing.assert_close(yt, ref_yt)
+    assert_equal(y, ref_y)
+    assert_equal(yt, ref_yt)
     assert y.untyped_storage().data_ptr() == yt.untyped_storage().data_ptr()
     y.zero_()
     assert torch.count_nonzero(yt) == 0  # one memory, as in eager
@@ -241,9 +242,9 @@ def test_a_view_of_a_strided_input_is_a_view_of_the_callers_tensor(mode):
         outs = [jfn(b[:, ::2]) for b in bases]
     for base, (c, v) in zip(bases, outs):
         x = base[:, ::2]
-        torch.testing.assert_close(c, x.cos() * 2.0)
+        assert_equal(c, x.cos() * 2.0)
         assert v.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
-        torch.testing.assert_close(v, x.t())
+        assert_equal(v, x.t())
 
 
 # --- 5. gradients kept by the caller ------------------------------------------------------------------
@@ -288,10 +289,10 @@ def test_gradients_kept_from_autograd_grad_and_hooks_are_not_overwritten(mode, l
         if device == "cuda":
             torch.cuda.synchronize()
     for got, want in zip(kept, expected):
-        torch.testing.assert_close(got, want)
+        assert_equal(got, want)
     for got, (_, want) in zip(hooked, expected):
-        torch.testing.assert_close(got, want)
-    torch.testing.assert_close(b.grad, sum(e[1] for e in expected))
+        assert_equal(got, want)
+    assert_equal(b.grad, sum(e[1] for e in expected))
     report = thunder_nb.analyze(jfn)
     for region in report.forward.regions + report.backward.regions:
         want = 2 if lend and region in report.backward.regions else 1
@@ -325,7 +326,7 @@ def test_gradients_accumulated_into_grad(mode, lend):
                 jfn(x, a, b).backward()
         if device == "cuda":
             torch.cuda.synchronize()
-    torch.testing.assert_close((a.grad, b.grad), (ref1.grad, ref2.grad))
+    assert_equal((a.grad, b.grad), (ref1.grad, ref2.grad))
     report = thunder_nb.analyze(jfn)
     for region in report.forward.regions + report.backward.regions:
         want = 2 if lend and region in report.backward.regions else 1
@@ -364,7 +365,7 @@ def test_two_backwards_of_one_forward_add_up_and_zero_grad_in_place_keeps_them(m
         if device == "cuda":
             torch.cuda.synchronize()
     for a, b in zip(got.result, ref.result):
-        torch.testing.assert_close(a, b)
+        assert_equal(a, b)
     assert jfn._lc_transforms[0].cuda_graph_runner.lending_stopped
     (backward,) = thunder_nb.analyze(jfn).backward.regions
     assert backward.stats.instances == 2 and backward.stats.held_calls == 0
@@ -401,9 +402,9 @@ def test_a_training_loop_gets_its_gradients_in_graph_memory_with_one_graph_per_r
                 in_graph = [n for n, p in case.model.named_parameters() if runner._where(p.grad)[1] is not None]
                 # NOTE: the tied embedding/head weight gets two gradients, which autograd's engine adds out of place
                 assert len(in_graph) == len(list(case.model.parameters())) - 1, in_graph
-                torch.testing.assert_close(*losses)
+                assert_equal(*losses)
                 for (n, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
-                    torch.testing.assert_close(p.grad, q.grad, msg=n)
+                    assert_equal(p.grad, q.grad, label=n)
                 with torch.no_grad():
                     for m in (case, ref):
                         for p in m.model.parameters():
@@ -472,8 +473,8 @@ def test_several_jitted_models_alive_in_one_process(mode, copy_outputs):
             torch.cuda.synchronize()
     ref_losses, ref_grads = reference(a, 6, seed=0)
     if copy_outputs:
-        torch.testing.assert_close(torch.stack(kept), torch.stack(ref_losses))
+        assert_equal(torch.stack(kept), torch.stack(ref_losses))
     else:
-        torch.testing.assert_close(kept[-1], ref_losses[-1])  # kept ones may be overwritten, as documented
+        assert_equal(kept[-1], ref_losses[-1])  # kept ones may be overwritten, as documented
     for n, p in a.model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_grads[n], msg=n)
+        assert_equal(p.grad, ref_grads[n], label=n)

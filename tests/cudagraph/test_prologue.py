@@ -20,6 +20,7 @@ from thunder_nb.cudagraph.prologue import (
 from thunder_nb.testing.emulate import emulated_capture
 from thunder_nb.testing.models import model_case
 from thunder_nb.testing.modes import make_transform
+from thunder_nb.diagnosis.judge import assert_equal
 
 
 class _Shadowed(nn.Module):
@@ -342,9 +343,9 @@ def test_a_training_step_walks_paths_and_follows_replaced_parameters_buffers_and
         loss.backward()
         expected = ref.step(*batch)
         expected.backward()
-        torch.testing.assert_close(loss, expected)
+        assert_equal(loss, expected)
         for (pname, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=pname)
+            assert_equal(p.grad, q.grad, label=pname)
             p.grad = q.grad = None
 
     with emulated_capture():
@@ -378,7 +379,7 @@ def test_a_jitted_module_keeps_its_own_lookups_and_equals_eager():
     x = torch.randn(4, 8)
     with emulated_capture():
         for _ in range(2):
-            torch.testing.assert_close(jm(x), ref(x))
+            assert_equal(jm(x), ref(x))
 
 
 @pytest.mark.slow
@@ -403,11 +404,11 @@ def test_a_failed_check_still_means_a_new_trace():
             loss.backward()
             expected = ref.step(idx, targets)
             expected.backward()
-            torch.testing.assert_close(loss, expected)
+            assert_equal(loss, expected)
             for (name, p), q in zip(case.model.named_parameters(), ref.model.parameters()):
                 assert (p.grad is None) == (q.grad is None), name
                 if p.grad is not None:
-                    torch.testing.assert_close(p.grad, q.grad, msg=name)
+                    assert_equal(p.grad, q.grad, label=name)
                 p.grad = q.grad = None
     assert thunder.cache_misses(j) == 4
 
@@ -421,7 +422,7 @@ def test_a_module_passed_as_an_argument_is_read_from_that_argument():
     x = torch.randn(2, 4)
     with emulated_capture():
         for model in (a, b, a):
-            torch.testing.assert_close(j(model, x), model(x))
+            assert_equal(j(model, x), model(x))
     assert "thunder_nb_module_walk(" in _prologue_text(j)
 
 
@@ -430,7 +431,7 @@ def test_a_symbolic_size_keeps_thunders_check():
     with emulated_capture():
         for n in (3, 5):
             x = torch.randn(n)
-            torch.testing.assert_close(j(x), x * 2)
+            assert_equal(j(x), x * 2)
     text = _prologue_text(j)
     assert "check_tensor_metadata(" in text and "thunder_nb_check_tensors(" not in text
 
@@ -533,8 +534,8 @@ def test_attribute_checks_moved_into_the_walk_retrace_where_thunders_prologue_do
                     for m in (fast_m, oracle_m, eager_m):
                         change(m)
                 expected = eager_m(x)
-                torch.testing.assert_close(fast(x), expected, equal_nan=True, msg=what)
-                torch.testing.assert_close(oracle(x), expected, equal_nan=True, msg=what)
+                assert_equal(fast(x), expected, label=what)
+                assert_equal(oracle(x), expected, label=what)
                 assert thunder.cache_misses(fast) == thunder.cache_misses(oracle), what
                 if i == 1:
                     walk = next(v for k, v in thunder.last_prologue_traces(fast)[-1].python_ctx().items()
