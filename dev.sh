@@ -197,6 +197,11 @@ case "${1:-}" in
         done
         say "notebooks: a working copy in $lab_dir ($copied copied from notebooks/; yours kept as you saved them;" \
             "delete one to get the repository's version back)"
+        # NOTE: Lab's default for this .venv only (its overrides.json): a notebook saved in Lab keeps its widgets'
+        # state, so its toggles show again when it is reopened (ipywidgets' own default is not to save it)
+        mkdir -p .venv/share/jupyter/lab/settings
+        printf '%s\n' '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' \
+            >.venv/share/jupyter/lab/settings/overrides.json
         say "opening JupyterLab on $lab_dir (stop it with Ctrl-C); in a notebook: %load_ext thunder_nb"
         exec .venv/bin/python -m jupyterlab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir="$lab_dir" "${root[@]}" "$@"
         ;;

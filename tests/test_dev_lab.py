@@ -63,6 +63,12 @@ def test_lab_serves_the_notebooks_and_the_kernel_loads_the_extension(tmp_path):
         assert (tmp_path / "lab" / "mine.ipynb").exists()
         assert "my note" in (tmp_path / "lab" / "01_del_bug.ipynb").read_text()
         assert _git_status() == before, "dev.sh lab changed the repository's files"
+        # NOTE: a notebook saved in this Lab keeps its widget state (ipywidgets' jupyterlab-manager saves it)
+        plugin = "@jupyter-widgets/jupyterlab-manager:plugin"
+        with urllib.request.urlopen(f"{base}/lab/api/settings/{plugin}?token={token}", timeout=10) as r:
+            got = json.load(r)
+            # NOTE: Lab applies overrides.json as the schema's default; the user's own settings may still say no
+            assert got["schema"]["properties"]["saveState"]["default"] is True, str(got)[:800]
         with urllib.request.urlopen(f"{base}/api/kernelspecs?token={token}", timeout=10) as r:
             spec = json.load(r)["kernelspecs"]["python3"]["spec"]
         # NOTE: the kernel is the project's Python, so `%load_ext thunder_nb` finds the package. jupyter_client runs a
