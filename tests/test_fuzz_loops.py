@@ -84,3 +84,20 @@ def test_date_run():
         _check(loops.judge(loop, RUNS))
 
     judge()
+
+
+#: The features the GPU run covers, one loop each: each configuration under real capture, on the H200.
+GPU_FEATURES = ("add-head", "freeze", "unfreeze", "onecycle", "load", "bf16", "fp16-scaler", "accumulate", "clip",
+                "eval", "conv-bn", "embed", "ragged")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("feature", GPU_FEATURES)
+def test_loops_under_real_capture(feature):
+    from thunder_nb.testing.zoo import judged_numerics
+
+    i = loops.FEATURES.index(feature)
+    loop = loops.generate(RandomChooser(2000 + i), seed=i, require=feature)
+    with judged_numerics():
+        _check(loops.judge(loop, [(c, True) for c in loops.CONFIGS], device="cuda"))

@@ -169,7 +169,7 @@ def _net(kind: str) -> Any:
     return Net()
 
 
-def _batch(kind: str, seed: int, step: int, n: int) -> tuple[Any, Any]:
+def _batch(kind: str, seed: int, step: int, n: int, device: Any) -> tuple[Any, Any]:
     import torch
 
     g = torch.Generator().manual_seed(seed * 1000 + step)
@@ -179,7 +179,7 @@ def _batch(kind: str, seed: int, step: int, n: int) -> tuple[Any, Any]:
         x = torch.randn(n, 3, 6, 6, generator=g)
     else:
         x = torch.randint(0, 32, (n, 5), generator=g)
-    return x, torch.randint(0, 4, (n,), generator=g)
+    return x.to(device), torch.randint(0, 4, (n,), generator=g).to(device)
 
 
 def _loss_fn(model: Any) -> Callable[..., Any]:
@@ -234,12 +234,12 @@ class LoopRun:
     warnings: list[str] = field(default_factory=list)
 
 
-def _autocast(precision: str) -> Any:
+def _autocast(precision: str, device: Any) -> Any:
     import torch
 
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 def _state(model: Any, opt: Any) -> dict[str, Any]:
@@ -253,9 +253,9 @@ def _state(model: Any, opt: Any) -> dict[str, Any]:
     return out
 
 
-def run(loop: Loop, config: str = "eager", *, capture: Any = False) -> LoopRun:
+def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any = "cpu") -> LoopRun:
     """Run ``loop`` under ``config`` ("eager" or one of `CONFIGS`) in capture mode ``capture`` (False, "emulated", or
-    True on a GPU); never raises for what the loop does (a refusal or an error is recorded)."""
+    True on a GPU) on ``device``; never raises for what the loop does (a refusal or an error is recorded)."""
     import torch
 
     from ... import fix
@@ -266,11 +266,13 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False) -> LoopRun:
     out = LoopRun(config)
     compiled_mode = config in ("thunder_nb.jit", "fused")
     torch.manual_seed(loop.seed)
-    model = _net(loop.model)
+    model = _net(loop.model).to(device)
     loss_fn = _loss_fn(model)
     opt = _optimizer(loop.optimizer, model.parameters())
     sched = _scheduler(loop.scheduler, opt, loop.steps)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if loop.precision == "fp16-scaler" else None
+    scaler = None
+    if loop.precision == "fp16-scaler":
+        scaler = torch.amp.GradScaler(torch.device(device).type, init_scale=2.0**8)
     events = dict(loop.events)
     saved: bytes | None = None
     step = compiled = None
@@ -296,8 +298,9 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False) -> LoopRun:
                 event = events.get(i)
                 if event == "eval":
                     model.eval()
-                    with torch.no_grad(), _autocast(loop.precision):
-                        record["validation loss"] = forward(*_batch(loop.model, loop.seed, 100 + i, _BATCH)).float()
+                    with torch.no_grad(), _autocast(loop.precision, device):
+                        xv, yv = _batch(loop.model, loop.seed, 100 + i, _BATCH, device)
+                        record["validation loss"] = forward(xv, yv).float()
                     model.train()
                 elif event == "freeze":
                     model.body.requires_grad_(False)
@@ -305,7 +308,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False) -> LoopRun:
                     model.body.requires_grad_(True)
                 elif event == "add-head":
                     torch.manual_seed(loop.seed + 1)
-                    model.head2 = torch.nn.Linear(16, 4)
+                    model.head2 = torch.nn.Linear(16, 4).to(device)
                     # NOTE: the group's other settings as the first group has them (a scheduler's max_lr, initial_lr)
                     opt.add_param_group({**{k: v for k, v in opt.param_groups[0].items() if k != "params"},
                                          "params": list(model.head2.parameters())})
@@ -324,12 +327,12 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False) -> LoopRun:
                     for g in opt.param_groups:
                         g["lr"] = g["lr"] * 0.3
                 n = _RAGGED if (loop.ragged and i == loop.steps - 1) else _BATCH
-                x, y = _batch(loop.model, loop.seed, i, n)
+                x, y = _batch(loop.model, loop.seed, i, n, device)
                 if step is not None:
-                    with _autocast(loop.precision):
+                    with _autocast(loop.precision, device):
                         loss = step(x, y)
                 else:
-                    loss = _eager_step(loop, model, forward, opt, scaler, x, y)
+                    loss = _eager_step(loop, model, forward, opt, scaler, x, y, device)
                 if sched is not None:
                     sched.step()
                 record["loss"] = loss.item() if loop.logged else loss.detach().float().clone()
@@ -344,7 +347,8 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False) -> LoopRun:
     return out
 
 
-def _eager_step(loop: Loop, model: Any, forward: Callable[..., Any], opt: Any, scaler: Any, x: Any, y: Any) -> Any:
+def _eager_step(loop: Loop, model: Any, forward: Callable[..., Any], opt: Any, scaler: Any, x: Any, y: Any,
+                device: Any) -> Any:
     """One iteration as a user writes it around a loss function: zero_grad, forward and backward per micro-batch,
     clipping, the optimizer's (or the GradScaler's) step."""
     import torch
@@ -353,7 +357,7 @@ def _eager_step(loop: Loop, model: Any, forward: Callable[..., Any], opt: Any, s
     total = None
     k = loop.accumulate
     for xp, yp in zip(x.chunk(k), y.chunk(k)):
-        with _autocast(loop.precision):
+        with _autocast(loop.precision, device):
             loss = forward(xp, yp)
         part = loss / k if k > 1 else loss
         (scaler.scale(part) if scaler is not None else part).backward()
@@ -370,13 +374,12 @@ def _eager_step(loop: Loop, model: Any, forward: Callable[..., Any], opt: Any, s
     return total
 
 
-#: Tolerances (rtol, atol) by precision: ``BASE`` is added to what thunder without graphs needs on the same loop;
-#: thunder without graphs itself must stay within ``SANE`` of eager, else the loop's numerics are thunder's problem,
-#: reported as wrong, never taken as the reference.
-BASE = {"fp32": (1e-5, 1e-6), "bf16": (1e-3, 1e-3), "fp16-scaler": (1e-3, 1e-3)}
-SANE = {"fp32": (1e-3, 1e-4), "bf16": (5e-2, 5e-2), "fp16-scaler": (5e-2, 5e-2)}
-#: How many times thunder-without-graphs' own difference from eager a configuration may differ by.
-REFERENCE_FACTOR = 4.0
+#: The base tolerance of each precision (`thunder_nb.diagnosis.judge`): beyond it a run may differ from eager as far
+#: as thunder without graphs does on the same loop, value by value, while that reference is itself sane.
+def _tolerance(precision: str) -> Any:
+    from ...diagnosis.judge import AUTOCAST, MODEL
+
+    return MODEL if precision == "fp32" else AUTOCAST
 
 
 @dataclass
@@ -399,63 +402,52 @@ class LoopVerdict:
         return "\n".join(lines)
 
 
-def _difference(a: dict[str, Any], b: dict[str, Any], rtol: float, atol: float) -> str | None:
-    """The first difference of step record ``a`` from eager's ``b`` (a value missing from either, or one not within
-    ``atol + rtol * |eager's|``), with the largest difference; None when they are equal."""
-    from ...notebook.values import compare_values
+def _difference(a: dict[str, Any], b: dict[str, Any], ref: dict[str, Any] | None, precision: str) -> str | None:
+    """The first difference of step record ``a`` from eager's ``b`` (a value missing from either, or one the judge
+    calls unequal, given thunder-without-graphs' record ``ref`` of the same step); None when they are equal."""
+    from ...diagnosis.judge import judge as judge_values
 
     missing, more = [k for k in b if k not in a], [k for k in a if k not in b]
     if missing or more:
         extra = len(missing) + len(more) - 1
         return (f"{missing[0]} missing (eager has it)" if missing else f"{more[0]} (eager has none)") + (
             f", and {extra} more" if extra else "")
-    c = compare_values(a, b, label="", reference="eager's", rtol=rtol, atol=atol)
-    return None if c.matches else f"{c.difference.lstrip(' ')} (largest difference {c.max_abs_error:.3g})"
+    if ref is not None and set(ref) != set(b):
+        ref = None  # NOTE: thunder without graphs lacks a value eager has: no yardstick (reported on its own)
+    j = judge_values(a, b, without_graphs=ref, tolerance=_tolerance(precision), label="")
+    return None if j.equal else j.difference.lstrip(" ")
 
 
-def _largest_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
-    from ...notebook.values import compare_values
-
-    return compare_values(a, b, rtol=0.0, atol=float("inf")).max_abs_error or 0.0
-
-
-def _reference_slack(ref: LoopRun, eager: LoopRun, precision: str) -> tuple[list[float], str | None]:
-    """Per step, how far thunder without graphs is from eager (the largest absolute difference), and why it cannot
-    serve as a reference (non-finite where eager is finite, past `SANE`, or it failed)."""
-    if ref.error or ref.refused:
-        return [], f"thunder without graphs failed: {ref.error or ref.refused}"
-    slack = []
-    for i, (a, b) in enumerate(zip(ref.steps, eager.steps)):
-        why = _difference(a, b, *SANE[precision])
-        if why is not None:
-            return slack, f"thunder without graphs leaves eager at step {i}: {why}"
-        slack.append(_largest_difference(a, b))
-    return slack, None
-
-
-def judge(loop: Loop, runs: Sequence[tuple[str, Any]]) -> LoopVerdict:
+def judge(loop: Loop, runs: Sequence[tuple[str, Any]], device: Any = "cpu") -> LoopVerdict:
     """Run ``loop`` eagerly, without graphs (each reference `REFERENCES` names) and in each (configuration, capture
-    mode) of ``runs``; each run must equal eager's within what thunder without graphs needs on the same loop."""
-    eager = run(loop, "eager")
-    refs = {name: run(loop, name) for name in dict.fromkeys(REFERENCES[c] for c, _ in runs)}
-    slack = {name: _reference_slack(r, eager, loop.precision) for name, r in refs.items()}
+    mode) of ``runs``; each run must equal eager's at every step, by `thunder_nb.diagnosis.judge`'s rule with the
+    reference's record of the same step as its yardstick."""
+    eager = run(loop, "eager", device=device)
+    refs = {name: run(loop, name, device=device) for name in dict.fromkeys(REFERENCES[c] for c, _ in runs)}
+    problems = {}
+    for name, ref in refs.items():
+        if ref.error or ref.refused:
+            problems[name] = f"thunder without graphs failed: {ref.error or ref.refused}"
+            continue
+        for i, (a, b) in enumerate(zip(ref.steps, eager.steps)):
+            why = _difference(a, b, None, loop.precision)
+            if why is not None:
+                problems[name] = f"thunder without graphs leaves eager at step {i}: {why}"
+                break
     done: dict[tuple[str, Any], LoopRun] = {}
     wrong: dict[tuple[str, Any], str] = {}
     for config, mode in runs:
-        got = run(loop, config, capture=mode)
+        got = run(loop, config, capture=mode, device=device)
         done[(config, mode)] = got
         if got.refused or got.error:
             continue  # NOTE: not silent: the caller tallies refusals and errors
-        # NOTE: where thunder without graphs is itself wrong, the run answers to eager alone (no slack)
-        steps = slack[REFERENCES[config]][0] if slack[REFERENCES[config]][1] is None else []
+        ref = refs[REFERENCES[config]]
         for i, (a, b) in enumerate(zip(got.steps, eager.steps)):
-            rtol, atol = BASE[loop.precision]
-            diff = _difference(a, b, rtol, atol + REFERENCE_FACTOR * (steps[i] if i < len(steps) else 0.0))
+            diff = _difference(a, b, ref.steps[i] if i < len(ref.steps) else None, loop.precision)
             if diff is not None:
                 wrong[(config, mode)] = f"step {i}: {diff}"
                 break
         else:
             if len(got.steps) != len(eager.steps):
                 wrong[(config, mode)] = f"{len(got.steps)} steps run, eager ran {len(eager.steps)}"
-    problems = {name: why for name, (_, why) in slack.items() if why is not None}
     return LoopVerdict(loop, eager, done, wrong, refs, problems)
