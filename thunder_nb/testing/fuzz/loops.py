@@ -103,10 +103,11 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | None = None) -> 
     model = chooser.choice(MODELS)
     steps = chooser.integer(5, 8)
     events: list[tuple[int, str]] = []
+    needed = {"unfreeze": "freeze", "load": "save"}.get(require, require)  # NOTE: each pair's first comes first
     for event in EVENTS:
         if event in ("unfreeze", "load"):
             continue  # NOTE: each comes after its pair (freeze, save)
-        if chooser.boolean(0.2) or require in (event, {"unfreeze": "freeze", "load": "save"}.get(require)):
+        if chooser.boolean(0.2) or event == needed:
             at = chooser.integer(2, steps - 2)
             events.append((at, event))
             if event == "freeze" and (require == "unfreeze" or chooser.boolean(0.5)):
