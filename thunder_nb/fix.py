@@ -16,6 +16,13 @@ from thunder.executors.utils import Region
 from . import internals
 from .cudagraph import call
 from .cudagraph.defer import defer_returned_items
+from .cudagraph.distributed import (
+    is_collective,
+    later_trace_rewriters,
+    refuse_fully_sharded,
+    refuse_wrapped,
+    sink_collectives,
+)
 from .cudagraph.executors import jit_executors
 from .cudagraph.inplace import fold_in_place
 from .cudagraph.passes import (
@@ -79,9 +86,15 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
 
     Returns:
         thunder's jitted function; its transform is ``jfn._lc_transforms[0]``.
+
+    Data parallelism wraps the result: ``thunder.distributed.ddp(thunder_nb.jit(model))`` (or ``fsdp``, or torch's
+    ``DistributedDataParallel`` or ``FullyShardedDataParallel``) synchronises the gradients as around
+    ``thunder.jit(model)``. The reverse order (a model already compiled, or wrapped for data parallelism) and torch's
+    ``fully_shard`` around the result raise TypeError naming the order to write (`thunder_nb.cudagraph.distributed`).
     """
     import thunder
 
+    refuse_wrapped(fn)
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
     options["executors"] = jit_executors(executors)
     jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
@@ -171,11 +184,23 @@ class FixedCUDAGraphTransform(RegionTransform):
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         """As the base transform; then make the prologue's module lookups path walks (`thunder_nb.cudagraph.prologue`), and
-        move each ``.item()`` whose number is only returned into the epilogue."""
+        move each ``.item()`` whose number is only returned into the epilogue.
+
+        The walks are left out where a transform after this one in ``transforms=`` rewrites the traces before the
+        prologue too (``thunder.distributed.ddp`` and ``fsdp`` add theirs there): those look for thunder's own lookup
+        and check symbols, and would find none (`thunder_nb.cudagraph.distributed`). A module given to torch's
+        ``fully_shard`` after ``thunder_nb.jit`` is refused here, at its first call."""
+        refuse_fully_sharded()
         prologue_trace, computation_trace, epilogue_trace = super().transform_traces_pre_prologue(
             prologue_trace, computation_trace, epilogue_trace, **kwargs)
         if self.fast_prologue:
-            prologue_trace = fast_module_lookups(prologue_trace)
+            later = later_trace_rewriters(self)
+            if later:
+                names = ", ".join(sorted({type(t).__name__ for t in later}))
+                self.notes.append(f"prologue left as thunder made it (no module walks): {names} after this transform "
+                                  "reads thunder's lookups and checks")
+            else:
+                prologue_trace = fast_module_lookups(prologue_trace)
         moved = defer_returned_items(computation_trace, epilogue_trace) if self.defer_items else None
         if moved is None:
             return prologue_trace, computation_trace, epilogue_trace
@@ -185,7 +210,8 @@ class FixedCUDAGraphTransform(RegionTransform):
         return prologue_trace, computation_trace, epilogue_trace
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
-        """Whether ``bsym`` may join a region: never a del, a host sync, a transfer or a CPU op of a CUDA trace."""
+        """Whether ``bsym`` may join a region: never a del, a host sync, a transfer, a CPU op of a CUDA trace, nor a
+        collective or its wait (`thunder_nb.cudagraph.distributed.is_collective`)."""
         if bsym.sym.id == prims.PrimIDs.DEL or bsym.sym.id == "clear_mutable_collection":
             return False
         if bsym.sym.id in (
@@ -197,6 +223,8 @@ class FixedCUDAGraphTransform(RegionTransform):
             prims.PrimIDs.ITEM,
         ):
             return False
+        if is_collective(bsym):
+            return False  # NOTE: launched and waited for outside every graph (`thunder_nb.cudagraph.distributed`)
         if self._keep_out and any(p.name in self._keep_out for p in bsym.flat_proxy_outs):
             return False  # NOTE: the scalar hand-off keeps a number's fill, or a reader it cannot hand over, outside
         return classify_bsym(bsym, cuda_trace=self._cuda) is None
@@ -213,7 +241,10 @@ class FixedCUDAGraphTransform(RegionTransform):
         return self._make_fusion(bsyms, inputs, outputs)
 
     def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
-        """Fuse regions into CUDA graphs, route what leaves the trace through the hand-out, regenerate top-level dels."""
+        """Fuse regions into CUDA graphs, route what leaves the trace through the hand-out, regenerate top-level dels.
+
+        Collectives and their waits (thunder's ``ddp`` and ``fsdp``) move down to just before what reads them
+        (`thunder_nb.cudagraph.distributed.sink_collectives`), so that they split no region."""
         start = time.perf_counter_ns()
         backward = self._begin(trace)
         work = from_trace(trace)
@@ -224,6 +255,8 @@ class FixedCUDAGraphTransform(RegionTransform):
             if len(work.bound_symbols) < before:
                 self.notes.append(f"{before - len(work.bound_symbols)} partial updates that thunder made out of place "
                                   "(a copy of the whole tensor, then a copy_ back) run in place again")
+        if any(is_collective(b) for b in work.bound_symbols):
+            work.bound_symbols = sink_collectives(work.bound_symbols)
         if self.scalar_handoff:
             handed = handoff_numbers(work, work.bound_symbols, self.can_fuse, cuda=self._cuda)
             work.bound_symbols, self._handoffs, self._keep_out = handed.bsyms, handed.handoffs, handed.keep_out
