@@ -359,7 +359,11 @@ def test_a_replaced_submodule_a_requires_grad_change_and_a_rebound_buffer_record
     batches = [_batch(i) for i in range(8)]
     losses, state = _eager_mlp(batches, _sgd, between=between, make_net=make_net)
     got, got_state, step, again = _stepped(batches, _sgd, between=between, make_net=make_net, warmup=1)
-    assert again == [f"jit_step: recording the step again: {expected}"]
+    # NOTE: thunder's cache finds a replaced submodule by its name, whatever its class: the step traces anew and says so
+    done = ("; thunder traces the loss function anew, as a new thunder.jit (its cache checks neither which members a "
+            "module has nor the class of the module at a name, and would run the old trace)"
+            if expected.startswith("submodule") else "")
+    assert again == [f"jit_step: recording the step again: {expected}{done}"]
     assert step.graphs_recorded == 2 and step.recordings == ["first recording", expected]
     c = _same({"losses": got, "state": got_state}, {"losses": losses, "state": state})
     assert c.matches, c.difference

@@ -580,3 +580,15 @@ def own_buffers(module: Any) -> dict[str, Any]:
 def own_modules(module: Any) -> dict[str, Any]:
     """``module``'s direct submodules by name, the live dict: ``module._modules``."""
     return module._modules
+
+
+# --- the keys of a dict in a guard (`thunder_nb.cudagraph.prologue`'s guard of a module's members, issue 50) -------
+
+
+def guard_dict_keys(node: ObjectGuard.Node, d: dict, keys: Any) -> None:
+    """Add to ``node``, a guard's node of the dict ``d``, that the dict still has ``len(d)`` keys and each of ``keys``
+    (torch.compile's dict length and dict-contains guards)."""
+    manager = node._manager
+    manager.add_dict_length_check_guard(len(d), [f"len({node._name}) == {len(d)}"], None)
+    for key in keys:
+        manager.add_dict_contains_guard(True, key, [f"{key!r} in {node._name}"], None)

@@ -20,7 +20,13 @@ __all__ = ["jit_step", "Step", "RecordAgainWarning", "step_mode"]
 
 
 class RecordAgainWarning(UserWarning):
-    """The step was recorded again; the message says what changed since the last recording."""
+    """The step was recorded again; the message says what changed since the last recording, and where thunder's cache
+    could not see the change, that the loss function was traced anew."""
+
+
+#: What the step does where thunder's cache cannot see a change (`thunder_nb.step_guard.Change.unseen`), in words.
+_NEW_TRACE = ("thunder traces the loss function anew, as a new thunder.jit (its cache checks neither which members a "
+              "module has nor the class of the module at a name, and would run the old trace)")
 
 
 def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
@@ -28,17 +34,22 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
              copy_loss: bool = True, executors: Sequence[Any] = ()) -> Step:
     """Compile one training iteration of ``model`` into one CUDA graph: ``step(*batch) -> loss``.
 
-    Each call is ``zero_grad``, ``loss = loss_fn(*batch)`` (run as thunder's trace of the function: the model and
-    the loss), ``loss.backward()``, optional clipping, ``optimizer.step()``. The first ``warmup`` calls run it
+    Each call is ``zero_grad`` (set to None: every parameter the optimizer holds, and every one trained, as an eager
+    loop's ``optimizer.zero_grad()``; a frozen parameter keeps no old gradient for the step to read), ``loss =
+    loss_fn(*batch)`` (run as thunder's trace of the function: the model and the loss), ``loss.backward()``, optional
+    clipping, ``optimizer.step()``. The first ``warmup`` calls run it
     uncaptured on a side stream (real steps, as PyTorch's whole-network capture recipe asks); the next call
     records it as one ``torch.cuda.CUDAGraph`` (gradients set to None first, so they are allocated in the graph's
     own memory) and every later call copies the batch into the graph's static input buffers and replays it.
 
     Replay is guarded on the host: the batch's shapes, dtypes and devices (and its non-tensor values), autocast,
     every module of the model (its submodules, parameters and buffers: the same objects in the same memory; each
-    parameter's ``requires_grad``; its training flag) and the optimizer's state, param groups and hyperparameters.
-    A change records again, after ``warmup`` more uncaptured steps where thunder's trace changes, with a
-    `RecordAgainWarning` that states the cause; a parameter the optimizer has no state for yet (a param group
+    parameter's ``requires_grad``; its training flag; the names in its instance dict) and the optimizer's state,
+    param groups and hyperparameters. A change records again, after ``warmup`` more uncaptured steps where thunder's
+    trace changes, with a `RecordAgainWarning` that states the cause. Where thunder's own cache cannot see the change
+    (a submodule, parameter, buffer or attribute added or removed, which ``hasattr(model, ...)`` in the loss may
+    branch on; another module at a name), the loss function is traced anew by a new ``thunder.jit``, in every mode
+    (``capture=False`` too), and the warning says so; a parameter the optimizer has no state for yet (a param group
     added later) gets one uncaptured step first, so that its state (Adam's moments) is not made inside the graph.
     A call under ``torch.no_grad()`` is refused.
 
@@ -57,7 +68,7 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
         capture: ``"auto"``: a real CUDA graph when the model is on CUDA, else the CPU stand-in; ``True``: CUDA
             required; ``"emulated"``: the CPU stand-in (every replay runs the iteration eagerly and writes its
             loss and gradients into the recorded memory, as a replay does); ``False``: never record (every call
-            is an uncaptured step; no refusals).
+            is an uncaptured step; no refusals, no warnings; a change the guards find is met as in the other modes).
         warmup: uncaptured steps before each recording, at least 1 (thunder's first call and the optimizer's first
             step, which makes its state, stay out of the graph).
         copy_loss: return a copy of the graph's loss (one small copy per step). With False the returned tensor is
@@ -136,7 +147,8 @@ class Step:
             raise ValueError("the model has no parameter that requires grad: nothing to train")
         self.device = self._params[0].device
         self._mode = step_mode(capture, self.device)
-        self._jfn = thunder_jit(loss_fn, executors)
+        self._executors = executors
+        self._jfn = thunder_jit(loss_fn, executors)  # NOTE: made anew where thunder's cache cannot see a change
         self.notes: list[str] = []  # what jit_step changed or decided, in words
         self.optimizer_text, self._optimizer_blocker = optimizer_plan(optimizer)
         # NOTE: Adam's and AdamW's lr is read at every step (a device tensor in the graph; the optimizer itself in the
@@ -189,12 +201,21 @@ class Step:
             self.notes.extend(f"{note} (again: the optimizer's param groups had lost it)"
                               for note in self._set_up_optimizer())
         change = self._snap.change()
-        retrace = change is not None and change[1]
+        retrace = change is not None and change.retrace
+        unseen = change is not None and change.unseen
         if self._recording is not None:
-            why = key_difference(self._key, key) if key != self._key else (change or ("the step's state changed",))[0]
-            warnings.warn(RecordAgainWarning(f"jit_step: recording the step again: {why}"), stacklevel=3)
+            why = key_difference(self._key, key) if key != self._key else (
+                change.words if change is not None else "the step's state changed")
+            done = ""
+            if unseen:
+                also = "" if why == change.words else f"; {change.words}"
+                done = f"{also}; {_NEW_TRACE}"
+            warnings.warn(RecordAgainWarning(f"jit_step: recording the step again: {why}{done}"), stacklevel=3)
             self._drop()
             self._why = why
+        if unseen:
+            # NOTE: in every mode: the old jitted function's cache would hit the trace made before the change
+            self._jfn = thunder_jit(self.loss_fn, self._executors)
         if retrace:
             self._checked = None  # NOTE: another module, another parameter: thunder traces other code
         if key != self._key or retrace:
@@ -244,9 +265,18 @@ class Step:
         self.optimizer.step()
         return total
 
-    def _uncaptured(self, batch: Sequence[Any]) -> torch.Tensor:
+    def _zero_grad(self) -> None:
+        """``optimizer.zero_grad()`` (set to None) over the optimizer's parameters and the trained ones, as an eager
+        loop's step begins: a parameter no longer trained (frozen by ``requires_grad_(False)``, its module removed)
+        keeps no gradient of an earlier step, which the optimizer's step would read (decay, moments, step count)."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
         for p in self._params:
             p.grad = None
+
+    def _uncaptured(self, batch: Sequence[Any]) -> torch.Tensor:
+        self._zero_grad()
         if self._stream is None:
             return self._iteration(batch)
         current = torch.cuda.current_stream(self.device)
@@ -259,8 +289,7 @@ class Step:
 
     def _record(self, batch: Sequence[Any]) -> torch.Tensor:
         static = [b.clone() if isinstance(b, torch.Tensor) else b for b in batch]  # NOTE: the graph's input buffers
-        for p in self._params:
-            p.grad = None  # NOTE: the recipe's zero_grad(set_to_none=True): gradients allocated in the graph's pool
+        self._zero_grad()  # NOTE: the recipe's zero_grad(set_to_none=True): gradients allocated in the graph's pool
         if self._tensor_lr:
             self._lr_to_tensor()
         if self._mode == "cuda":

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from . import internals
 
-__all__ = ["Snapshot", "batch_key", "key_difference", "autocast_key", "trained_parameters"]
+__all__ = ["Snapshot", "Change", "batch_key", "key_difference", "autocast_key", "trained_parameters"]
 
 
 def trained_parameters(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -25,12 +25,26 @@ def _meta(t: Any) -> Any:
     return (t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t)
 
 
+class Change(NamedTuple):
+    """What `Snapshot.change` found, and what it means for thunder's trace of the loss function."""
+
+    words: str  # what changed, in words
+    retrace: bool  # thunder's trace changes with it: warm-up steps again before a recording
+    # thunder's cache cannot see it (a module's members, which module stands at a name): a cache hit would run the
+    # old trace, so the loss function needs a new thunder.jit
+    unseen: bool = False
+
+
 class Snapshot:
     """The model and optimizer as one step saw them: every module (its training flag, its own submodules, parameters
-    and buffers: the objects, their memory and each parameter's ``requires_grad``) and the optimizer (its state and
+    and buffers: the objects, their memory and each parameter's ``requires_grad``; the names in its instance dict, which
+    ``hasattr`` finds first: as many, and each of its own, `_MODULE_NAMES` left out) and the optimizer (its state and
     param groups, the objects, and each group's size and hyperparameters; ``lr`` left out when it is ``lr_live``).
 
-    `change` compares the live objects with it by identity, and words a difference only when it finds one.
+    `change` compares the live objects with it by identity, and words a difference only when it finds one. Thunder's
+    own cache checks each module's training flag and each tensor's metadata (``requires_grad`` among them), but not
+    which members a module has or which module stands at a name: a trace that branched on ``hasattr(model, "head2")``
+    hits its cache after ``model.head2 = ...``. `change` says which changes those are (`Change.unseen`).
     """
 
     __slots__ = ("model", "optimizer", "modules", "params", "_entries", "_state", "_groups", "_sizes", "_hyper")
@@ -47,40 +61,47 @@ class Snapshot:
                 items = tuple((n, t, _ptr(t), t.requires_grad if kind == "parameter" and t is not None else None)
                               for n, t in live.items())
                 members.append((kind, live, items))
-            self._entries.append((m, m.training, tuple(members)))
+            d = vars(m)
+            self._entries.append((m, m.training, tuple(members), d, len(d),
+                                  frozenset(name for name in d if name not in _MODULE_NAMES)))
         self._state, self._groups = optimizer.state, optimizer.param_groups
         self._sizes = tuple(len(g["params"]) for g in optimizer.param_groups)
         self._hyper = tuple(tuple((k, v) for k, v in g.items() if k != "params" and not (k == "lr" and lr_live))
                             for g in optimizer.param_groups)
 
-    def change(self) -> tuple[str, bool] | None:
-        """What changed since the snapshot, in words, and whether thunder's trace changes with it (then the step warms
-        up again before recording); None when nothing did."""
-        for m, training, members in self._entries:
+    def change(self) -> Change | None:
+        """What changed since the snapshot (`Change`: in words, whether thunder's trace changes with it, whether
+        thunder's cache can see it); None when nothing did."""
+        for m, training, members, d, n, own in self._entries:
             if m.training != training:
                 mode = "training" if m.training else "eval"
-                return f"{type(m).__name__} is now in {mode} mode (model.train() / model.eval())", True
+                return Change(f"{type(m).__name__} is now in {mode} mode (model.train() / model.eval())", True)
+            if len(d) != n or not d.keys() >= own:
+                return Change(_attributes_change(m, d, own), True, True)
             for kind, live, items in members:
                 if len(live) != len(items):
-                    return _members_change(m, kind, live, items), True
+                    return Change(_members_change(m, kind, live, items), True, True)
                 for name, was, ptr, requires_grad in items:
                     now = live.get(name, _GONE)
+                    if now is _GONE:  # NOTE: as many, but another name
+                        return Change(_members_change(m, kind, live, items), True, True)
                     if now is not was:
                         return _replaced(m, kind, name, was, now)
                     if ptr is not None and now.data_ptr() != ptr:
-                        return f"{kind} {type(m).__name__}.{name} now lives in other memory (its .data was set)", False
+                        return Change(f"{kind} {type(m).__name__}.{name} now lives in other memory (its .data was "
+                                      "set)", False)
                     if requires_grad is not None and now.requires_grad != requires_grad:
-                        return (f"parameter {type(m).__name__}.{name} now has requires_grad={now.requires_grad}",
-                                True)
+                        return Change(f"parameter {type(m).__name__}.{name} now has "
+                                      f"requires_grad={now.requires_grad}", True)
         return self._optimizer_change()
 
-    def _optimizer_change(self) -> tuple[str, bool] | None:
+    def _optimizer_change(self) -> Change | None:
         opt = self.optimizer
         if opt.state is not self._state or opt.param_groups is not self._groups:
-            return "the optimizer's state was replaced (load_state_dict)", False
+            return Change("the optimizer's state was replaced (load_state_dict)", False)
         groups = self._groups
         if len(groups) != len(self._sizes) or any(len(g["params"]) != n for g, n in zip(groups, self._sizes)):
-            return "the optimizer's param groups changed", False
+            return Change("the optimizer's param groups changed", False)
         for i, (g, items) in enumerate(zip(groups, self._hyper)):
             for k, v in items:
                 now = g.get(k)
@@ -88,21 +109,34 @@ class Snapshot:
                     extra = (f" ({type(opt).__name__}'s step reads it as a Python number, fixed in the graph; "
                              f"Adam and AdamW read lr from a device tensor and need no new recording)"
                              if k == "lr" else "")
-                    return f"param group {i}'s {k!r} changed from {v!r} to {now!r}{extra}", False
+                    return Change(f"param group {i}'s {k!r} changed from {v!r} to {now!r}{extra}", False)
         return None
+
+
+def _replaced(m: torch.nn.Module, kind: str, name: str, was: Any, now: Any) -> Change:
+    subject = f"{kind} {type(m).__name__}.{name}"
+    if kind == "submodule" or now is None or was is None:
+        # NOTE: thunder's prologue finds a submodule by its name and checks some of its attributes, never its class,
+        # nor whether a None stands where the trace had a tensor: a new trace
+        return Change(f"{subject} was replaced by {'None' if now is None else 'a ' + type(now).__name__}", True, True)
+    # NOTE: a tensor of the same shape, dtype and device: thunder's trace stays, the graph must read the new one;
+    # another one is seen by thunder's tensor checks
+    return Change(f"{subject} was replaced by another tensor", _meta(now) != _meta(was))
 
 
 _GONE = object()
 
+#: The names every ``Module`` has in its instance dict once ``Module.__init__`` ran (its hooks' dicts, ``training``,
+#: ``_parameters``, ...), which nobody deletes: a `Snapshot` counts them and compares the others one by one.
+_MODULE_NAMES = frozenset(vars(torch.nn.Module()))
 
-def _replaced(m: torch.nn.Module, kind: str, name: str, was: Any, now: Any) -> tuple[str, bool]:
-    subject = f"{kind} {type(m).__name__}.{name}"
-    if now is _GONE:
-        return f"{subject} was removed", True
-    if kind == "submodule" or now is None or was is None:
-        return f"{subject} was replaced by {'None' if now is None else 'a ' + type(now).__name__}", True
-    # NOTE: a tensor of the same shape, dtype and device: thunder's trace stays, the graph must read the new one
-    return f"{subject} was replaced by another tensor", _meta(now) != _meta(was)
+
+def _attributes_change(m: torch.nn.Module, d: dict[str, Any], own: frozenset) -> str:
+    added = sorted(name for name in d if name not in own and name not in _MODULE_NAMES)
+    if added:
+        return f"{type(m).__name__} has a new attribute {added[0]}"
+    gone = sorted((own | _MODULE_NAMES) - d.keys())
+    return f"attribute {type(m).__name__}.{gone[0]} was removed" if gone else f"{type(m).__name__}'s attributes changed"
 
 
 def _members_change(m: torch.nn.Module, kind: str, live: dict[str, Any], items: tuple) -> str:

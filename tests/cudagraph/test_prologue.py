@@ -13,6 +13,7 @@ from torch.nn.utils import parametrize
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.cudagraph.prologue import (
     ModuleWalk,
+    StructureChanged,
     check_tensor,
     tensor_checks,
     value_checks,
@@ -190,26 +191,40 @@ def _change_class_of_block(root):
     root.block.__class__ = _LooksUpItsOwnWay
 
 
-@pytest.mark.parametrize("change", [
-    pytest.param(lambda root: setattr(root.head, "weight", nn.Parameter(torch.ones(2, 4))), id="parameter-replaced"),
-    pytest.param(lambda root: root.block.__setitem__(1, nn.LayerNorm(4)), id="submodule-replaced"),
-    pytest.param(lambda root: setattr(root.block, "steps", torch.ones(())), id="buffer-replaced"),
-    pytest.param(lambda root: object.__setattr__(root.block[0], "weight", torch.ones(4, 3)), id="instance-attribute"),
-    pytest.param(lambda root: setattr(nn.LayerNorm, "bias", property(lambda self: "shadowed")), id="class-attribute"),
-    pytest.param(lambda root: setattr(nn.Module, "head", property(lambda self: "shadowed")), id="base-class-attribute"),
-    pytest.param(_change_class_of_block, id="class-swapped"),
-    pytest.param(lambda root, w=nn.Parameter(torch.ones(1)): setattr(root, "get_parameter", lambda t: w), id="own-method"),
+@pytest.mark.parametrize("structure", [False, True], ids=["lookups", "with-structure"])
+@pytest.mark.parametrize("change, structural", [
+    pytest.param(lambda root: setattr(root.head, "weight", nn.Parameter(torch.ones(2, 4))), False,
+                 id="parameter-replaced"),
+    pytest.param(lambda root: root.block.__setitem__(1, nn.LayerNorm(4)), False, id="submodule-replaced"),
+    pytest.param(lambda root: setattr(root.block, "steps", torch.ones(())), False, id="buffer-replaced"),
+    pytest.param(lambda root: object.__setattr__(root.block[0], "weight", torch.ones(4, 3)), True,
+                 id="instance-attribute"),
+    pytest.param(lambda root: setattr(nn.LayerNorm, "bias", property(lambda self: "shadowed")), False,
+                 id="class-attribute"),
+    pytest.param(lambda root: setattr(nn.Module, "head", property(lambda self: "shadowed")), False,
+                 id="base-class-attribute"),
+    pytest.param(_change_class_of_block, True, id="class-swapped"),
+    pytest.param(lambda root, w=nn.Parameter(torch.ones(1)): setattr(root, "get_parameter", lambda t: w), True,
+                 id="own-method"),
 ])
-def test_the_walk_returns_the_last_calls_objects_only_while_nothing_they_rest_on_changed(change):
+def test_the_walk_returns_the_last_calls_objects_only_while_nothing_they_rest_on_changed(change, structural, structure):
     """After a plain walk, the next call is proved by the walk's guard (the very tuple comes back); any change that
-    could make a method answer otherwise fails it, and the walk finds what the methods find."""
+    could make a method answer otherwise fails it, and the walk finds what the methods find. Where the walk checks
+    the modules' members (the prologue's walks do), a change of them (an instance attribute added, a class swapped)
+    raises `StructureChanged` instead, at every later call: the trace may have branched on them."""
     root = _plain_tree()
-    walk = ModuleWalk(_LOOKUPS)
+    walk = ModuleWalk(_LOOKUPS, structure=structure)
     first = _walk_is_the_methods(walk, root)
     assert first is not None and walk(root) is first  # NOTE: the guard passed: the last call's objects
     saved = {c: dict(vars(c)) for c in (nn.LayerNorm, nn.Module)}
     try:
         change(root)
+        if structure and structural:
+            for _ in range(2):
+                # NOTE: or the method's own AttributeError, where a lookup that the change broke comes first
+                with pytest.raises((StructureChanged, AttributeError)):
+                    walk(root)
+            return
         after = _walk_is_the_methods(walk, root)
         assert after is None or after is not first
         _walk_is_the_methods(walk, root)  # NOTE: again, through the guard remade where the walk was plain

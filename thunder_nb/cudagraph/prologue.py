@@ -30,6 +30,15 @@ check of that guard, and walk anew where it fails. A submodule, parameter or buf
 attribute or class attribute that would now shadow one, a class written to: each fails the guard, and the walk finds
 what the methods would.
 
+Thunder's cache checks what its trace read (tensors, attribute values, each module's ``training`` flag) but not which
+members the modules have: a trace that branched on ``hasattr(model, "head2")`` hit the cache after ``model.head2 =
+...``, and ran without the new module (thunder's own prologue has the same gap). A walk keeps, at its first call
+(thunder runs a new prologue right after it traced, on the same objects), the members of every module on its paths:
+its class, the names of its submodules, parameters and buffers in order, and the names in its instance dict
+(`_members`); at every later call where they differ it raises `StructureChanged`, the prologue fails, and thunder
+traces anew (a later change back lets the entry hit again). The walk's guard holds them too (`_guard_members`): the
+version tags of the three dicts, which any write changes, and the instance dict's length and own names.
+
 Thunder's reads of an attribute of the origin or of a submodule it looks up, whose value only a value check against
 a constant reads (a module's ``training`` flag, its sizes: 87 of the 104 value checks of litgpt pythia-14m's decode
 step), become checks the walk makes. Its guard holds those of them read plainly from an instance dict (the value's
@@ -67,7 +76,7 @@ from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 
 from .. import internals
 
-__all__ = ["plain_root", "child", "ModuleWalk", "check_tensor", "tensor_checks", "value_checks",
+__all__ = ["plain_root", "child", "ModuleWalk", "StructureChanged", "check_tensor", "tensor_checks", "value_checks",
            "rewrite_module_lookups", "fast_module_lookups"]
 
 _Module = torch.nn.Module
@@ -136,6 +145,76 @@ def _read_buffer(m: Any, name: str) -> Any:
     return None
 
 
+class StructureChanged(AssertionError):
+    """A module the trace reached has other members than when it was traced (a submodule, parameter, buffer or
+    instance attribute added or removed, or another class): the prologue fails, as a failing check of thunder's does,
+    and thunder traces the function again."""
+
+
+_MEMBERS = ("_modules", "_parameters", "_buffers")
+_KINDS_OF = {"_modules": "submodule", "_parameters": "parameter", "_buffers": "buffer"}
+_INSTANCE_DICT = object.__getattribute__  # NOTE: ``__dict__`` as ``Module`` reads it, past a class's own lookup
+
+
+def _members(m: Any) -> tuple:
+    """What a trace of code using ``m`` may have branched on besides the values thunder checks: ``m``'s class, the
+    names of its submodules, parameters and buffers (in order: a ``Sequential`` runs its submodules in that order), and
+    the names in its instance dict (``hasattr`` finds a name there first)."""
+    d = _INSTANCE_DICT(m, "__dict__")
+    return (type(m), *(tuple(d.get(which, _NONE)) for which in _MEMBERS), frozenset(d))
+
+
+def _same_members(m: Any, members: tuple) -> bool:
+    """Whether ``m`` has ``members`` (`_members`), compared without building them."""
+    d = _INSTANCE_DICT(m, "__dict__")
+    cls, modules, parameters, buffers, names = members
+    return (type(m) is cls and d.keys() == names and tuple(d.get("_modules", _NONE)) == modules
+            and tuple(d.get("_parameters", _NONE)) == parameters and tuple(d.get("_buffers", _NONE)) == buffers)
+
+
+def _members_change(m: Any, path: str, members: tuple) -> str:
+    """What differs between ``m``'s members and ``members`` (`_members`), in words."""
+    now = _members(m)
+    where = f"{type(m).__name__}" + (f" (at {path})" if path else "")
+    if now[0] is not members[0]:
+        return f"the module at {path or 'the origin'} is now a {type(m).__name__} (was a {members[0].__name__})"
+    for which, was, is_ in zip(_MEMBERS, members[1:4], now[1:4]):
+        kind = _KINDS_OF[which]
+        added = [n for n in is_ if n not in was]
+        if added:
+            return f"{where} has a new {kind} {added[0]}"
+        gone = [n for n in was if n not in is_]
+        if gone:
+            return f"{kind} {gone[0]} of {where} was removed"
+        if was != is_:
+            return f"{where}'s {kind}s are in another order"
+    added = sorted(now[4] - members[4])
+    if added:
+        return f"{where} has a new instance attribute {added[0]}"
+    return f"instance attribute {sorted(members[4] - now[4])[0]} of {where} was removed"
+
+
+#: The names every ``Module`` has in its instance dict once ``Module.__init__`` ran (its hooks' dicts, ``training``,
+#: ``_parameters``, ...): left out of a guard's names (`_guard_members`), which still counts them.
+_MODULE_NAMES = frozenset(vars(_Module()))
+
+
+def _guard_members(node: Any, m: Any) -> None:
+    """Add to a guard (``node``: ``m``'s node) that ``m``'s members are still `_members` (its class is guarded
+    elsewhere): its instance dict holds as many names, among them each of its own (those not `_MODULE_NAMES`: a
+    ``Module``'s own bookkeeping is deleted by nobody, and each name costs a check on every call), and its
+    ``_modules``, ``_parameters`` and ``_buffers`` dicts have not been written to (their version tags: a name added,
+    removed or moved, or an entry replaced, which the walk then reads anew)."""
+    d = _INSTANCE_DICT(m, "__dict__")
+    dict_node = node.instance_dict(d)
+    internals.guard_dict_keys(dict_node, d, [name for name in d if name not in _MODULE_NAMES])
+    for which in _MEMBERS:
+        if which in d:
+            dict_node.item(which, d[which]).unchanged(d[which])
+        else:
+            dict_node.lacks(which)
+
+
 _SUBMODULE, _PARAMETER, _BUFFER = "submodule", "parameter", "buffer"
 _READS = {_PARAMETER: _read_parameter, _BUFFER: _read_buffer}
 _METHOD_OF = {_SUBMODULE: "get_submodule", _PARAMETER: "get_parameter", _BUFFER: "get_buffer"}
@@ -161,6 +240,11 @@ class ModuleWalk:
     and the guard holds each answer at its key of that dict (`_thunder_module_guard`; litgpt pythia-14m jitted as a
     module: prologue 28.5 -> 14 µs on the CPU).
 
+    With ``structure`` (the prologue's walks), the first call keeps the members of each module on the paths
+    (`_members`: its class, its submodules', parameters' and buffers' names in order, its instance dict's names), and
+    every later call that its guard does not prove compares them, raising `StructureChanged` where any differs (the
+    prologue fails: thunder traces anew); the guard holds them (`_guard_members`), so a proved call compares nothing.
+
     ``attributes`` are thunder's value checks of attributes read from the origin or from a submodule a lookup found
     (`attribute_checks`). Every walk reads them by ``getattr`` and checks them, raising as thunder's check does (the
     prologue then fails: a new trace). Its guard also holds each of them found plainly in its module's instance dict
@@ -168,7 +252,8 @@ class ModuleWalk:
     nothing): the same type and an equal value. A call the guard proves checks only the others (`_plain_attributes`).
     """
 
-    def __init__(self, lookups: Sequence[tuple[str, str]], attributes: Sequence[tuple[int, str, Any, bool]] = ()):
+    def __init__(self, lookups: Sequence[tuple[str, str]], attributes: Sequence[tuple[int, str, Any, bool]] = (), *,
+                 structure: bool = True):
         #: (kind, target) of each lookup, in order: kind is "submodule", "parameter" or "buffer"
         self.lookup_targets = tuple(lookups)
         #: thunder's value checks of attributes read from the origin or a looked-up module, made by the walk:
@@ -197,6 +282,11 @@ class ModuleWalk:
                 plan.append((kind, target, index(tuple(path.split(".")) if path else ()), name))
         self._steps = tuple(steps)
         self._plan = tuple(plan)
+        #: the dotted path of each module of ``walked`` (the origin's own: "")
+        self.paths = tuple(".".join(path) for path, _ in sorted(paths.items(), key=lambda item: item[1]))
+        # NOTE: `_members` of each module on the paths at the first call (thunder runs a new prologue right after it
+        # traced, on the same objects), None before it; False where the walk does not check them
+        self._structure: list | bool | None = None if structure else False
         # NOTE: per attribute check, the index in ``walked`` of the module it reads (0: the origin), None where its
         # object is a parameter or buffer (never in the guard)
         self._attribute_at = tuple(0 if i < 0 else plan[i][2] if plan[i][0] == _SUBMODULE else None
@@ -216,6 +306,7 @@ class ModuleWalk:
             return self._found
         self._guard, self._found, self._held, self._unguarded = None, (), (), None
         found, walked, reads = self.walk(origin)
+        reached = None if self._structure is False else self._check_structure(origin, walked)
         self._check_attributes(origin, found)
         if reads is not None and self._made < _GUARD_REMAKES:
             self._made += 1
@@ -227,9 +318,9 @@ class ModuleWalk:
             try:
                 guarded, unguarded = self._plain_attributes(objects, places)
                 if walked is None:  # NOTE: a ThunderModule's lookups, read from its own dicts
-                    made = _thunder_module_guard(origin, self._plan, found, guarded)
+                    made = _thunder_module_guard(origin, self._plan, found, guarded, self.paths, reached)
                 else:
-                    made = _walk_guard(origin, self._steps, walked, reads, guarded)
+                    made = _walk_guard(origin, self._steps, walked, reads, guarded, reached is not None)
             except Exception:  # NOTE: torch's guard refused an object: walked every call from now on
                 made, self._made = None, _GUARD_REMAKES
             if made is not None and made[0](origin):
@@ -240,6 +331,29 @@ class ModuleWalk:
             elif made is not None:  # NOTE: a guard that fails the very objects it was made of would never serve
                 self._made = _GUARD_REMAKES
         return found
+
+    def _check_structure(self, origin: Any, walked: list[Any] | None) -> list[Any]:
+        """The modules on the paths (`reached`); at the first call their `_members` are kept, at every later call
+        compared with them: raises `StructureChanged` where any differs."""
+        reached = self.reached(origin, walked)
+        kept = self._structure
+        if kept is None:
+            self._structure = [_members(m) for m in reached]
+        else:
+            for m, path, members in zip(reached, self.paths, kept):
+                if not _same_members(m, members):
+                    raise StructureChanged(f"since the function was traced, {_members_change(m, path, members)}: "
+                                           "thunder traces it again")
+        return reached
+
+    def reached(self, origin: Any, walked: list[Any] | None) -> list[Any]:
+        """The module at each of `paths` from ``origin``, as its lookups find it: the module ``walked`` to, else the
+        answer of ``get_submodule`` (a `thunder.ThunderModule` origin's: its module cache first)."""
+        if walked is None:
+            cache = _thunder_module_dicts(origin)
+            cache = cache[_SUBMODULE] if cache is not None else _NONE
+            return [cache[p] if p in cache else origin.get_submodule(p) for p in self.paths]
+        return [m if m is not None else origin.get_submodule(p) for m, p in zip(walked, self.paths)]
 
     def _plain_attributes(self, objects: Sequence[Any], places: Sequence[Any]) -> tuple[list[tuple[Any, str, Any]],
                                                                                        list[int]]:
@@ -394,12 +508,15 @@ def _origin_guard(origin: Any) -> tuple[Any, _ClassChecks, Any] | None:
 
 
 def _thunder_module_guard(origin: Any, plan: Sequence[tuple[str, str, int, str]], found: tuple,
-                          attributes: Sequence[tuple[int, str, Any]]) -> tuple[Callable[[Any], bool], tuple] | None:
+                          attributes: Sequence[tuple[int, str, Any]], paths: Sequence[str] = (),
+                          reached: Sequence[Any] | None = None) -> tuple[Callable[[Any], bool], tuple] | None:
     """A guard that a `thunder.ThunderModule` origin's lookups (``plan``) answer ``found`` again from its own dicts
     (`_thunder_module_dicts`: the same class and MRO, no lookup method on the instance, each object the same at its
     key), and that each of ``attributes`` (``(index of the lookup, or -1 for the origin, name, value)``) is still
-    that value of that type in its module's instance dict, the module's class unchanged; and the objects it compares
-    by id. None where torch has no guard trees."""
+    that value of that type in its module's instance dict, the module's class unchanged; with ``reached`` (the
+    modules at ``paths``, each in its module cache), that each is still there with the same members
+    (`_guard_members`); and the objects it compares by id. None where torch has no guard trees, or a module of
+    ``reached`` is not in the cache."""
     made = _origin_guard(origin)
     if made is None:
         return None
@@ -415,15 +532,26 @@ def _thunder_module_guard(origin: Any, plan: Sequence[tuple[str, str, int, str]]
     for k in {at for at, *_ in attributes if at >= 0}:
         classes.same_class(nodes[k], objects[k])
     _guard_attributes(nodes, objects, attributes)
-    return guard.check, (tuple(found), classes.held())
+    if reached is not None:
+        which = internals.THUNDER_MODULE_LOOKUPS[_SUBMODULE]
+        cache = d[which]
+        for path, m in zip(paths, reached):
+            if cache.get(path, _MISSING) is not m:
+                return None  # NOTE: found by the wrapped model's method: walked every call
+            node = root_dict.item(which, cache).item(path, m)
+            node.is_(m)
+            node.type_is(type(m))
+            _guard_members(node, m)
+    return guard.check, (tuple(found), tuple(reached or ()), classes.held())
 
 
 def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any], reads: list,
-                attributes: Sequence[tuple[int, str, Any]] = ()) -> tuple[Callable[[Any], bool], tuple] | None:
+                attributes: Sequence[tuple[int, str, Any]] = (), members: bool = False
+                ) -> tuple[Callable[[Any], bool], tuple] | None:
     """A guard that `ModuleWalk.walk` would find ``walked`` and ``reads`` again (along ``steps``) for an origin that
     passes it, and that each of ``attributes`` (``(index in walked, name, value)``) is still that value of that type
-    in its module's instance dict (see `ModuleWalk`); and the objects it compares by id. None where torch has no
-    guard trees."""
+    in its module's instance dict (see `ModuleWalk`); with ``members``, that each module of ``walked`` still has the
+    same members (`_guard_members`); and the objects it compares by id. None where torch has no guard trees."""
     made = _origin_guard(origin)
     if made is None:
         return None
@@ -442,16 +570,22 @@ def _walk_guard(origin: Any, steps: Sequence[tuple[int, str]], walked: list[Any]
         d = walked[parent].__dict__
         dict_node = nodes[parent].instance_dict(d)
         dict_node.lacks(a)
-        lacks_in(dict_node, d, "_parameters", a)
-        lacks_in(dict_node, d, "_buffers", a)
+        if not members:  # NOTE: else the dicts' version tags (`_guard_members`)
+            lacks_in(dict_node, d, "_parameters", a)
+            lacks_in(dict_node, d, "_buffers", a)
         node = dict_node.item("_modules", d["_modules"]).item(a, sub)
         node.is_(sub)
         same_class(node, sub)
         nodes.append(node)
+    if members:
+        for node, m in zip(nodes, walked):
+            _guard_members(node, m)
     for at, name, kind, value in reads:
         d = walked[at].__dict__
         dict_node = nodes[at].instance_dict(d)
         dict_node.lacks(name)
+        if members:
+            continue  # NOTE: the version tags of its module's dicts hold the very object at its key, and no other
         if kind == _BUFFER:
             lacks_in(dict_node, d, "_parameters", name)
         which = "_parameters" if kind == _PARAMETER else "_buffers"
