@@ -116,6 +116,52 @@ def test_each_magic_cell_runs_on_its_own_in_a_real_kernel(cell, tmp_path):
         assert "model.0.weight, model.0.bias, model.2.weight, model.2.bias (4 tensors)" in run
 
 
+def torchrun_command() -> list[str]:
+    """The README's ``torchrun`` command, word by word (an indented line of the section "Several GPUs")."""
+    (line,) = re.findall(r"^ {4}(torchrun .+)$", README.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    return line.split()
+
+
+@pytest.mark.slow
+def test_the_readme_torchrun_command_trains_every_rank_alike():
+    """The README's ``torchrun`` command as written (torchrun from this Python's environment), on the CPU (gloo): each
+    rank prints every step's loss of the whole batch, the same on both ranks, and the same as one process training
+    the example's model on the whole batches eagerly (were the gradients not all-reduced, the ranks' models would part
+    and the losses after the first step would not be one process's)."""
+    import importlib.util
+
+    from thunder_nb.diagnosis.judge import TRAINED, assert_equal
+
+    command = torchrun_command()
+    assert command[0] == "torchrun" and command[-1] == "examples/ddp_train.py"
+    world = int(command[command.index("--nproc_per_node") + 1])
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # NOTE: the CPU and gloo, whatever the machine has
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = subprocess.run([torchrun, *command[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    printed: dict[int, list[str]] = {}
+    for rank, _, loss in re.findall(r"^rank (\d+) step (\d+) loss (\S+)$", out.stdout, flags=re.MULTILINE):
+        printed.setdefault(int(rank), []).append(loss)
+    assert sorted(printed) == list(range(world)), out.stdout
+    assert all(losses == printed[0] for losses in printed.values()), printed
+
+    spec = importlib.util.spec_from_file_location("ddp_train", ROOT / "examples" / "ddp_train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = example.make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=example.LR)
+    reference = []
+    for x, y in example.batches(world):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        reference.append(loss.item())
+    assert len(printed[0]) == example.STEPS
+    assert_equal(torch.tensor([float(v) for v in printed[0]]), torch.tensor(reference), tolerance=TRAINED,
+                 label="the ranks' losses", reference="one process's")
+
+
 OPTIONS_START = "<!-- options: generated from the magic's declarations; regenerate with python -m thunder_nb.magics -->\n"
 OPTIONS_END = "<!-- end of options -->\n"
 

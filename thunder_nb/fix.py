@@ -210,8 +210,8 @@ class FixedCUDAGraphTransform(RegionTransform):
         return prologue_trace, computation_trace, epilogue_trace
 
     def can_fuse(self, bsym: BoundSymbol) -> bool:
-        """Whether ``bsym`` may join a region: never a del, a host sync, a transfer, a CPU op of a CUDA trace, nor a
-        collective or its wait (`thunder_nb.cudagraph.distributed.is_collective`)."""
+        """Whether ``bsym`` may join a region: never a del, nor what `thunder_nb.diagnosis.ops.classify_bsym` keeps out
+        (a host sync, a transfer, a CPU op of a CUDA trace, a collective or its wait)."""
         if bsym.sym.id == prims.PrimIDs.DEL or bsym.sym.id == "clear_mutable_collection":
             return False
         if bsym.sym.id in (
@@ -223,8 +223,6 @@ class FixedCUDAGraphTransform(RegionTransform):
             prims.PrimIDs.ITEM,
         ):
             return False
-        if is_collective(bsym):
-            return False  # NOTE: launched and waited for outside every graph (`thunder_nb.cudagraph.distributed`)
         if self._keep_out and any(p.name in self._keep_out for p in bsym.flat_proxy_outs):
             return False  # NOTE: the scalar hand-off keeps a number's fill, or a reader it cannot hand over, outside
         return classify_bsym(bsym, cuda_trace=self._cuda) is None

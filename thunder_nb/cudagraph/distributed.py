@@ -13,10 +13,11 @@ checks at the unsharded shapes, and the first call failed on them.
 
 So the fixed transform leaves the prologue as thunder made it where a transform after it in the list rewrites the
 traces before the prologue too (`later_trace_rewriters`), and keeps the collectives and their waits out of its
-regions (`is_collective`): an ``all_reduce`` is launched and waited for outside every graph, each as a symbol of its
-own, its input and output plain tensors, after the region that computed its gradient (`sink_collectives`). A call of the module ``ddp`` returns then goes through thunder's own
-call path (thunder-nb's `thunder_nb.cudagraph.call.fast_call` wrapped the module it was given, not this new one),
-which also honours ``thunder.distributed.skip_data_parallel_grad_sync``.
+regions (`thunder_nb.diagnosis.ops.classify_bsym` calls them islands of reason ``"collective"``, `is_collective`): an
+``all_reduce`` is launched and waited for outside every graph, each as a symbol of its own, its input and output
+plain tensors, after the region that computed its gradient (`sink_collectives`). A call of the module ``ddp``
+returns then goes through thunder's own call path (thunder-nb's `thunder_nb.cudagraph.call.fast_call` wrapped the
+module it was given, not this new one), which also honours ``thunder.distributed.skip_data_parallel_grad_sync``.
 
 torch's ``DistributedDataParallel(thunder_nb.jit(model))`` and ``FullyShardedDataParallel(thunder_nb.jit(model))``
 work as around ``thunder.jit(model)``: their hooks run around thunder's computation, and the backward's gradients
@@ -32,41 +33,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# NOTE: what a collective is, and that it never enters a region, is the diagnosis's to decide (one place for the
+# transform's can_fuse and the checker alike); re-exported here for the passes below
+from ..diagnosis.ops import COLLECTIVE_NAMES, is_collective
+
 __all__ = ["is_collective", "sink_collectives", "later_trace_rewriters", "refuse_wrapped", "refuse_fully_sharded", "COLLECTIVE_NAMES",
            "FULLY_SHARD"]
-
-
-def _collective_names() -> frozenset[str]:
-    from thunder.distributed.prims import PrimIDs
-
-    # NOTE: pack, unpack and their FSDP forms only reshape and copy tensors: they may join a region
-    kept_in = {PrimIDs.PACK, PrimIDs.UNPACK, PrimIDs.PACK_FOR_FSDP, PrimIDs.UNPACK_FOR_FSDP}
-    names = set()
-    for pid in PrimIDs:
-        if pid in kept_in:
-            continue
-        name = pid.name.lower()
-        names.add(name)  # NOTE: the prim itself, before an executor claims it
-        names.add(f"torch_{name}_prim_impl")  # NOTE: thunder's torch executor's implementation
-    return frozenset(names)
-
-
-#: The symbols of ``thunder.distributed.prims`` that never enter a region, by name, with the torch executor's
-#: implementations of them: the collectives (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``), the
-#: ``wait`` on their result, ``synchronize`` (a no-op in a replicated forward), ``update_bucket_view`` (reads a
-#: Python dict of buckets) and ``stash_grad_for_fsdp`` (sets an attribute of the parameter): a graph replays none of
-#: what they do on the host, and a collective's launch and its wait belong to one stream outside the graphs.
-COLLECTIVE_NAMES: frozenset[str] = _collective_names()
-
-
-def is_collective(bsym: Any) -> bool:
-    """Whether thunder's bound symbol ``bsym`` is one of `COLLECTIVE_NAMES`, or takes or makes a future tensor (what a
-    collective launched with ``do_async`` returns and its ``wait`` takes)."""
-    from thunder.core.proxies import FutureTensorProxy
-
-    if bsym.sym.name in COLLECTIVE_NAMES:
-        return True
-    return any(isinstance(p, FutureTensorProxy) for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs))
 
 
 def sink_collectives(bsyms: Sequence[Any]) -> list[Any]:

@@ -1,4 +1,5 @@
-"""The static checker: the rules that find the #728/#727 family of defects and graph-memory hazards."""
+"""The static checker: the rules that find the #728/#727 family of defects, graph-memory hazards, and collectives
+(thunder's ``ddp`` and ``fsdp``) that a graph would replay wrong."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .model import Defect, Op, TypeInfo
-from .ops import IN_PLACE_NAMES, VIEW_NAMES, WRITES_ARGUMENT, alias_root, base_name, classify_op
+from .ops import (IN_PLACE_NAMES, VIEW_NAMES, WRITES_ARGUMENT, alias_root, base_name, classify_op, collective_op,
+                  is_future)
 from .plans import HandOutPlan, HandOutStats, RegionPlan, RegionStats
 from .source import ParsedFunction
 
@@ -147,6 +149,15 @@ def _check_statements(found: _Findings, returned: set[str], cuda: bool) -> tuple
                               "numpy constant) onto the device: CUDA refuses that copy during capture",
                               "keep ops that make tensors from host data out of regions (FixedCUDAGraphTransform "
                               "does), or index with a slice (h[:, -1:]) or a device tensor made once")
+                elif reason == "collective":
+                    what_op = "the wait on a collective" if detail == "wait" else f"the collective {detail}"
+                    found.add("collective-in-region", what, op.line,
+                              f"{op.callee} inside {fn.name}: {what_op} is recorded into a CUDA graph. A replay "
+                              "repeats it without the process group (no handle to wait for, no timeout watching it; "
+                              "gloo's collectives run on the host, where nothing is recorded), and a rank that "
+                              "records the region again (a new shape, a result still held) runs its warm-up calls, "
+                              "and with them the collective, alone: the ranks then hang or add up the wrong tensors",
+                              _COLLECTIVE_HINT)
                 elif reason == "capture-dependent":
                     found.add("capture-dependent-in-region", what, op.line,
                               f"{op.callee} inside {fn.name} makes or reads attention dropout's seed and offset: "
@@ -317,6 +328,67 @@ def _check_static_inputs(facts: TraceFacts) -> list[Defect]:
     return out
 
 
+_COLLECTIVE_HINT = ("keep collectives and their waits out of regions: thunder.distributed.ddp(thunder_nb.jit(model)) "
+                    "(or fsdp) launches and waits for each one outside the graphs")
+
+
+def _where(owner: str | None) -> str:
+    return f"in {owner}" if owner else "at top level"
+
+
+def _check_handles(facts: TraceFacts) -> list[Defect]:
+    """Communication handles (what a collective launched asynchronously returns, for its ``wait``) that go into or
+    out of a region: the collective and its wait on two sides of a region's boundary, one of them in a graph.
+
+    A wait captured in a graph on work launched outside that capture (at top level, or in another region's graph) is
+    a wait on an event the capture did not record, which CUDA refuses; a handle a region returns is the one its
+    recording made, handed out again at every replay, so the wait after it waits for the recording's collective."""
+    out: list[Defect] = []
+    top = facts.top
+    if top is None:
+        return out
+    futures = {n for n, t in facts.types.items() if is_future(t)}
+
+    def owner(op) -> str | None:
+        return op.callee if op.kind == "region" else None
+
+    def inner(region: str, name: str, made: bool) -> tuple[str, int | None]:
+        """The collective (made) or the reader of ``name`` inside ``region``, with its line."""
+        fn = facts.regions.get(region)
+        ops = [] if fn is None else [o for o in fn.ops if o.kind == "call"
+                                     and name in (o.outputs if made else o.inputs)]
+        if not ops:
+            return ("a collective" if made else "its reader"), (fn.first_line if fn else None)
+        return collective_op(ops[0].callee), ops[0].line
+
+    makers = {n: op for op in top.ops if op.kind in ("call", "region") for n in op.outputs if n in futures}
+    for name, maker in makers.items():
+        readers = [op for op in top.ops if op.kind in ("call", "region", "return") and name in op.inputs]
+        made_in = owner(maker)
+        collective = (inner(made_in, name, True)[0] if made_in else collective_op(maker.callee))
+        crossings = [r for r in readers if owner(r) != made_in]
+        if made_in is None and not any(owner(r) for r in crossings):
+            continue  # NOTE: launched and waited for at top level: no region in between
+        for reader in crossings or [None]:
+            read_in = owner(reader) if reader is not None else None
+            if read_in is not None:
+                waiter, line = inner(read_in, name, False)
+                region = read_in
+                message = (f"{read_in} takes {name}, the handle of {collective} launched {_where(made_in)}, and "
+                           f"{'waits for it' if waiter == 'wait' else f'reads it ({waiter})'} inside its graph: "
+                           "capture refuses a wait on work launched outside it, and a replay would not wait for the "
+                           "next call's collective")
+            else:
+                region, line = made_in, (facts.regions[made_in].first_line if made_in in facts.regions else None)
+                then = ("nothing waits for" if reader is None else "is returned" if reader.kind == "return"
+                        else f"is read {_where(None)} ({collective_op(reader.callee)})")
+                message = (f"{made_in} launches {collective} inside its graph and hands out its handle {name}, which "
+                           f"{then}: every replay hands out the handle its recording made, so the wait waits for the "
+                           "recording's collective, not the replay's")
+            out.append(Defect("handle-crosses-region", facts.kind, region, name, line, message, _COLLECTIVE_HINT))
+    return out
+
+
 def check_trace(facts: TraceFacts) -> list[Defect]:
     cuda = is_cuda(facts.types)
     facts.aliases = _alias_names(([facts.top] if facts.top else []) + list(facts.regions.values()))
@@ -325,4 +397,4 @@ def check_trace(facts: TraceFacts) -> list[Defect]:
         out += _check_fn(facts.top, facts, region=False, cuda=cuda)
     for fn in facts.regions.values():
         out += _check_fn(fn, facts, region=True, cuda=cuda)
-    return out + _check_graph_memory(facts) + _check_static_inputs(facts)
+    return out + _check_graph_memory(facts) + _check_static_inputs(facts) + _check_handles(facts)

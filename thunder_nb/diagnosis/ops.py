@@ -1,5 +1,5 @@
 """Which thunder ops must never be captured, how types read, and which names alias: shared by the transform and the
-checker."""
+checker (and the collectives of thunder's data parallelism, which run outside every graph: `is_collective`)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ __all__ = [
     "CaptureDependent",
     "HOST_DATA_NAMES",
     "RANDOM_NAMES",
+    "COLLECTIVE_NAMES",
+    "is_collective",
+    "is_future",
+    "collective_op",
     "alias_root",
     "base_name",
 ]
@@ -70,6 +74,56 @@ COLLECTION_NAMES = frozenset({"clear_mutable_collection"})
 #: ``prims.tensor_from_sequence`` among their subsymbols, and the torch executor then runs the whole op
 #: (``Tensor.__getitem__`` with the list) as one call.
 HOST_DATA_NAMES = frozenset({"tensor_from_sequence", "from_numpy", "as_tensor", "tensor", "numpy_array_to_torch_tensor"})
+
+
+def _collective_names() -> frozenset[str]:
+    from thunder.distributed.prims import PrimIDs
+
+    # NOTE: pack, unpack and their FSDP forms only reshape and copy tensors: they may join a region
+    kept_in = {PrimIDs.PACK, PrimIDs.UNPACK, PrimIDs.PACK_FOR_FSDP, PrimIDs.UNPACK_FOR_FSDP}
+    names = set()
+    for pid in PrimIDs:
+        if pid in kept_in:
+            continue
+        name = pid.name.lower()
+        names.add(name)  # NOTE: the prim itself, before an executor claims it
+        names.add(f"torch_{name}_prim_impl")  # NOTE: thunder's torch executor's implementation
+    return frozenset(names)
+
+
+#: The symbols of ``thunder.distributed.prims`` that never enter a region, by name, with the torch executor's
+#: implementations of them: the collectives (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``), the
+#: ``wait`` on their result, ``synchronize`` (a no-op in a replicated forward), ``update_bucket_view`` (reads a
+#: Python dict of buckets) and ``stash_grad_for_fsdp`` (sets an attribute of the parameter). A graph replays none of
+#: what they do on the host: a collective recorded into one would be launched again at each replay without its
+#: process group (no handle to wait for, no timeout watching it), and each new recording's warm-up calls would
+#: launch it on that rank alone, out of step with the others. Outside the graphs every rank launches and waits
+#: for each one itself, in the same order.
+COLLECTIVE_NAMES: frozenset[str] = _collective_names()
+
+
+def collective_op(name: str) -> str:
+    """The collective a symbol's name runs: ``"torch_all_reduce_prim_impl"`` -> ``"all_reduce"``."""
+    base = name.rsplit(".", 1)[-1]
+    if base.startswith("torch_") and base.endswith("_prim_impl"):
+        return base[len("torch_"):-len("_prim_impl")]
+    return base
+
+
+def is_future(t: TypeInfo) -> bool:
+    """Whether a value is a communication handle: what a collective launched asynchronously returns and its
+    ``wait`` takes (thunder's ``FutureTensorProxy``; its type comment reads ``FUTURE ... f32[8]``)."""
+    return t.kind == "other" and t.text.lower().startswith("future")
+
+
+def is_collective(bsym: Any) -> bool:
+    """Whether thunder's bound symbol ``bsym`` is one of `COLLECTIVE_NAMES`, or takes or makes a future tensor (what a
+    collective launched asynchronously returns and its ``wait`` takes)."""
+    from thunder.core.proxies import FutureTensorProxy
+
+    if bsym.sym.name in COLLECTIVE_NAMES:
+        return True
+    return any(isinstance(p, FutureTensorProxy) for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +188,12 @@ def parse_type(text: str) -> TypeInfo:
 
 def type_of_proxy(p: Any) -> TypeInfo:
     """Return the `TypeInfo` of a thunder proxy (or a constant)."""
-    from thunder.core.proxies import CollectionProxy, NumberProxy, TensorProxy
+    from thunder.core.proxies import CollectionProxy, FutureTensorProxy, NumberProxy, TensorProxy
 
+    if isinstance(p, FutureTensorProxy):  # NOTE: a communication handle, not a tensor (`is_future`)
+        dtype = getattr(p.dtype, "shortname", lambda: str(p.dtype))()
+        dims = ",".join(str(s) for s in p.shape)
+        return TypeInfo("other", dtype, None, None, f"future {dtype}[{dims}]")
     if isinstance(p, TensorProxy):
         dtype = getattr(p.dtype, "shortname", lambda: str(p.dtype))()
         dev = str(p.device.device_str()) if hasattr(p.device, "device_str") else str(p.device)
@@ -171,13 +229,16 @@ def classify_op(
         cuda_trace: the trace computes on a CUDA device (then CPU tensor ops cannot be replayed).
 
     Returns:
-        ``(reason, detail)`` with reason one of ``"host-sync"``, ``"device-transfer"``, ``"cpu-op"``;
-        None when the op can be captured. (`classify_bsym` adds `capture_hazard`'s reasons, which names
-        and types alone do not show.)
+        ``(reason, detail)`` with reason one of ``"collective"`` (detail: the collective, ``"all_reduce"`` or
+        ``"wait"``; `COLLECTIVE_NAMES`, or an op that takes or makes a communication handle), ``"host-sync"``,
+        ``"device-transfer"``, ``"cpu-op"``; None when the op can be captured. (`classify_bsym` adds
+        `capture_hazard`'s reasons, which names and types alone do not show.)
     """
     base = name.rsplit(".", 1)[-1]
-    if base in BOOKKEEPING_NAMES or base in COLLECTION_NAMES or base in ("del", "python_del"):
+    if _bookkeeping(base):
         return None
+    if base in COLLECTIVE_NAMES or any(is_future(t) for t in (*in_types, *out_types)):
+        return ("collective", collective_op(base))
     tensors_in = [t for t in in_types if t.kind == "tensor"]
     tensors_out = [t for t in out_types if t.kind == "tensor"]
     if sync_tag or base in HOST_SYNC_NAMES:
@@ -193,6 +254,11 @@ def classify_op(
     if cuda_trace and any(t.device == "cpu" for t in tensors_in + tensors_out):
         return ("cpu-op", base)
     return None
+
+
+def _bookkeeping(base: str) -> bool:
+    """Whether an op of this name is trace bookkeeping, never classified: unpacking, returning, clearing, deleting."""
+    return base in BOOKKEEPING_NAMES or base in COLLECTION_NAMES or base in ("del", "python_del")
 
 
 def _literal_zero(x: Any) -> bool:
@@ -229,6 +295,8 @@ def classify_bsym(bsym: Any, *, cuda_trace: bool = False) -> tuple[str, str] | N
     from thunder.core.prims import OpTags
     from thunder.core.symbol import has_tags
 
+    if is_collective(bsym) and not _bookkeeping(bsym.sym.name):  # NOTE: ``del ft1`` takes a handle, and is a del
+        return ("collective", collective_op(bsym.sym.name))
     if cuda_trace:
         hazard = capture_hazard(bsym)
         if hazard is not None:

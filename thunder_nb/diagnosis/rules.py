@@ -26,13 +26,17 @@ RULES: dict[str, str] = {
     "saved-graph-memory": "a tensor saved for the backward lives in a graph's memory (a second forward overwrites it)",
     "static-input-rebound": "a static region input is an argument, or received another tensor (copied into the "
     "captured one's memory)",
+    "collective-in-region": "a collective (all_reduce, all_gather, reduce_scatter) or its wait inside a region: a "
+    "graph replays it without its process group, and a rank recording again launches it alone",
+    "handle-crosses-region": "a collective's handle goes into or out of a region (its wait in another region than its "
+    "collective): capture refuses a wait on work launched outside it, and a replay hands out the recording's handle",
 }
 
 #: Rules whose defect makes the function crash or compute a wrong result; the others cost time or memory.
 ERROR_RULES: frozenset[str] = frozenset(
     {"use-after-del", "region-deletes-output", "host-sync-in-region", "cpu-op-in-region", "region-updates-input",
      "returned-graph-memory", "saved-graph-memory", "static-input-rebound", "host-data-in-region",
-     "capture-dependent-in-region"}
+     "capture-dependent-in-region", "collective-in-region", "handle-crosses-region"}
 )
 #: Error rules whose defect kills the process (a segmentation fault: in a notebook, the kernel and everything in it).
 CRASH_RULES: frozenset[str] = frozenset({"capture-dependent-in-region"})
@@ -49,6 +53,9 @@ ISLAND_REASONS: dict[str, str] = {
     "cpu-op": "op on CPU tensors in a CUDA trace",
     "host-data": "makes a tensor from host data (a list index, torch.tensor(list)): capture refuses the copy",
     "capture-dependent": "dropout attention: its seed and offset must be made and read outside graphs",
+    "collective": "a collective (all_reduce, all_gather, reduce_scatter) or its wait: run outside the graphs, so that "
+    "every rank launches and waits for each one itself, in the same order (a graph would replay it without its "
+    "process group, and a rank recording again would launch it alone)",
 }
 
 #: What else runs at top level outside every region: never an island, drawn apart and not counted.

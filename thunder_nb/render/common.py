@@ -48,7 +48,8 @@ __all__ = [
 STATE_FILL = {"captured": "#d3f9d8", "eager": "#ffe8cc", "capture failed": "#ffe3e3", "raised": "#ffe3e3",
               "not run": "#f1f3f5"}
 FUSION_FILL = "#e7f5ff"  # NOTE: a fused group inside a region: pale blue, apart from the white single ops
-ISLAND_FILL = {"host-sync": "#fff3bf", "device-transfer": "#ffd8a8", "cpu-op": "#ffc9c9"}
+ISLAND_FILL = {"host-sync": "#fff3bf", "device-transfer": "#ffd8a8", "cpu-op": "#ffc9c9",
+               "collective": "#eebefa"}  # NOTE: a collective or its wait: communication between ranks
 REGION_COLORS = ("#d0ebff", "#d3f9d8", "#e5dbff", "#fff3bf", "#ffe3e3", "#c3fae8", "#ffe8cc", "#f3d9fa")
 DEFECT_COLOR = "#e03131"
 WRONG_COLOR = "#a61e4d"  # NOTE: "wrong result" is worse than an error: the run succeeds with wrong numbers

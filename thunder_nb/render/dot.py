@@ -34,7 +34,7 @@ _MAX_INPUTS = 8  # NOTE: more top-level inputs than this are drawn as one node
 _INPUTS = "_inputs"
 _EDGE_GROUP = 4  # NOTE: more values than this between two nodes are drawn as one summary edge
 _BOOKKEEPING = ("bookkeeping", "collection")
-_MERGEABLE = ("bookkeeping", "collection", "unfused")
+_MERGEABLE = ("bookkeeping", "collection", "unfused", "collective")
 
 
 def _op_count(trace: TraceReport) -> int:
@@ -65,7 +65,8 @@ class _DiagramBuilder:
     # -- layout of the top level
 
     def _group_islands(self, merge: bool) -> list[list[Outside]]:
-        """Group runs of adjacent bookkeeping (or unfused ops) outside regions into one node each when merging."""
+        """Group runs of adjacent bookkeeping (or unfused ops, or collectives) outside regions into one node each when
+        merging."""
         groups: list[list[Outside]] = []
         prev_key = None
         for pos in sorted(set(self.regions) | set(self.outside)):
@@ -215,6 +216,14 @@ class _DiagramBuilder:
             lines = ([f"{len(group)} unfused ops", _some([i.detail for i in group])] if len(group) > 1
                      else [f"unfused: {first.detail}"])
             self.node(g, nid, lines, tips, {"fillcolor": "white", "shape": "box", "style": "dashed,filled"})
+            return
+        if first.reason == "collective":
+            # NOTE: an island of its own kind, communication between ranks: an arrow-shaped box, the collectives named
+            self.keys.add("collective")
+            counts = Counter(i.detail for i in group)
+            lines = ([f"{first.name} … {group[-1].name}", _some([f"{op} ×{n}" for op, n in counts.items()])]
+                     if len(group) > 1 else [first.name, first.label])
+            self.node(g, nid, lines, tips, {"fillcolor": ISLAND_FILL["collective"], "shape": "cds", "style": "filled"})
             return
         if len(group) > 1:
             reason = ISLAND_REASONS.get(first.reason, first.reason)

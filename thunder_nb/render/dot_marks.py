@@ -61,6 +61,9 @@ def draw_legend(g: graphviz.Digraph, trace: TraceReport, keys: set[str], lost: S
         lines.append("dashed orange edge: Python number")
     if "hand-off" in keys:
         lines.append("blue edge: scalar hand-off")
+    if "collective" in keys:
+        lines += _wrap("arrow box: a collective or its wait, outside the graphs (each rank launches and waits for it "
+                       "itself, in the same order)", "")
     if "unfused" in keys:
         lines += _wrap("dashed box: an unfused op (no region took it; not an island)", "")
     if "fusion" in keys:

@@ -87,6 +87,15 @@ SHOWING: dict[str, Showing] = {s.rule: s for s in (
             "graph (not when it records a new one), and call 0's gradients are wrong where the backward "
             "reads the overwritten values; where the saved tensor is a view of the runner's copy of an "
             "input, the copy before call 1's replay bumps its version and call 0's backward raises"),
+    Showing("collective-in-region", "never", "may", "may", frozenset({"error"}) | _VALUES,
+            "thunder's ddp and fsdp only (the fuzzer's programs have none): eagerly a region's collective runs at "
+            "each call; recorded, a rank that records again alone (a new shape, a result still held) launches it in "
+            "its warm-up calls alone, so the ranks hang or sum the wrong tensors; gloo's collectives (the CPU's) "
+            "cannot be captured"),
+    Showing("handle-crosses-region", "never", "may", "may", frozenset({"error"}) | _VALUES,
+            "thunder's ddp and fsdp only (the fuzzer's programs have none): eagerly the handle is each call's own; an "
+            "emulated replay hands out the recording's handle, whose tensor holds the recording's result; real "
+            "capture refuses a wait on work launched outside the capture"),
     Showing("static-input-rebound", "never", "must", "must", frozenset({"error"}) | _VALUES,
             "a static input that is an argument of the function (predicted from the traces), or one the "
             "runner saw receive another tensor: the calls with parameter set 1 copy it into set 0's "
