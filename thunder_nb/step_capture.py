@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -119,6 +120,15 @@ def _at(pos: tuple[str, int] | None) -> dict[str, Any]:
     file, line = pos
     return {"where": where_text(Where(file, line, linecache.getline(file, line).strip(), "")), "filename": file,
             "line": line}
+
+
+def caller_line() -> dict[str, Any]:
+    """`_at` the line of the user's code that called into thunder-nb: the nearest frame outside the package."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = inspect.currentframe()
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+    return _at((frame.f_code.co_filename, frame.f_lineno)) if frame is not None else _at(None)
 
 
 def _definition_line(fn: Any) -> dict[str, Any]:

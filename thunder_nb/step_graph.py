@@ -4,6 +4,7 @@ replays it while its host guards (`thunder_nb.step_guard`) find nothing changed.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,12 +12,22 @@ import torch
 
 from . import internals
 from .cudagraph.capture import capture_mode
-from .step_capture import (TENSOR_LR, StepRefused, loss_blocker, optimizer_plan, returned_value, split, thunder_jit,
+from .step_capture import (TENSOR_LR, StepRefused, caller_line, loss_blocker, optimizer_plan, returned_value, split, thunder_jit,
                            trace_blockers, where_from_traceback)
 from .step_guard import Snapshot, autocast_key, batch_key, key_difference, trained_parameters
 from .step_report import Blocker
 
 __all__ = ["jit_step", "Step", "RecordAgainWarning", "step_mode"]
+
+
+#: The recordings a step keeps, one per batch key (shapes, dtypes, autocast); the oldest goes past it.
+MAX_RECORDINGS = 4
+
+
+def _shapes(key: tuple) -> str:
+    """A batch key's tensor shapes, in words: ``shape (10, 8), (10,)``."""
+    shapes = [tuple(b[0]) for b in key[0] if isinstance(b[0], torch.Size)]
+    return "shape " + ", ".join(str(s) for s in shapes) if shapes else "no tensor"
 
 
 class RecordAgainWarning(UserWarning):
@@ -51,7 +62,10 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
     branch on; another module at a name), the loss function is traced anew by a new ``thunder.jit``, in every mode
     (``capture=False`` too), and the warning says so; a parameter the optimizer has no state for yet (a param group
     added later) gets one uncaptured step first, so that its state (Adam's moments) is not made inside the graph.
-    A call under ``torch.no_grad()`` is refused.
+    A change of the same cause is said once (a scheduler changes SGD's lr at every step). Each batch key keeps its
+    own recording (up to `MAX_RECORDINGS`) after its own ``warmup`` steps, so a ragged last batch is recorded in its
+    turn; a key left before its recording is said once. A call under ``torch.no_grad()`` or float16 autocast is
+    refused.
 
     Args:
         model: the module trained; its parameters are the ones the graph updates.
@@ -88,7 +102,9 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
         StepRefused: at the first call with a batch (before anything runs), when the iteration cannot be one
             graph: a host sync (``.item()``), a device transfer or a host-memory op inside ``loss_fn``, an
             optimizer with no capturable step, a loss that is not one tensor; the message names the op, the
-            user's line and the fix. `capturability` lists them all.
+            user's line and the fix. `capturability` lists them all. At any call: under ``torch.no_grad()``, and
+            under float16 autocast (its gradients need a GradScaler, which the step cannot apply: use bfloat16),
+            with the user's line.
     """
     return Step(model, loss_fn, optimizer, accumulate=accumulate, max_grad_norm=max_grad_norm, capture=capture,
                 warmup=warmup, copy_loss=copy_loss, executors=executors)
@@ -157,29 +173,40 @@ class Step:
         self._capturable = self._mode == "cuda" and self._optimizer_blocker is None  # capturable=True set on it
         self._tensor_lr = self._capturable and self._lr_live
         self._lrs: list[torch.Tensor] = []  # the lr tensors the graph reads
+        self._betas: list[tuple[torch.Tensor, torch.Tensor]] = []  # and the betas
         if self._capturable:
             self.notes.extend(self._set_up_optimizer())
         self._stream = torch.cuda.Stream(self.device) if self._mode == "cuda" else None
         self._snap = Snapshot(model, optimizer, lr_live=self._lr_live)  # the model and optimizer the last step saw
-        self._recording: _CudaRecording | _EmulatedRecording | None = None
-        self._key: tuple | None = None  # `_key_of` the recording's batch, or of the warm-up steps
-        self._checked: tuple | None = None  # the batch key whose traces were checked for blockers
+        # NOTE: one recording per batch key, newest last: a ragged last batch keeps its own graph beside the full one
+        self._recordings: OrderedDict[tuple, _CudaRecording | _EmulatedRecording] = OrderedDict()
+        self._key: tuple | None = None  # `_key_of` the last call's batch
+        self._recorded_key: tuple | None = None  # the key of the newest recording
+        self._checked: set[tuple] = set()  # the batch keys whose traces were checked for blockers
+        self._short: set[tuple] = set()  # the keys already said to have been left before their recording
         self._stateless: frozenset[int] | None = None  # `_without_state()` after the last uncaptured step
-        self._warm = 0  # uncaptured steps since the key last changed
+        self._warm: dict[tuple, int] = {}  # uncaptured steps of each key since its trace last changed
         self._grad_norm: torch.Tensor | None = None
         self.graphs_recorded = 0
         self.recordings: list[str] = []  # why each recording was made
-        self._why = "first recording"  # why the next one will be
+        self._why: str | None = "first recording"  # why the next one will be (None: another batch key)
+        self._said: set[str] = set()  # the changes a RecordAgainWarning has named
 
     # --- the call ---------------------------------------------------------------------------------
 
     def __call__(self, *batch: Any) -> torch.Tensor:
         """Run one training iteration on ``batch``; returns the loss (see `jit_step` for what it and ``.grad`` hold)."""
         if not torch.is_grad_enabled():
-            raise RuntimeError("a training step needs grad mode: call the step outside torch.no_grad()")
+            raise StepRefused([Blocker("grad mode", "torch.no_grad()", fix="call the step outside torch.no_grad() "
+                                       "and torch.inference_mode(); for a validation loss, call your loss function "
+                                       "(or thunder_nb.jit of it) under no_grad instead", trace="loss_fn",
+                                       **caller_line())], "needs grad mode")
         key = self._key_of(batch)
-        rec = self._recording
-        if rec is not None and key == self._key and self._snap.change() is None:
+        rec = self._recordings.get(key)
+        if rec is not None and self._snap.change() is None:
+            if key != self._key:
+                self._left(self._key, key)
+                self._key = key
             return self._replay(rec, batch)
         return self._slow(batch, key)
 
@@ -197,41 +224,69 @@ class Step:
 
     def _slow(self, batch: Sequence[Any], key: tuple) -> torch.Tensor:
         first = self._micro(batch)[0]  # NOTE: a batch that does not split is refused before anything changes
+        self._refuse_fp16(key)
         if self._capturable:  # NOTE: load_state_dict replaces the param groups: capturable=False, lr a number
             self.notes.extend(f"{note} (again: the optimizer's param groups had lost it)"
                               for note in self._set_up_optimizer())
         change = self._snap.change()
-        retrace = change is not None and change.retrace
-        unseen = change is not None and change.unseen
-        if self._recording is not None:
-            why = key_difference(self._key, key) if key != self._key else (
-                change.words if change is not None else "the step's state changed")
-            done = ""
-            if unseen:
-                also = "" if why == change.words else f"; {change.words}"
-                done = f"{also}; {_NEW_TRACE}"
-            warnings.warn(RecordAgainWarning(f"jit_step: recording the step again: {why}{done}"), stacklevel=3)
-            self._drop()
-            self._why = why
-        if unseen:
-            # NOTE: in every mode: the old jitted function's cache would hit the trace made before the change
-            self._jfn = thunder_jit(self.loss_fn, self._executors)
-        if retrace:
-            self._checked = None  # NOTE: another module, another parameter: thunder traces other code
-        if key != self._key or retrace:
-            self._warm = 0  # NOTE: thunder traces again: its first call, and any compilation, stay out of the graph
+        if change is not None:
+            words = change.words + (f"; {_NEW_TRACE}" if change.unseen else "")
+            if self._recordings:
+                # NOTE: once per cause: a hyperparameter a scheduler changes at every step says its fix the first time
+                if (change.cause or words) not in self._said:
+                    self._said.add(change.cause or words)
+                    warnings.warn(RecordAgainWarning(f"jit_step: recording the step again: {words}"), stacklevel=3)
+                self._drop()
+                self._why = change.words
+            if change.unseen:
+                # NOTE: in every mode: the old jitted function's cache would hit the trace made before the change
+                self._jfn = thunder_jit(self.loss_fn, self._executors)
+            if change.retrace:
+                self._checked.clear()  # NOTE: another module, another parameter: thunder traces other code
+                self._warm.clear()  # NOTE: its first call, and any compilation, stay out of the graph
+            self._snap = Snapshot(self.model, self.optimizer, lr_live=self._lr_live)
+            self._params = self._snap.params
+        if key != self._key:
+            self._left(self._key, key)
         self._key = key
-        self._snap = Snapshot(self.model, self.optimizer, lr_live=self._lr_live)
-        self._params = self._snap.params
-        if self._mode is not False and self._checked != key:
+        if self._mode is not False and key not in self._checked:
             self._refuse_blockers(first)  # NOTE: before anything runs: the model stays as it was
-            self._checked = key
-        if self._mode is False or self._warm < self.warmup or self._lazy_state_pending():
-            self._warm += 1
+            self._checked.add(key)
+        if self._mode is False or self._warm.get(key, 0) < self.warmup or self._lazy_state_pending():
+            self._warm[key] = self._warm.get(key, 0) + 1
             loss = self._uncaptured(batch)
             self._stateless = self._without_state()
             return loss
-        return self._record(batch)
+        if self._why is None:  # NOTE: another batch key, the ones before it kept
+            self._why = key_difference(self._recorded_key, key)
+            warnings.warn(RecordAgainWarning(f"jit_step: recording the step again: {self._why}"), stacklevel=3)
+        return self._record(batch, key)
+
+    def _left(self, old: tuple | None, new: tuple) -> None:
+        """Say once when the batch key changes before the old key's steps were recorded (a ragged last batch, seen
+        once an epoch, runs uncaptured for its first ``warmup`` epochs)."""
+        if self._mode is False or old is None or old in self._recordings or old in self._short:
+            return
+        ran = self._warm.get(old, 0)
+        if ran >= self.warmup:
+            return
+        self._short.add(old)
+        warnings.warn(RecordAgainWarning(
+            f"jit_step: the batch of {_shapes(old)} is not recorded yet: it ran {ran} of its warmup={self.warmup} "
+            f"uncaptured steps before a batch of {_shapes(new)} came; each batch shape records after its own warm-up, "
+            "so a shape seen once an epoch (a ragged last batch) runs uncaptured for its first epochs: drop_last=True "
+            "in the DataLoader, or pad the last batch to the full size"), stacklevel=4)
+
+    def _refuse_fp16(self, key: tuple) -> None:
+        """Refuse float16 autocast: its gradients need loss scaling (a GradScaler), which the step cannot apply."""
+        autocast = key[1]
+        if len(autocast) > 1 and autocast[1] == torch.float16:
+            raise StepRefused([Blocker(
+                "autocast", "torch.autocast(dtype=torch.float16)",
+                fix="float16 gradients need loss scaling (torch.amp.GradScaler), which the step cannot apply inside "
+                "the graph: use torch.autocast(device, dtype=torch.bfloat16), whose range needs no scaler, or keep "
+                "float16 and a GradScaler in a loop without jit_step", trace="loss_fn", **caller_line())],
+                "cannot train under float16 autocast")
 
     # --- what runs --------------------------------------------------------------------------------
 
@@ -287,7 +342,7 @@ class Step:
         loss.record_stream(current)
         return loss
 
-    def _record(self, batch: Sequence[Any]) -> torch.Tensor:
+    def _record(self, batch: Sequence[Any], key: tuple) -> torch.Tensor:
         static = [b.clone() if isinstance(b, torch.Tensor) else b for b in batch]  # NOTE: the graph's input buffers
         self._zero_grad()  # NOTE: the recipe's zero_grad(set_to_none=True): gradients allocated in the graph's pool
         if self._tensor_lr:
@@ -317,13 +372,17 @@ class Step:
             rec: Any = _CudaRecording(graph, static, loss, [p.grad for p in self._params])
         else:
             rec = _EmulatedRecording(self._iteration, static, self._params)
-        self._recording = rec
+        self._recordings[key] = rec
+        if len(self._recordings) > MAX_RECORDINGS:
+            self._recordings.popitem(last=False)  # NOTE: its graph's memory goes with it; the key warms up again
+        self._recorded_key = key
         self.graphs_recorded += 1
         self.recordings.append(self._why)
+        self._why = None
         return self._replay(rec, batch)
 
     def _drop(self) -> None:
-        self._recording = None
+        self._recordings.clear()
         for p in self._params:
             p.grad = None  # NOTE: the old graph's gradients go with its memory
 
@@ -352,14 +411,22 @@ class Step:
         notes = _make_capturable(self.optimizer, self.device, tensor_lr=self._tensor_lr)
         if self._tensor_lr:
             self._lrs = [g["lr"] for g in self.optimizer.param_groups]
+            self._betas = [g["betas"] for g in self.optimizer.param_groups]
         return notes
 
     def _lr_to_tensor(self) -> None:
-        """Keep each group's ``lr`` the device tensor the graph reads: a number set on the host is written into it."""
-        for g, t in zip(self.optimizer.param_groups, self._lrs):
+        """Keep each group's ``lr`` and ``betas`` the device tensors the graph reads: a number set on the host (a
+        scheduler's lr, OneCycleLR's cycled beta1) is written into them."""
+        for g, t, betas in zip(self.optimizer.param_groups, self._lrs, self._betas):
             if g["lr"] is not t:
                 t.fill_(float(g["lr"]))
                 g["lr"] = t
+            now = g["betas"]
+            if now is not betas and any(b is not n for b, n in zip(betas, now)):
+                for b, n in zip(betas, now):
+                    if n is not b:
+                        b.fill_(float(n))
+                g["betas"] = betas
 
     def _refuse_blockers(self, first: Sequence[Any]) -> None:
         internals.build_traces(self._jfn, *first)
@@ -379,7 +446,7 @@ class Step:
     @property
     def captured(self) -> bool:
         """Whether the next call with the same batch shapes replays a graph."""
-        return self._recording is not None
+        return bool(self._recordings)
 
     def __repr__(self) -> str:
         mode = {"cuda": "CUDA graph", "emulated": "emulated on the CPU", False: "uncaptured"}[self._mode]
@@ -428,5 +495,14 @@ def _make_capturable(optimizer: torch.optim.Optimizer, device: torch.device, *, 
             elif g["lr"].device != device:
                 g["lr"] = g["lr"].to(device)
         notes.append("lr is a 0-d device tensor in every param group: schedulers and group['lr'] = x change it "
+                     "without recording again")
+    if tensor_lr and not all(isinstance(b, torch.Tensor) and b.device == device
+                             for g in optimizer.param_groups for b in g["betas"]):
+        # NOTE: torch's Adam and AdamW take tensor betas where capturable=True; OneCycleLR's cycle_momentum writes a
+        # number into betas[0] at every step, which the step writes into this tensor before each replay
+        for g in optimizer.param_groups:
+            g["betas"] = tuple(b.to(device=device, dtype=torch.float32) if isinstance(b, torch.Tensor) else
+                               torch.tensor(float(b), dtype=torch.float32, device=device) for b in g["betas"])
+        notes.append("betas are 0-d device tensors in every param group: a scheduler's cycle_momentum changes them "
                      "without recording again")
     return notes

@@ -33,13 +33,21 @@ class Change(NamedTuple):
     # thunder's cache cannot see it (a module's members, which module stands at a name): a cache hit would run the
     # old trace, so the loss function needs a new thunder.jit
     unseen: bool = False
+    cause: str | None = None  # what changed without its values (a hyperparameter's name), for saying it once
+
+
+#: The hyperparameters an Adam or AdamW step reads at every step where lr is live: the CPU stand-in runs the
+#: optimizer itself, a CUDA graph reads them from the device tensors the step keeps in the param groups.
+LIVE = ("lr", "betas")
+#: What to do where a scheduler changes a hyperparameter the graph holds as a number, at every step.
+_CYCLED = {"momentum": "SGD's and RMSprop's momentum", "betas": "betas"}
 
 
 class Snapshot:
     """The model and optimizer as one step saw them: every module (its training flag, its own submodules, parameters
     and buffers: the objects, their memory and each parameter's ``requires_grad``; the names in its instance dict, which
     ``hasattr`` finds first: as many, and each of its own, `_MODULE_NAMES` left out) and the optimizer (its state and
-    param groups, the objects, and each group's size and hyperparameters; ``lr`` left out when it is ``lr_live``).
+    param groups, the objects, and each group's size and hyperparameters; `LIVE`'s left out when ``lr_live``).
 
     `change` compares the live objects with it by identity, and words a difference only when it finds one. Thunder's
     own cache checks each module's training flag and each tensor's metadata (``requires_grad`` among them), but not
@@ -66,7 +74,7 @@ class Snapshot:
                                   frozenset(name for name in d if name not in _MODULE_NAMES)))
         self._state, self._groups = optimizer.state, optimizer.param_groups
         self._sizes = tuple(len(g["params"]) for g in optimizer.param_groups)
-        self._hyper = tuple(tuple((k, v) for k, v in g.items() if k != "params" and not (k == "lr" and lr_live))
+        self._hyper = tuple(tuple((k, v) for k, v in g.items() if k != "params" and not (k in LIVE and lr_live))
                             for g in optimizer.param_groups)
 
     def change(self) -> Change | None:
@@ -103,14 +111,32 @@ class Snapshot:
         if len(groups) != len(self._sizes) or any(len(g["params"]) != n for g, n in zip(groups, self._sizes)):
             return Change("the optimizer's param groups changed", False)
         for i, (g, items) in enumerate(zip(groups, self._hyper)):
-            for k, v in items:
-                now = g.get(k)
-                if now is not v and (isinstance(now, torch.Tensor) or isinstance(v, torch.Tensor) or now != v):
-                    extra = (f" ({type(opt).__name__}'s step reads it as a Python number, fixed in the graph; "
-                             f"Adam and AdamW read lr from a device tensor and need no new recording)"
-                             if k == "lr" else "")
-                    return Change(f"param group {i}'s {k!r} changed from {v!r} to {now!r}{extra}", False)
+            changed = [(k, v, g.get(k)) for k, v in items if _differs(v, g.get(k))]
+            if changed:
+                # NOTE: every hyperparameter that changed, each with its reason: a one-cycle schedule changes lr and
+                # momentum at once, and a warning said once must name both
+                words = "; ".join(f"param group {i}'s {k!r} changed from {v!r} to {now!r}{_why_fixed(opt, k)}"
+                                  for k, v, now in changed)
+                return Change(words, False, cause=f"param group {i}'s {', '.join(repr(k) for k, _, _ in changed)}")
         return None
+
+
+def _differs(was: Any, now: Any) -> bool:
+    return now is not was and (isinstance(now, torch.Tensor) or isinstance(was, torch.Tensor) or now != was)
+
+
+def _why_fixed(opt: torch.optim.Optimizer, key: str) -> str:
+    """Why a change of hyperparameter ``key`` records the step again, and what to do, in words ("" if nothing)."""
+    name = type(opt).__name__
+    if key == "lr":
+        return (f" ({name}'s step reads it as a Python number, fixed in the graph; Adam and AdamW read lr from a "
+                "device tensor and need no new recording)")
+    if key in _CYCLED:
+        return (f" ({name}'s step reads {_CYCLED[key]} as Python numbers, fixed in the graph: a scheduler that cycles "
+                "momentum (OneCycleLR, CyclicLR) changes it at every step, and every step records again; pass "
+                "cycle_momentum=False to the scheduler, or use Adam or AdamW, whose betas the step reads from device "
+                "tensors)")
+    return ""
 
 
 def _replaced(m: torch.nn.Module, kind: str, name: str, was: Any, now: Any) -> Change:

@@ -9,7 +9,7 @@ __all__ = ["Blocker", "Capturability", "StepComparison", "BLOCKER_KINDS"]
 
 #: `Blocker.kind`, in the order a report lists them.
 BLOCKER_KINDS = ("thunder", "dynamic shape", "host sync", "device transfer", "cpu op", "host data", "capture-dependent",
-                 "python-side state", "optimizer", "loss", "capture")
+                 "python-side state", "optimizer", "loss", "capture", "grad mode", "autocast")
 
 
 _PLACES = {"forward": "thunder's forward trace", "backward": "thunder's backward trace",
