@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,34 +98,38 @@ class Loop:
         return f"Loop(seed {self.seed}: " + "; ".join(parts) + ")"
 
 
-def generate(chooser: Chooser, *, seed: int = 0, require: str | None = None) -> Loop:
-    """A loop drawn from ``chooser``; ``require`` (a `FEATURES` name) makes sure it has that feature."""
+def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = ()) -> Loop:
+    """A loop drawn from ``chooser``; ``require`` (`FEATURES` names: at most one scheduler, one of bf16 and
+    fp16-scaler, one model) makes sure it has those features."""
+    need = {require} if isinstance(require, str) else set(require)
+    # NOTE: each pair's second needs its first, which comes a step before it
+    need |= {first for second, first in (("unfreeze", "freeze"), ("load", "save")) if second in need}
     model = chooser.choice(MODELS)
     steps = chooser.integer(5, 8)
     events: list[tuple[int, str]] = []
-    needed = {"unfreeze": "freeze", "load": "save"}.get(require, require)  # NOTE: each pair's first comes first
     for event in EVENTS:
         if event in ("unfreeze", "load"):
             continue  # NOTE: each comes after its pair (freeze, save)
-        if chooser.boolean(0.2) or event == needed:
+        if chooser.boolean(0.2) or event in need:
             at = chooser.integer(2, steps - 2)
             events.append((at, event))
-            if event == "freeze" and (require == "unfreeze" or chooser.boolean(0.5)):
+            if event == "freeze" and ("unfreeze" in need or chooser.boolean(0.5)):
                 events.append((at + 1, "unfreeze"))
-            if event == "save" and (require == "load" or chooser.boolean(0.7)):
+            if event == "save" and ("load" in need or chooser.boolean(0.7)):
                 events.append((at + 1, "load"))
-    schedulers = SCHEDULERS if require not in SCHEDULERS else (require,)
-    precisions = {"bf16": ("bf16",), "fp16-scaler": ("fp16-scaler",)}.get(require, PRECISIONS)
+    schedulers = tuple(need & set(SCHEDULERS)) or SCHEDULERS
+    precisions = tuple(need & {"bf16", "fp16-scaler"}) or PRECISIONS
+    models = tuple(need & set(MODELS))
     return Loop(
-        model=require if require in MODELS else model,
+        model=models[0] if models else model,
         optimizer=chooser.choice(tuple(OPTIMIZERS)),
-        scheduler=chooser.choice(schedulers) if (chooser.boolean(0.5) or require in SCHEDULERS) else "none",
-        clip=1.0 if (chooser.boolean(0.25) or require == "clip") else None,
-        accumulate=2 if (chooser.boolean(0.25) or require == "accumulate") else 1,
-        precision=chooser.choice(precisions) if (chooser.boolean(0.25) or require in precisions) else "fp32",
-        logged=chooser.boolean(0.5) or require == "logged",
-        ragged=chooser.boolean(0.25) or require == "ragged",
-        steps=steps, events=tuple(sorted(events)), seed=seed)
+        scheduler=chooser.choice(schedulers) if (chooser.boolean(0.5) or need & set(SCHEDULERS)) else "none",
+        clip=1.0 if (chooser.boolean(0.25) or "clip" in need) else None,
+        accumulate=2 if (chooser.boolean(0.25) or "accumulate" in need) else 1,
+        precision=chooser.choice(precisions) if (chooser.boolean(0.25) or need & set(precisions)) else "fp32",
+        logged=chooser.boolean(0.5) or "logged" in need,
+        ragged=chooser.boolean(0.25) or "ragged" in need,
+        steps=steps, events=tuple(sorted(events, key=lambda e: (e[0], EVENTS.index(e[1])))), seed=seed)
 
 
 def loops() -> Any:
@@ -274,8 +278,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     scaler = None
     if loop.precision == "fp16-scaler":
         scaler = torch.amp.GradScaler(torch.device(device).type, init_scale=2.0**8)
-    events = dict(loop.events)
-    saved: bytes | None = None
+    saved: dict[str, bytes] = {}  # the checkpoint a "save" wrote, for a "load"
     step = compiled = None
     try:
         with warnings.catch_warnings(record=True) as caught, capturing(capture if compiled_mode else False):
@@ -296,34 +299,8 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
             forward = compiled or loss_fn
             for i in range(loop.steps):
                 record: dict[str, Any] = {}
-                event = events.get(i)
-                if event == "eval":
-                    model.eval()
-                    with torch.no_grad(), _autocast(loop.precision, device):
-                        xv, yv = _batch(loop.model, loop.seed, 100 + i, _BATCH, device)
-                        record["validation loss"] = forward(xv, yv).float()
-                    model.train()
-                elif event == "freeze":
-                    model.body.requires_grad_(False)
-                elif event == "unfreeze":
-                    model.body.requires_grad_(True)
-                elif event == "add-head":
-                    torch.manual_seed(loop.seed + 1)
-                    model.head2 = torch.nn.Linear(16, 4).to(device)
-                    # NOTE: the group's other settings as the first group has them (a scheduler's max_lr, initial_lr)
-                    opt.add_param_group({**{k: v for k, v in opt.param_groups[0].items() if k != "params"},
-                                         "params": list(model.head2.parameters())})
-                elif event == "save":
-                    buf = io.BytesIO()
-                    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                                "sched": sched.state_dict() if sched else None}, buf)
-                    saved = buf.getvalue()
-                elif event == "load" and saved is not None:
-                    ckpt = torch.load(io.BytesIO(saved), weights_only=False)
-                    model.load_state_dict(ckpt["model"])
-                    opt.load_state_dict(ckpt["opt"])
-                    if sched is not None:
-                        sched.load_state_dict(ckpt["sched"])
+                for event in (e for at, e in loop.events if at == i):
+                    _event(event, loop, i, model, forward, opt, sched, record, saved, device)
                 if loop.scheduler == "manual" and i == loop.steps // 2:
                     for g in opt.param_groups:
                         g["lr"] = g["lr"] * 0.3
@@ -346,6 +323,40 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     except Exception as e:  # noqa: BLE001 - the fuzzer records every failure and judges it
         out.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
     return out
+
+
+def _event(event: str, loop: Loop, i: int, model: Any, forward: Callable[..., Any], opt: Any, sched: Any,
+           record: dict[str, Any], saved: dict[str, bytes], device: Any) -> None:
+    """What a user's loop does between two steps (`EVENTS`), before step ``i``."""
+    import torch
+
+    if event == "eval":
+        model.eval()
+        with torch.no_grad(), _autocast(loop.precision, device):
+            xv, yv = _batch(loop.model, loop.seed, 100 + i, _BATCH, device)
+            record["validation loss"] = forward(xv, yv).float()
+        model.train()
+    elif event == "freeze":
+        model.body.requires_grad_(False)
+    elif event == "unfreeze":
+        model.body.requires_grad_(True)
+    elif event == "add-head":
+        torch.manual_seed(loop.seed + 1)
+        model.head2 = torch.nn.Linear(16, 4).to(device)
+        # NOTE: the group's other settings as the first group has them (a scheduler's max_lr, initial_lr)
+        opt.add_param_group({**{k: v for k, v in opt.param_groups[0].items() if k != "params"},
+                             "params": list(model.head2.parameters())})
+    elif event == "save":
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict() if sched else None}, buf)
+        saved["checkpoint"] = buf.getvalue()
+    elif event == "load" and "checkpoint" in saved:
+        ckpt = torch.load(io.BytesIO(saved["checkpoint"]), weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        if sched is not None:
+            sched.load_state_dict(ckpt["sched"])
 
 
 def _eager_step(loop: Loop, model: Any, forward: Callable[..., Any], opt: Any, scaler: Any, x: Any, y: Any,
