@@ -592,3 +592,16 @@ def guard_dict_keys(node: ObjectGuard.Node, d: dict, keys: Any) -> None:
     manager.add_dict_length_check_guard(len(d), [f"len({node._name}) == {len(d)}"], None)
     for key in keys:
         manager.add_dict_contains_guard(True, key, [f"{key!r} in {node._name}"], None)
+
+
+def compiling_now() -> Any:
+    """The compile data of the function thunder is compiling now (its ``transforms``, ``fn``, ``is_module``), or None
+    outside a compilation."""
+    from thunder.core.compile_data import get_compile_data
+
+    return get_compile_data()
+
+
+def thunder_modules_of(cd: Any) -> list[Any]:
+    """The modules thunder made for a compilation's function: its ``fn`` and the ThunderModules it maps."""
+    return [cd.fn, *getattr(cd, "_thunder_module_map", {}).values()]

@@ -33,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .. import internals
+
 # NOTE: what a collective is, and that it never enters a region, is the diagnosis's to decide (one place for the
 # transform's can_fuse and the checker alike); re-exported here for the passes below
 from ..diagnosis.ops import COLLECTIVE_NAMES, is_collective
@@ -75,10 +77,9 @@ def later_trace_rewriters(transform: Any) -> list[Any]:
     """The transforms after ``transform`` in the transforms of the function thunder is compiling now whose own
     ``transform_traces_pre_prologue`` rewrites the traces after ``transform``'s (``ddp`` and ``fsdp`` put theirs
     there); empty outside a compilation or where ``transform`` is not among them."""
-    from thunder.core.compile_data import get_compile_data
     from thunder.core.transform_common import Transform
 
-    cd = get_compile_data()
+    cd = internals.compiling_now()
     transforms = list(getattr(cd, "transforms", None) or ())
     at = next((i for i, t in enumerate(transforms) if t is transform), None)
     if at is None:
@@ -147,13 +148,11 @@ def refuse_wrapped(fn: Any) -> None:
 def refuse_fully_sharded() -> None:
     """Raise TypeError where the module thunder is compiling now was given to torch's ``fully_shard`` after
     ``thunder_nb.jit`` (`FULLY_SHARD`); called by the fixed transform before the prologue is made, at the first call."""
-    from thunder.core.compile_data import get_compile_data
-
-    cd = get_compile_data()
+    cd = internals.compiling_now()
     if cd is None or not getattr(cd, "is_module", False):
         return
     # NOTE: the ThunderModule(s) thunder made for ``cd.fn``: ``fully_shard(jfn)`` changes the class of that one
-    for module in (cd.fn, *getattr(cd, "_thunder_module_map", {}).values()):
+    for module in internals.thunder_modules_of(cd):
         if _torch_wrapper(module) == FULLY_SHARD:
             wrapper, instead = FULLY_SHARD
             raise TypeError(f"thunder_nb.jit cannot run a model given to {wrapper}: it would train each rank apart "
