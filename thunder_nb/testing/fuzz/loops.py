@@ -110,19 +110,32 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
     for event in EVENTS:
         if event in ("unfreeze", "load"):
             continue  # NOTE: each comes after its pair (freeze, save)
+        if event == "add-head" and event not in need and need & (set(SCHEDULERS) - {"manual"}):
+            continue  # NOTE: a scheduler's base_lrs do not follow add_param_group (see below)
         if chooser.boolean(0.2) or event in need:
-            at = chooser.integer(2, steps - 2)
-            events.append((at, event))
+            i = chooser.integer(2, steps - 2)
+            events.append((i, event))
             if event == "freeze" and ("unfreeze" in need or chooser.boolean(0.5)):
-                events.append((at + 1, "unfreeze"))
+                events.append((i + 1, "unfreeze"))
             if event == "save" and ("load" in need or chooser.boolean(0.7)):
-                events.append((at + 1, "load"))
+                events.append((i + 1, "load"))
     schedulers = tuple(need & set(SCHEDULERS)) or SCHEDULERS
+    optimizers = tuple(OPTIMIZERS)
+    at = dict((e, i) for i, e in events)
+    if "add-head" in at:
+        # NOTE: what eager PyTorch itself refuses after add_param_group: a scheduler made before it (its base_lrs are
+        # one short), Adagrad (it makes its state in __init__ only), a checkpoint of the model without the head
+        # loaded into it; the head then comes after any load
+        schedulers = tuple(x for x in schedulers if x == "manual") or ("manual",)
+        optimizers = tuple(o for o in optimizers if o != "Adagrad")
+        if "load" in at and at["add-head"] <= at["load"]:
+            events = [(i, e) for i, e in events if e != "add-head"] + [(at["load"] + 1, "add-head")]
+            steps = max(steps, at["load"] + 2)
     precisions = tuple(need & {"bf16", "fp16-scaler"}) or PRECISIONS
     models = tuple(need & set(MODELS))
     return Loop(
         model=models[0] if models else model,
-        optimizer=chooser.choice(tuple(OPTIMIZERS)),
+        optimizer=chooser.choice(optimizers),
         scheduler=chooser.choice(schedulers) if (chooser.boolean(0.5) or need & set(SCHEDULERS)) else "none",
         clip=1.0 if (chooser.boolean(0.25) or "clip" in need) else None,
         accumulate=2 if (chooser.boolean(0.25) or "accumulate" in need) else 1,
