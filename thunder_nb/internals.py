@@ -41,6 +41,7 @@ __all__ = [
     "thunder_limit",
     "source_line",
     "flat_output",
+    "is_joint_trace",
     "flatten",
     "is_tensor_proxy",
     "own_parameters",
@@ -558,6 +559,13 @@ def flat_output(trace: Any) -> tuple[Any, ...] | None:
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict) and "flat_output" in out[0]:
         return tuple(flatten(out[0]["flat_output"]))
     return None
+
+
+def is_joint_trace(trace: Any) -> bool:
+    """Whether ``trace`` is thunder's trace of a forward and its backward together, which thunder splits in two after
+    its fusion passes (``split_into_forward_and_backward`` reads the forward's outputs from its ``"fw_flat_out"``)."""
+    out = trace.output
+    return isinstance(out, dict) and "fw_flat_out" in out
 
 
 def is_tensor_proxy(x: Any) -> bool:

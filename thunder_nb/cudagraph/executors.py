@@ -32,14 +32,35 @@ def executor_names(names: Sequence[str]) -> tuple[str, ...]:
 
 @functools.cache  # NOTE: one executor per name, registered once
 def _island_aware_torch_compile(name: str) -> Any:
-    """thunder's torch_compile executor ``name`` that leaves islands, and arithmetic on numbers, out of its fusions.
+    """thunder's torch_compile executor ``name`` that leaves islands, and arithmetic on numbers, out of its fusions,
+    differentiates every op as thunder's torch executor would, and never loses an in-place update.
 
     thunder's own fuses ``.item()`` into the kernel group in front of it, and an island's number into the
     ops that read it. A fusion holding an island cannot be captured; one reading an island's number
     would bake the number into the graph (thunder-nb's scalar hand-off rewrites the ops that read it,
     which it cannot do inside a compiled fusion). So those stay plain symbols between fusions.
+
+    Three of thunder 0.2.6's ways of computing something else than eager PyTorch, silently, are closed here:
+
+    - its autodiff takes an op's backward from the first executor that can execute *or fuse* the op, and a fusion
+      executor can fuse an op through its decomposition: thunder's executor, with no backward of its own, then had
+      thunder differentiate ``max_pool2d``'s decomposition (a ``-inf`` pad and a one-hot convolution, whose
+      ``-inf * 0`` is NaN in every window that overlaps the padding) instead of the torch executor's
+      ``max_pool2d_with_indices``. resnet18's stem pools so: its loss was wrong from the first step and the gradients
+      before the pooling NaN. The ops the torch executor alone differentiates (`_backward_in_torch_executor`) are
+      refused to autodiff here; the fusions still run them (as PyTorch's own op) where no backward is traced;
+    - thunder fuses a forward and its backward in one trace, then splits it, and a fusion goes to the forward only
+      if the forward reads one of its results: an in-place update nobody reads, fused, ran in the backward.
+      `native_batch_norm` writes the running statistics back so; such updates stay out of the fusions of a trace
+      with a backward (`_unread_updates`);
+    - a fusion none of whose results is read outside it has no outputs, and thunder's dead-code elimination drops a
+      symbol without outputs even when it writes in place (``remove_duplicate_number_proxies`` keeps none of them):
+      the running statistics' updates, fused on their own, vanished. Such a fusion returns what its in-place updates
+      return, so that it stays.
     """
-    from thunder.core.proxies import NumberProxy
+    from thunder.core import prims
+    from thunder.core.proxies import NumberProxy, variableify
+    from thunder.core.symbol import has_tags
     from thunder.executors import torch_compile
 
     from ..diagnosis.ops import capture_hazard, classify_bsym
@@ -47,13 +68,32 @@ def _island_aware_torch_compile(name: str) -> Any:
     original = torch_compile.torch_compile_ex if name == "torchcompile" else torch_compile.torch_compile_cat_ex
 
     class IslandAwareTorchCompile(torch_compile.TorchCompileExecutor):
+        _kept_bare: frozenset[int] = frozenset()  # NOTE: the ids of the updates `_unread_updates` keeps unfused
+
         def can_fuse(self, bsym: Any) -> bool:
             if (classify_bsym(bsym) is not None or capture_hazard(bsym) is not None
-                    or any(isinstance(a, NumberProxy) for a in bsym.flat_proxy_args)):
+                    or any(isinstance(a, NumberProxy) for a in bsym.flat_proxy_args) or id(bsym) in self._kept_bare):
                 return False
             return super().can_fuse(bsym)
 
+        def fusion_pass(self, trace: Any) -> Any:
+            self._kept_bare = _unread_updates(trace)
+            try:
+                return super().fusion_pass(trace)
+            finally:
+                self._kept_bare = frozenset()
+
+        def can_execute_or_fuse(self, bsym: Any) -> bool:
+            # NOTE: thunder's autodiff alone asks this, of each executor in turn, to choose whose backward an op takes
+            if bsym.sym.id in _backward_in_torch_executor():
+                return False
+            return super().can_execute_or_fuse(bsym)
+
         def fuse(self, region: Any, fusion_counter: int) -> Any:
+            if not region.outputs:
+                for b in region.bound_symbols:
+                    if has_tags(b, {prims.OpTags.DONT_DCE}):
+                        region.outputs.update(variableify(o) for o in b.flat_proxy_outs)
             bsym = super().fuse(region, fusion_counter)
             name = bsym.sym.name
             bsym._call_ctx = {name: _counting_kernels(bsym._call_ctx[name])}
@@ -64,15 +104,47 @@ def _island_aware_torch_compile(name: str) -> Any:
     return ex
 
 
+def _unread_updates(trace: Any) -> frozenset[int]:
+    """The ids of the in-place updates that no symbol reads, in a trace thunder splits into a forward and a backward
+    after fusing it: they stay out of the fusions (thunder's torch executor runs them between fusions). Empty for any
+    other trace.
+
+    thunder's split keeps a bare ``copy_`` into a forward tensor in the forward, but a fusion goes to the forward only
+    when the forward reads one of its results; otherwise to the backward, or nowhere when nothing needs a backward
+    (a call under ``no_grad`` of a function whose parameters require grad is split so too). A fusion that holds such
+    an update and nothing the forward reads took the update with it. `native_batch_norm` writes the running
+    statistics so, after a kernel inductor does not take. A trace thunder does not split keeps such updates in its
+    fusions (`_island_aware_torch_compile`'s ``fuse`` keeps a fusion that nobody reads from): a KV cache's write, say.
+    """
+    from thunder.core import prims
+    from thunder.core.symbol import has_tags
+    from thunder.core.utils import consumers
+
+    from ..internals import is_joint_trace
+
+    if not is_joint_trace(trace):
+        return frozenset()
+    readers = consumers(trace)
+    unread = set()
+    for bsym in trace.bound_symbols:
+        outs = bsym.flat_proxy_outs
+        if outs and has_tags(bsym, {prims.OpTags.DONT_DCE}) and not any(
+                b.sym.id != prims.PrimIDs.DEL for o in outs for b in readers.get(o, ())):
+            unread.add(id(bsym))
+    return frozenset(unread)
+
+
 def _backward_in_torch_executor() -> frozenset[str]:
     """The ops whose backward only thunder's torch executor carries (its own grad transform; thunder has no global one).
 
     thunder's autodiff asks the first executor that claims an op for its backward and stops there: thunder's
     torchcompile executor claims every op the torch executor runs, with no backward of its own, so a training step
     with one of these ops failed to trace ("Failed to find a gradient transform for bound symbol ...
-    adaptive_avg_pool2d", torchvision's resnet18), with thunder's own executor as with thunder-nb's. thunder-nb's
-    fused executor leaves them to the torch executor, between its fusions (max_pool2d, max_pool3d and
-    adaptive_avg_pool2d in thunder 0.2.6).
+    adaptive_avg_pool2d", torchvision's resnet18), with thunder's own executor as with thunder-nb's; and an op it
+    claims through its decomposition (max_pool2d: all of its decomposition's ops are fusible) had that decomposition
+    differentiated instead, silently. thunder-nb's fused executor leaves them to the torch executor: it does not run
+    them as an operator of its own, and refuses them when autodiff asks which executor claims them (max_pool2d,
+    max_pool3d and adaptive_avg_pool2d in thunder 0.2.6).
     """
     from thunder.core.transforms import _grad_fn_map
     from thunder.executors.torchex import ex as torch_ex
@@ -318,20 +390,33 @@ def executor_list(names: Sequence[str], *, checked: bool = False) -> list[Any] |
     return chosen + [checked_sdpa() if checked and ex.name == "sdpa" else ex for ex in rest]
 
 
+def _thunder_nb_executor(ex: Any) -> Any:
+    """thunder-nb's executor in place of thunder's sdpa and torchcompile executors; any other as it is."""
+    from thunder.executors import torch_compile
+
+    if ex is torch_compile.torch_compile_ex:
+        return _island_aware_torch_compile("torchcompile")
+    if ex is torch_compile.torch_compile_cat_ex:
+        return _island_aware_torch_compile("torchcompile_cat")
+    return checked_sdpa() if getattr(ex, "name", None) == "sdpa" else ex
+
+
 def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """``thunder.jit``'s ``executors=`` list for a user's mix of names (`EXECUTOR_NAMES`) and thunder executors.
 
     `native_convolution` and `native_batch_norm` (PyTorch's own kernels) first, then the given executors, then the
     named ones, then thunder's defaults (less sdpa for ``no-sdpa``), each once; thunder's sdpa executor, given or
-    default, is `checked_sdpa`. PyTorch's kernels come before every other: thunder asks the first executor that claims
-    an op for its backward, and the fusion executors and thunder's torch executor claim ``prims.convolution`` and
-    ``batch_norm`` with none of their own. `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors
-    this way, and so does the magic's fixed side.
+    default, is `checked_sdpa`, and thunder's torchcompile executors, given, are thunder-nb's (the same fusions, with
+    `native_batch_norm`'s running statistics kept and the torch executor's backward for pooling). PyTorch's kernels
+    come before every other: thunder asks the first executor that claims an op for its backward, and the fusion
+    executors and thunder's torch executor claim ``prims.convolution`` and ``batch_norm`` with none of their own.
+    `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way, and so does the magic's fixed
+    side.
 
     Raises:
         ValueError: an unknown name, or an executor thunder cannot use here (nvFuser without its wheel).
     """
     native = [native_convolution(), native_batch_norm()]
-    given = [checked_sdpa() if getattr(e, "name", None) == "sdpa" else e for e in executors if not isinstance(e, str)]
+    given = [_thunder_nb_executor(e) for e in executors if not isinstance(e, str)]
     named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
     return list(dict.fromkeys(native + given + named))
