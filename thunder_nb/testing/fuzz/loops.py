@@ -174,8 +174,9 @@ def _net(kind: str) -> Any:
                 self.body, self.rest = nn.Linear(8, 16), nn.Sequential(nn.Tanh(), nn.Linear(16, 16), nn.ReLU())
             elif kind == "conv-bn":
                 self.body = nn.Conv2d(3, 8, 3, padding=1, bias=False)
-                self.rest = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                          nn.Linear(8, 16))
+                # NOTE: resnet's stem: a padded max pool after BatchNorm (issue 50's NaN came from its backward)
+                self.rest = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1),
+                                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 16))
             else:
                 self.body, self.rest = nn.Embedding(32, 16), nn.Sequential(nn.LayerNorm(16), nn.GELU())
             self.head = nn.Linear(16, 4)
