@@ -12,6 +12,7 @@ where the regions run as plain Python instead of graphs.
 from __future__ import annotations
 
 import os
+import sys
 
 import thunder.distributed
 import torch
@@ -57,7 +58,9 @@ def main() -> None:
         opt.step()
         whole = loss.detach().clone()
         dist.all_reduce(whole)  # NOTE: the sum of the ranks' losses, each over as many rows
-        print(f"rank {rank} step {step} loss {whole.item() / world:.6f}", flush=True)
+        # NOTE: one write of the whole line: print() writes the text and its newline apart, and the ranks share stdout
+        sys.stdout.write(f"rank {rank} step {step} loss {whole.item() / world:.6f}\n")
+        sys.stdout.flush()
     dist.destroy_process_group()
 
 

@@ -3,6 +3,8 @@ checker (and the collectives of thunder's data parallelism, which run outside ev
 
 from __future__ import annotations
 
+import functools
+
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ __all__ = [
     "HOST_DATA_NAMES",
     "RANDOM_NAMES",
     "COLLECTIVE_NAMES",
+    "collective_names",
     "is_collective",
     "is_future",
     "collective_op",
@@ -76,7 +79,17 @@ COLLECTION_NAMES = frozenset({"clear_mutable_collection"})
 HOST_DATA_NAMES = frozenset({"tensor_from_sequence", "from_numpy", "as_tensor", "tensor", "numpy_array_to_torch_tensor"})
 
 
-def _collective_names() -> frozenset[str]:
+@functools.cache  # NOTE: at the first question, not at import: `import thunder_nb` does not import thunder
+def collective_names() -> frozenset[str]:
+    """`COLLECTIVE_NAMES`: the symbols of ``thunder.distributed.prims`` that never enter a region, by name, with the
+    torch executor's implementations of them: the collectives (``all_reduce``, ``all_gather``, ``reduce_scatter``,
+    ``broadcast``), the ``wait`` on their result, ``synchronize`` (a no-op in a replicated forward),
+    ``update_bucket_view`` (reads a Python dict of buckets) and ``stash_grad_for_fsdp`` (sets an attribute of the
+    parameter). A graph replays none of what they do on the host: a collective recorded into one would be launched
+    again at each replay without its process group (no handle to wait for, no timeout watching it), and each new
+    recording's warm-up calls would launch it on that rank alone, out of step with the others. Outside the graphs
+    every rank launches and waits for each one itself, in the same order. Made from thunder's distributed prims at
+    the first question, not at import (``import thunder_nb`` imports no thunder)."""
     from thunder.distributed.prims import PrimIDs
 
     # NOTE: pack, unpack and their FSDP forms only reshape and copy tensors: they may join a region
@@ -91,15 +104,10 @@ def _collective_names() -> frozenset[str]:
     return frozenset(names)
 
 
-#: The symbols of ``thunder.distributed.prims`` that never enter a region, by name, with the torch executor's
-#: implementations of them: the collectives (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``), the
-#: ``wait`` on their result, ``synchronize`` (a no-op in a replicated forward), ``update_bucket_view`` (reads a
-#: Python dict of buckets) and ``stash_grad_for_fsdp`` (sets an attribute of the parameter). A graph replays none of
-#: what they do on the host: a collective recorded into one would be launched again at each replay without its
-#: process group (no handle to wait for, no timeout watching it), and each new recording's warm-up calls would
-#: launch it on that rank alone, out of step with the others. Outside the graphs every rank launches and waits
-#: for each one itself, in the same order.
-COLLECTIVE_NAMES: frozenset[str] = _collective_names()
+def __getattr__(name: str) -> Any:
+    if name == "COLLECTIVE_NAMES":
+        return collective_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def collective_op(name: str) -> str:
@@ -121,7 +129,7 @@ def is_collective(bsym: Any) -> bool:
     collective launched asynchronously returns and its ``wait`` takes)."""
     from thunder.core.proxies import FutureTensorProxy
 
-    if bsym.sym.name in COLLECTIVE_NAMES:
+    if bsym.sym.name in collective_names():
         return True
     return any(isinstance(p, FutureTensorProxy) for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs))
 
@@ -237,7 +245,7 @@ def classify_op(
     base = name.rsplit(".", 1)[-1]
     if _bookkeeping(base):
         return None
-    if base in COLLECTIVE_NAMES or any(is_future(t) for t in (*in_types, *out_types)):
+    if base in collective_names() or any(is_future(t) for t in (*in_types, *out_types)):
         return ("collective", collective_op(base))
     tensors_in = [t for t in in_types if t.kind == "tensor"]
     tensors_out = [t for t in out_types if t.kind == "tensor"]
