@@ -21,7 +21,8 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m thunder_nb", description=__doc__.splitlines()[0].split(": ", 1)[1])  # NOTE: one whole sentence
+    # NOTE: the docstring's first line is one whole sentence
+    p = argparse.ArgumentParser(prog="python -m thunder_nb", description=__doc__.splitlines()[0].split(": ", 1)[1])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ex = sub.add_parser(
         "example",

@@ -12,8 +12,8 @@ import torch
 
 from . import internals
 from .cudagraph.capture import capture_mode
-from .step_capture import (TENSOR_LR, StepRefused, caller_line, loss_blocker, optimizer_plan, returned_value, split, thunder_jit,
-                           trace_blockers, where_from_traceback)
+from .step_capture import (TENSOR_LR, StepRefused, caller_line, loss_blocker, optimizer_plan, returned_value, split,
+                           thunder_jit, trace_blockers, where_from_traceback)
 from .step_guard import Snapshot, autocast_key, batch_key, key_difference, trained_parameters
 from .step_report import Blocker
 
