@@ -818,3 +818,21 @@ def _bbox(shape) -> tuple[float, float, float, float]:
     nums = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", text)]
     xs, ys = nums[0::2], nums[1::2]
     return min(xs), min(ys), max(xs), max(ys)
+
+
+def test_the_launch_estimate_of_regions_that_ran_eagerly_says_nothing_was_captured():
+    """On the CPU nothing is captured: the report says what a capture would save, not that it saved it."""
+    import thunder
+    import torch
+
+    from thunder_nb import FixedCUDAGraphTransform
+
+    def fn(x):
+        y = x.sin().cos()
+        return (y * y.sum().item()).exp()
+
+    jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(capture=False)])
+    jfn(torch.randn(8))
+    (line,) = [ln for ln in analysis.analyze(jfn).to_text().splitlines() if ln.startswith("launches:")]
+    assert "nothing was captured in this run (the regions ran eagerly): captured, 1 graph launch would save ≈" in line
+    assert "saved per call" not in line

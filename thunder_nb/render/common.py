@@ -200,8 +200,14 @@ def launch_line(report: Report) -> str:
     who = "/".join(dict.fromkeys(g.executor for r in regions for g in r.undecided))
     counts = ([f"≈{plural(n_kernels, 'kernel')}"] if n_kernels or not undecided else []) + (
         [f"{plural(undecided, 'fused group')} whose kernels {who} decides"] if undecided else [])
+    estimate = f"estimate: {LAUNCH_HOST_US:g} µs per kernel launch removed, measured on an H200"
+    if regions and not any(r.captured for r in regions) and any(r.captured is False for r in regions):
+        # NOTE: regions that ran eagerly (no GPU, capture=False) saved nothing: say what a capture would save
+        return (f"{' + '.join(counts)} in {plural(len(regions), 'region')} per call; nothing was captured in this run "
+                f"(the regions ran eagerly): captured, {plural(graphs, 'graph launch', 'graph launches')} would save "
+                f"≈{report.launch_us_saved:g} µs of host time per call ({estimate})")
     return (
         f"{' + '.join(counts)} in {plural(len(regions), 'region')} per call, replayed as "
         f"{plural(graphs, 'graph launch', 'graph launches')}: ≈{report.launch_us_saved:g} µs of host time saved "
-        f"per call (estimate: {LAUNCH_HOST_US:g} µs per kernel launch removed, measured on an H200)"
+        f"per call ({estimate})"
     )
