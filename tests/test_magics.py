@@ -353,6 +353,7 @@ def test_thunders_first_import_is_a_progress_line(tmp_path):
         ("--views diagram,x f(x)", SEED, "unknown view: 'x' (must be one of ['diagram', 'lifetimes', 'source', 'run'])"),
         ("--original nightly f(x)", SEED, "argument --original: invalid choice: 'nightly'"),
         ("--repeats 0 f(x)", SEED, "--repeats must be at least 1, not 0"),
+        ("--repeats 100000000 f(x)", SEED, "--repeats must be at most 10000, not 100000000"),
         ("", SEED, "missing call: write the call to compile on the magic line, e.g. %%thunder_cudagraph f(x)"),
         ("--train", SEED, "missing call"),
         ("f(x) --train", SEED, "options go before the call"),

@@ -73,7 +73,8 @@ class ThunderCUDAGraphMagics(Magics):
         type=int,
         default=20,
         metavar="N",
-        help="calls timed per version, after 2 warm-up calls (median and 10th-90th percentile shown); default 20",
+        help="calls timed per version, after 2 warm-up calls (median and 10th-90th percentile shown); default 20, "
+        "at most 10000",
     )
     @argument(
         "--capture",

@@ -12,6 +12,9 @@ from IPython.core.magic_arguments import parse_argstring
 __all__ = ["EXAMPLE", "DEFAULT_VIEWS", "parse_line", "parse_call", "check_arguments", "check_whole_step",
            "check_executors"]
 
+#: The most calls ``--repeats`` times per version: what a notebook's cell waits for stays bounded.
+MAX_REPEATS = 10_000
+
 #: How a magic line is written, for messages.
 EXAMPLE = "%%thunder_cudagraph f(x)"
 
@@ -76,6 +79,9 @@ def check_arguments(args: Any) -> list[str]:
         raise UsageError(str(e)) from None
     if args.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, not {args.repeats}")
+    if args.repeats > MAX_REPEATS:
+        raise UsageError(f"--repeats must be at most {MAX_REPEATS}, not {args.repeats} (each version runs that many "
+                         "calls in the notebook's kernel; a median and its spread settle long before)")
     if args.lr is not None and not args.train:
         raise UsageError("--lr needs --train (an SGD step needs gradients)")
     if args.lr is not None and not args.lr > 0:
