@@ -93,13 +93,13 @@ class TrainLoop:
 
 def replay_us(loop: TrainLoop, steps: int) -> float | None:
     """The GPU time of back-to-back replays of the whole step's graph (CUDA events, no host work between them)."""
-    rec = getattr(loop.whole, "_recording", None)
-    if rec is None or not hasattr(rec, "graph"):
+    graph = getattr(loop.whole, "graph", None)  # NOTE: jit_step's Step; torch.compile's whole step has none
+    if graph is None:
         return None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(steps):
-        rec.graph.replay()
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / steps

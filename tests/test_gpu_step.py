@@ -103,7 +103,7 @@ def test_gpu_a_new_shape_records_again_with_a_warning_and_stays_equal_to_eager()
     # NOTE: 6 steps: 3 warm-up, then a graph; 4 short: 3 warm-up, a graph of their own; back to 64: the first graph,
     # kept, replays (each batch shape keeps its recording)
     assert step.graphs_recorded == 2, step.recordings
-    assert step.captured
+    assert step.captured and isinstance(step.graph, torch.cuda.CUDAGraph)
     c = _same({"losses": logged, "state": _state(net)}, {"losses": losses, "state": state})
     assert c.matches, c.difference
 

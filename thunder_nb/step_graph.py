@@ -448,6 +448,13 @@ class Step:
         """Whether the next call with the same batch shapes replays a graph."""
         return bool(self._recordings)
 
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        """The newest recording's ``torch.cuda.CUDAGraph`` (None: nothing recorded, or the CPU stand-in's): a benchmark
+        replays it alone to time the step's GPU work."""
+        rec = self._recordings.get(self._recorded_key) if self._recorded_key is not None else None
+        return rec.graph if isinstance(rec, _CudaRecording) else None
+
     def __repr__(self) -> str:
         mode = {"cuda": "CUDA graph", "emulated": "emulated on the CPU", False: "uncaptured"}[self._mode]
         return (f"<thunder_nb.step.Step of {getattr(self.loss_fn, '__name__', 'loss_fn')}: {mode}, "
