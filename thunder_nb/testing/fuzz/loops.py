@@ -267,8 +267,9 @@ def _state(model: Any, opt: Any) -> dict[str, Any]:
     names = {id(p): n for n, p in model.named_parameters()}
     for p, st in opt.state.items():
         for k, v in st.items():
-            v = v.detach().clone() if hasattr(v, "detach") else v
-            out[f"optimizer {names.get(id(p), '?')}.{k}"] = v.float() if hasattr(v, "float") else float(v)
+            # NOTE: on the host, in float32: a capturable optimizer keeps its step count on the device, eager on the CPU
+            v = v.detach().float().cpu().clone() if hasattr(v, "detach") else float(v)
+            out[f"optimizer {names.get(id(p), '?')}.{k}"] = v
     return out
 
 
