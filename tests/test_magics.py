@@ -558,7 +558,8 @@ HELP = textwrap.dedent(
                             diagram,lifetimes,source,run (default: all)
       --no-run              compile and trace only: run and time nothing
       --repeats N           calls timed per version, after 2 warm-up calls (median
-                            and 10th-90th percentile shown); default 20
+                            and 10th-90th percentile shown); default 20, at most
+                            10000
       --capture {auto,on,off}
                             auto: capture CUDA graphs when the inputs are on a
                             GPU, else run regions eagerly; on: always capture
