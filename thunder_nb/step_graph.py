@@ -173,7 +173,6 @@ class Step:
         self._capturable = self._mode == "cuda" and self._optimizer_blocker is None  # capturable=True set on it
         self._tensor_lr = self._capturable and self._lr_live
         self._lrs: list[torch.Tensor] = []  # the lr tensors the graph reads
-        self._betas: list[tuple[torch.Tensor, torch.Tensor]] = []  # and the betas
         if self._capturable:
             self.notes.extend(self._set_up_optimizer())
         self._stream = torch.cuda.Stream(self.device) if self._mode == "cuda" else None
@@ -411,22 +410,15 @@ class Step:
         notes = _make_capturable(self.optimizer, self.device, tensor_lr=self._tensor_lr)
         if self._tensor_lr:
             self._lrs = [g["lr"] for g in self.optimizer.param_groups]
-            self._betas = [g["betas"] for g in self.optimizer.param_groups]
         return notes
 
     def _lr_to_tensor(self) -> None:
-        """Keep each group's ``lr`` and ``betas`` the device tensors the graph reads: a number set on the host (a
-        scheduler's lr, OneCycleLR's cycled beta1) is written into them."""
-        for g, t, betas in zip(self.optimizer.param_groups, self._lrs, self._betas):
+        """Keep each group's ``lr`` the device tensor the graph reads: a number set on the host (a scheduler's) is
+        written into it."""
+        for g, t in zip(self.optimizer.param_groups, self._lrs):
             if g["lr"] is not t:
                 t.fill_(float(g["lr"]))
                 g["lr"] = t
-            now = g["betas"]
-            if now is not betas and any(b is not n for b, n in zip(betas, now)):
-                for b, n in zip(betas, now):
-                    if n is not b:
-                        b.fill_(float(n))
-                g["betas"] = betas
 
     def _refuse_blockers(self, first: Sequence[Any]) -> None:
         internals.build_traces(self._jfn, *first)
@@ -502,14 +494,5 @@ def _make_capturable(optimizer: torch.optim.Optimizer, device: torch.device, *, 
             elif g["lr"].device != device:
                 g["lr"] = g["lr"].to(device)
         notes.append("lr is a 0-d device tensor in every param group: schedulers and group['lr'] = x change it "
-                     "without recording again")
-    if tensor_lr and not all(isinstance(b, torch.Tensor) and b.device == device
-                             for g in optimizer.param_groups for b in g["betas"]):
-        # NOTE: torch's Adam and AdamW take tensor betas where capturable=True; OneCycleLR's cycle_momentum writes a
-        # number into betas[0] at every step, which the step writes into this tensor before each replay
-        for g in optimizer.param_groups:
-            g["betas"] = tuple(b.to(device=device, dtype=torch.float32) if isinstance(b, torch.Tensor) else
-                               torch.tensor(float(b), dtype=torch.float32, device=device) for b in g["betas"])
-        notes.append("betas are 0-d device tensors in every param group: a scheduler's cycle_momentum changes them "
                      "without recording again")
     return notes

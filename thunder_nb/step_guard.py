@@ -37,10 +37,12 @@ class Change(NamedTuple):
 
 
 #: The hyperparameters an Adam or AdamW step reads at every step where lr is live: the CPU stand-in runs the
-#: optimizer itself, a CUDA graph reads them from the device tensors the step keeps in the param groups.
-LIVE = ("lr", "betas")
+#: optimizer itself, a CUDA graph reads lr from the device tensor the step keeps in each param group. Betas are not
+#: among them: torch 2.11's capturable Adam reads tensor betas on the host (``_foreach_lerp_``'s and ``addcmul_``'s
+#: Python-number arguments call ``.item()``), which a capture refuses, so the graph holds them as numbers.
+LIVE = ("lr",)
 #: What to do where a scheduler changes a hyperparameter the graph holds as a number, at every step.
-_CYCLED = {"momentum": "SGD's and RMSprop's momentum", "betas": "betas"}
+_CYCLED = {"momentum": "momentum", "betas": "betas"}
 
 
 class Snapshot:
@@ -132,10 +134,9 @@ def _why_fixed(opt: torch.optim.Optimizer, key: str) -> str:
         return (f" ({name}'s step reads it as a Python number, fixed in the graph; Adam and AdamW read lr from a "
                 "device tensor and need no new recording)")
     if key in _CYCLED:
-        return (f" ({name}'s step reads {_CYCLED[key]} as Python numbers, fixed in the graph: a scheduler that cycles "
+        return (f" ({name}'s step reads its {_CYCLED[key]} as Python numbers, fixed in the graph: a scheduler that cycles "
                 "momentum (OneCycleLR, CyclicLR) changes it at every step, and every step records again; pass "
-                "cycle_momentum=False to the scheduler, or use Adam or AdamW, whose betas the step reads from device "
-                "tensors)")
+                "cycle_momentum=False to the scheduler)")
     return ""
 
 
