@@ -78,10 +78,20 @@ def final_outputs(cap) -> list[dict]:
 
 
 def run_magic(ip, line: str, cell: str):
+    """Run the magic; its outputs as a notebook keeps them, the "next" line under the verdict taken out (checked to be
+    there, right under it: `next_of` gives it)."""
     with capture_output() as cap:
         result = ip.run_cell_magic("thunder_cudagraph", line, cell)
     assert result is None
-    return final_outputs(cap), cap
+    outs = final_outputs(cap)
+    nexts = [i for i, o in enumerate(outs) if o.get("text/plain", "").startswith("next: ")]
+    assert nexts == [1], [o.get("text/plain", "")[:60] for o in outs]
+    return [o for i, o in enumerate(outs) if i != 1], cap
+
+
+def next_of(cap) -> str:
+    """The "next" line the magic showed under its verdict."""
+    return next(o["text/plain"] for o in final_outputs(cap) if o.get("text/plain", "").startswith("next: "))
 
 
 def widget_of(output: dict) -> ipywidgets.Widget:
@@ -516,19 +526,22 @@ HELP = textwrap.dedent(
     Run the cell, then compile the call on the magic line with the original and
     the fixed CUDA-graph transform.
 
-    Shows a one-line verdict, a toggle between the original and the fixed side
-    (region diagram, value lifetimes, generated code with defect lines
-    highlighted) and the run: the value, its check against eager PyTorch, timings
-    and CUDA graphs captured. The original failing is part of the report. Example,
-    with `model` an `nn.Module` defined anywhere in the notebook:
+    Shows a one-line verdict, what to do next (code in your names), a toggle
+    between the original and the fixed side (region diagram, value lifetimes,
+    generated code with defect lines highlighted) and the run: the value, its
+    check against eager PyTorch, timings and CUDA graphs captured. The original
+    failing is part of the report. Example, with `model` an `nn.Module` defined
+    anywhere in the notebook:
 
         %%thunder_cudagraph --train --lr 0.01 -o cmp step(xb)
         def step(x):
             return model(x).pow(2).mean()
 
-    With `--whole-step model,opt loss_fn(xb, yb)` it diagnoses and runs the whole
-    training iteration instead (forward, backward and `opt.step()` as one CUDA
-    graph, `thunder_nb.jit_step`), against eager PyTorch.
+    For a function an earlier cell defined, the line magic needs no cell:
+    `%thunder_cudagraph step(xb)`. With `--whole-step model,opt loss_fn(xb, yb)`
+    it diagnoses and runs the whole training iteration instead (forward, backward
+    and `opt.step()` as one CUDA graph, `thunder_nb.jit_step`), against eager
+    PyTorch. Ctrl-C stops it; your variables stay as they were.
 
     positional arguments:
       call                  the call to compile and run, e.g. f(x): its arguments
@@ -600,3 +613,74 @@ def test_help_reads_as_a_cell_magics_usage(ip):
     assert re.fullmatch(r"File: +\S*thunder_nb/magics\.py", file_line), file_line
     assert shown == HELP, "\n".join(difflib.unified_diff(HELP.splitlines(), shown.splitlines(), lineterm=""))
     assert max(map(len, shown.splitlines())) <= 78
+
+
+# --- issue 53: the line magic, the next line, the count while timing -------------------------------------------
+
+
+def test_the_line_magic_compiles_a_function_an_earlier_cell_defined(ip):
+    """``%thunder_cudagraph f(x)``: no cell to run; ``%%thunder_cudagraph f(x)`` with an empty body gets IPython's
+    message, which now names the line magic."""
+    ip.run_cell(ISLAND)
+    with capture_output() as cap:
+        assert ip.run_line_magic("thunder_cudagraph", "--repeats 2 -o from_line g(x)") is None
+    outs = final_outputs(cap)
+    assert outs[0]["text/plain"] == ip.user_ns["from_line"].verdict()
+    assert "fixed: 1 region, 0 islands, matches eager" in outs[0]["text/plain"]
+    assert outs[1]["text/plain"].startswith("next: compile g with the fixed transform")
+    with pytest.raises(UsageError, match=r"cell body is empty\. Did you mean the line magic %thunder_cudagraph"):
+        ip.run_cell_magic("thunder_cudagraph", "g(x)", "")
+    with pytest.raises(UsageError, match="no function 'nowhere'"):
+        ip.run_line_magic("thunder_cudagraph", "nowhere(x)")
+
+
+def test_the_next_line_is_code_in_the_users_names_that_runs(ip):
+    """Under the verdict: the user's function and arguments in `thunder_nb.jit`, and the code runs as written in the
+    user's namespace (the result equals the function's own)."""
+    outs, cap = run_magic(ip, "--repeats 2 g(x)", ISLAND)
+    following = next_of(cap)
+    head, _, code = following.partition("\n")
+    assert head == "next: compile g with the fixed transform, and call it as before:"
+    assert textwrap.dedent(code).splitlines() == [
+        "import thunder_nb",
+        "g_jit = thunder_nb.jit(g)  # or thunder.jit(g, transforms=[thunder_nb.FixedCUDAGraphTransform()])",
+        "out = g_jit(x)"]
+    assert ip.run_cell(textwrap.dedent(code)).success
+    assert torch.equal(ip.user_ns["out"], ip.user_ns["g"](ip.user_ns["x"]))
+    html = next(o for o in final_outputs(cap) if o.get("text/plain") == following)["text/html"]
+    assert "<code>import thunder_nb\ng_jit = thunder_nb.jit(g)" in html
+
+
+def test_train_next_is_jit_step_with_the_model_and_optimizer_the_namespace_has(ip):
+    """``--train`` on a module: `jit_step` with the user's model and the optimizer of its parameters found in the
+    namespace, then a call of the returned step; it runs, and takes a step of the user's optimizer."""
+    ip.run_cell(MODULE + "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n")
+    _, cap = run_magic(ip, "--train --repeats 2 step(xb)", "def step(x):\n    return model(x).pow(2).mean()\n")
+    head, _, code = next_of(cap).partition("\n")
+    assert head.startswith("next: train with the whole iteration as one CUDA graph: each call of train_step is "
+                           "opt.zero_grad(), step, backward and opt.step()"), head
+    assert textwrap.dedent(code).splitlines() == [
+        "import thunder_nb", "train_step = thunder_nb.jit_step(model, step, opt)", "loss = train_step(xb)",
+        "# check it against eager first: %%thunder_cudagraph --whole-step model,opt step(xb)"]
+    before = snapshot(ip.user_ns["model"])
+    assert ip.run_cell(textwrap.dedent(code)).success
+    assert not all(torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
+    # tensors trained outside a module: thunder_nb.jit of the function, and backward as before
+    _, cap = run_magic(ip, "--train --repeats 2 --executors no-sdpa step(x, w1, w2)", MLP)
+    code = textwrap.dedent(next_of(cap).partition("\n")[2])
+    assert code.splitlines() == ["import thunder_nb", "step_jit = thunder_nb.jit(step, executors=['no-sdpa'])",
+                                 "loss = step_jit(x, w1, w2)", "loss.backward()"]
+    assert ip.run_cell(code).success and ip.user_ns["w1"].grad is not None
+
+
+def test_repeating_counts_the_calls_on_the_progress_line(ip):
+    """A long ``--repeats`` says how far it got: the progress line counts the timed calls (every half second)."""
+    cell = "import time, torch\nx = torch.randn(8)\ndef slow(x):\n    time.sleep(0.03)\n    return x.sin()\n"
+    with capture_output() as cap:
+        ip.run_cell_magic("thunder_cudagraph", "--repeats 40 --views run slow(x)", cell)
+    lines = [o.data["text/plain"] for o in cap.outputs if (o.transient or {}).get("display_id")]
+    counts = [line for line in lines if re.fullmatch(r"thunder-nb: timing slow in eager PyTorch: \d+ of 40 calls…", line)]
+    assert counts, lines
+    done = [int(re.search(r"(\d+) of", line).group(1)) for line in counts]
+    assert done == sorted(done) and 0 < done[0] < 40
+    assert not lines[-1].startswith("thunder-nb:")  # the progress line became the verdict

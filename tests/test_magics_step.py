@@ -56,7 +56,11 @@ def run_whole_step(ip, line: str, cell: str) -> tuple[dict, StepComparison]:
         ip.run_cell_magic("thunder_cudagraph", f"--whole-step {line} -o result loss_fn(xb, yb)", cell)
     shown = {}
     for o in cap.outputs:  # NOTE: updates of the progress line by display id: the last one is what stays
-        shown = o.data
+        if (o.transient or {}).get("display_id"):
+            shown = o.data
+    # NOTE: then the "next" line, its own output under the report
+    assert [o.data["text/plain"].split(":")[0] for o in cap.outputs if not (o.transient or {}).get("display_id")] \
+        == ["next"]
     result = ip.user_ns["result"]
     assert isinstance(result, StepComparison)
     assert shown["text/plain"] == result.to_text() and "<table>" in shown["text/html"]
@@ -92,23 +96,37 @@ def test_a_clean_step_is_one_graph_runs_equal_to_eager_and_puts_the_users_object
     with capture_output() as cap:
         ip.run_cell_magic("thunder_cudagraph", "--whole-step model,opt -o result loss_fn(xb, yb)", CLEAN)
     result = ip.user_ns["result"]
-    text = cap.outputs[-1].data["text/plain"]
+    text, following = cap.outputs[-2].data["text/plain"], cap.outputs[-1].data["text/plain"]
     assert text == result.to_text()
+    # the next step, in the user's names, runs as written and trains the user's model
+    assert following == result.next_step(model="model", optimizer="opt", call="loss_fn(xb, yb)")
+    head, _, code = following.partition("\n")
+    assert head.startswith("next: train with it: each call of train_step is opt.zero_grad(), loss_fn, backward and "
+                           "opt.step()"), head
+    assert textwrap.dedent(code).splitlines() == ["import thunder_nb",
+                                                  "train_step = thunder_nb.jit_step(model, loss_fn, opt)",
+                                                  "loss = train_step(xb, yb)"]
     lines = text.splitlines()
     assert lines[0].startswith("loss_fn: 100% of the iteration in one graph (") and lines[0].endswith(
         "ops; optimizer: AdamW (capturable=True, lr from a device tensor))")
     assert lines[1] == "  whole step: forward, loss, backward and optimizer step record as one CUDA graph"
     assert ("whole step          matches eager over 6 steps (losses, and 4 parameters after the last); emulated on "
-            "the CPU (no GPU): no CUDA graph recorded, not timed") in lines
+            "the CPU (no GPU): recorded by capture's CPU stand-in instead of a CUDA graph, not timed") in lines
     assert "capture             emulated on the CPU: no GPU, so no CUDA graph; each replay runs" in text
     assert "time per step       not timed: the CPU stand-in says nothing about a CUDA graph's speed" in lines
-    assert "graphs recorded     1" in lines
+    # NOTE: "graphs recorded 1" stood next to "no CUDA graph recorded": the stand-in's recording is counted as one
+    assert "recordings          1 by capture's CPU stand-in (CUDA graphs: none, no GPU)" in lines
+    assert "graphs recorded" not in text and "no CUDA graph recorded" not in text
     assert result.matches and result.ran and result.capture == "emulated" and result.graphs == 1
     assert result.report.whole_step and result.report.fraction == 1.0
     eager, whole = result.losses
     assert len(eager) == len(whole) == 6 and eager[-1] < eager[0]  # NOTE: it trained: the loss went down
     assert result.max_loss_error <= 1e-4 and result.max_param_error <= 1e-4
     assert_same_state(before, state_of(ip.user_ns))  # the user's model and optimizer, trained and put back
+    first = [p.detach().clone() for p in ip.user_ns["model"].parameters()]
+    ran = ip.run_cell(textwrap.dedent(code))
+    assert ran.success and ip.user_ns["loss"].dim() == 0
+    assert not all(torch.equal(a, p) for a, p in zip(first, ip.user_ns["model"].parameters()))  # one step taken
 
 
 def test_an_item_in_the_step_is_a_host_sync_named_by_the_users_line_and_nothing_runs(ip):
@@ -148,7 +166,8 @@ def test_no_run_shows_the_report_only(ip):
         ip.run_cell_magic("thunder_cudagraph", "--whole-step model,opt --no-run -o result loss_fn(xb, yb)", CLEAN)
     result = ip.user_ns["result"]
     assert result.report.whole_step and not result.ran
-    assert "whole step  not run (--no-run)" in cap.outputs[-1].data["text/plain"]
+    assert "whole step  not run (--no-run)" in cap.outputs[-2].data["text/plain"]
+    assert cap.outputs[-1].data["text/plain"].startswith("next: run it against eager PyTorch (without --no-run)")
 
 
 # --- mistakes: one clear message each, the namespace intact -----------------------------------------
@@ -226,3 +245,64 @@ def test_the_options_table_shows_a_default_of_zero_and_choices_that_are_not_stri
     rows = magics.options_markdown().splitlines()[3:]
     assert rows == ["| `--warmup WARMUP` | steps | `0` |", "| `--level {1,2}` | level | `1` |",
                     "| `--quiet` | quiet |  |", "| `--name NAME` | name |  |"]
+
+
+# --- issue 53: the whole step's words --------------------------------------------------------------------------
+
+PER_SAMPLE = "def loss_fn(x, y):\n    out = model(x)\n    return F.cross_entropy(out, y, reduction='none')\n"
+FORMATS = "def loss_fn(x, y):\n    loss = F.cross_entropy(model(x), y)\n    print(f'loss {loss.item():.3f}')\n    return loss\n"
+
+
+def everything_shown(cap) -> str:
+    """Every text the magic left: its outputs (each update of the progress line too), stdout and stderr."""
+    return "\n".join([*(o.data.get("text/plain", "") for o in cap.outputs),
+                      *(o.data.get("text/html", "") for o in cap.outputs), cap.stdout, cap.stderr])
+
+
+def test_a_loss_per_sample_says_its_shape_and_the_users_return_line(ip):
+    """A loss of shape (8,) said "0.0% of the iteration in one graph" and pointed at the ``def``, without the shape."""
+    shown, result = run_whole_step(ip, "model,opt", PER_SAMPLE)
+    text = shown["text/plain"]
+    assert text.splitlines()[0] == (
+        "loss_fn: 0.0% of the iteration in one graph: the whole step needs a loss of one element, and loss_fn returns "
+        "a tensor of shape (8,) (0 of 30 ops; optimizer: AdamW (capturable=True, lr from a device tensor))")
+    assert ("  1. loss: loss_fn returns a tensor of shape (8,) at line 4 of the cell: "
+            "`return F.cross_entropy(out, y, reduction='none')`") in text.splitlines()
+    assert "def loss_fn" not in text and ".mean() or .sum()" in text
+
+
+def test_no_proxy_repr_anywhere_when_the_loss_prints_an_item(ip):
+    """``print(loss.item())`` in the loss printed ``FloatProxy name=f17, value=None`` while thunder traced it; an
+    f-string with a format spec failed as "unsupported format string passed to FloatProxy.__format__"."""
+    with capture_output() as cap:
+        ip.run_cell(SETUP)
+        ip.run_cell_magic("thunder_cudagraph", "--whole-step model,opt -o result loss_fn(xb, yb)", PRINTS)
+    shown = everything_shown(cap)
+    assert "Proxy" not in shown and "value=None" not in shown, shown
+    assert "1 line that loss_fn printed while thunder traced it left out" in cap.stdout
+    assert "python-side state: item (its value only reaches Python) at line 4 of the cell: `print(loss.item())`" \
+        in ip.user_ns["result"].to_text()
+    with capture_output() as cap:
+        ip.run_cell_magic("thunder_cudagraph", "--whole-step model,opt -o result loss_fn(xb, yb)", FORMATS)
+    shown = everything_shown(cap)
+    assert "Proxy" not in shown, shown
+    assert ("1. thunder: a format spec on a number thunder traces (an f-string such as f'{loss.item():.3f}') at line 4 "
+            "of the cell") in shown
+    assert "format loss.item() after the step" in shown
+
+
+def test_a_host_sync_leaves_a_next_line_that_runs_with_graphs_around_it(ip):
+    """What stops the whole step, and meanwhile `thunder_nb.jit` of the user's loss function, in the user's names: it
+    runs as written and takes one step of the user's optimizer."""
+    with capture_output() as cap:
+        ip.run_cell(SETUP)
+        ip.run_cell_magic("thunder_cudagraph", "--whole-step model,opt loss_fn(xb, yb)", SYNC)
+    following = cap.outputs[-1].data["text/plain"]
+    head, _, code = following.partition("\n")
+    assert head.startswith("next: fix what stops it (above) and run this cell again; until then, thunder_nb.jit")
+    assert textwrap.dedent(code).splitlines() == ["import thunder_nb", "loss_fn_jit = thunder_nb.jit(loss_fn)",
+                                                  "opt.zero_grad()", "loss = loss_fn_jit(xb, yb)", "loss.backward()",
+                                                  "opt.step()"]
+    first = [p.detach().clone() for p in ip.user_ns["model"].parameters()]
+    assert ip.run_cell(textwrap.dedent(code)).success
+    assert not all(torch.equal(a, p) for a, p in zip(first, ip.user_ns["model"].parameters()))

@@ -12,13 +12,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicHelpFormatter, argument, magic_arguments
 
 from .cudagraph.capture import CAPTURE_WORDS
 from .notebook import magic_line, magic_show
 from .notebook.magic_cell import MagicCell
-from .notebook.progress import Progress, addressed_warnings
+from .notebook.progress import Progress, addressed_warnings, quiet_proxies
 
 __all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES", "options_markdown"]
 
@@ -28,7 +28,7 @@ CAPTURE_CHOICES = CAPTURE_WORDS
 
 @magics_class
 class ThunderCUDAGraphMagics(Magics):
-    """The ``%%thunder_cudagraph`` cell magic."""
+    """The ``%%thunder_cudagraph`` cell magic (and ``%thunder_cudagraph``, its line form)."""
 
     @magic_arguments()
     @argument(
@@ -107,21 +107,23 @@ class ThunderCUDAGraphMagics(Magics):
         "PyTorch from the same state and times --repeats consecutive steps of each (without a GPU: capture's CPU "
         "stand-in, not timed). Your model and optimizer are trained, then put back as they were",
     )
-    @cell_magic
-    def thunder_cudagraph(self, line: str, cell: str) -> None:
+    @line_cell_magic
+    def thunder_cudagraph(self, line: str, cell: str | None = None) -> None:
         """Run the cell, then compile the call on the magic line with the original and the fixed CUDA-graph transform.
 
-        Shows a one-line verdict, a toggle between the original and the fixed side (region diagram,
-        value lifetimes, generated code with defect lines highlighted) and the run: the value, its
-        check against eager PyTorch, timings and CUDA graphs captured. The original failing is part
-        of the report. Example, with ``model`` an ``nn.Module`` defined anywhere in the notebook::
+        Shows a one-line verdict, what to do next (code in your names), a toggle between the original and the fixed
+        side (region diagram, value lifetimes, generated code with defect lines highlighted) and the run: the value,
+        its check against eager PyTorch, timings and CUDA graphs captured. The original failing is part of the
+        report. Example, with ``model`` an ``nn.Module`` defined anywhere in the notebook::
 
             %%thunder_cudagraph --train --lr 0.01 -o cmp step(xb)
             def step(x):
                 return model(x).pow(2).mean()
 
-        With ``--whole-step model,opt loss_fn(xb, yb)`` it diagnoses and runs the whole training iteration instead
+        For a function an earlier cell defined, the line magic needs no cell: ``%thunder_cudagraph step(xb)``. With
+        ``--whole-step model,opt loss_fn(xb, yb)`` it diagnoses and runs the whole training iteration instead
         (forward, backward and ``opt.step()`` as one CUDA graph, `thunder_nb.jit_step`), against eager PyTorch.
+        Ctrl-C stops it; your variables stay as they were.
         """
         args, call_text = magic_line.parse_line(self.thunder_cudagraph, line)
         views = magic_line.check_arguments(args)
@@ -130,21 +132,27 @@ class ThunderCUDAGraphMagics(Magics):
         whole_step = magic_line.check_whole_step(args) if args.whole_step is not None else None
 
         in_shell = MagicCell(self.shell)
-        defined = in_shell.run(cell)
-        fn = in_shell.function(args.function, call, defined)
-        call_args, call_kwargs = in_shell.arguments(call, call_text)
-
         progress = Progress()
-        with addressed_warnings():
-            if whole_step is not None:
-                model, optimizer = in_shell.whole_step_objects(whole_step)
-                if call_kwargs:
-                    raise UsageError(f"--whole-step passes the batch as positional arguments: {ast.unparse(call.func)}"
-                                     f"(x, y), not keywords ({', '.join(call_kwargs)})")
-                magic_show.whole_step_and_show(in_shell, args, model, fn, optimizer, call_args, executors, progress)
-            else:
-                magic_show.compare_and_show(in_shell, args, fn, call_args, call_kwargs, views, executors, progress)
-
+        try:
+            defined = in_shell.run(cell) if cell is not None else []
+            fn = in_shell.function(args.function, call, defined)
+            call_args, call_kwargs = in_shell.arguments(call, call_text)
+            # NOTE: the call as the user would write it, for the code of the "next" line
+            shown_call = call_text if args.function is None else args.function + call_text[call_text.index("("):]
+            with addressed_warnings(), quiet_proxies(getattr(fn, "__name__", "the function")):
+                if whole_step is not None:
+                    model, optimizer = in_shell.whole_step_objects(whole_step)
+                    if call_kwargs:
+                        raise UsageError(f"--whole-step passes the batch as positional arguments: "
+                                         f"{ast.unparse(call.func)}(x, y), not keywords ({', '.join(call_kwargs)})")
+                    magic_show.whole_step_and_show(in_shell, args, model, fn, optimizer, call_args, executors,
+                                                   progress, names=(*whole_step, shown_call))
+                else:
+                    magic_show.compare_and_show(in_shell, args, fn, call_args, call_kwargs, views, executors,
+                                                progress, shown_call)
+        except KeyboardInterrupt:
+            progress.clear()
+            raise UsageError(magic_show.interrupted(progress.last, whole_step is not None)) from None
 
 class _NotebookHelpFormatter(MagicHelpFormatter):
     """IPython's help formatter for a magic, as a notebook user reads a cell magic's help: the usage line with ``%%``

@@ -148,13 +148,28 @@ def where_from_traceback(e: BaseException) -> dict[str, Any]:
     return _at((frame.filename, frame.line)) if frame else _at(None)
 
 
-def loss_blocker(loss_fn: Any, returned: str) -> Blocker:
+def loss_blocker(loss_fn: Any, returned: str, at: tuple[str, int] | None = None) -> Blocker:
     """The blocker of a loss function that returns ``returned`` ("(tensor, float)", "a tensor of shape (8,)") rather
-    than one tensor of one element that requires grad."""
+    than one tensor of one element that requires grad; ``at``: the line that made it (default: the ``def``)."""
     return Blocker("loss", f"loss_fn returns {returned}",
-                   fix="return the loss alone, one tensor of one element computed from the parameters; return other "
-                   "values from another function, or read them after the step", trace="loss_fn",
-                   **_definition_line(loss_fn))
+                   fix="return the loss alone, one tensor of one element computed from the parameters (.mean() or "
+                   ".sum() of a loss per sample); return other values from another function, or read them after the "
+                   "step", trace="loss_fn", **(_at(at) if at is not None else _definition_line(loss_fn)))
+
+
+def _return_line(fn: Any) -> tuple[str, int] | None:
+    """The file and line of ``fn``'s one ``return`` statement (None: not one, or no source)."""
+    import ast
+    import textwrap
+
+    try:
+        code = inspect.unwrap(fn).__code__
+        lines, first = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (AttributeError, OSError, TypeError, SyntaxError):
+        return None
+    returns = [n for n in ast.walk(tree.body[0]) if isinstance(n, ast.Return)] if tree.body else []
+    return (code.co_filename, first + returns[0].lineno - 1) if len(returns) == 1 else None
 
 
 def returned_value(out: Any) -> str:
@@ -209,9 +224,12 @@ def trace_blockers(jfn: Any, loss_fn: Any, *, cuda: bool) -> tuple[list[Blocker]
                                 trace="forward", **_at(pos)))
     out = internals.flat_output(traces[-1])
     if out is not None and not (len(out) == 1 and internals.is_tensor_proxy(out[0]) and out[0].numel == 1):
-        kinds = ", ".join("tensor" if internals.is_tensor_proxy(p) else type(p).__name__.replace("Proxy", "").lower()
-                          for p in out)
-        blockers.append(loss_blocker(loss_fn, f"({kinds})"))
+        kinds = ["tensor" if internals.is_tensor_proxy(p) else type(p).__name__.replace("Proxy", "").lower()
+                 for p in out]
+        one = len(out) == 1 and internals.is_tensor_proxy(out[0])
+        at = _return_line(loss_fn) or next((by_name[p.name] for p in out if getattr(p, "name", None) in by_name), None)
+        blockers.append(loss_blocker(loss_fn, f"a tensor of shape {tuple(out[0].shape)}" if one
+                                     else f"({', '.join(kinds)})", at))
     if not backward:
         blockers.append(Blocker("loss", "no backward trace",
                                 fix="the loss must depend on parameters that require grad, with grad mode on",

@@ -82,12 +82,14 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
         if mode == "cuda" and repeats > 0:
             say(f"timing {rounds} rounds of {repeats} consecutive steps: the whole step…")
             timings.append(("eager", 0.0))
-            timings.append(("whole step", _time_steps(lambda: step(*batch), repeats, rounds, device)))
+            timings.append(("whole step", _time_steps(lambda: step(*batch), repeats, rounds, device, say,
+                                                      "the whole step")))
             saved.restore()
             say(f"timing {rounds} rounds of {repeats} consecutive steps: eager PyTorch…")
             for _ in range(2):
                 _eager_step(loss_fn, optimizer, batch)
-            timings[0] = ("eager", _time_steps(lambda: _eager_step(loss_fn, optimizer, batch), repeats, rounds, device))
+            timings[0] = ("eager", _time_steps(lambda: _eager_step(loss_fn, optimizer, batch), repeats, rounds, device,
+                                               say, "eager PyTorch"))
         verdict = judge({"loss": whole_losses, "parameter": whole_params},
                         {"loss": eager_losses, "parameter": eager_params}, tolerance=tolerance)
         if not verdict.equal:
@@ -222,13 +224,17 @@ def _eager_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, b
     return loss.detach()
 
 
-def _time_steps(run: Callable[[], Any], repeats: int, rounds: int, device: torch.device) -> float:
-    """Milliseconds per step: the median of ``rounds`` rounds of ``repeats`` consecutive calls (no sync inside)."""
+def _time_steps(run: Callable[[], Any], repeats: int, rounds: int, device: torch.device,
+                say: Callable[[str], None] | None = None, what: str = "") -> float:
+    """Milliseconds per step: the median of ``rounds`` rounds of ``repeats`` consecutive calls (no sync inside);
+    ``say`` is told each round as it starts."""
     import statistics
     import time
 
     per_round = []
-    for _ in range(rounds):
+    for r in range(rounds):
+        if say is not None:
+            say(f"timing {what}: round {r + 1} of {rounds}, {repeats} consecutive steps each…")
         torch.cuda.synchronize(device)
         start = time.perf_counter()
         for _ in range(repeats):

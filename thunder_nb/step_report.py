@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 
 __all__ = ["Blocker", "Capturability", "StepComparison", "BLOCKER_KINDS"]
@@ -11,6 +12,9 @@ __all__ = ["Blocker", "Capturability", "StepComparison", "BLOCKER_KINDS"]
 BLOCKER_KINDS = ("thunder", "dynamic shape", "host sync", "device transfer", "cpu op", "host data", "capture-dependent",
                  "python-side state", "optimizer", "loss", "capture", "grad mode", "autocast")
 
+
+#: A thunder proxy's class in an error message: ``FloatProxy``, ``IntegerProxy``.
+_PROXY = re.compile(r"\b(Float|Integer|Int|Complex|Bool|Number|String|)Proxy\b")
 
 _PLACES = {"forward": "thunder's forward trace", "backward": "thunder's backward trace",
            "optimizer": "optimizer.step()", "loss_fn": "the loss function"}
@@ -44,6 +48,15 @@ class Blocker:
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.op} at {self.place}. Fix: {self.fix}"
+
+    def words(self) -> tuple[str, str]:
+        """The op and the fix as the report shows them: a thunder proxy named in an error (``unsupported format
+        string passed to FloatProxy.__format__``) as the placeholder it is, never by its class."""
+        if _PROXY.search(self.op) and "__format__" in self.op:
+            return ("a format spec on a number thunder traces (an f-string such as f'{loss.item():.3f}')",
+                    "thunder runs the loss function's Python once, with placeholders for values, and a placeholder "
+                    "cannot be formatted: return the loss and format loss.item() after the step")
+        return _PROXY.sub(lambda m: f"a traced {m.group(1).lower() or 'value'}", self.op), self.fix
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +92,15 @@ class Capturability:
         return not any(b.kind in ("thunder", "dynamic shape") for b in self.blockers)
 
     def share_text(self) -> str:
-        """``100% of the iteration in one graph (41 of 41 ops; optimizer: ...)``."""
+        """``100% of the iteration in one graph (41 of 41 ops; optimizer: ...)``; where the loss is not one element,
+        that first (no share of the iteration is one graph until it is)."""
         count = f"{self.in_graph} of {self.ops} ops" if self.traced else "thunder cannot trace it"
         share = _percent(self.in_graph, self.ops)
+        loss = next((b for b in self.blockers if b.kind == "loss"), None)
+        if loss is not None and self.in_graph == 0:
+            what = loss.op.removeprefix("loss_fn returns ")
+            return (f"{share} of the iteration in one graph: the whole step needs a loss of one element, and "
+                    f"{self.function} returns {what} ({count}; optimizer: {self.optimizer})")
         return f"{share} of the iteration in one graph ({count}; optimizer: {self.optimizer})"
 
     def to_text(self) -> str:
@@ -91,8 +110,9 @@ class Capturability:
         if self.whole_step:
             lines.append("  whole step: forward, loss, backward and optimizer step record as one CUDA graph")
         for i, b in enumerate(self.blockers, 1):
-            lines.append(f"  {i}. {b.kind}: {b.op} at {b.place}")
-            lines.append(f"     fix: {b.fix}")
+            op, fix = b.words()
+            lines.append(f"  {i}. {b.kind}: {op} at {b.place}")
+            lines.append(f"     fix: {fix}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -114,8 +134,9 @@ class Capturability:
             parts.append("<table><tr><th>what stops it</th><th>op</th><th>where</th><th>fix</th></tr>")
             for b in self.blockers:
                 where = f"<code>{e(b.where)}</code>" if b.where else e(b.place)
-                parts.append(f"<tr><td>{e(b.kind)}</td><td><code>{e(b.op)}</code></td><td>{where}</td>"
-                             f"<td>{e(b.fix)}</td></tr>")
+                op, fix = b.words()
+                parts.append(f"<tr><td>{e(b.kind)}</td><td><code>{e(op)}</code></td><td>{where}</td>"
+                             f"<td>{e(fix)}</td></tr>")
             parts.append("</table>")
         else:
             parts.append("<p>whole step: forward, loss, backward and optimizer step record as one CUDA graph</p>")
@@ -183,7 +204,8 @@ class StepComparison:
         what = f"over {self.steps} steps (losses, and {self.params} parameters after the last)"
         check = f"matches eager {what}" if self.matches else f"DIFFERS from eager {what}"
         if self.capture == "emulated":
-            return f"{check}; emulated on the CPU (no GPU): no CUDA graph recorded, not timed"
+            return (f"{check}; emulated on the CPU (no GPU): recorded by capture's CPU stand-in instead of a CUDA "
+                    "graph, not timed")
         speed = self.speedup
         return check + (f"; {speed:.2f}x eager's speed" if speed is not None else "")
 
@@ -216,9 +238,51 @@ class StepComparison:
                                           + (f": {speed:.2f}x eager's speed" if speed is not None else "")))
         elif self.ran:
             rows.append(("time per step", "not timed: the CPU stand-in says nothing about a CUDA graph's speed"))
-        rows.append(("graphs recorded", str(self.graphs)))
+        if self.capture == "emulated":
+            # NOTE: the stand-in's recordings are no CUDA graphs: "graphs recorded 1" contradicted "no CUDA graph"
+            rows.append(("recordings", f"{self.graphs} by capture's CPU stand-in (CUDA graphs: none, no GPU)"))
+        else:
+            rows.append(("graphs recorded", str(self.graphs)))
         rows.extend(("note", n) for n in self.notes)
         return rows
+
+    def next_step(self, model: str = "model", optimizer: str = "opt", call: str | None = None,
+                  executors: tuple[str, ...] = ()) -> str:
+        """What to do after this report: a line, then runnable code in the caller's names (the model's and the
+        optimizer's, and the call of the loss function as the user wrote it, e.g. ``"loss_fn(xb, yb)"``)."""
+        call = call or f"{self.function}(*batch)"
+        callee, _, rest = call.partition("(")
+        arguments = rest[: rest.rindex(")")] if ")" in rest else "*batch"
+        extra = f", executors={list(executors)!r}" if executors else ""
+        base = callee.rsplit(".", 1)[-1] if callee.rsplit(".", 1)[-1].isidentifier() else "loss_fn"
+        per_call = ["import thunder_nb", f"{base}_jit = thunder_nb.jit({callee}{extra})", f"{optimizer}.zero_grad()",
+                    f"loss = {base}_jit({arguments})", "loss.backward()", f"{optimizer}.step()"]
+        whole = ["import thunder_nb", f"train_step = thunder_nb.jit_step({model}, {callee}, {optimizer}{extra})",
+                 f"loss = train_step({arguments})"]
+        blockers = self.report.blockers
+        if blockers:
+            if all(b.kind in _PER_CALL_KINDS for b in blockers):
+                head = (f"next: fix what stops it (above) and run this cell again; until then, thunder_nb.jit runs "
+                        f"{callee} with CUDA graphs around what stops the whole step:")
+                return _code(head, per_call)
+            magic = f"%%thunder_cudagraph --whole-step {model},{optimizer} {call}"
+            return _code("next: fix what stops it (above) in the cell, then run it again:", [magic])
+        if self.error is not None or self.matches is False:
+            head = (f"next: the whole step went wrong here: train with thunder_nb.jit per call (CUDA graphs inside "
+                    f"the forward and the backward) and report this output to thunder-nb:")
+            return _code(head, per_call)
+        if not self.ran:
+            return _code(f"next: run it against eager PyTorch (without --no-run), or train with it: each call of "
+                         f"train_step is {optimizer}.zero_grad(), {callee}, backward and {optimizer}.step():", whole)
+        where = " on a GPU (capture's CPU stand-in here)" if self.capture == "emulated" else ""
+        return _code(f"next: train with it: each call of train_step is {optimizer}.zero_grad(), {callee}, backward "
+                     f"and {optimizer}.step(), one CUDA graph{where}:", whole)
+
+    def next_html(self, **names: str) -> str:
+        """`next_step` as HTML: its line, then its code."""
+        head, _, code = self.next_step(**names).partition("\n")
+        return (f'<div class="tnb-next"><b>{html.escape(head)}</b><pre style="margin:2px 0 0 0">'
+                f"<code>{html.escape(code.replace(chr(10) + '    ', chr(10)).removeprefix('    '))}</code></pre></div>")
 
     def to_text(self) -> str:
         """The capturability report, then the run, as plain text."""
@@ -239,3 +303,11 @@ class StepComparison:
                        for k, v in self.run_lines())
         return (f'<div class="thunder-nb-step">{self.report._repr_html_()}'
                 f'<p style="color:{colour}"><b>whole step: {e(self._outcome())}</b></p><table>{rows}</table></div>')
+
+
+#: Blocker kinds that keep the iteration from one graph but not a function from `thunder_nb.jit`'s graphs around them.
+_PER_CALL_KINDS = ("host sync", "device transfer", "cpu op", "host data", "capture-dependent", "optimizer", "capture")
+
+
+def _code(head: str, lines: list[str]) -> str:
+    return head + "".join(f"\n    {line}" for line in lines)

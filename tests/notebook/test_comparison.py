@@ -39,11 +39,14 @@ def seed_stock() -> Comparison:
 @no_gpu
 def test_seed_against_stock_on_cpu(seed_stock):
     c = seed_stock
+    # NOTE: on the CPU nothing is captured, so thunder's captured .item() is a hazard this run did not show (amber)
     assert c.verdict() == (
-        "original (stock): item inside CUDAGraph1 (capture would fail), matches eager; "
+        "original (stock): item inside CUDAGraph1 would fail when captured on a GPU (a graph cannot hold a host sync), "
+        "in this run: matches eager; "
         "fixed: 0 regions, 1 island, nothing captured: 1 op alone, and one op alone is not worth a graph, matches "
         "eager; eager mode (no GPU): no CUDA graph captured, no speed compared"
     )
+    assert '<span class="tnb-warn" style="color:#e8590c">original (stock): item inside' in c.verdict_html()
     assert c.device == EAGER_DEVICE and not c.on_cuda
     assert c.graphs == {"original": 0, "fixed": 0}
     assert c.original.transform == "stock" and c.fixed.transform == "fixed"
@@ -123,9 +126,10 @@ def test_no_run_builds_traces_only():
     # NOTE: the other finding is a wrong result (the returned graph buffer), counted as the diagram's key counts it
     assert {d.severity for d in c.original.defects if d.is_error} == {"error", "wrong result"}
     assert c.verdict() == (
-        "original (stock): item inside CUDAGraph1 (+1 more wrong result) (capture would fail), not run; fixed: 1 "
-        "region, 0 islands, not run"
+        "original (stock): item inside CUDAGraph1 would fail when captured on a GPU (a graph cannot hold a host sync) "
+        "(1 wrong result, 1 error in the forward trace), not run; fixed: 1 region, 0 islands, not run"
     )
+    assert "tnb-bad" not in c.verdict_html()  # NOTE: nothing ran, so nothing went wrong in a run
     assert c.run_rows() == [("run", "not run (--no-run): traces only")]
     assert c.fixed.forward.regions[0].captured is None
 
@@ -391,19 +395,27 @@ def test_gpu_capture_verdicts():
     assert module_step.trainable == ("_MODEL.0.weight", "_MODEL.0.bias", "_MODEL.2.weight", "_MODEL.2.bias")
 
 
-def test_wrong_result_defects_lead_the_verdict():
+def test_wrong_result_defects_lead_the_verdict_counted_as_the_diagram_keys_count_them():
+    """The first wrong-result defect leads the original's phrase, then the count of them all, by trace: the numbers
+    of each trace's diagram key, with nothing "more" (NB04 read "(+4 more errors)" next to a key of "4 wrong results,
+    1 error"; a nanoGPT run "(+269 more wrong results)" where 269 was all of them)."""
+    from thunder_nb import render
+    from thunder_nb.render.common import severity_counts
+
     c = compare(programs.mlp, programs.mlp_inputs(), training=True, **FAST)
     phrase = c.verdict().split("; ")[0]
-    assert phrase.startswith("original (stock): wrong result: ") and "graph memory" in phrase
+    assert phrase.startswith("original (stock): ") and "graph memory would be wrong when " in phrase
     assert {d.rule for d in c.original.defects if d.severity == "wrong result"} == {
         "returned-graph-memory", "saved-graph-memory"}
-    # NOTE: the rest counted as the diagram's key counts them: wrong results apart from errors (NB04 read
-    # "(+4 more errors)" next to a key of "4 wrong results, 1 error")
-    wrong = sum(d.severity == "wrong result" for d in c.original.defects)
-    errors = sum(d.is_error for d in c.original.defects) - wrong
-    more = [f"+{wrong - 1} more wrong result" + "s" * (wrong != 2)] if wrong > 1 else []
-    more += [f"+{errors} more error" + "s" * (errors != 1)] if errors else []
-    assert f"({', '.join(more)})" in phrase if more else "more" not in phrase, (more, phrase)
+    assert "more" not in phrase
+    counted = re.search(r"\((\d+) wrong results: (\d+) in the forward trace, (\d+) in the backward\)", phrase)
+    assert counted is not None, phrase
+    total, forward, backward = map(int, counted.groups())
+    keys = {t.kind: severity_counts(t.defects)[1] for t in c.original.traces}
+    assert (forward, backward) == (keys["forward"], keys["backward"]) and total == forward + backward
+    for trace in c.original.traces:  # the diagram's own key says the same numbers
+        legend = render.region_diagram(trace).source
+        assert f"defects: {keys[trace.kind]} wrong result" in legend, legend[-600:]
 
 
 @pytest.mark.parametrize("fn, op, why", [
@@ -542,33 +554,64 @@ def test_a_function_of_numbers_says_why_nothing_was_captured():
     assert "fixed: 0 regions, 0 islands, nothing captured: 1 op alone, and one op alone is not worth a graph" in one
 
 
-def test_a_hazard_that_did_not_show_is_said_so_and_each_side_has_its_colour():
+def test_a_hazard_that_did_not_show_is_amber_and_says_when_it_would():
+    """Red only for what went wrong in this run: thunder's transform saves graph memory for the backward, wrong only
+    when two forwards precede a backward, which these calls never do; its phrase is amber and says so."""
     c = compare(programs.mlp, programs.mlp_inputs(), training=True, lr=0.1, repeats=3)
     original = c.verdict().split("; fixed:")[0]
-    # NOTE: thunder's transform saves graph memory for the backward: wrong only when two forwards precede a backward
-    assert original.startswith("original (stock): wrong result: ")
-    assert "equal to eager in this run (would be wrong when two forwards run before one backward), grads match, " \
-           "params match after 6 SGD steps (one after each call: 1 checked, 2 warm-up, 3 timed)" in original
+    assert re.match(r"original \(stock\): t\d+ saved for the backward in graph memory would be wrong when two "
+                    r"forwards run before one backward \(\d+ wrong results: ", original), original
+    assert original.endswith("in this run: matches eager, grads match, params match after 6 SGD steps (one after "
+                             "each call: 1 checked, 2 warm-up, 3 timed)"), original
     html = c.verdict_html()
-    assert html.index('<span class="tnb-bad" style="color:#e03131">original (stock): wrong result') < html.index(
+    assert html.index('<span class="tnb-warn" style="color:#e8590c">original (stock): t') < html.index(
         '<span class="tnb-good" style="color:#2b8a3e">fixed: ')
+    assert "tnb-bad" not in html
     assert 'class="tnb-note"' in html  # NOTE: the CPU's eager-mode phrase, neither good nor bad
 
 
-def test_a_side_with_only_warnings_is_amber_and_one_with_a_wrong_result_red():
-    """Each side's phrase has its worst finding's colour: the legacy transform's warnings alone (no error, a run that
-    matches eager) are amber; thunder's own transform's graph memory saved for the backward, a wrong result, red."""
+def test_red_is_for_what_went_wrong_in_this_run():
+    """The legacy transform's use after del crashes the call (red); its warnings alone (a training step it runs
+    right) are amber; thunder's own transform's hazards that did not show, amber too; clean is green."""
+    crash = compare(programs.seed, (programs.vec(),), original="legacy", **FAST)
+    assert '<span class="tnb-bad" style="color:#e03131">original (legacy): crashes (UnboundLocalError), t9 used ' \
+           'after del in CUDAGraph1' in crash.verdict_html()
     legacy = compare(programs.mlp, programs.mlp_inputs(), training=True, original="legacy", **FAST)
     stock = compare(programs.mlp, programs.mlp_inputs(), training=True, **FAST)
     assert legacy.original.defects and {d.severity for d in legacy.original.defects} == {"warning"}
-    assert legacy.results["original"].ok
-    assert "wrong result" in {d.severity for d in stock.original.defects}
+    assert legacy.results["original"].ok and stock.results["original"].ok
     amber = legacy.verdict_html()
     warns = len(legacy.original.defects)
     assert f'<span class="tnb-warn" style="color:#e8590c">original (legacy): {warns} warnings (' in amber
     assert '<span class="tnb-good" style="color:#2b8a3e">fixed: ' in amber
-    assert '<span class="tnb-bad" style="color:#e03131">original (stock): wrong result: ' in stock.verdict_html()
-    assert "#e8590c" not in stock.verdict_html() and "#e03131" not in amber
+    assert '<span class="tnb-warn" style="color:#e8590c">original (stock): t' in stock.verdict_html()
+    assert "#e03131" not in stock.verdict_html() and "#e03131" not in amber
+
+
+def test_the_next_line_names_the_users_function_and_runs():
+    """`Comparison.next_step`: code in the caller's names that runs as written (here, in a namespace like the
+    user's), for a forward and for a training step through tensors."""
+    import textwrap as tw
+
+    def g(x):
+        return (x.sin() * 2).exp()
+
+    x = programs.vec()
+    c = compare(g, (x,), **FAST)
+    text = c.next_step("g(x)")
+    head, _, code = text.partition("\n")
+    assert head == "next: compile g with the fixed transform, and call it as before:"
+    assert "g_jit = thunder_nb.jit(g)" in code and "thunder_nb.FixedCUDAGraphTransform()" in code
+    ns = {"g": g, "x": x}
+    exec(tw.dedent(code), ns)
+    assert torch.equal(ns["out"], g(x))
+    w1, w2 = programs.mlp_inputs()[1:]
+    t = compare(programs.mlp, programs.mlp_inputs(), training=True, **FAST)
+    code = tw.dedent(t.next_step("mlp(x, w1, w2)").partition("\n")[2])
+    assert code.splitlines()[-2:] == ["loss = mlp_jit(x, w1, w2)", "loss.backward()"]
+    ns = {"mlp": programs.mlp, "x": programs.mlp_inputs()[0], "w1": w1, "w2": w2}
+    exec(code, ns)
+    assert w1.grad is not None and w2.grad is not None
 
 
 # --- at the Python prompt ---------------------------------------------------------------------------

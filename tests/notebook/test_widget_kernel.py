@@ -62,8 +62,9 @@ def test_no_errors(executed):
 
 def test_outputs_in_order(executed):
     magic = [o for o in executed.cells[1].outputs if o["output_type"] == "display_data"]
-    assert len(magic) == 3
-    verdict, view, run = magic
+    assert len(magic) == 4
+    verdict, following, view, run = magic
+    assert following["data"]["text/plain"].startswith("next: ")  # what to do next, under the verdict
     assert "fixed: 1 region, 0 islands, matches eager" in verdict["data"]["text/plain"]  # progress became the verdict
     assert VIEW in view["data"]
     assert "timings" in run["data"]["text/plain"] and "<table" in run["data"]["text/html"]
@@ -110,8 +111,10 @@ def test_the_widget_output_carries_a_static_fallback(executed):
     fixed_at, original_at = static.index("g: fixed"), static.index("<details><summary>original (stock)</summary>")
     assert fixed_at < original_at < static.index("g: original (stock)")
     if shutil.which("dot"):
-        assert static[:original_at].count("<svg") >= 1  # the fixed side's diagram, inline
-        assert static[original_at:].count("<svg") >= 1  # the original's, inline in its <details>
+        # NOTE: as <img> with a data: URI, which JupyterLab shows in a notebook that is not trusted (inline SVG it removes)
+        assert "<svg" not in static
+        assert static[:original_at].count('<img class="tnb-img tnb-diagram-img"') >= 1  # the fixed side's diagram
+        assert static[original_at:].count('<img class="tnb-img tnb-diagram-img"') >= 1  # the original's, in <details>
     assert "<script" not in static
 
 
@@ -123,6 +126,6 @@ def test_nbconvert_to_markdown_shows_the_diagrams(executed, tmp_path):
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "markdown", str(src)], check=True,
                    capture_output=True, timeout=120)
     md = (tmp_path / "toggle.md").read_text(encoding="utf-8")
-    assert md.count("<svg") >= 2
+    assert md.count('<img class="tnb-img tnb-diagram-img"') >= 2
     assert md.index("g: fixed") < md.index("<summary>original (stock)</summary>")
     assert "widget-view+json" not in md

@@ -3,22 +3,24 @@ verdict, the run section, text and HTML."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..diagnosis.model import Report
-from ..render.common import count_phrases, plural, severity_counts
+from ..render.common import count_phrases, plural
 from .outcome import PEER, Outcome
 from .verdict import (
-    WRONG_WHEN,
     _by_priority,
     _check_text,
     _defect_phrase,
     _failure_phrase,
+    _hazard_phrase,
     _nothing_captured,
     _run_phrase,
     _speed,
+    _tally,
     _us,
     _warnings_phrase,
 )
@@ -76,27 +78,35 @@ class Comparison:
 
     def _original_phrase(self) -> str:
         out = self.results["original"]
+        return f"original ({self.original_kind}): " + ", ".join(self._findings(self.original, out, "original"))
+
+    def _findings(self, report: Report, out: Outcome, key: str) -> list[str]:
+        """A side's findings, worst first: what went wrong in this run (its failure, its error defects, a wrong
+        number), or the error defects this run did not show as hazards (what they would do, and when), or its
+        warnings; then how the run went."""
         parts: list[str] = []
+        went_wrong = self._went_wrong(out)
         if out.failure:
             parts.append(_failure_phrase(out.failure))
-        errors = _by_priority(d for d in self.original.defects if d.is_error)
+        errors = _by_priority(d for d in report.defects if d.is_error)
+        run = (_run_phrase(out, self) if self.executed else "not run") if not out.error else ""
+        if errors and not went_wrong:
+            # NOTE: a hazard these inputs did not show is amber: say what it would do, and when
+            hazard = _hazard_phrase(report, errors, captured=self.graphs.get(key, 0) > 0)
+            return parts + [hazard + (f", in this run: {run}" if self.executed and run else ", not run")]
         if errors:
-            phrase = _defect_phrase(self.original, errors[0])
-            if len(errors) > 1:
-                phrase += f" ({_more(errors[1:])})"  # NOTE: warnings are not counted here
-            if errors[0].rule == "host-sync-in-region" and not out.error and self.graphs.get("original", 0) == 0:
-                phrase += " (capture would fail)"
-            parts.append(phrase)
-        elif self.original.defects:
-            parts.append(_warnings_phrase(self.original.defects))
-        if not out.error:
-            run = _run_phrase(out, self) if self.executed else "not run"
-            if self.executed and out.ok and errors and errors[0].rule in WRONG_WHEN:
-                # NOTE: the hazard did not show on these inputs: say so, and when it would
-                when = WRONG_WHEN[errors[0].rule]
-                run = run.replace("matches eager", f"equal to eager in this run (would be wrong {when})", 1)
-            parts.append(run)
-        return f"original ({self.original_kind}): " + ", ".join(parts)
+            tally = _tally(errors)
+            parts.append(_defect_phrase(report, errors[0]) + (f" ({tally})" if tally else ""))
+        elif report.defects and key == "original":
+            parts.append(_warnings_phrase(report.defects))
+        return parts + ([run] if run else [])
+
+    def _went_wrong(self, out: Outcome) -> bool:
+        """Whether something went wrong in this run: a crash, a failed capture or compile, a run not made because it
+        would kill the process, or a number that differs from eager's (unless random ops explain it)."""
+        if out.failure is not None and out.failure.kind != "no-gpu":
+            return True
+        return self.executed and out.ran and not out.ok and not self.random_ops
 
     def _fixed_phrase(self) -> str:
         rep, out = self.fixed, self.results["fixed"]
@@ -106,15 +116,8 @@ class Comparison:
         nothing = _nothing_captured(rep) if regions == 0 else None
         if nothing:
             parts.append(nothing)
-        errors = _by_priority(d for d in rep.defects if d.is_error)
-        if errors:
-            parts.append(plural(len(errors), "defect") + ": " + _defect_phrase(rep, errors[0]))
-        if out.failure:
-            parts.append(_failure_phrase(out.failure))
-        elif not self.executed:
-            parts.append("not run")
-        else:
-            parts.append(_run_phrase(out, self))
+        parts += self._findings(rep, out, "fixed")
+        if self.executed and not out.failure:
             eager_us, fixed_us = self.timings.get("eager"), self.timings.get("fixed")
             # NOTE: a speed-up is only claimed for captured graphs; eager-mode timings say nothing about them
             if self.graphs.get("fixed", 0) > 0 and eager_us and fixed_us:
@@ -146,6 +149,67 @@ class Comparison:
         if self.capture is False:
             return "eager mode (capture off): no CUDA graph captured"
         return ""
+
+    def next_step(self, call: str | None = None, model: str | None = None, optimizer: str | None = None,
+                  executors: tuple[str, ...] = (), lr: float | None = None) -> str:
+        """Return what to do after this verdict: a line, then runnable code in the caller's names.
+
+        Args:
+            call: the call as the user wrote it, e.g. ``"step(xb)"`` (default: ``function(*args)``).
+            model, optimizer: with ``training``: the names of the module the function trains and of an optimizer of
+                its parameters; with ``model``, the code trains with `thunder_nb.jit_step` (an SGD optimizer with
+                ``lr`` is made where ``optimizer`` is None).
+            executors: the fusion executors the fixed side ran with, passed on to `thunder_nb.jit`.
+        """
+        import ast
+
+        call = call or f"{self.function}(*args)"
+        node = ast.parse(call, mode="eval").body
+        callee = ast.unparse(node.func) if isinstance(node, ast.Call) else self.function
+        arguments = call[call.index("(") + 1: call.rindex(")")] if "(" in call else "*args"
+        base = callee.rsplit(".", 1)[-1]
+        base = base if base.isidentifier() else "fn"
+        fixed = self.results["fixed"]
+        if self._went_wrong(fixed):
+            return (f"next: the fixed transform went wrong on {callee} too: keep it eager, or compile it without "
+                    "CUDA graphs, and report this output to thunder-nb:\n"
+                    f"    import thunder\n    {base}_thunder = thunder.jit({callee})\n    "
+                    f"out = {base}_thunder({arguments})")
+        islands = sum(len(t.islands) for t in self.fixed.traces)
+        if self.training and model is not None and islands == 0:
+            lines = ["import thunder_nb"]
+            if optimizer is None:
+                optimizer = "opt"
+                lines = ["import torch, thunder_nb",
+                         f"opt = torch.optim.SGD({model}.parameters(), lr={lr if lr is not None else 0.01:g})"]
+            extra = f", executors={list(executors)!r}" if executors else ""
+            lines += [f"train_step = thunder_nb.jit_step({model}, {callee}, {optimizer}{extra})",
+                      f"loss = train_step({arguments})",
+                      f"# check it against eager first: %%thunder_cudagraph --whole-step {model},{optimizer} "
+                      f"{callee}({arguments})"]
+            head = (f"next: train with the whole iteration as one CUDA graph: each call of train_step is "
+                    f"{optimizer}.zero_grad(), {callee}, backward and {optimizer}.step():")
+            return head + "".join(f"\n    {line}" for line in lines)
+        extra = f", executors={list(executors)!r}" if executors else ""
+        lines = ["import thunder_nb",
+                 f"{base}_jit = thunder_nb.jit({callee}{extra})"
+                 + ("" if executors else
+                    f"  # or thunder.jit({callee}, transforms=[thunder_nb.FixedCUDAGraphTransform()])")]
+        if self.training:
+            lines += [f"loss = {base}_jit({arguments})", "loss.backward()"]
+            head = f"next: compile {callee} with the fixed transform, and call backward on its result as before:"
+        else:
+            lines += [f"out = {base}_jit({arguments})"]
+            head = f"next: compile {callee} with the fixed transform, and call it as before:"
+        return head + "".join(f"\n    {line}" for line in lines)
+
+    def next_html(self, **names: Any) -> str:
+        """Return `next_step` as HTML: its line, then its code."""
+        import html
+
+        head, _, code = self.next_step(**names).partition("\n")
+        return (f'<div class="tnb-next"><b>{html.escape(head)}</b><pre style="margin:2px 0 0 0">'
+                f"<code>{html.escape(textwrap.dedent(code))}</code></pre></div>")
 
     # --- views ------------------------------------------------------------------------------------
 
@@ -207,8 +271,9 @@ class Comparison:
         return rows_table(self.run_rows())
 
     def verdict_html(self) -> str:
-        """Return the verdict as one HTML line, each side's phrase in the colour of its worst finding (red: it would
-        crash, fails, computes a wrong result or differs from eager; amber: warnings; green: nothing wrong)."""
+        """Return the verdict as one HTML line, each side's phrase in the colour of its worst finding (red: something went
+        wrong in this run: a crash, a failed capture, a number that differs from eager; amber: hazards this run did not
+        show, and warnings; green: nothing found)."""
         from ..render.html import verdict_spans
 
         phrases = [(self._original_phrase(), self._level(self.original, self.results["original"])),
@@ -223,13 +288,11 @@ class Comparison:
         return verdict_spans(phrases)
 
     def _level(self, report: Report, out: Outcome) -> str:
-        """"bad", "warn" or "good": the worst of a side's defects and its run (a difference that random ops explain
-        is no finding)."""
-        if out.failure is not None or any(d.is_error for d in report.defects):
+        """"bad", "warn" or "good": red only for what went wrong in this run (`_went_wrong`); amber for hazards it did
+        not show (error defects), warnings, or a side that needs a GPU; green for clean."""
+        if self._went_wrong(out):
             return "bad"
-        if self.executed and out.ran and not out.ok and not self.random_ops:
-            return "bad"
-        return "warn" if report.defects else "good"
+        return "warn" if report.defects or out.failure is not None else "good"
 
     def to_text(self) -> str:
         """Return the whole comparison as text: verdict, both reports, the run section."""
@@ -275,12 +338,3 @@ class Comparison:
         makers = {"text/plain": self.to_text, "text/html": self.to_html}
         wanted = [m for m in makers if (not include or m in include) and (not exclude or m not in exclude)]
         return {m: makers[m]() for m in wanted}
-
-
-def _more(rest: list[Any]) -> str:
-    """``+3 more wrong results, +1 more error``: the defects after the first, by severity, as the diagram's key counts
-    them (a wrong result is not an error there)."""
-    crash, wrong, errors, _ = severity_counts(rest)
-    return ", ".join(([f"+{crash} more crashing the process"] if crash else [])
-                     + ([f"+{plural(wrong, 'more wrong result')}"] if wrong else [])
-                     + ([f"+{plural(errors, 'more error')}"] if errors else []))

@@ -99,7 +99,7 @@ def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any, say: Callable[[
     say(f"running {plan.name} in eager PyTorch…")
     reference = runs.reference(eager, plan)
     timings, notes = runs.Timings(), []
-    timings.add("eager", runs.time_calls(eager, plan))
+    timings.add("eager", runs.time_calls(eager, plan, say, f"{plan.name} in eager PyTorch"))
     eager_params = runs.params(eager) if plan.lr is not None else None
     results: dict[str, Outcome] = {}
     for key, run in compiled.items():

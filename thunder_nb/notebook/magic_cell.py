@@ -37,12 +37,14 @@ class MagicCell:
         # NOTE: the name the shell compiles the cell under, to say "line N of the cell" in messages
         self.name = shell.compile.get_code_name(cell, source, shell.execution_count)
         saved = shell.custom_exceptions, shell.CustomTB
-        shell.set_custom_exc((Exception,), _keep_for_message)
+        shell.set_custom_exc((Exception, KeyboardInterrupt), _keep_for_message)
         try:
             result = shell.run_cell(cell, store_history=False)
         finally:
             shell.custom_exceptions, shell.CustomTB = saved
         error = result.error_before_exec or result.error_in_exec
+        if isinstance(error, KeyboardInterrupt):
+            raise KeyboardInterrupt  # NOTE: the magic words a Ctrl-C once, wherever it came
         if error is not None:
             where = failures.user_frame(error.__traceback__)
             at = f" ({self.where(where)})" if where is not None else ""
@@ -94,6 +96,25 @@ class MagicCell:
             return eval(compile(expr, "<thunder_cudagraph call>", "eval"), self.shell.user_ns, scope)
         except Exception as e:
             raise UsageError(f"the call {call_text} failed: {failures.error_line(e)}") from None
+
+    def training_names(self, trainable: tuple[str, ...]) -> tuple[str | None, str | None]:
+        """The names of the module whose parameters ``trainable`` are (``model.0.weight``: ``model``) and of an
+        optimizer of its parameters, as the namespace has them; None for what is not there (tensors trained outside a
+        module, no optimizer yet)."""
+        import torch
+
+        ns = self.shell.user_ns
+        roots = {name.split(".", 1)[0] for name in trainable}
+        if len(roots) != 1 or not all("." in name for name in trainable):
+            return None, None
+        (root,) = roots
+        model = ns.get(root)
+        if not root.isidentifier() or not isinstance(model, torch.nn.Module):
+            return None, None
+        params = {id(p) for p in model.parameters()}
+        optimizers = [k for k, v in ns.items() if not k.startswith("_") and isinstance(v, torch.optim.Optimizer)
+                      and any(id(p) in params for g in v.param_groups for p in g["params"])]
+        return root, (optimizers[0] if optimizers else None)
 
     def whole_step_objects(self, names: tuple[str, str]) -> tuple[Any, Any]:
         """The model and the optimizer that ``--whole-step MODEL,OPTIMIZER`` names, checked.

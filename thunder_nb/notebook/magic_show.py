@@ -19,9 +19,10 @@ __all__ = ["compare_and_show", "whole_step_and_show"]
 
 
 def compare_and_show(cell: MagicCell, args: Any, fn: Any, call_args: tuple, call_kwargs: dict, views: list[str],
-                     executors: tuple[str, ...], progress: Progress) -> None:
-    """Compare the original and the fixed transform on ``fn(*call_args, **call_kwargs)``; show the verdict, the views
-    asked for and the run; store the `Comparison` under ``-o NAME``.
+                     executors: tuple[str, ...], progress: Progress, call: str | None = None) -> None:
+    """Compare the original and the fixed transform on ``fn(*call_args, **call_kwargs)``; show the verdict, what to
+    do next (``call``: the call as the user wrote it), the views asked for and the run; store the `Comparison` under
+    ``-o NAME``.
 
     Raises:
         UsageError: `compare` refused the function or its inputs (`CompareError`), worded with the cell's lines.
@@ -57,6 +58,9 @@ def compare_and_show(cell: MagicCell, args: Any, fn: Any, call_args: tuple, call
         progress("drawing the views…")
         view = widget.comparison_toggle(comparison, side_views)
     progress.done({"text/plain": comparison.verdict(), "text/html": comparison.verdict_html()})
+    model, optimizer = cell.training_names(comparison.trainable) if args.train else (None, None)
+    names = dict(call=call, model=model, optimizer=optimizer, executors=tuple(executors), lr=args.lr)
+    display({"text/plain": comparison.next_step(**names), "text/html": comparison.next_html(**names)}, raw=True)
     if side_views:
         display(view)
     if "run" in views:
@@ -64,9 +68,11 @@ def compare_and_show(cell: MagicCell, args: Any, fn: Any, call_args: tuple, call
 
 
 def whole_step_and_show(cell: MagicCell, args: Any, model: Any, fn: Any, optimizer: Any, batch: tuple,
-                        executors: tuple[str, ...], progress: Progress) -> None:
+                        executors: tuple[str, ...], progress: Progress,
+                        names: tuple[str, str, str] | None = None) -> None:
     """``--whole-step``: `thunder_nb.step.compare_step` on the user's objects; its report, with lines of this cell
-    worded as the rest of the magic words them; store the result under ``-o NAME``.
+    worded as the rest of the magic words them, and what to do next (``names``: the model's, the optimizer's and the
+    call as the user wrote them); store the result under ``-o NAME``.
 
     Raises:
         UsageError: the loss function raised in eager PyTorch, or `compare_step` refused the arguments.
@@ -92,6 +98,19 @@ def whole_step_and_show(cell: MagicCell, args: Any, model: Any, fn: Any, optimiz
     if args.output:
         cell.shell.user_ns[args.output] = result
     progress.done({"text/plain": result.to_text(), "text/html": result._repr_html_()})
+    if names is not None:
+        model_name, optimizer_name, call = names
+        shown = dict(model=model_name, optimizer=optimizer_name, call=call, executors=tuple(executors))
+        display({"text/plain": result.next_step(**shown), "text/html": result.next_html(**shown)}, raw=True)
+
+
+def interrupted(doing: str | None, whole_step: bool) -> str:
+    """The one line a Ctrl-C during the magic leaves: what it was doing, and that the user's objects are as they
+    were."""
+    what = f" while {doing.rstrip('…').rstrip('.')}" if doing else " while the cell ran"
+    kept = ("your model and optimizer are put back as they were" if whole_step
+            else "your variables are as they were (each run worked on its own copies)")
+    return f"interrupted (Ctrl-C){what}: nothing stored, {kept}"
 
 
 def _source_line(blocker: Any) -> str:

@@ -351,12 +351,18 @@ def _outcome(run: Run, eager: Ran, training: bool, plain: WithoutGraphs | None =
                    eager_regions=eager_regions, thunder_error=_thunder_note(result, grads))
 
 
-def time_calls(run: Run, plan: Plan) -> list[float]:
-    """Microseconds of ``plan.repeats`` calls (and backwards), after `WARMUP` untimed ones; each a training step."""
+def time_calls(run: Run, plan: Plan, say: Callable[[str], None] | None = None, what: str = "") -> list[float]:
+    """Microseconds of ``plan.repeats`` calls (and backwards), after `WARMUP` untimed ones; each a training step.
+    ``say``: told the count of calls timed so far (``timing f with the fixed transform: 120 of 1000 calls…``), at
+    most every half second, between calls."""
     import torch
 
     samples = []
+    said = time.perf_counter()
     for i in range(WARMUP + plan.repeats):
+        if say is not None and i > WARMUP and time.perf_counter() - said > 0.5:
+            say(f"timing {what}: {i - WARMUP} of {plan.repeats} calls…")
+            said = time.perf_counter()
         if plan.cuda:
             torch.cuda.synchronize()
         start = time.perf_counter_ns()
@@ -415,7 +421,7 @@ def check_and_time(run: Run, eager: Ran, eager_params: dict | None, timings: Tim
         return outcome
     say(f"timing {plan.name} with {what} ({plan.repeats} calls)…")
     try:
-        timings.add(_TIMING_KEYS.get(run.label, "original"), time_calls(run, plan))
+        timings.add(_TIMING_KEYS.get(run.label, "original"), time_calls(run, plan, say, f"{plan.name} with {what}"))
     except Exception as e:  # NOTE: a later call failing is a finding too, not a crash of compare
         if plan.cuda:
             recover_from_failed_capture(stream)

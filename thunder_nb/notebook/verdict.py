@@ -12,7 +12,7 @@ from ..diagnosis.model import Defect, Report
 from ..render.common import plural
 from .outcome import Outcome
 
-__all__ = ["WRONG_WHEN"]
+__all__ = ["HAZARDS"]
 
 
 def _speed(slower_us: float, us: float, than: str) -> str:
@@ -45,11 +45,30 @@ _FAILURE_PHRASES = {
 }
 
 
-#: When a wrong-result defect that did not show in a run would show (the original side's verdict says so).
-WRONG_WHEN = {
-    "returned-graph-memory": "when a result is kept across calls (the next call overwrites it)",
-    "saved-graph-memory": "when two forwards run before one backward",
-    "static-input-rebound": "when another tensor is passed in a static input's place",
+#: What an error defect that did not show in a run would do, and when: (what, when no graph was captured in the run,
+#: when graphs were). The verdict says it in amber: ``t106 saved for the backward in graph memory would be wrong when
+#: two forwards run before one backward``.
+HAZARDS = {
+    "returned-graph-memory": ("be wrong", "when a result is kept across calls (the next call overwrites it)",
+                              "when a result is kept across calls (the next call overwrites it)"),
+    "saved-graph-memory": ("be wrong", "when two forwards run before one backward",
+                           "when two forwards run before one backward"),
+    "static-input-rebound": ("be wrong", "when another tensor is passed in a static input's place",
+                             "when another tensor is passed in a static input's place"),
+    "host-sync-in-region": ("fail", "when captured on a GPU (a graph cannot hold a host sync)",
+                            "when captured again"),
+    "host-data-in-region": ("fail", "when captured on a GPU (CUDA refuses a copy from host data in a capture)",
+                            "when captured again"),
+    "cpu-op-in-region": ("be wrong", "when captured on a GPU (it runs once, at capture, never on replay)",
+                         "on a replay with other inputs (it ran once, at capture)"),
+    "region-updates-input": ("be wrong", "when captured on a GPU (the caller never sees the update)",
+                             "when the caller reads the updated input"),
+    "capture-dependent-in-region": ("kill the process", "when captured on a GPU", "when captured"),
+    "collective-in-region": ("hang or sum the wrong tensors", "when ranks capture it", "when ranks replay it"),
+    "handle-crosses-region": ("fail", "when captured (a graph cannot wait on work launched outside it)",
+                              "when captured again"),
+    "use-after-del": ("fail", "when that region runs", "when that region runs"),
+    "region-deletes-output": ("fail", "when that region runs", "when that region runs"),
 }
 
 
@@ -159,3 +178,57 @@ def _defect_phrase(report: Report, d: Defect) -> str:
     if phrase is not None:
         return phrase.format(value=d.value, where=where)
     return f"{d.rule} ({d.value or where})"
+
+
+#: How a defect's place is named in the verdict's count: ``4 in the forward trace, 4 in the backward``.
+_TRACE_ORDER = ("forward", "backward")
+
+
+def _tally(defects: Iterable[Defect]) -> str:
+    """``8 wrong results: 4 in the forward trace, 4 in the backward``: error defects counted by severity as each
+    trace's key counts them (`thunder_nb.diagnosis.model.count_phrases`), and where they are when in more than one
+    trace. Empty for a single defect."""
+    found = list(defects)
+    if len(found) < 2:
+        return ""
+    words = {"crashes the process": ("crashing the process", "crashing the process"),
+             "wrong result": ("wrong result", "wrong results"), "error": ("error", "errors")}
+    severities = [s for s in words if any(d.severity == s for d in found)]
+
+    def counted(ds: list[Defect]) -> str:
+        if len(severities) == 1 and ds is not found:  # NOTE: one kind: "4 in the forward trace", its name said once
+            return str(len(ds))
+        return ", ".join(f"{n} {words[s][n != 1]}" for s in severities
+                         if (n := sum(1 for d in ds if d.severity == s)))
+
+    total = counted(found)
+    traces = sorted({d.trace for d in found}, key=lambda t: (_TRACE_ORDER + (t,)).index(t))
+    if len(traces) < 2:
+        return f"{total} in the {traces[0]} trace"
+    parts = [f"{counted([d for d in found if d.trace == t])} in the {t}" + (" trace" if i == 0 else "")
+             for i, t in enumerate(traces)]
+    return f"{total}: {', '.join(parts)}"
+
+
+def _hazard_what(report: Report, d: Defect) -> str:
+    """The defect as the subject of ``... would be wrong when ...``: ``t106 saved for the backward in graph memory``."""
+    subjects = {
+        "returned-graph-memory": "{value} returned in graph memory",
+        "saved-graph-memory": "{value} saved for the backward in graph memory",
+        "static-input-rebound": "{value}, a static input of {where}",
+    }
+    subject = subjects.get(d.rule)
+    if subject is not None:
+        return subject.format(value=d.value, where=d.region or "the top level")
+    return _defect_phrase(report, d)
+
+
+def _hazard_phrase(report: Report, errors: list[Defect], captured: bool) -> str:
+    """``t106 saved for the backward in graph memory would be wrong when two forwards run before one backward (8 wrong
+    results: 4 in the forward trace, 4 in the backward)``: the first error defect (by priority) as a hazard this run did
+    not show, when it would show, and how many there are."""
+    first = errors[0]
+    what, uncaptured, when_captured = HAZARDS.get(first.rule, ("fail", "in another run", "in another run"))
+    tally = _tally(errors)
+    return (f"{_hazard_what(report, first)} would {what} {when_captured if captured else uncaptured}"
+            + (f" ({tally})" if tally else ""))
