@@ -117,7 +117,7 @@ class _Fallback(HTMLParser):
             is_open = any(name == "open" for name, _ in attrs)
             self.closed_details += not is_open
             self.stack.append(is_open)
-        elif tag == "svg":
+        elif tag == "svg" or (tag == "img" and (dict(attrs).get("src") or "").startswith("data:image/")):
             if all(self.stack):
                 self.svg_shown += 1
             else:
@@ -147,11 +147,11 @@ def fallback_problems(bundle: dict, labels: list[str]) -> list[str]:
     p.close()
     problems = []
     if not p.svg_shown:
-        problems.append("no diagram (<svg>) shown outside a closed <details>: the fixed side is not open")
+        problems.append("no diagram (<svg>, or <img> of one) shown outside a closed <details>: the fixed side is not open")
     if not p.closed_details:
         problems.append("no closed <details>: the original side is not folded")
     elif not p.svg_folded:
-        problems.append("the closed <details> holds no diagram (<svg>): the original side's diagrams are missing")
+        problems.append("the closed <details> holds no diagram (<svg> or <img>): the original side's diagrams are missing")
     if labels:
         original, fixed = labels[0], labels[-1]
         if original not in "".join(p.folded_text):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import os
+import re
 import shutil
 import textwrap
 import warnings
@@ -638,11 +640,16 @@ def test_report_mimebundle_embeds_the_diagrams(stock_mlp):
     assert bundle["text/plain"] == render.report_text(stock_mlp)
     markup = bundle["text/html"]
     assert "<script" not in markup and "<?xml" not in markup
+    # NOTE: pictures as <img> with a data: URI, not inline <svg>: a notebook opened untrusted sanitizes inline SVG away
+    assert "<svg" not in markup
     assert_in_order(markup, '<div class="thunder-nb">', "mlp", "verdict:", "error: RuntimeError: no GPU",
-                    "forward trace <code>computation</code>", '<div class="tnb-diagram"><svg', "<title>CUDAGraph1_in_x",
-                    "</svg>", "region-deletes-outside-value", "<summary>lifetimes</summary>", "<svg",
+                    "forward trace <code>computation</code>",
+                    '<div class="tnb-diagram"><img class="tnb-img tnb-diagram-img"', "region-deletes-outside-value",
+                    "<summary>lifetimes</summary>", '<img class="tnb-img tnb-lifetime-img"',
                     "<summary>source</summary>", "<summary>generated code</summary>",
-                    "backward trace <code>backward_fn</code>", '<div class="tnb-diagram"><svg')
+                    "backward trace <code>backward_fn</code>", '<div class="tnb-diagram"><img')
+    pictures = [base64.b64decode(src).decode() for src in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', markup)]
+    assert pictures[0].startswith("<svg") and ">CUDAGraph1<" in pictures[0] and "<title>" not in pictures[0]
 
 
 def test_report_mimebundle_honours_include_and_exclude(stock_f):
@@ -662,7 +669,7 @@ def test_without_dot_one_warning_and_a_text_fallback(monkeypatch, tmp_path, stoc
     assert len(found) == 1
     assert "apt-get install graphviz" in str(found[0].message)
     markup = bundle["text/html"]
-    assert "<svg" in markup  # NOTE: the lifetime view needs no dot
+    assert "tnb-lifetime-img" in markup  # NOTE: the lifetime view needs no dot
     assert_in_order(markup, "forward trace", "apt-get install graphviz", '<pre class="tnb-dot">digraph forward {',
                     "x [label=&quot;x\\nf32[2,3]&quot;", '<pre class="tnb-text">forward trace `computation`',
                     "backward trace", '<pre class="tnb-dot">digraph backward {')

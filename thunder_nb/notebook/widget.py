@@ -14,8 +14,10 @@ if TYPE_CHECKING:  # NOTE: ipywidgets is imported only when a widget is built
 
     from .comparison import Comparison
 
-__all__ = ["VIEWS", "SIDE_VIEWS", "parse_views", "side_html", "static_html", "toggle", "comparison_toggle"]
+__all__ = ["TOGGLE_CLASS", "VIEWS", "SIDE_VIEWS", "parse_views", "side_html", "static_html", "toggle", "comparison_toggle"]
 
+#: The toggle box's class (`thunder_nb.render.html.CSS` styles it).
+TOGGLE_CLASS = "thunder-nb-toggle"
 #: Every view the magic can show, in display order.
 VIEWS = ("diagram", "lifetimes", "source", "run")
 
@@ -38,12 +40,15 @@ def static_html(original_html: str, fixed_html: str, labels: Sequence[str] = ("o
     """The toggle without JavaScript: the fixed pane shown, the original in a ``<details>`` below it.
 
     This is what a page without the widget's JavaScript shows (GitHub, nbviewer without JavaScript,
-    ``nbconvert --to markdown``, a notebook opened after its kernel is gone).
+    ``nbconvert --to markdown``, a notebook opened after its kernel is gone), and what JupyterLab shows of a stored
+    notebook that is not trusted: the panes' SVG pictures become ``<img>`` elements (`svgs_to_imgs`), which its
+    sanitizer lets through where it removes inline SVG.
     """
+    from ..render.backend import svgs_to_imgs
     from ..render.common import esc
     from ..render.html import CSS
 
-    return (
+    return svgs_to_imgs(
         f'<div class="thunder-nb tnb-static">{CSS}{fixed_html}'
         f"<details><summary>{esc(labels[0])}</summary>{original_html}</details></div>"
     )
@@ -101,6 +106,9 @@ def toggle(original_html: str, fixed_html: str, labels: Sequence[str] = ("origin
     link = widgets.jslink((buttons, "index"), (stack, "selected_index"))
     box = _toggle_box()([buttons, stack], static=static_html(original_html, fixed_html, labels),
                         text=text or f"{labels[1]} | {labels[0]}")
+    # NOTE: `CSS` hides ipywidgets' broken-link mark (.jupyter-widgets-disconnected) inside this class: a stored toggle
+    # switches without a kernel (jslink), so "disconnected" is no fault of it
+    box.add_class(TOGGLE_CLASS)
     # NOTE: hold the link with the box so the browser-side link lives as long as the view
     box._thunder_nb_link = link
     return box

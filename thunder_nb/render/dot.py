@@ -47,9 +47,10 @@ def _op_count(trace: TraceReport) -> int:
 class _DiagramBuilder:
     """Build one trace's diagram; holds the node each top-level statement and value maps to."""
 
-    def __init__(self, trace: TraceReport, full: set[str], merge_islands: bool) -> None:
+    def __init__(self, trace: TraceReport, full: set[str], merge_islands: bool, narrow: bool = False) -> None:
         self.trace = trace
         self.full = full
+        self.narrow = narrow  # NOTE: inputs one under the other, no edge label that repeats its input's name
         self.compact = merge_islands  # NOTE: a collapsed drawing: edge labels name values, types go to tooltips
         self.keys: set[str] = set()  # what the legend must explain: "number", "hand-off"
         self.inputs = self._inputs()
@@ -181,7 +182,8 @@ class _DiagramBuilder:
     def draw_inputs(self, g: graphviz.Digraph) -> None:
         names = self.inputs
         with g.subgraph(name="inputs") as sub:
-            sub.attr(rank="source")
+            if not self.narrow or self.grouped_inputs:
+                sub.attr(rank="source")
             if len(names) > _MAX_INPUTS:
                 # NOTE: one node for many inputs (a model's parameters): side by side they make the drawing very wide
                 tips = [f"input {n} {type_label(self.values.get(n))}".rstrip() for n in names[:50]]
@@ -193,6 +195,10 @@ class _DiagramBuilder:
                 v = self.values.get(name)
                 lines = [name] + ([type_label(v)] if type_label(v) else [])
                 self.node(sub, node_id(name), lines, [f"input {name}"], {"shape": "ellipse"})
+            if self.narrow:
+                # NOTE: side by side, a model's long parameter names made the drawing twice a column's width
+                for a, b in zip(names, names[1:]):
+                    sub.edge(node_id(a), node_id(b), style="invis")
 
     def draw_island_group(self, g: graphviz.Digraph, group: list[Outside]) -> None:
         first = group[0]
@@ -242,6 +248,8 @@ class _DiagramBuilder:
             attrs = {"fontsize": "9", "tooltip": dot_text(" ".join(label))}
             if self.compact:
                 label = label[:1]
+            if self.narrow and src == node_id(names[0]) and not (v is not None and v.is_scalar) and not handoff:
+                label = []  # NOTE: the edge leaves the node that names the value
             if v is not None and v.is_scalar:
                 label.append("Python number")
                 attrs.update(color=SCALAR_COLOR, fontcolor=SCALAR_COLOR, style="dashed")
@@ -255,7 +263,7 @@ class _DiagramBuilder:
             label = [f"{len(names)} values", head]
             tips = [f"{n} {type_label(v)}".rstrip() for n, v in zip(names, vals)]
             attrs = {"fontsize": "9", "tooltip": dot_text(*tip_lines(tips))}
-        g.edge(src, dst, dot_text(*label), **attrs)
+        g.edge(src, dst, dot_text(*label) if label else None, **attrs)
 
     def draw_flows(self, g: graphviz.Digraph) -> None:
         """Draw the values that cross statements at top level; many values between two nodes share one edge."""
@@ -332,7 +340,8 @@ def _hand_out_label(trace: TraceReport) -> str:
     return "hand-out: " + " · ".join(f"{w} {n}" for w, n in counts.items()) if counts else "hand-out"
 
 
-def region_diagram(trace: TraceReport, *, detail: str | None = None, collapse: bool | None = None) -> graphviz.Digraph:
+def region_diagram(trace: TraceReport, *, detail: str | None = None, collapse: bool | None = None,
+                   narrow: bool = False) -> graphviz.Digraph:
     """Draw a trace's regions, islands and the values between them.
 
     Args:
@@ -340,6 +349,8 @@ def region_diagram(trace: TraceReport, *, detail: str | None = None, collapse: b
         detail: name of one region to draw in full (its ops, inputs and outputs), whatever ``collapse`` says.
         collapse: draw each region as one summary node; None collapses when the trace has more than
             `COLLAPSE_THRESHOLD` ops.
+        narrow: lay out for a narrow column: the inputs one under the other instead of side by side, and no label on
+            an edge out of an input's node (the node names the value).
 
     Returns:
         A ``graphviz.Digraph`` (render it with `svg`, or read its ``.source``).
@@ -353,5 +364,5 @@ def region_diagram(trace: TraceReport, *, detail: str | None = None, collapse: b
     if collapse is None:
         collapse = _op_count(trace) > COLLAPSE_THRESHOLD
     full = {detail} if collapse and detail is not None else (set() if collapse else set(names))
-    return _DiagramBuilder(trace, full, merge_islands=collapse).build()
+    return _DiagramBuilder(trace, full, merge_islands=collapse, narrow=narrow).build()
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from ..diagnosis.model import Report, TraceReport
-from .backend import svg, svg_size
+from .backend import svg, svg_size, svgs_to_imgs
 from .common import WRONG_COLOR, esc, launch_line, plural, severity_counts, verdict
 from .dot import region_diagram
 from .lifetimes import lifetime_svg
@@ -45,6 +45,10 @@ FIT = (880, 900)
 COLUMN = 1040
 #: The smallest text in px any view shows at `COLUMN` width: a diagram shrinks to fit no further than this allows.
 MIN_TEXT_PX = 11
+#: A drawing wider than this (px) is laid out again for a narrow column (`region_diagram`'s ``narrow``: its inputs one
+#: under the other), and that layout is shown where it is narrower: JupyterLab's column in a 1,024-px window is 592 px,
+#: which shows 640 px of drawing with its 12-px labels at 11 px.
+NARROW_AT = 640
 #: Bytes a drawing behind "full diagram" may take (a model's full drawing is megabytes: its module tree replaces it).
 FULL_MAX_BYTES = 150_000
 #: Lifetime rows a pane shows of a big trace (the text report and `lifetime_svg` keep `MAX_ROWS`).
@@ -62,6 +66,7 @@ PANE_CODE_LINES = 200
 CSS = """<style>
 .thunder-nb{font-family:system-ui,sans-serif;font-size:13px;line-height:1.4;max-width:100%;overflow-wrap:anywhere;min-width:0}
 .widget-html:has(.thunder-nb),.widget-html-content:has(.thunder-nb),.widget-box:has(.thunder-nb){min-width:0;max-width:100%}
+.thunder-nb-toggle.jupyter-widgets-disconnected::before,.thunder-nb-toggle .jupyter-widgets-disconnected::before{content:none;display:none}
 .thunder-nb .tnb-h{font-weight:600;margin:8px 0 4px}
 .thunder-nb table{border-collapse:collapse}
 .thunder-nb td,.thunder-nb th{padding:1px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word}
@@ -144,23 +149,34 @@ def _too_big(trace: TraceReport, trees: str) -> str:
     return f"too big to show; {where}" + ("" if any(r.fusions for r in trace.regions) else " and in the generated code")
 
 
+def _draw(trace: TraceReport, **how) -> tuple[str | None, str]:
+    """(the SVG of `region_diagram` with ``how``, its DOT source): laid out for a narrow column where the usual layout
+    is wider than `NARROW_AT` and the narrow one is narrower; (None, source) without ``dot``."""
+    graph = region_diagram(trace, **how)
+    image = svg(graph)
+    if image is not None and svg_size(image)[0] > NARROW_AT:
+        narrow = svg(region_diagram(trace, narrow=True, **how))
+        if narrow is not None and svg_size(narrow)[0] < svg_size(image)[0]:
+            return narrow, graph.source
+    return image, graph.source
+
+
 def _diagram_parts(trace: TraceReport, trees: str = "below") -> tuple[str, str, bool]:
     """(the diagram shown, the full one in a closed ``<details>`` or "", drawn by ``dot``); ``trees``: where the
     module trees (`trees_html`) are from the second part, "below" or "above"."""
-    graph = region_diagram(trace)
-    image = svg(graph)
+    image, source = _draw(trace)
     if image is None:
         return (
             '<div class="tnb-diagram"><p>Graphviz <code>dot</code> is not installed '
             "(<code>apt-get install graphviz</code>): the diagram as DOT source.</p>"
-            f'<pre class="tnb-dot">{esc(graph.source)}</pre></div>',
+            f'<pre class="tnb-dot">{esc(source)}</pre></div>',
             "",
             False,
         )
     w, h = svg_size(image)
-    full = "subgraph cluster_" in graph.source
+    full = "subgraph cluster_" in source
     if full and (w > FIT[0] or h > FIT[1]):
-        small = svg(region_diagram(trace, collapse=True))
+        small, _ = _draw(trace, collapse=True)
         if small is not None:
             what = _full_what(trace, w, h)
             if w > 2 * COLUMN or len(image) > FULL_MAX_BYTES:
@@ -327,9 +343,13 @@ def _launch_html(report: Report) -> str:
 
 
 def report_html(report: Report) -> str:
-    """Return the HTML report: header, then per trace its diagram, defects, lifetimes and source views."""
+    """Return the HTML report: header, then per trace its diagram, defects, lifetimes and source views.
+
+    Its pictures are ``<img>`` elements (`thunder_nb.render.backend.svgs_to_imgs`): a stored notebook opened untrusted
+    (JupyterLab, GitHub) sanitizes inline SVG away.
+    """
     body = _header_html(report) + "".join(trace_html(t) for t in report.traces)
-    return f'<div class="thunder-nb">{CSS}{body}</div>'
+    return svgs_to_imgs(f'<div class="thunder-nb">{CSS}{body}</div>')
 
 
 def report_mimebundle(report: Report, include: Iterable[str] | None = None,
@@ -357,7 +377,7 @@ def side_by_side_html(original: Report, fixed: Report) -> str:
             t = next((t for t in rep.traces if t.kind == kind), None)
             cells.append(f"<div>{trace_html(t)}</div>" if t is not None else f"<div><p>no {esc(kind)} trace</p></div>")
         rows.append(f'<div class="tnb-side-row">{"".join(cells)}</div>')
-    return f'<div class="thunder-nb">{CSS}<div class="tnb-side">{"".join(rows)}</div></div>'
+    return svgs_to_imgs(f'<div class="thunder-nb">{CSS}<div class="tnb-side">{"".join(rows)}</div></div>')
 
 
 def _pane_trace_html(trace: TraceReport, views: Sequence[str], *, ran: bool = True) -> tuple[str, bool]:
