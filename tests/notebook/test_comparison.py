@@ -203,7 +203,7 @@ def test_cpu_timings_are_careful_and_say_they_are_no_graph_timings(seed_stock):
     assert text.startswith("eager ") and "fixed " in text and "original (stock) " in text
     assert text.endswith(
         f": median (10th-90th percentile) of 2 calls after 2 warm-up calls, {c.threads} CPU threads; "
-        "regions ran as plain Python, so these are no CUDA-graph timings"
+        "on the CPU these mean little: regions ran as plain Python, so they say nothing of CUDA graphs' speed"
     )
     assert c.verdict().endswith("eager mode (no GPU): no CUDA graph captured, no speed compared")
 

@@ -210,8 +210,11 @@ def test_a_gpu_only_paragraph_is_left_out_of_the_cpu_runs_check_and_no_other():
 RETIRED = ("inductor decides for", "AccumulateGrad node's stream does not match",
            "nor a parameter or module buffer", "tensors copied out in 3 calls",
            "another instance serves the next call (rotation)", "RecaptureWarning: thunder-nb:",
-           "listed by module below and in the generated code", "CUDAGraph1 · 1 op · not run", "CUDAGraph1: not run, ≈")
-STALE: set = set()
+           "listed by module below and in the generated code", "CUDAGraph1 · 1 op · not run", "CUDAGraph1: not run, ≈",
+           # issue 53: the verdict counts error defects by trace as the diagram keys do, and words a hazard the run did
+           # not show as what it would do, and when (amber)
+           "more wrong result", "more error)", "equal to eager in this run (would be wrong")
+STALE: set = {"01_del_bug", "04_training_step", "05_nanogpt_training", "06_real_model"}
 
 
 def test_stored_outputs_show_nothing_the_code_no_longer_prints(stored, request):

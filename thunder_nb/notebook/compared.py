@@ -253,7 +253,8 @@ class Comparison:
         how = f"median (10th-90th percentile) of {self.repeats} calls after {self.warmup} warm-up calls"
         if not self.on_cuda:
             # NOTE: on the CPU the regions run as plain Python: these numbers say nothing about CUDA graphs
-            how += f", {self.threads} CPU threads; regions ran as plain Python, so these are no CUDA-graph timings"
+            how += (f", {self.threads} CPU threads; on the CPU these mean little: regions ran as plain Python, so "
+                    "they say nothing of CUDA graphs' speed")
         elif self.capture is False:
             how += "; capture off, so these are no CUDA-graph timings"
         return ", ".join(times) + f": {how}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import linecache
+import warnings
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -80,9 +81,12 @@ def whole_step_and_show(cell: MagicCell, args: Any, model: Any, fn: Any, optimiz
     from ..step import compare_step
 
     try:
-        result = compare_step(model, fn, optimizer, *batch, repeats=args.repeats, executors=executors,
-                              capture=capture_mode(args.capture), execute=not args.no_run,
-                              progress=progress)
+        with warnings.catch_warnings():
+            # NOTE: thunder warns at its first import about an optional executor nobody asked for (as compare hides it)
+            warnings.filterwarnings("ignore", message="transformer_engine module not found")
+            result = compare_step(model, fn, optimizer, *batch, repeats=args.repeats, executors=executors,
+                                  capture=capture_mode(args.capture), execute=not args.no_run,
+                                  progress=progress)
     except Exception as e:
         progress.clear()
         where = failures.user_frame(e.__traceback__)
