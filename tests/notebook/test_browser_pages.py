@@ -9,6 +9,8 @@ to ``out/test-artifacts/`` (their paths are printed at the end).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -40,6 +42,18 @@ def exported(tmp_path_factory) -> dict[str, tuple[Path, nbformat.NotebookNode, b
     return pages
 
 
+@pytest.fixture(scope="module")
+def nbconverted(tmp_path_factory) -> dict[str, Path]:
+    """name -> the page ``jupyter nbconvert --to html`` makes of the committed notebook (its default template)."""
+    out = tmp_path_factory.mktemp("nbconvert")
+    pages = {}
+    for path in NOTEBOOKS:
+        subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--output-dir", str(out), str(path)],
+                       check=True, capture_output=True, timeout=300)
+        pages[path.name] = out / path.with_suffix(".html").name
+    return pages
+
+
 def _cells_with_pictures(nb) -> list[tuple[int, nbformat.NotebookNode, bool]]:
     """(index, cell, is a magic cell) of every code cell whose outputs hold a diagram: an SVG output or the magic's toggle."""
     found = []
@@ -60,12 +74,25 @@ def _cell(page, cell):
     return page.locator(f'[id="cell-id={cell.id}"]')
 
 
+#: Why nbconvert's default page of a notebook with saved widget state shows no diagram of the magic without JavaScript:
+#: nbconvert writes only the widget view of an output whose model the state holds (its WidgetsDataTypeFilter), never the
+#: text/html beside it, and the view needs JavaScript. Owed: the static fallback as an output of its own.
+NBCONVERT_WIDGET = ("nbconvert's default template writes only the widget view of a toggle whose state the notebook "
+                    "holds, not its text/html fallback: the fallback must become an output of its own (issue 53.1)")
+
+
+@pytest.mark.parametrize("kind", ["export", "nbconvert"])
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
-def test_diagrams_show_without_javascript(name, exported, browser, screenshots):
-    """JavaScript off: every diagram output is visible; each magic output shows the fixed side with its diagrams, the original folded."""
+def test_diagrams_show_without_javascript(name, kind, exported, nbconverted, browser, screenshots, request):
+    """JavaScript off, in thunder-nb's export and in nbconvert's default page: every diagram output is visible; each
+    magic output shows the fixed side with its diagrams, the original folded."""
     from playwright.sync_api import expect
 
     page_path, nb, _ = exported[name]
+    if kind == "nbconvert":
+        page_path = nbconverted[name]
+        if nbcheck.widget_bundles(nb) and "widgets" in nb.metadata:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=NBCONVERT_WIDGET))
     cells = _cells_with_pictures(nb)
     assert cells, f"{name}: no diagram in the stored outputs"
     context, page, blocked, _ = open_offline(browser, page_path, javascript=False)
@@ -83,9 +110,14 @@ def test_diagrams_show_without_javascript(name, exported, browser, screenshots):
                 expect(folded.first.locator("svg").first).to_be_hidden()
                 folded.first.locator("summary").first.click()  # NOTE: <details> opens without JavaScript
                 expect(folded.first.locator("svg").first).to_be_visible()
-        page.screenshot(path=str(ARTIFACTS / f"page-nojs-{Path(name).stem}.png"), full_page=False)
-        screenshots.append(ARTIFACTS / f"page-nojs-{Path(name).stem}.png")
-        assert blocked == [], f"{name}: the page asked the network for {blocked}"
+            # NOTE: an image that is there but not drawn (a broken data: URI) is "visible" too: each must have decoded
+            broken = out.locator("img").evaluate_all("imgs => imgs.filter(i => !(i.naturalWidth > 0)).length")
+            assert broken == 0, f"{where}: {broken} image(s) that did not decode"
+        shot = ARTIFACTS / f"page-nojs-{kind}-{Path(name).stem}.png"
+        page.screenshot(path=str(shot), full_page=False)
+        screenshots.append(shot)
+        if kind == "export":  # NOTE: nbconvert's own page refers to CDNs by design
+            assert blocked == [], f"{name}: the page asked the network for {blocked}"
     finally:
         context.close()
 
