@@ -28,6 +28,21 @@ DEVICE_LINE = re.compile(r"^device: (.+)$", re.M)
 GPU_ONLY = "On a GPU"
 
 
+#: Stored notebooks (the H200 run) whose toggle outputs predate the static fallback as an output of its own (issue 53.1):
+#: the fallback is the text/html of the widget's output, which nbconvert's default page of a notebook with widget state
+#: drops. Tests that need the new format xfail on them, strictly, until the next GPU run (``python -m thunder_nb
+#: notebooks --in-place``) stores it; then the entries go.
+FALLBACK_INSIDE_WIDGET = {"01_del_bug", "04_training_step", "05_nanogpt_training", "06_real_model"}
+#: Stored notebooks whose cells drew the lifetime chart as a raw ``image/svg+xml`` output (``display(SVG(...))``), which
+#: JupyterLab does not render in an untrusted notebook; their source now shows it as HTML (`svg_img`), their stored
+#: outputs await the GPU re-run as above.
+RAW_SVG_OUTPUTS = {"02_islands", "03_lifetimes_and_memory"}
+#: Why a test xfails on a notebook of `FALLBACK_INSIDE_WIDGET` or `RAW_SVG_OUTPUTS`.
+OWED_GPU_RUN = ("stored outputs from the H200 run before issue 53.1's change (the toggle's fallback an output of its "
+                "own; no raw image/svg+xml output): a GPU re-run of the notebook is owed (python -m thunder_nb notebooks "
+                "--in-place), then its entry in nbcheck goes")
+
+
 def markdown(nb, *, cpu_run: bool = False) -> str:
     """All markdown cells' text (for a CPU run, without the paragraphs that start with `GPU_ONLY`)."""
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
@@ -131,21 +146,33 @@ class _Fallback(HTMLParser):
         (self.shown_text if all(self.stack) else self.folded_text).append(data)
 
 
-def fallback_problems(bundle: dict, labels: list[str]) -> list[str]:
-    """What is wrong with the static fallback of a widget's output bundle (empty: nothing).
+def fallback_problems(outputs: list, at: int, labels: list[str]) -> list[str]:
+    """What is wrong with the static fallback of the widget that output ``at`` of a cell's ``outputs`` shows (empty:
+    nothing).
 
-    The fallback is the ``text/html`` next to the widget view: both sides rendered, the fixed one
-    shown with its diagrams inline, the original folded in a closed ``<details>`` with its own.
+    The fallback is an output of its own right after the widget's (nbconvert's HTML of a notebook with widget state
+    writes only the widget view of the widget's output, and untrusted JupyterLab its text): ``text/html`` whose outer
+    element has the class ``tnb-fallback-<the widget's model id>`` (so that the drawn widget hides it), both sides
+    rendered, the fixed one shown with its diagrams, the original folded in a closed ``<details>`` with its own. The
+    widget's output holds no ``text/html`` of its own (frontends without the widget would show the sides twice).
     """
-    html = bundle.get("text/html")
+    bundle = outputs[at].get("data", {})
+    if "text/html" in bundle:
+        return ["the widget's output holds text/html: nbconvert's page of a notebook with widget state drops it, and a "
+                "frontend without the widget shows it next to the fallback (the fallback must be an output of its own)"]
+    model_id = bundle.get(WIDGET_VIEW, {}).get("model_id", "")
+    html = outputs[at + 1].get("data", {}).get("text/html") if at + 1 < len(outputs) else None
     if not html:
-        return [f"the output bundle has only {sorted(bundle)}: without a live kernel the widget shows nothing "
-                "(no text/html static fallback)"]
+        return [f"no text/html output after the widget's ({sorted(bundle)}): without a live kernel the widget shows "
+                "nothing (no static fallback)"]
     html = html if isinstance(html, str) else "".join(html)
+    problems = []
+    if not re.search(rf'^<div class="[^"]*\btnb-fallback-{re.escape(model_id)}\b', html):
+        problems.append(f"the output after the widget's is not named tnb-fallback-{model_id}: the drawn widget cannot "
+                        "hide it, so the reader sees both sides twice")
     p = _Fallback()
     p.feed(html)
     p.close()
-    problems = []
     if not p.svg_shown:
         problems.append("no diagram (<svg>, or <img> of one) shown outside a closed <details>: the fixed side is not open")
     if not p.closed_details:
@@ -159,6 +186,12 @@ def fallback_problems(bundle: dict, labels: list[str]) -> list[str]:
         if fixed not in "".join(p.shown_text):
             problems.append(f"{fixed!r} is not in the shown part")
     return problems
+
+
+def toggle_outputs(nb) -> list[tuple[int, list, int]]:
+    """(cell index, the cell's outputs, index of the widget's output among them) of every output that shows a widget."""
+    return [(i, cell.outputs, j) for i, cell in enumerate(nb.cells) for j, o in enumerate(cell.get("outputs", []))
+            if WIDGET_VIEW in o.get("data", {})]
 
 
 #: Terms the notebooks use that a newcomer does not know: each must be emphasised (``*term*`` or

@@ -217,6 +217,10 @@ def _check_toggle(page, name: str, screenshots: list[Path], *, whole_page: bool)
     expect(box.locator(".widget-toggle-button.mod-active")).to_have_text(FIXED_LABEL)
     expect(fixed).to_be_visible()
     expect(fixed.locator(".tnb-diagram svg").first).to_be_visible()  # the region diagram
+    # NOTE: the static fallback, an output of its own after the widget's, is hidden where the widget is drawn, with the
+    # output that holds it: each diagram shows once
+    expect(page.locator(".tnb-static").first).to_be_attached()
+    expect(page.locator(".tnb-static").first).to_be_hidden()
     lifetimes = fixed.locator("svg.tnb-lifetime").first
     expect(lifetimes).to_be_hidden()  # NOTE: closed by default, one click away
     fixed.locator("summary", has_text="lifetimes").first.click()

@@ -41,15 +41,28 @@ def test_text_points_only_inside_the_repository(stored):
     assert "bench/results" not in nbcheck.markdown(nb), f"{path.name}: show the numbers, don't send the reader to bench/results/"
 
 
-def test_every_magic_output_has_a_static_fallback(stored):
-    """The widget's output bundle also holds text/html: both sides, the fixed one open, the original folded, diagrams inline."""
+def test_every_magic_output_has_a_static_fallback(stored, request):
+    """After the widget's output comes its static fallback, an output of its own: both sides, the fixed one open, the
+    original folded, diagrams as images, named after the widget so that the drawn widget hides it."""
     path, nb = stored
+    if path.stem in nbcheck.FALLBACK_INSIDE_WIDGET:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=nbcheck.OWED_GPU_RUN))
     magic_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith(nbcheck.MAGIC)]
-    bundles = nbcheck.widget_bundles(nb)
-    assert sorted({i for i, _ in bundles}) == magic_cells, f"{path.name}: each magic cell shows one toggle"
-    for i, bundle in bundles:
-        problems = nbcheck.fallback_problems(bundle, nbcheck.toggle_labels(nb, bundle))
+    toggles = nbcheck.toggle_outputs(nb)
+    assert sorted({i for i, _, _ in toggles}) == magic_cells, f"{path.name}: each magic cell shows one toggle"
+    for i, outputs, at in toggles:
+        problems = nbcheck.fallback_problems(outputs, at, nbcheck.toggle_labels(nb, outputs[at]["data"]))
         assert not problems, f"{path.name}, cell {i}: " + "; ".join(problems)
+
+
+def test_no_raw_svg_output(stored, request):
+    """No output is a bare image/svg+xml (``display(SVG(...))``): JupyterLab does not render one in an untrusted
+    notebook, as a stored notebook opens; a picture goes out as HTML with an <img> (``thunder_nb.render.backend.svg_img``)."""
+    path, nb = stored
+    if path.stem in nbcheck.RAW_SVG_OUTPUTS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=nbcheck.OWED_GPU_RUN))
+    raw = [i for i, c in enumerate(nb.cells) for o in c.get("outputs", ()) if "image/svg+xml" in o.get("data", {})]
+    assert raw == [], f"{path.name}: cells {raw} show an image/svg+xml output, which untrusted JupyterLab leaves blank"
 
 
 def test_stored_outputs_come_from_the_gpu_the_text_names(stored):
@@ -134,7 +147,7 @@ def test_files_check_catches_a_pointer_outside_the_repository(tmp_path):
 
 
 GOOD_FALLBACK = (
-    "<div><b>fixed</b><svg><text>diagram</text></svg>"
+    '<div class="thunder-nb tnb-static tnb-fallback-m"><b>fixed</b><svg><text>diagram</text></svg>'
     "<details><summary>original (stock)</summary><svg></svg></details></div>"
 )
 
@@ -143,18 +156,24 @@ GOOD_FALLBACK = (
     "html, problem",
     [
         (GOOD_FALLBACK, None),
-        (None, "no text/html static fallback"),
+        (None, "no static fallback"),
+        (GOOD_FALLBACK.replace("tnb-fallback-m", "tnb-fallback-other"), "cannot hide it"),
         (GOOD_FALLBACK.replace("<details>", "<details open>"), "no closed <details>"),
-        ("<div>fixed<details><summary>original (stock)</summary><svg></svg></details></div>", "the fixed side is not open"),
+        ('<div class="tnb-fallback-m">fixed<details><summary>original (stock)</summary><svg></svg></details></div>',
+         "the fixed side is not open"),
         (GOOD_FALLBACK.replace("<svg></svg></details>", "</details>"), "original side's diagrams are missing"),
         (GOOD_FALLBACK.replace("original (stock)", "original"), "'original (stock)' is not inside the closed <details>"),
+        ("inside", "be an output of its own"),
     ],
 )
 def test_fallback_check(html, problem):
-    bundle = {nbcheck.WIDGET_VIEW: {"model_id": "m"}, "text/plain": "VBox(...)"}
-    if html is not None:
-        bundle["text/html"] = html
-    problems = nbcheck.fallback_problems(bundle, ["original (stock)", "fixed"])
+    widget = {nbcheck.WIDGET_VIEW: {"model_id": "m"}, "text/plain": "toggle: original (stock) | fixed"}
+    if html == "inside":  # NOTE: the format before issue 53.1: the fallback in the widget's own output
+        widget["text/html"] = GOOD_FALLBACK
+    outputs = [nbformat.v4.new_output("display_data", data=widget)]
+    if html not in (None, "inside"):
+        outputs.append(nbformat.v4.new_output("display_data", data={"text/html": html}))
+    problems = nbcheck.fallback_problems(outputs, 0, ["original (stock)", "fixed"])
     if problem is None:
         assert problems == []
     else:

@@ -63,16 +63,14 @@ def test_runs_without_errors(executed):
 
 @pytest.mark.slow
 def test_draws_svg(executed):
-    """A diagram or a lifetime view is drawn: an SVG output, or SVG inside an HTML output or a widget pane."""
+    """A diagram or a lifetime view is drawn: an SVG (or an <img> of one) in an HTML output or a widget pane, and never
+    a bare image/svg+xml output, which JupyterLab leaves blank in an untrusted notebook."""
     name, nb = executed
-    texts = []
-    for o in _outputs(nb):
-        data = o.get("data", {})
-        if "image/svg+xml" in data:
-            texts.append("<svg")
-        texts.append(str(data.get("text/html", "")))
+    raw = [o for o in _outputs(nb) if "image/svg+xml" in o.get("data", {})]
+    assert raw == [], f"{name}: {len(raw)} image/svg+xml output(s): show a picture as HTML (svg_img)"
+    texts = [str(o.get("data", {}).get("text/html", "")) for o in _outputs(nb)]
     texts += [str(m["state"].get("value", "")) for m in _widget_state(nb).values()]
-    assert any("<svg" in t for t in texts), f"{name}: no SVG anywhere in its outputs"
+    assert any("<svg" in t or 'src="data:image/svg+xml;base64,' in t for t in texts), f"{name}: no SVG in its outputs"
 
 
 @pytest.mark.slow
@@ -122,10 +120,10 @@ def test_cpu_run_says_what_it_does(executed):
 
 @pytest.mark.slow
 def test_static_fallback(executed):
-    """Each magic output carries a static HTML copy of both sides next to the widget view."""
+    """After each magic's widget comes a static HTML copy of both sides, an output of its own that the widget hides."""
     name, nb = executed
-    for i, bundle in nbcheck.widget_bundles(nb):
-        problems = nbcheck.fallback_problems(bundle, nbcheck.toggle_labels(nb, bundle))
+    for i, outputs, at in nbcheck.toggle_outputs(nb):
+        problems = nbcheck.fallback_problems(outputs, at, nbcheck.toggle_labels(nb, outputs[at]["data"]))
         assert not problems, f"{name}, cell {i}: " + "; ".join(problems)
 
 

@@ -1,5 +1,6 @@
 """The toggle widget in a real kernel (nbclient): outputs, the widget state a static export is built from, and
-the static HTML fallback in the same output that frontends without the widget's JavaScript show."""
+the static HTML fallback, an output of its own after the widget's, that frontends without the widget's JavaScript show
+and the widget's panes hide."""
 
 from __future__ import annotations
 
@@ -62,11 +63,12 @@ def test_no_errors(executed):
 
 def test_outputs_in_order(executed):
     magic = [o for o in executed.cells[1].outputs if o["output_type"] == "display_data"]
-    assert len(magic) == 4
-    verdict, following, view, run = magic
+    assert len(magic) == 5
+    verdict, following, view, fallback, run = magic
     assert following["data"]["text/plain"].startswith("next: ")  # what to do next, under the verdict
     assert "fixed: 1 region, 0 islands, matches eager" in verdict["data"]["text/plain"]  # progress became the verdict
     assert VIEW in view["data"]
+    assert set(fallback["data"]) == {"text/html"} and "tnb-static" in fallback["data"]["text/html"]
     assert "timings" in run["data"]["text/plain"] and "<table" in run["data"]["text/html"]
 
 
@@ -101,13 +103,18 @@ def test_toggle_needs_two_labels():
         toggle("<b>a</b>", "<b>b</b>", labels=("one",))
 
 
-def test_the_widget_output_carries_a_static_fallback(executed):
-    """One output: the live widget, and static HTML of both sides (fixed open, original in <details>) and text."""
-    (view,) = [o for o in executed.cells[1].outputs if VIEW in o.get("data", {})]
-    data = view["data"]
-    assert set(data) == {VIEW, "text/html", "text/plain"}
-    assert data["text/plain"] == "".join(o.get("text", "") for o in executed.cells[2].outputs).strip()  # the verdict
-    static = data["text/html"]
+def test_the_static_fallback_is_an_output_of_its_own_that_the_widget_hides(executed):
+    """The widget's output is its view and a text line, no text/html (nbconvert would write only the view, untrusted
+    JupyterLab both); the next output is static HTML of both sides (fixed open, original in <details>), named after
+    the widget's model, and each pane of the widget carries the style that hides it where the widget is drawn."""
+    outs = executed.cells[1].outputs
+    (at,) = [i for i, o in enumerate(outs) if VIEW in o.get("data", {})]
+    data, fallback = outs[at]["data"], outs[at + 1]["data"]
+    assert set(data) == {VIEW, "text/plain"}
+    assert data["text/plain"] == "toggle: original (stock) | fixed"
+    model_id = data[VIEW]["model_id"]
+    static = fallback["text/html"]
+    assert f'<div class="thunder-nb tnb-static tnb-fallback-{model_id}">' in static
     fixed_at, original_at = static.index("g: fixed"), static.index("<details><summary>original (stock)</summary>")
     assert fixed_at < original_at < static.index("g: original (stock)")
     if shutil.which("dot"):
@@ -116,6 +123,11 @@ def test_the_widget_output_carries_a_static_fallback(executed):
         assert static[:original_at].count('<img class="tnb-img tnb-diagram-img"') >= 1  # the fixed side's diagram
         assert static[original_at:].count('<img class="tnb-img tnb-diagram-img"') >= 1  # the original's, in <details>
     assert "<script" not in static
+    state = executed.metadata["widgets"][STATE]["state"]
+    stack = next(m for m in state.values() if m["model_name"] == "StackModel")
+    for child in stack["state"]["children"]:
+        pane = state[child.removeprefix("IPY_MODEL_")]["state"]["value"]
+        assert pane.startswith(f"<style>.tnb-fallback-{model_id},.jp-OutputArea-child:has(.tnb-fallback-{model_id})")
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz's dot on PATH (apt-get install graphviz)")

@@ -44,7 +44,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # goes at the end of the body, where nbconvert's loader would append it; it renders on the window's
 # load event, so the saved widget state that the template writes after it is there by then. MathJax,
 # which nbconvert always loads from a CDN, is kept only for a notebook with LaTeX in it. A widget view is
-# the lab template's, plus the output's text/html (the toggle's static fallback) in a <noscript> inside it.
+# the lab template's, plus the output's text/html in a <noscript> inside it: the toggle's static fallback in outputs
+# written before it became an output of its own (issue 53.1), which the widget's panes hide where it is drawn.
 _TEMPLATE_NAME = "thunder_nb_standalone.html.j2"
 _TEMPLATE = """\
 {%- extends 'index.html.j2' -%}

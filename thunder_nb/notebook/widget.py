@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # NOTE: ipywidgets is imported only when a widget is built
 
     from .comparison import Comparison
 
-__all__ = ["TOGGLE_CLASS", "VIEWS", "SIDE_VIEWS", "parse_views", "side_html", "static_html", "toggle", "comparison_toggle"]
+__all__ = ["TOGGLE_CLASS", "VIEWS", "SIDE_VIEWS", "parse_views", "side_html", "static_html", "fallback_class",
+           "hide_fallback_css", "toggle", "comparison_toggle"]
 
 #: The toggle box's class (`thunder_nb.render.html.CSS` styles it).
 TOGGLE_CLASS = "thunder-nb-toggle"
@@ -36,22 +37,44 @@ def parse_views(spec: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(v for v in VIEWS if v in names)
 
 
-def static_html(original_html: str, fixed_html: str, labels: Sequence[str] = ("original", "fixed")) -> str:
+def static_html(original_html: str, fixed_html: str, labels: Sequence[str] = ("original", "fixed"), *,
+                hidden_by: str | None = None) -> str:
     """The toggle without JavaScript: the fixed pane shown, the original in a ``<details>`` below it.
 
-    This is what a page without the widget's JavaScript shows (GitHub, nbviewer without JavaScript,
-    ``nbconvert --to markdown``, a notebook opened after its kernel is gone), and what JupyterLab shows of a stored
-    notebook that is not trusted: the panes' SVG pictures become ``<img>`` elements (`svgs_to_imgs`), which its
-    sanitizer lets through where it removes inline SVG.
+    This is what a page without the widget's JavaScript shows (GitHub, nbviewer, nbconvert's HTML with JavaScript off,
+    ``nbconvert --to markdown``), and what JupyterLab shows of a stored notebook that is not trusted: the panes' SVG
+    pictures become ``<img>`` elements (`svgs_to_imgs`), which its sanitizer lets through where it removes inline SVG.
+
+    Args:
+        hidden_by: the model id of the toggle this stands in for: the fallback gets the class `fallback_class` of it,
+            which the toggle's panes hide (`hide_fallback_css`) wherever the widget is drawn.
     """
     from ..render.backend import svgs_to_imgs
     from ..render.common import esc
     from ..render.html import CSS
 
+    cls = f" {fallback_class(hidden_by)}" if hidden_by else ""
     return svgs_to_imgs(
-        f'<div class="thunder-nb tnb-static">{CSS}{fixed_html}'
+        f'<div class="thunder-nb tnb-static{cls}">{CSS}{fixed_html}'
         f"<details><summary>{esc(labels[0])}</summary>{original_html}</details></div>"
     )
+
+
+def fallback_class(model_id: str) -> str:
+    """The class of the static fallback that stands in for the toggle whose model id is ``model_id``."""
+    return f"tnb-fallback-{model_id}"
+
+
+def hide_fallback_css(model_id: str) -> str:
+    """A ``<style>`` that hides the static fallback of toggle ``model_id``, with the output (JupyterLab, Notebook 7,
+    Voila, nbconvert's pages; classic Notebook) that holds it.
+
+    It sits in the toggle's panes, so it is in the page only where the widget manager drew the toggle: a page without
+    JavaScript, an untrusted notebook or a toggle whose model is gone never has it, and shows the fallback.
+    """
+    cls = fallback_class(model_id)
+    return (f"<style>.{cls},.jp-OutputArea-child:has(.{cls}),.output_area:has(.{cls})"
+            "{display:none!important}</style>")
 
 
 @functools.cache
@@ -60,10 +83,13 @@ def _toggle_box() -> type:
     import ipywidgets as widgets
 
     class ToggleBox(widgets.VBox):
-        """A ``VBox`` (same model) whose display also carries a static HTML fallback and a text line.
+        """A ``VBox`` (same model) whose display is two outputs: the live widget, and its static HTML fallback.
 
-        One output holds ``application/vnd.jupyter.widget-view+json`` (the live widget), ``text/html``
-        (`static_html`) and ``text/plain``: each frontend picks what it can show.
+        The first output holds ``application/vnd.jupyter.widget-view+json`` and a ``text/plain`` line; the second
+        ``text/html`` (`static_html`), which the widget's panes hide where the widget is drawn (`hide_fallback_css`).
+        nbconvert's HTML of a notebook with widget state writes only the widget view of an output that has one, and
+        JupyterLab shows an untrusted notebook's widget output as its text: the fallback beside the view would be lost
+        in both, so it is an output of its own.
         """
 
         def __init__(self, children, *, static: str, text: str, **kwargs):
@@ -73,8 +99,17 @@ def _toggle_box() -> type:
         def _repr_mimebundle_(self, **kwargs):
             data = super()._repr_mimebundle_(**kwargs) or {}
             data["text/plain"] = self._thunder_nb_text
-            data["text/html"] = self._thunder_nb_static
             return data
+
+        def fallback_mimebundle(self) -> dict[str, str]:
+            """The second output: the static fallback (`static_html`), hidden where the widget is drawn."""
+            return {"text/html": self._thunder_nb_static}
+
+        def _ipython_display_(self):
+            from IPython.display import display
+
+            display(self._repr_mimebundle_(), raw=True)
+            display(self.fallback_mimebundle(), raw=True)
 
     return ToggleBox
 
@@ -85,13 +120,13 @@ def toggle(original_html: str, fixed_html: str, labels: Sequence[str] = ("origin
 
     The buttons' ``index`` is `jslink`-ed to a `Stack`'s ``selected_index``, so switching needs no
     kernel: it works in a live notebook, in Voila and in an exported HTML page with widget state.
-    Displayed, the box also carries `static_html` of both views and ``text`` for frontends that
-    cannot run the widget.
+    Displayed, the box is two outputs: the widget (with ``text`` as its ``text/plain``) and `static_html` of both
+    views, an output of its own that the widget's panes hide wherever the widget is drawn.
 
     Args:
         original_html, fixed_html: the two panes (HTML fragments, e.g. from `side_html`).
         labels: the two buttons' labels.
-        text: the ``text/plain`` form (default: the labels).
+        text: the ``text/plain`` form of the widget's output (default: ``toggle: original | fixed``).
 
     Returns:
         A ``VBox`` of the ``ToggleButtons`` and the ``Stack``, showing the fixed pane.
@@ -104,8 +139,13 @@ def toggle(original_html: str, fixed_html: str, labels: Sequence[str] = ("origin
     panes = [widgets.HTML(value=original_html), widgets.HTML(value=fixed_html)]
     stack = widgets.Stack(children=panes, selected_index=1)
     link = widgets.jslink((buttons, "index"), (stack, "selected_index"))
-    box = _toggle_box()([buttons, stack], static=static_html(original_html, fixed_html, labels),
-                        text=text or f"{labels[1]} | {labels[0]}")
+    box = _toggle_box()([buttons, stack], static="", text=text or f"toggle: {labels[0]} | {labels[1]}")
+    # NOTE: the fallback is named after the box's model, and each pane (the Stack may draw only the one it shows)
+    # carries the style that hides it
+    box._thunder_nb_static = static_html(original_html, fixed_html, labels, hidden_by=box.model_id)
+    hide = hide_fallback_css(box.model_id)
+    for pane, html in zip(panes, (original_html, fixed_html)):
+        pane.value = hide + html
     # NOTE: `CSS` hides ipywidgets' broken-link mark (.jupyter-widgets-disconnected) inside this class: a stored toggle
     # switches without a kernel (jslink), so "disconnected" is no fault of it
     box.add_class(TOGGLE_CLASS)
@@ -122,5 +162,4 @@ def comparison_toggle(comparison: Comparison, views: Iterable[str] = SIDE_VIEWS)
         side_html(comparison.original, views, title=f"{comparison.function}: {label}"),
         side_html(comparison.fixed, views, title=f"{comparison.function}: fixed"),
         labels=(label, "fixed"),
-        text=comparison.verdict(),
     )
