@@ -79,14 +79,20 @@ def final_outputs(cap) -> list[dict]:
 
 def run_magic(ip, line: str, cell: str):
     """Run the magic; its outputs as a notebook keeps them, the "next" line under the verdict taken out (checked to be
-    there, right under it: `next_of` gives it)."""
+    there, right under it: `next_of` gives it), and the toggle's static fallback (checked to follow the widget's
+    output, named after its model: `tests/notebook/test_widget_kernel.py` checks its content)."""
     with capture_output() as cap:
         result = ip.run_cell_magic("thunder_cudagraph", line, cell)
     assert result is None
     outs = final_outputs(cap)
     nexts = [i for i, o in enumerate(outs) if o.get("text/plain", "").startswith("next: ")]
     assert nexts == [1], [o.get("text/plain", "")[:60] for o in outs]
-    return [o for i, o in enumerate(outs) if i != 1], cap
+    fallbacks = [i for i, o in enumerate(outs) if "tnb-static" in o.get("text/html", "")]
+    views = [i for i, o in enumerate(outs) if VIEW in o]
+    assert fallbacks == [i + 1 for i in views], (fallbacks, views)
+    for i in views:
+        assert f'tnb-static tnb-fallback-{outs[i][VIEW]["model_id"]}"' in outs[i + 1]["text/html"]
+    return [o for i, o in enumerate(outs) if i != 1 and i not in fallbacks], cap
 
 
 def next_of(cap) -> str:
