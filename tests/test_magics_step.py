@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 
-from thunder_nb.step_report import StepComparison
+from thunder_nb.step.report import StepComparison
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
 

@@ -482,7 +482,7 @@ def test_jit_step_and_thunder_nb_jit_take_the_same_executors():
 
 def test_the_step_takes_captures_one_vocabulary_plus_the_cpu_stand_in():
     """jit_step's ``capture`` is thunder-nb's vocabulary (auto, True/'on', False/'off') plus 'emulated'."""
-    from thunder_nb.step_graph import step_mode
+    from thunder_nb.step.recording import step_mode
 
     cpu = torch.device("cpu")
     assert [step_mode(c, cpu) for c in ("auto", "off", False, "emulated")] == ["emulated", False, False, "emulated"]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from thunder_nb.diagnosis.judge import AUTOCAST, TRAINED, Judgement, judge
-from thunder_nb.step_compare import _eager_step, _judged_note, _tolerance, _without_graphs
+from thunder_nb.step.compare import _eager_step, _judged_note, _tolerance, _without_graphs
 
 
 def _net() -> torch.nn.Module:

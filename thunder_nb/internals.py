@@ -47,6 +47,22 @@ __all__ = [
     "own_parameters",
     "own_buffers",
     "own_modules",
+    "use_counters",
+    "storage_handle",
+    "is_view",
+    "fusion_callable",
+    "wrap_fusion_callable",
+    "set_implementations",
+    "grad_rules",
+    "sdpa_implementation",
+    "inductor_kernel_count",
+    "batch_norm_functional",
+    "signature_info",
+    "drop_signature_args",
+    "module_forward",
+    "set_module_forward",
+    "is_jitted",
+    "jit_transforms",
 ]
 
 #: The versions whose private names this module was written against.
@@ -613,3 +629,104 @@ def compiling_now() -> Any:
 def thunder_modules_of(cd: Any) -> list[Any]:
     """The modules thunder made for a compilation's function: its ``fn`` and the ThunderModules it maps."""
     return [cd.fn, *getattr(cd, "_thunder_module_map", {}).values()]
+
+
+# --- the runtime's other private reads: memory counts, fusions, executors, signatures, jitted functions -----------
+
+
+def use_counters() -> tuple[Callable[[int], int], Callable[[Any], int]]:
+    """torch's C functions that count the users of memory, for the replay guards' C loops: (a storage's use count by
+    its handle, `storage_handle`; a tensor object's C++ use count)."""
+    import torch
+
+    return torch._C._storage_Use_Count, torch.Tensor._use_count
+
+
+def storage_handle(t: Any) -> int:
+    """The handle of ``t``'s storage that `use_counters`' first function reads (``untyped_storage()._cdata``)."""
+    return t.untyped_storage()._cdata
+
+
+def is_view(t: Any) -> bool:
+    """Whether the tensor ``t`` is a view of another (``t._base``)."""
+    return t._base is not None
+
+
+def fusion_callable(bsym: Any) -> Callable[..., Any] | None:
+    """The callable a fusion bound symbol runs under its own name (None: not a fusion)."""
+    return (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name)
+
+
+def wrap_fusion_callable(bsym: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Make the fusion bound symbol ``bsym`` run ``wrap(f)`` in place of its callable ``f``."""
+    name = bsym.sym.name
+    bsym._call_ctx = {name: wrap(bsym._call_ctx[name])}
+
+
+def set_implementations(ex: Any, implmap: dict[Any, Any]) -> None:
+    """Give the executor ``ex`` these implementations (its ``implmap``, which thunder exposes read-only)."""
+    ex._implmap = implmap
+
+
+def grad_rules() -> dict[Any, Any]:
+    """thunder's own backward rules by symbol id (``thunder.core.transforms._grad_fn_map``)."""
+    from thunder.core.transforms import _grad_fn_map
+
+    return _grad_fn_map
+
+
+def sdpa_implementation() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """thunder's sdpa executor's (checker, execution transform, grad transform) of fused attention."""
+    from thunder.executors import sdpaex
+
+    return (sdpaex._scaled_dot_product_attention_checker, sdpaex._scaled_dot_product_attention_fused,
+            sdpaex._scaled_dot_product_attention_grad)
+
+
+def inductor_kernel_count() -> int | None:
+    """How many kernels inductor has generated in this process (None: torch has no such metric)."""
+    try:
+        from torch._inductor import metrics
+    except ImportError:
+        return None
+    return metrics.generated_kernel_count
+
+
+def batch_norm_functional() -> Any:
+    """``aten._native_batch_norm_legit_functional``: a training batch norm that returns its new running statistics."""
+    import torch
+
+    return torch.ops.aten._native_batch_norm_legit_functional
+
+
+def signature_info(trace: Any) -> Any:
+    """``trace``'s record of its signature (the arguments it takes), None where thunder kept none."""
+    return getattr(trace, "_siginfo", None)
+
+
+def drop_signature_args(trace: Any, source: Any, names: Any) -> None:
+    """Give ``trace`` a copy of ``source``'s signature record without the arguments ``names``."""
+    import copy
+
+    trace._siginfo = copy.copy(source._siginfo)
+    trace._siginfo.args = [(name, default) for name, default in source._siginfo.args if name not in names]
+
+
+def module_forward(jfn: Any) -> Callable[..., Any]:
+    """The function a `thunder.ThunderModule` calls as its forward."""
+    return jfn._forward_fn
+
+
+def set_module_forward(jfn: Any, fn: Callable[..., Any]) -> None:
+    """Make the `thunder.ThunderModule` ``jfn`` call ``fn`` as its forward."""
+    jfn._forward_fn = fn
+
+
+def is_jitted(fn: Any) -> bool:
+    """Whether ``fn`` is what ``thunder.jit`` returned (it carries thunder's compile data)."""
+    return hasattr(fn, "_lc_cd")
+
+
+def jit_transforms(jfn: Any) -> list[Any]:
+    """The transforms ``thunder.jit`` was given for ``jfn``, in order."""
+    return jfn._lc_transforms

@@ -122,12 +122,12 @@ def fast_call(jfn: Any) -> Any:
     if getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False) or cd.cache_option not in path.caching:
         return jfn
     module = isinstance(jfn, torch.nn.Module)
-    slow: Callable[..., Any] = jfn._forward_fn if module else jfn
+    slow: Callable[..., Any] = internals.module_forward(jfn) if module else jfn
     call = _hit_path(cd, cs, path, slow, check_aliases=not options.get("skip_inplace_alias_updates", False),
                      split_autograd=not options.get("thunderfx_disable_split_autograd", False),
                      differentiable=options.get("is_differentiable_outputs", None))
     if module:
-        jfn._forward_fn = call
+        internals.set_module_forward(jfn, call)
         return jfn
     return functools.wraps(jfn)(call)
 

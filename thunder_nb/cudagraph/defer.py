@@ -9,11 +9,12 @@ GPU still runs the forward.
 
 from __future__ import annotations
 
-import copy
 from thunder.core import prims
 from thunder.core.proxies import NumberProxy, TensorProxy
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, from_trace
+
+from .. import internals
 
 __all__ = ["defer_returned_items"]
 
@@ -27,7 +28,7 @@ def defer_returned_items(computation: TraceCtx, epilogue: TraceCtx | None) -> tu
     a flat tuple or list whose items the epilogue receives as its own arguments (the shape thunder
     gives a function returning ``loss, loss.item()``). None when there is nothing to move.
     """
-    if epilogue is None or getattr(epilogue, "_siginfo", None) is None or not computation.bound_symbols:
+    if epilogue is None or internals.signature_info(epilogue) is None or not computation.bound_symbols:
         return None  # NOTE: an epilogue without thunder's signature record cannot be given new arguments
     ret = computation.bound_symbols[-1]
     if ret.sym.id is not prims.PrimIDs.RETURN or len(ret.args) != 1:
@@ -68,8 +69,7 @@ def defer_returned_items(computation: TraceCtx, epilogue: TraceCtx | None) -> tu
 
     epi = from_trace(epilogue)
     epi.args = [a for a in epi_args if getattr(a, "name", None) not in gone]
-    epi._siginfo = copy.copy(epilogue._siginfo)
-    epi._siginfo.args = [(name, default) for name, default in epilogue._siginfo.args if name not in gone]
+    internals.drop_signature_args(epi, epilogue, gone)
     from thunder.executors.torchex import item
 
     body = [b for b in epilogue.bound_symbols

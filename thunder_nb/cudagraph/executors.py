@@ -8,8 +8,10 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import internals
+
 __all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "native_convolution",
-           "native_batch_norm", "KERNELS_ATTRIBUTE"]
+           "native_batch_norm"]
 
 
 #: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
@@ -95,12 +97,12 @@ def _island_aware_torch_compile(name: str) -> Any:
                     if has_tags(b, {prims.OpTags.DONT_DCE}):
                         region.outputs.update(variableify(o) for o in b.flat_proxy_outs)
             bsym = super().fuse(region, fusion_counter)
-            name = bsym.sym.name
-            bsym._call_ctx = {name: _counting_kernels(bsym._call_ctx[name])}
+            internals.wrap_fusion_callable(bsym, _counting_kernels)
             return bsym
 
     ex = IslandAwareTorchCompile(f"thunder_nb_{name}", original.required_ops, mode=original.mode)
-    ex._implmap = {op: info for op, info in original._implmap.items() if op not in _backward_in_torch_executor()}
+    internals.set_implementations(ex, {op: info for op, info in original.implmap.items()
+                                       if op not in _backward_in_torch_executor()})
     return ex
 
 
@@ -120,9 +122,7 @@ def _unread_updates(trace: Any) -> frozenset[int]:
     from thunder.core.symbol import has_tags
     from thunder.core.utils import consumers
 
-    from ..internals import is_joint_trace
-
-    if not is_joint_trace(trace):
+    if not internals.is_joint_trace(trace):
         return frozenset()
     readers = consumers(trace)
     unread = set()
@@ -146,15 +146,10 @@ def _backward_in_torch_executor() -> frozenset[str]:
     them as an operator of its own, and refuses them when autodiff asks which executor claims them (max_pool2d,
     max_pool3d and adaptive_avg_pool2d in thunder 0.2.6).
     """
-    from thunder.core.transforms import _grad_fn_map
     from thunder.executors.torchex import ex as torch_ex
 
-    return frozenset(op for op, info in torch_ex.implmap.items()
-                     if info.grad_transform is not None and op not in _grad_fn_map)
-
-
-#: The attribute of a fusion's callable that holds the kernels inductor generated for it when it compiled.
-KERNELS_ATTRIBUTE = "thunder_nb_kernels"
+    rules = internals.grad_rules()
+    return frozenset(op for op, info in torch_ex.implmap.items() if info.grad_transform is not None and op not in rules)
 
 
 def _counting_kernels(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,17 +161,17 @@ def _counting_kernels(fn: Callable[..., Any]) -> Callable[..., Any]:
     """
     import functools
 
+    from ..diagnosis.plans import KERNELS_ATTRIBUTE
+
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
         if wrapper.thunder_nb_first:
             wrapper.thunder_nb_first = False
-            try:
-                from torch._inductor import metrics
-            except ImportError:
+            before = internals.inductor_kernel_count()
+            if before is None:
                 return fn(*args)
-            before = metrics.generated_kernel_count
             out = fn(*args)
-            n = metrics.generated_kernel_count - before
+            n = internals.inductor_kernel_count() - before
             setattr(wrapper, KERNELS_ATTRIBUTE, n if n > 0 else None)
             return out
         return fn(*args)
@@ -200,18 +195,18 @@ def checked_sdpa() -> Any:
     from thunder.executors import sdpaex
     from thunder.extend import OperatorExecutor, register_executor
 
+    sdpa_checker, sdpa_fused, sdpa_grad = internals.sdpa_implementation()
+
     def checker(query, key, value, attn_mask, dropout_p, is_causal, *, scale=None) -> bool:
         tensors = [t for t in (query, key, value, attn_mask) if t is not None]
         if any(t.ndim != 4 for t in tensors) or any(t.shape[0] != query.shape[0] for t in tensors):
             return False
-        return sdpaex._scaled_dot_product_attention_checker(query, key, value, attn_mask, dropout_p, is_causal,
-                                                           scale=scale)
+        return sdpa_checker(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
 
     ex = OperatorExecutor("thunder_nb_sdpa", version=sdpaex.sdpa_ex.version)
     register_executor(ex)
     ex.register_implementation(ltorch.scaled_dot_product_attention, checker=checker,
-                               execution_transform=sdpaex._scaled_dot_product_attention_fused,
-                               grad_transform=sdpaex._scaled_dot_product_attention_grad)
+                               execution_transform=sdpa_fused, grad_transform=sdpa_grad)
     return ex
 
 
@@ -305,9 +300,10 @@ def native_batch_norm() -> Any:
     ex = OperatorExecutor("thunder_nb_batch_norm", version=torch.__version__)
     register_executor(ex)
 
+    functional = internals.batch_norm_functional()
+
     def _forward(a, weight, bias, running_mean, running_var, momentum, eps):
-        return torch.ops.aten._native_batch_norm_legit_functional(a, weight, bias, running_mean, running_var, True,
-                                                                 momentum, eps)
+        return functional(a, weight, bias, running_mean, running_var, True, momentum, eps)
 
     def _forward_meta(a, weight, bias, running_mean, running_var, momentum, eps):
         # NOTE: the batch's mean and inverse standard deviation come in the input's computation dtype (float32 for a

@@ -131,9 +131,8 @@ def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
     return outputs
 
 
-storage_use_count = torch._C._storage_Use_Count
+storage_use_count, tensor_use_count = internals.use_counters()
 _getrefcount = sys.getrefcount
-_use_count = torch.Tensor._use_count
 
 
 def _refcounts(objects: list[Any]) -> list[int]:
@@ -141,13 +140,13 @@ def _refcounts(objects: list[Any]) -> list[int]:
 
 
 def _use_counts(objects: list[Any]) -> list[int]:
-    return list(map(_use_count, objects))
+    return list(map(tensor_use_count, objects))
 
 
 def object_counts(outs: tuple[Any, ...], i: int) -> tuple[int, int]:
     """The Python refcount and the C++ use count of ``outs[i]``: `rebase` adds what they rose by between two readings."""
     o = outs[i]
-    return sys.getrefcount(o), o._use_count()
+    return sys.getrefcount(o), tensor_use_count(o)
 
 
 def foreign_counts(found: list[tuple[Instance, list[int] | None, list[int] | None]]) -> list[tuple]:

@@ -1,4 +1,4 @@
-"""Pure passes over bound symbols: del placement, in-place plans, and what a trace returns."""
+"""Pure passes over bound symbols: del placement and in-place plans."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ __all__ = [
     "written_argument",
     "same_tensor",
     "alias_groups",
-    "returned_names",
     "is_cuda_trace",
 ]
 
@@ -164,17 +163,6 @@ def written_argument(b: BoundSymbol) -> Proxy | None:
 
 def has_in_place(bsyms: Sequence[BoundSymbol]) -> bool:
     return any(b.sym.name in WRITES_ARGUMENT for b in bsyms)
-
-
-def returned_names(trace: TraceCtx) -> set[str]:
-    """Names of the tensors that reach the caller (the user's outputs; every output of a backward)."""
-    out = trace.output
-    if isinstance(out, dict) and "output" in out:
-        out = out["output"]
-    elif isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict) and "output" in out[0]:
-        out = out[0]["output"]
-    flat, _ = tree_flatten(out)
-    return {p.name for p in flat if isinstance(p, TensorProxy)}
 
 
 def is_cuda_trace(trace: TraceCtx) -> bool:

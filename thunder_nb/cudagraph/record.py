@@ -144,7 +144,7 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
     plain: dict[int, Any] = {}
     out = []
     for o in outputs:
-        if (isinstance(o, _Tensor) and o._base is not None and o.untyped_storage().nbytes()
+        if (isinstance(o, _Tensor) and internals.is_view(o) and o.untyped_storage().nbytes()
                 and storage(o) not in graph_inputs):
             alias = plain.get(id(o))
             if alias is None:
@@ -221,12 +221,12 @@ class Recording:
         for s, a, m in zip(static_inputs, args, mask):
             if isinstance(s, torch.Tensor) and not m and share is None:  # NOTE: shared buffers stay the first's
                 self._owner[storage(s)] = inst
-                inst.storages[storage(s)] = [s.untyped_storage()._cdata, 0]
+                inst.storages[storage(s)] = [internals.storage_handle(s), 0]
         for i, o in enumerate(inst.static_outputs):
             if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and storage(o) not in inputs_memory:
                 self._owner[storage(o)] = inst
                 self._own_outputs[id(o)] = (o, storage(o), inst, (o.dtype, o.size(), o.stride()), o.data_ptr())
-                inst.storages.setdefault(storage(o), [o.untyped_storage()._cdata, 0])
+                inst.storages.setdefault(storage(o), [internals.storage_handle(o), 0])
                 inst.objects.setdefault(id(o), [i, 0, 0])
         # NOTE: what it costs: its copies of inputs, and its graph's private pool on a GPU (outputs and intermediates:
         # the segments the allocator holds for it), or its outputs' storages where there is no pool (emulated)

@@ -19,10 +19,11 @@ from thunder.executors.utils import Region
 from thunder.transforms.cudagraph import CUDAGraphTransform
 
 from .. import internals
+from ..diagnosis.ops import returned_names
 from ..diagnosis.plans import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
 from .capture import capture_mode
 from .handout import insert_hand_out
-from .passes import has_in_place, in_place_plan, is_cuda_trace, returned_names
+from .passes import has_in_place, in_place_plan, is_cuda_trace
 from .runner import RunnerOptions, ThunderNBRunner
 
 __all__ = ["RegionTransform", "check_capture", "RUNNER_DEFAULTS", "foreign_fusion"]

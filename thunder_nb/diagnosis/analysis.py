@@ -157,7 +157,7 @@ def analyze_trace(trace: Any, *, kind: str | None = None, arguments: frozenset[s
     from thunder.core.proxies import Proxy
 
     from .. import internals
-    from ..cudagraph.passes import returned_names
+    from .ops import returned_names
 
     source = trace.python()
     fns = parse_functions(source)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import internals
 from .checker import UNKNOWN, TraceFacts, check_trace, classify_statement, is_cuda
 from .model import FusedGroup, Op, Outside, Region, Site, TraceReport, TypeInfo, Value
 from .rules import outside_name
@@ -159,10 +160,10 @@ def _statement(bsym: Any, line: int) -> Op:
 def fused_group(bsym: Any) -> FusedGroup:
     """The `FusedGroup` of a fusion bound symbol: its name, executor, fused ops (names and statements), inductor's
     count of its kernels and its library calls."""
-    from ..cudagraph.executors import KERNELS_ATTRIBUTE
+    from .plans import KERNELS_ATTRIBUTE
 
     fused = [b for b in bsym.subsymbols if base_name(b.sym.name) not in BOOKKEEPING_NAMES]
-    fn = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name)
+    fn = internals.fusion_callable(bsym)
     return FusedGroup(bsym.sym.name, _executor_label(getattr(bsym.sym.executor, "name", "") or ""),
                       tuple(b.sym.name for b in fused), getattr(fn, KERNELS_ATTRIBUTE, None),
                       statements=tuple(_statement(b, k) for k, b in enumerate(fused, start=1)),

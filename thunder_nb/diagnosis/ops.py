@@ -39,6 +39,7 @@ __all__ = [
     "collective_op",
     "alias_root",
     "base_name",
+    "returned_names",
 ]
 
 #: Ops whose result is read by the host: never capturable, whatever their tags say.
@@ -373,3 +374,17 @@ def alias_root(groups: Iterable[Sequence[str]]) -> Callable[[str], str]:
             if a != b:
                 parent[a] = b
     return find
+
+
+def returned_names(trace: Any) -> set[str]:
+    """Names of the tensors that reach the caller (the user's outputs; every output of a backward)."""
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.pytree import tree_flatten
+
+    out = trace.output
+    if isinstance(out, dict) and "output" in out:
+        out = out["output"]
+    elif isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], dict) and "output" in out[0]:
+        out = out[0]["output"]
+    flat, _ = tree_flatten(out)
+    return {p.name for p in flat if isinstance(p, TensorProxy)}

@@ -22,11 +22,16 @@ __all__ = [
     "RegionStats",
     "HandOutStats",
     "GraphRecord",
+    "KERNELS_ATTRIBUTE",
 ]
 
 
 #: The name under which generated code calls the runner's hand-out (`thunder_nb.cudagraph.handout.insert_hand_out`).
 HAND_OUT_NAME = "thunder_nb_hand_out"
+
+#: The attribute of a fusion's callable that holds the kernels inductor generated for it when it compiled
+#: (`thunder_nb.cudagraph.executors` sets it, `thunder_nb.diagnosis.build` reads it).
+KERNELS_ATTRIBUTE = "thunder_nb_kernels"
 
 #: How a region input reaches its graph (`InputPlan.role`).
 INPUT_ROLES: dict[str, str] = {

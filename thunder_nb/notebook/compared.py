@@ -11,18 +11,18 @@ from typing import Any
 from ..diagnosis.model import Report
 from ..render.common import count_phrases, plural
 from .outcome import PEER, Outcome
-from .verdict import (
-    _by_priority,
-    _check_text,
-    _defect_phrase,
+from .verdict import (  # NOTE: _failure_phrase keeps its name while tests/notebook/test_comparison.py reads it
     _failure_phrase,
-    _hazard_phrase,
-    _nothing_captured,
-    _run_phrase,
-    _speed,
-    _tally,
-    _us,
-    _warnings_phrase,
+    by_priority,
+    check_text,
+    defect_phrase,
+    format_us,
+    hazard_phrase,
+    nothing_captured,
+    run_phrase,
+    speed_phrase,
+    tally_phrase,
+    warnings_phrase,
 )
 
 __all__ = ["Comparison"]
@@ -88,17 +88,17 @@ class Comparison:
         went_wrong = self._went_wrong(out)
         if out.failure:
             parts.append(_failure_phrase(out.failure))
-        errors = _by_priority(d for d in report.defects if d.is_error)
-        run = (_run_phrase(out, self) if self.executed else "not run") if not out.error else ""
+        errors = by_priority(d for d in report.defects if d.is_error)
+        run = (run_phrase(out, self) if self.executed else "not run") if not out.error else ""
         if errors and not went_wrong:
             # NOTE: a hazard these inputs did not show is amber: say what it would do, and when
-            hazard = _hazard_phrase(report, errors, captured=self.graphs.get(key, 0) > 0)
+            hazard = hazard_phrase(report, errors, captured=self.graphs.get(key, 0) > 0)
             return parts + [hazard + (f", in this run: {run}" if self.executed and run else ", not run")]
         if errors:
-            tally = _tally(errors)
-            parts.append(_defect_phrase(report, errors[0]) + (f" ({tally})" if tally else ""))
+            tally = tally_phrase(errors)
+            parts.append(defect_phrase(report, errors[0]) + (f" ({tally})" if tally else ""))
         elif report.defects and key == "original":
-            parts.append(_warnings_phrase(report.defects))
+            parts.append(warnings_phrase(report.defects))
         return parts + ([run] if run else [])
 
     def _went_wrong(self, out: Outcome) -> bool:
@@ -113,7 +113,7 @@ class Comparison:
         regions = sum(len(t.regions) for t in rep.traces)
         islands = sum(len(t.islands) for t in rep.traces)
         parts = [plural(regions, "region"), plural(islands, "island")]
-        nothing = _nothing_captured(rep) if regions == 0 else None
+        nothing = nothing_captured(rep) if regions == 0 else None
         if nothing:
             parts.append(nothing)
         parts += self._findings(rep, out, "fixed")
@@ -121,9 +121,9 @@ class Comparison:
             eager_us, fixed_us = self.timings.get("eager"), self.timings.get("fixed")
             # NOTE: a speed-up is only claimed for captured graphs; eager-mode timings say nothing about them
             if self.graphs.get("fixed", 0) > 0 and eager_us and fixed_us:
-                parts.append(_speed(eager_us, fixed_us, "eager"))
+                parts.append(speed_phrase(eager_us, fixed_us, "eager"))
                 if self.timings.get("peer"):
-                    parts.append(_speed(self.timings["peer"], fixed_us, PEER))
+                    parts.append(speed_phrase(self.timings["peer"], fixed_us, PEER))
         return "fixed: " + ", ".join(parts)
 
     def _peer_phrase(self) -> str:
@@ -133,11 +133,11 @@ class Comparison:
             return ""
         if out.failure:
             return f"{PEER}: fails ({out.failure.error_type}), so no speed compared with it"
-        parts = [_run_phrase(out, self)]
+        parts = [run_phrase(out, self)]
         eager_us, peer_us = self.timings.get("eager"), self.timings.get("peer")
         # NOTE: as for the fixed side, a speed only where CUDA graphs are captured (reduce-overhead's own, on CUDA)
         if self.on_cuda and self.capture is not False and eager_us and peer_us:
-            parts.append(_speed(eager_us, peer_us, "eager"))
+            parts.append(speed_phrase(eager_us, peer_us, "eager"))
         return f"{PEER}: " + ", ".join(parts)
 
     def _mode_phrase(self) -> str:
@@ -225,7 +225,7 @@ class Comparison:
                      + (f"; torch.compile {peer.value}" if peer is not None and peer.ran else "")))
         checks = [("fixed", fixed), (f"original ({self.original_kind})", orig)] + ([(PEER, peer)] if peer else [])
         for label, out in checks:
-            rows.append((f"check {label}", _check_text(out, self)))
+            rows.append((f"check {label}", check_text(out, self)))
         if self.training:
             shown = ", ".join(self.trainable[:6]) + (", …" if len(self.trainable) > 6 else "")
             how = f"; an SGD step (lr {self.lr:g}) after each of {self.steps} calls" if self.lr is not None else ""
@@ -247,7 +247,7 @@ class Comparison:
         for key, name in order:
             if key in self.timings:
                 low, high = self.spread.get(key, (self.timings[key], self.timings[key]))
-                times.append(f"{name} {_us(self.timings[key])} ({_us(low, unit=False)}-{_us(high)})")
+                times.append(f"{name} {format_us(self.timings[key])} ({format_us(low, unit=False)}-{format_us(high)})")
         if not times:
             return "-"
         how = f"median (10th-90th percentile) of {self.repeats} calls after {self.warmup} warm-up calls"

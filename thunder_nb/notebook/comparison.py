@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import internals
 from ..cudagraph.capture import capture_mode
 from ..cudagraph.executors import executor_list, jit_executors
 from ..diagnosis.failures import Failure
@@ -124,7 +125,7 @@ def _fatal_defect(run: Any) -> Defect | None:
     """
     from ..diagnosis.analysis import analyze
 
-    if run.jfn is None or not hasattr(run.jfn, "_lc_cd"):
+    if run.jfn is None or not internals.is_jitted(run.jfn):
         return None
     try:
         defects = analyze(run.jfn).defects

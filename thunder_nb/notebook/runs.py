@@ -164,7 +164,7 @@ def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any
     # thunder.jit makes by default
     fixed = Run("fixed", bind(fn, args, kwargs))
     fixed.jfn = jit(fixed.bound.fn, executors=executors or (), capture=capture)
-    fixed.transform = fixed.jfn._lc_transforms[0]
+    fixed.transform = internals.jit_transforms(fixed.jfn)[0]
     orig = Run(original, bind(fn, args, kwargs), _original_transform(original, capture))
     orig.jfn = thunder.jit(orig.bound.fn, transforms=[orig.transform],
                            **({"executors": executors} if executors is not None else {}))

@@ -12,21 +12,22 @@ from ..diagnosis.model import Defect, Report
 from ..render.common import plural
 from .outcome import Outcome
 
-__all__ = ["HAZARDS"]
+__all__ = ["HAZARDS", "by_priority", "check_text", "defect_phrase", "hazard_phrase", "nothing_captured", "run_phrase",
+           "speed_phrase", "tally_phrase", "format_us", "warnings_phrase"]
 
 
-def _speed(slower_us: float, us: float, than: str) -> str:
+def speed_phrase(slower_us: float, us: float, than: str) -> str:
     """``1.8x faster than eager`` (``us`` against ``slower_us``), or ``1.5x slower than ...``."""
     ratio = slower_us / us
     return f"{ratio:.1f}x faster than {than}" if ratio >= 1 else f"{1 / ratio:.1f}x slower than {than}"
 
 
-def _us(x: float, unit: bool = True) -> str:
+def format_us(x: float, unit: bool = True) -> str:
     text = f"{x:.0f}" if x >= 100 else f"{x:.1f}"
     return f"{text} us" if unit else text
 
 
-def _warnings_phrase(defects: Iterable[Defect]) -> str:
+def warnings_phrase(defects: Iterable[Defect]) -> str:
     """``13 warnings (9 never-freed, 4 dead-region-input)``: the count, then the most frequent rules."""
     counts = Counter(d.rule for d in defects)
     top = [f"{n} {rule}" for rule, n in counts.most_common(2)]
@@ -72,7 +73,7 @@ HAZARDS = {
 }
 
 
-def _nothing_captured(report: Report) -> str | None:
+def nothing_captured(report: Report) -> str | None:
     """Why a function with no region has nothing captured: no op computes on a tensor, or each op stands alone."""
     if not any(v.type.kind == "tensor" for t in report.traces for v in t.values):
         return ("nothing to capture: no op computes on a tensor (its arguments are Python numbers, which thunder "
@@ -87,7 +88,7 @@ def _failure_phrase(failure: Failure) -> str:
     return _FAILURE_PHRASES[failure.kind].format(error_type=failure.error_type)
 
 
-def _run_phrase(out: Outcome, c: Any) -> str:
+def run_phrase(out: Outcome, c: Any) -> str:
     if not out.ran:
         return "not run"
     if out.matches:
@@ -112,14 +113,14 @@ def _run_phrase(out: Outcome, c: Any) -> str:
     return text
 
 
-def _check_text(out: Outcome, c: Any) -> str:
+def check_text(out: Outcome, c: Any) -> str:
     if out.failure:
         if out.failure.kind == "no-gpu":
             return f"not run: {failures.NO_GPU}"
         return f"fails at {out.stage}: {out.error}"
     if not out.ran:
         return "not run"
-    text = _run_phrase(out, c)
+    text = run_phrase(out, c)
     if out.max_abs_error is not None:
         text += f" (max abs error {out.max_abs_error:.3g}"
         if c.training and out.grads_max_abs_error is not None:
@@ -138,7 +139,7 @@ _PRIORITY = ("capture-dependent-in-region", "host-sync-in-region", "host-data-in
              "static-input-rebound", "saved-graph-memory", "returned-graph-memory")
 
 
-def _by_priority(defects: Iterable[Defect]) -> list[Defect]:
+def by_priority(defects: Iterable[Defect]) -> list[Defect]:
     ranked = list(defects)
     return sorted(ranked, key=lambda d: _PRIORITY.index(d.rule) if d.rule in _PRIORITY else len(_PRIORITY))
 
@@ -167,7 +168,7 @@ _PHRASES = {
 }
 
 
-def _defect_phrase(report: Report, d: Defect) -> str:
+def defect_phrase(report: Report, d: Defect) -> str:
     """A few words for a defect: ``item inside CUDAGraph1``, ``t9 used after del in CUDAGraph1``."""
     where = d.region or "the top level"
     if d.rule in ("host-sync-in-region", "cpu-op-in-region", "host-data-in-region", "capture-dependent-in-region"):
@@ -184,7 +185,7 @@ def _defect_phrase(report: Report, d: Defect) -> str:
 _TRACE_ORDER = ("forward", "backward")
 
 
-def _tally(defects: Iterable[Defect]) -> str:
+def tally_phrase(defects: Iterable[Defect]) -> str:
     """``8 wrong results: 4 in the forward trace, 4 in the backward``: error defects counted by severity as each
     trace's key counts them (`thunder_nb.diagnosis.model.count_phrases`), and where they are when in more than one
     trace. Empty for a single defect."""
@@ -220,15 +221,15 @@ def _hazard_what(report: Report, d: Defect) -> str:
     subject = subjects.get(d.rule)
     if subject is not None:
         return subject.format(value=d.value, where=d.region or "the top level")
-    return _defect_phrase(report, d)
+    return defect_phrase(report, d)
 
 
-def _hazard_phrase(report: Report, errors: list[Defect], captured: bool) -> str:
+def hazard_phrase(report: Report, errors: list[Defect], captured: bool) -> str:
     """``t106 saved for the backward in graph memory would be wrong when two forwards run before one backward (8 wrong
     results: 4 in the forward trace, 4 in the backward)``: the first error defect (by priority) as a hazard this run did
     not show, when it would show, and how many there are."""
     first = errors[0]
     what, uncaptured, when_captured = HAZARDS.get(first.rule, ("fail", "in another run", "in another run"))
-    tally = _tally(errors)
+    tally = tally_phrase(errors)
     return (f"{_hazard_what(report, first)} would {what} {when_captured if captured else uncaptured}"
             + (f" ({tally})" if tally else ""))

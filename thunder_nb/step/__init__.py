@@ -1,15 +1,16 @@
 """One CUDA graph per training iteration: forward, loss, backward and the optimizer's step, recorded and replayed.
 
-The front door of the whole step: `jit_step` (`thunder_nb.step_graph`, its guards in `thunder_nb.step_guard`),
-`capturability` (`thunder_nb.step_capture`) and `compare_step` (`thunder_nb.step_compare`).
+The front door of the whole step: `jit_step` (`graph`: the call path; `recording`: the capture; `guard`: what a
+replay is guarded on; `optimizer`: what each optimizer needs), `capturability` (`blockers`: what keeps a step from one
+graph) and `compare_step` (`compare`); `report` holds their records.
 """
 
 from __future__ import annotations
 
-from .step_capture import StepRefused, capturability, trace_blockers
-from .step_compare import compare_step
-from .step_graph import RecordAgainWarning, Step, jit_step
-from .step_report import Blocker, Capturability, StepComparison
+from .blockers import StepRefused, capturability, trace_blockers
+from .compare import compare_step
+from .graph import RecordAgainWarning, Step, jit_step
+from .report import Blocker, Capturability, StepComparison
 
 __all__ = ["jit_step", "Step", "StepRefused", "RecordAgainWarning", "capturability", "Capturability", "Blocker",
            "compare_step", "StepComparison", "trace_blockers"]

@@ -10,15 +10,12 @@ from typing import Any
 
 import torch
 
-from . import internals
-from .cudagraph.executors import jit_executors
-from .step_report import Blocker, Capturability
+from .. import internals
+from ..cudagraph.executors import jit_executors
+from .optimizer import optimizer_plan
+from .report import Blocker, Capturability
 
-__all__ = ["capturability", "trace_blockers", "StepRefused", "optimizer_plan", "loss_blocker", "TENSOR_LR"]
-
-#: Optimizers whose capturable step reads ``lr`` from a device tensor (torch 2.11: Adam's and AdamW's foreach and
-#: fused paths): a schedule that changes it on the host needs no new recording.
-TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
+__all__ = ["capturability", "trace_blockers", "StepRefused", "loss_blocker"]
 
 #: What to do about each kind of op that cannot be in a graph (`thunder_nb.diagnosis.ops.classify_bsym`'s reasons).
 _FIXES = {
@@ -77,19 +74,6 @@ def split(batch: Sequence[Any], k: int) -> list[list[Any]]:
     return [list(p) for p in zip(*parts)]
 
 
-def optimizer_plan(optimizer: torch.optim.Optimizer) -> tuple[str, Blocker | None]:
-    """(how the step runs the optimizer, in words; what stops it from being captured, or None)."""
-    name = type(optimizer).__name__
-    if "capturable" in optimizer.defaults:
-        lr = "lr from a device tensor" if isinstance(optimizer, TENSOR_LR) else "lr fixed in the graph"
-        return f"{name} (capturable=True, {lr})", None
-    if isinstance(optimizer, torch.optim.SGD):
-        return f"{name} (no step counter; lr fixed in the graph)", None
-    return name, Blocker("optimizer", name, None,
-                         f"{name} has no capturable step in torch {torch.__version__.split('+')[0]}: use "
-                         "torch.optim.AdamW / Adam (capturable) or SGD", trace="optimizer")
-
-
 # --- where the user's code is -----------------------------------------------------------------------
 
 
@@ -115,7 +99,7 @@ def _at(pos: tuple[str, int] | None) -> dict[str, Any]:
     """A `Blocker`'s ``where``, ``filename`` and ``line`` for the user's line ``(file, line)`` (none when unknown)."""
     if pos is None:
         return {"where": None}
-    from .diagnosis.failures import Where, where_text
+    from ..diagnosis.failures import Where, where_text
 
     file, line = pos
     return {"where": where_text(Where(file, line, linecache.getline(file, line).strip(), "")), "filename": file,
@@ -124,7 +108,7 @@ def _at(pos: tuple[str, int] | None) -> dict[str, Any]:
 
 def caller_line() -> dict[str, Any]:
     """`_at` the line of the user's code that called into thunder-nb: the nearest frame outside the package."""
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # NOTE: thunder_nb/, not step/
     frame = inspect.currentframe()
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame = frame.f_back
@@ -142,7 +126,7 @@ def _definition_line(fn: Any) -> dict[str, Any]:
 
 def where_from_traceback(e: BaseException) -> dict[str, Any]:
     """`_at` the deepest line of the user's own code in ``e``'s traceback."""
-    from .diagnosis.failures import user_frame
+    from ..diagnosis.failures import user_frame
 
     frame = user_frame(e.__traceback__)
     return _at((frame.filename, frame.line)) if frame else _at(None)
@@ -195,7 +179,7 @@ def trace_blockers(jfn: Any, loss_fn: Any, *, cuda: bool) -> tuple[list[Blocker]
     """
     import thunder
 
-    from .diagnosis.ops import classify_bsym
+    from ..diagnosis.ops import classify_bsym
 
     traces = thunder.last_traces(jfn)
     backward = thunder.last_backward_traces(jfn)
@@ -240,7 +224,7 @@ def trace_blockers(jfn: Any, loss_fn: Any, *, cuda: bool) -> tuple[list[Blocker]
 def _python_only(trace: Any, *, cuda: bool) -> list[Any]:
     """The host syncs of thunder's first trace (what the user's code called) whose value no op and no output uses:
     a ``.item()`` that is printed, logged, kept in a list, tested by an ``if``."""
-    from .diagnosis.ops import classify_bsym
+    from ..diagnosis.ops import classify_bsym
 
     used = {p.name for b in trace.bound_symbols for p in b.flat_proxy_args}
     used.update(getattr(p, "name", None) for p in internals.flatten(trace.output))
@@ -276,7 +260,7 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
     try:
         internals.build_traces(jfn, *first)
     except Exception as e:
-        from .diagnosis.failures import error_line, known_limit, untraceable
+        from ..diagnosis.failures import error_line, known_limit, untraceable
 
         limit, op, known = known_limit(e), untraceable(e), internals.untraceable_op(e)
         kind = "thunder"

@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
-from .diagnosis.judge import AUTOCAST, TRAINED, Judgement, Tolerance, judge
-from .step_capture import StepRefused, capturability
-from .step_graph import jit_step, step_mode
-from .step_report import StepComparison
+from ..diagnosis.judge import AUTOCAST, TRAINED, Judgement, Tolerance, judge
+from .blockers import StepRefused, capturability
+from .graph import jit_step
+from .recording import step_mode
+from .report import StepComparison
 
 __all__ = ["compare_step"]
 
@@ -182,7 +183,7 @@ def _without_graphs(model: torch.nn.Module, loss_fn: Callable[..., Any], optimiz
     thunder fails (the base tolerance alone decides then)."""
     import thunder
 
-    from .cudagraph.executors import jit_executors
+    from ..cudagraph.executors import jit_executors
 
     try:
         jloss = thunder.jit(loss_fn, executors=jit_executors(executors))

@@ -1,5 +1,5 @@
 """The whole-step graph: `jit_step` records forward, loss, backward and the optimizer's step as one CUDA graph, and
-replays it while its host guards (`thunder_nb.step_guard`) find nothing changed."""
+replays it while its host guards (`thunder_nb.step.guard`) find nothing changed."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
-from . import internals
-from .cudagraph.capture import capture_mode
-from .step_capture import (TENSOR_LR, StepRefused, caller_line, loss_blocker, optimizer_plan, returned_value, split,
-                           thunder_jit, trace_blockers, where_from_traceback)
-from .step_guard import Snapshot, autocast_key, batch_key, key_difference, trained_parameters
-from .step_report import Blocker
+from .. import internals
+from .blockers import StepRefused, caller_line, loss_blocker, returned_value, split, thunder_jit, trace_blockers
+from .guard import Snapshot, autocast_key, batch_key, key_difference, trained_parameters
+from .optimizer import TENSOR_LR, lr_to_tensor, make_capturable, optimizer_plan, without_state
+from .recording import CudaRecording, EmulatedRecording, record_cuda, step_mode
+from .report import Blocker
 
-__all__ = ["jit_step", "Step", "RecordAgainWarning", "step_mode"]
+__all__ = ["jit_step", "Step", "RecordAgainWarning"]
 
 
 #: The recordings a step keeps, one per batch key (shapes, dtypes, autocast); the oldest goes past it.
@@ -35,7 +35,7 @@ class RecordAgainWarning(UserWarning):
     could not see the change, that the loss function was traced anew."""
 
 
-#: What the step does where thunder's cache cannot see a change (`thunder_nb.step_guard.Change.unseen`), in words.
+#: What the step does where thunder's cache cannot see a change (`thunder_nb.step.guard.Change.unseen`), in words.
 _NEW_TRACE = ("thunder traces the loss function anew, as a new thunder.jit (its cache checks neither which members a "
               "module has nor the class of the module at a name, and would run the old trace)")
 
@@ -110,38 +110,6 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
                 warmup=warmup, copy_loss=copy_loss, executors=executors)
 
 
-class _CudaRecording:
-    """One recorded iteration: the graph, its static batch, and the loss and gradients it writes."""
-
-    def __init__(self, graph: Any, static: list[Any], loss: torch.Tensor, grads: list[Any]):
-        self.graph, self.static, self.loss, self.grads = graph, static, loss, grads
-        self.replay = graph.replay
-
-
-class _EmulatedRecording:
-    """The CPU stand-in: a replay runs the iteration eagerly on the static batch, then writes its loss and gradients
-    into the memory the first replay made, as a graph's replay writes its own memory."""
-
-    def __init__(self, run: Callable[[list[Any]], torch.Tensor], static: list[Any], params: list[torch.Tensor]):
-        self._run, self.static, self._params = run, static, params
-        self.loss: torch.Tensor | None = None
-        self.grads: list[Any] = []
-
-    def replay(self) -> None:
-        for p in self._params:
-            p.grad = None
-        loss = self._run(self.static)
-        if self.loss is None:
-            self.loss, self.grads = loss, [p.grad for p in self._params]
-            return
-        with torch.no_grad():
-            self.loss.copy_(loss)
-            for p, g in zip(self._params, self.grads):
-                if g is not None and p.grad is not None:
-                    g.copy_(p.grad)
-                p.grad = g
-
-
 class Step:
     """A training iteration recorded as one CUDA graph (see `jit_step`); call it with a batch."""
 
@@ -178,7 +146,7 @@ class Step:
         self._stream = torch.cuda.Stream(self.device) if self._mode == "cuda" else None
         self._snap = Snapshot(model, optimizer, lr_live=self._lr_live)  # the model and optimizer the last step saw
         # NOTE: one recording per batch key, newest last: a ragged last batch keeps its own graph beside the full one
-        self._recordings: OrderedDict[tuple, _CudaRecording | _EmulatedRecording] = OrderedDict()
+        self._recordings: OrderedDict[tuple, CudaRecording | EmulatedRecording] = OrderedDict()
         self._key: tuple | None = None  # `_key_of` the last call's batch
         self._recorded_key: tuple | None = None  # the key of the newest recording
         self._checked: set[tuple] = set()  # the batch keys whose traces were checked for blockers
@@ -347,30 +315,9 @@ class Step:
         if self._tensor_lr:
             self._lr_to_tensor()
         if self._mode == "cuda":
-            graph = torch.cuda.CUDAGraph()
-            internals.clear_cublas_workspaces()
-            stream = torch.cuda.current_stream(self.device)
-            try:
-                # NOTE: thread_local: the backward runs on autograd's device thread, which may create its cuBLAS
-                # handle there during the capture (in a fresh process, on the H200: CUBLAS_STATUS_NOT_INITIALIZED at
-                # cublasCreate, which global mode forbids to every thread); the capturing thread stays checked
-                with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-                    loss = self._iteration(static, capturing=True)
-            except Exception as e:
-                internals.recover_capture(stream)
-                for p in self._params:
-                    p.grad = None
-                if isinstance(e, StepRefused):
-                    raise
-                raise StepRefused([Blocker("capture", type(e).__name__ + ": " + (str(e).splitlines() or [""])[0][:200],
-                                           fix="see thunder_nb.step.capturability; run with capture=False to "
-                                           "train uncaptured", **where_from_traceback(e))],
-                                  "failed while recording the graph") from e
-            finally:
-                internals.clear_cublas_workspaces()
-            rec: Any = _CudaRecording(graph, static, loss, [p.grad for p in self._params])
+            rec: Any = record_cuda(self._iteration, static, self._params, self._stream, self.device)
         else:
-            rec = _EmulatedRecording(self._iteration, static, self._params)
+            rec = EmulatedRecording(self._iteration, static, self._params)
         self._recordings[key] = rec
         if len(self._recordings) > MAX_RECORDINGS:
             self._recordings.popitem(last=False)  # NOTE: its graph's memory goes with it; the key warms up again
@@ -394,8 +341,7 @@ class Step:
 
     def _without_state(self) -> frozenset[int]:
         """The ids of the parameters the optimizer trains that it has no state for (yet)."""
-        opt = self.optimizer
-        return frozenset(id(p) for g in opt.param_groups for p in g["params"] if p.requires_grad and not opt.state.get(p))
+        return without_state(self.optimizer)
 
     def _lazy_state_pending(self) -> bool:
         """Whether the optimizer's next step would still make state (Adam's moments, SGD's momentum) for a parameter:
@@ -405,9 +351,9 @@ class Step:
         return bool(missing) and missing != self._stateless
 
     def _set_up_optimizer(self) -> list[str]:
-        """Give the optimizer what a capture needs (`_make_capturable`) and keep its lr tensors; what changed, in
+        """Give the optimizer what a capture needs (`make_capturable`) and keep its lr tensors; what changed, in
         words."""
-        notes = _make_capturable(self.optimizer, self.device, tensor_lr=self._tensor_lr)
+        notes = make_capturable(self.optimizer, self.device, tensor_lr=self._tensor_lr)
         if self._tensor_lr:
             self._lrs = [g["lr"] for g in self.optimizer.param_groups]
         return notes
@@ -415,10 +361,7 @@ class Step:
     def _lr_to_tensor(self) -> None:
         """Keep each group's ``lr`` the device tensor the graph reads: a number set on the host (a scheduler's) is
         written into it."""
-        for g, t in zip(self.optimizer.param_groups, self._lrs):
-            if g["lr"] is not t:
-                t.fill_(float(g["lr"]))
-                g["lr"] = t
+        lr_to_tensor(self.optimizer, self._lrs)
 
     def _refuse_blockers(self, first: Sequence[Any]) -> None:
         internals.build_traces(self._jfn, *first)
@@ -445,54 +388,9 @@ class Step:
         """The newest recording's ``torch.cuda.CUDAGraph`` (None: nothing recorded, or the CPU stand-in's): a benchmark
         replays it alone to time the step's GPU work."""
         rec = self._recordings.get(self._recorded_key) if self._recorded_key is not None else None
-        return rec.graph if isinstance(rec, _CudaRecording) else None
+        return rec.graph if isinstance(rec, CudaRecording) else None
 
     def __repr__(self) -> str:
         mode = {"cuda": "CUDA graph", "emulated": "emulated on the CPU", False: "uncaptured"}[self._mode]
         return (f"<thunder_nb.step.Step of {getattr(self.loss_fn, '__name__', 'loss_fn')}: {mode}, "
                 f"{self.graphs_recorded} recorded, optimizer {self.optimizer_text}>")
-
-
-def step_mode(capture: Any, device: torch.device) -> str | bool:
-    """``capture`` as the step runs it: ``"cuda"``, ``"emulated"`` or False. The words are thunder-nb's one vocabulary
-    (`thunder_nb.cudagraph.capture.capture_mode`: ``"auto"``, True, False, the magic's ``"on"``/``"off"``), plus
-    ``"emulated"``, the CPU stand-in; ``"auto"`` is decided by ``device``."""
-    if capture == "emulated":
-        return "emulated"
-    try:
-        mode = capture_mode(capture)
-    except ValueError:
-        raise ValueError(f"capture must be one of 'auto', True ('on'), False ('off') or 'emulated' (the CPU stand-in), "
-                         f"not {capture!r}") from None
-    if mode == "auto":
-        return "cuda" if device.type == "cuda" else "emulated"
-    if mode is True:
-        if device.type != "cuda":
-            raise ValueError(f"capture=True needs the model on a CUDA device; its parameters are on {device}")
-        return "cuda"
-    return False
-
-
-def _make_capturable(optimizer: torch.optim.Optimizer, device: torch.device, *, tensor_lr: bool) -> list[str]:
-    """Set ``capturable=True`` (and the lr tensor) in every param group, and move step counters onto the device; what
-    it changed, in words (nothing when all was set)."""
-    notes = []
-    if "capturable" in optimizer.defaults and not all(g.get("capturable") for g in optimizer.param_groups):
-        for g in optimizer.param_groups:
-            g["capturable"] = True
-        notes.append(f"{type(optimizer).__name__}: capturable=True set in every param group (its step counters live "
-                     "on the device)")
-    for state in optimizer.state.values():
-        step = state.get("step")
-        if isinstance(step, torch.Tensor) and step.device != device:
-            state["step"] = step.to(device=device, dtype=torch.float32)
-    if tensor_lr and not all(isinstance(g["lr"], torch.Tensor) and g["lr"].device == device
-                             for g in optimizer.param_groups):
-        for g in optimizer.param_groups:
-            if not isinstance(g["lr"], torch.Tensor):
-                g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=device)
-            elif g["lr"].device != device:
-                g["lr"] = g["lr"].to(device)
-        notes.append("lr is a 0-d device tensor in every param group: schedulers and group['lr'] = x change it "
-                     "without recording again")
-    return notes

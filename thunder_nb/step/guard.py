@@ -7,7 +7,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import internals
+from .. import internals
+from .optimizer import LIVE, why_fixed
 
 __all__ = ["Snapshot", "Change", "batch_key", "key_difference", "autocast_key", "trained_parameters"]
 
@@ -34,15 +35,6 @@ class Change(NamedTuple):
     # old trace, so the loss function needs a new thunder.jit
     unseen: bool = False
     cause: str | None = None  # what changed without its values (a hyperparameter's name), for saying it once
-
-
-#: The hyperparameters an Adam or AdamW step reads at every step where lr is live: the CPU stand-in runs the
-#: optimizer itself, a CUDA graph reads lr from the device tensor the step keeps in each param group. Betas are not
-#: among them: torch 2.11's capturable Adam reads tensor betas on the host (``_foreach_lerp_``'s and ``addcmul_``'s
-#: Python-number arguments call ``.item()``), which a capture refuses, so the graph holds them as numbers.
-LIVE = ("lr",)
-#: What to do where a scheduler changes a hyperparameter the graph holds as a number, at every step.
-_CYCLED = {"momentum": "momentum", "betas": "betas"}
 
 
 class Snapshot:
@@ -117,7 +109,7 @@ class Snapshot:
             if changed:
                 # NOTE: every hyperparameter that changed, each with its reason: a one-cycle schedule changes lr and
                 # momentum at once, and a warning said once must name both
-                words = "; ".join(f"param group {i}'s {k!r} changed from {v!r} to {now!r}{_why_fixed(opt, k)}"
+                words = "; ".join(f"param group {i}'s {k!r} changed from {v!r} to {now!r}{why_fixed(opt, k)}"
                                   for k, v, now in changed)
                 return Change(words, False, cause=f"param group {i}'s {', '.join(repr(k) for k, _, _ in changed)}")
         return None
@@ -125,19 +117,6 @@ class Snapshot:
 
 def _differs(was: Any, now: Any) -> bool:
     return now is not was and (isinstance(now, torch.Tensor) or isinstance(was, torch.Tensor) or now != was)
-
-
-def _why_fixed(opt: torch.optim.Optimizer, key: str) -> str:
-    """Why a change of hyperparameter ``key`` records the step again, and what to do, in words ("" if nothing)."""
-    name = type(opt).__name__
-    if key == "lr":
-        return (f" ({name}'s step reads it as a Python number, fixed in the graph; Adam and AdamW read lr from a "
-                "device tensor and need no new recording)")
-    if key in _CYCLED:
-        return (f" ({name}'s step reads its {_CYCLED[key]} as Python numbers, fixed in the graph: a scheduler that cycles "
-                "momentum (OneCycleLR, CyclicLR) changes it at every step, and every step records again; pass "
-                "cycle_momentum=False to the scheduler)")
-    return ""
 
 
 def _replaced(m: torch.nn.Module, kind: str, name: str, was: Any, now: Any) -> Change:

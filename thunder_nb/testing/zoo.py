@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .. import internals
 from ..diagnosis.judge import AUTOCAST, MODEL, TRAINED, Tolerance
 from ..diagnosis.protocols import GraphTransform, RecordingRunner
 from .modes import CaptureMode, capturing, check_mode
@@ -117,7 +118,7 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
         raise ValueError(f"{config!r} compiles a whole training step, not a function: `run_protocol` runs it")
     if config in ("thunder_nb.jit", "fused", "thunder_nb.jit no-sdpa"):
         jfn = jit(fn, capture=capture is True, executors=_EXECUTORS.get(config, []))
-        transform = jfn._lc_transforms[0]
+        transform = internals.jit_transforms(jfn)[0]
         if capture == "emulated":
             transform.cuda_graph_runner.capture = True
         return jfn, transform
@@ -191,8 +192,6 @@ def run_protocol(model_name: str, protocol: str, config: str, *, device: Any = "
         import torch
 
         net.set_kv_cache(batch_size=1, device=torch.device(device))
-    from .. import internals
-
     stream = internals.current_stream()
     with capturing(capture if config not in _WITHOUT_GRAPHS else False), judged_numerics():
         try:

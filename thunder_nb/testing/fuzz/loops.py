@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ... import internals
 from .choices import Chooser
 
 __all__ = ["Loop", "LoopRun", "CONFIGS", "MODELS", "OPTIMIZERS", "SCHEDULERS", "PRECISIONS", "EVENTS", "FEATURES",
@@ -279,8 +280,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     import torch
 
     from ... import fix
-    from ...step_capture import StepRefused
-    from ...step_graph import jit_step
+    from ...step import StepRefused, jit_step
     from ..modes import capturing
 
     out = LoopRun(config)
@@ -310,7 +310,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
             elif config != "eager":
                 compiled = fix.jit(loss_fn, capture=capture is True, executors=_EXECUTORS[config])
                 if capture == "emulated":
-                    compiled._lc_transforms[0].cuda_graph_runner.capture = True
+                    internals.jit_transforms(compiled)[0].cuda_graph_runner.capture = True
             forward = compiled or loss_fn
             for i in range(loop.steps):
                 record: dict[str, Any] = {}

@@ -243,13 +243,13 @@ def _check_fixed_traces(jfixed: Any, transform: Any, outcome: Outcome, error: Ba
 
 def _error_rules_before_run(jfn: Any, program: Program, device: str) -> tuple[tuple[str, ...], BaseException | None]:
     """Build ``jfn``'s traces for call 0's arguments without running them; the error rules the checker finds there."""
-    import thunder
-
     import thunder_nb
+
+    from ... import internals
 
     args = program.arguments(program.make_inputs(device, seed=0), program.make_parameters(device, 0))
     try:
-        thunder.compile_data(jfn)._get_computation_and_inputs(*args)
+        internals.build_traces(jfn, *args)
     except Exception as e:  # NOTE: judged by the caller (thunder asserting on a backward, e.g.)
         return (), e
     # NOTE: a failing analyze() is found again, and reported, after the run
