@@ -230,7 +230,7 @@ PRIVATE_THUNDER_TORCH_ALLOWED: dict[str, str] = {}
 
 def _defined_names() -> set[str]:
     """Every name thunder-nb defines itself: functions, classes, variables, arguments, ``__slots__`` entries and the
-    attributes it sets on ``self`` or ``cls``."""
+    attributes it sets on ``self`` or ``cls`` (also by ``setattr``)."""
     names = set()
     for p in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(p.read_text())):
@@ -243,6 +243,11 @@ def _defined_names() -> set[str]:
             elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
                   and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 names.add(node.attr)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) and len(node.args) > 1
+                  and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("setattr", "__setattr__")
+                  and isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls")
+                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                names.add(node.args[1].value)  # NOTE: a frozen dataclass's object.__setattr__(self, "_x", ...)
             elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
                                                       for t in node.targets):
                 names.update(c.value for c in ast.walk(node.value)
