@@ -168,15 +168,21 @@ case "${1:-}" in
     test)
         setup
         shift
+        # NOTE: one pytest worker per core (pytest-xdist; THUNDER_NB_TEST_JOBS overrides, 1 runs in this process); a
+        # test file stays on one worker, so its module fixtures are made once
+        jobs=${THUNDER_NB_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+        [ "$jobs" -gt 4 ] && jobs=4
+        workers=()
+        [ "$jobs" -gt 1 ] && workers=(-n "$jobs" --dist loadfile)
         if [ "${1:-}" = "--fast" ]; then
             # NOTE: the inner loop's tier: what runs in seconds (no kernel, notebook, browser, GPU or long training)
             shift
-            say "running the fast tier: .venv/bin/python -m pytest -m 'not slow and not browser and not gpu'${*:+ $*}"
-            exec .venv/bin/python -m pytest -m "not slow and not browser and not gpu" "$@"
+            say "running the fast tier: .venv/bin/python -m pytest -m 'not slow and not browser and not gpu'${workers[*]:+ ${workers[*]}}${*:+ $*}"
+            exec .venv/bin/python -m pytest -m "not slow and not browser and not gpu" "${workers[@]}" "$@"
         fi
         apt_install "browser" chromium chromium fonts-liberation2
-        say "running the tests: .venv/bin/python -m pytest${*:+ $*}"
-        exec .venv/bin/python -m pytest "$@"
+        say "running the tests: .venv/bin/python -m pytest${workers[*]:+ ${workers[*]}}${*:+ $*}"
+        exec .venv/bin/python -m pytest "${workers[@]}" "$@"
         ;;
     lab)
         setup

@@ -1,3 +1,4 @@
+import os
 import shutil
 import sys
 import warnings
@@ -7,6 +8,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 warnings.filterwarnings("ignore", message="transformer_engine module not found")
+
+REPO = Path(__file__).resolve().parent.parent
+# NOTE: before torch is imported, and inherited by every kernel, notebook and process a test starts. Inductor's compiled
+# kernels are kept in the checkout's git-ignored .cache/ (a fresh clone starts empty, a second run reuses them, and
+# pytest-xdist's workers share them); under pytest-xdist each worker (`bash dev.sh test` starts one per core) keeps to
+# one thread of its own, so that two workers on two cores do not fight over both.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

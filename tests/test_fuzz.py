@@ -21,7 +21,7 @@ today's date (new programs every day) through emulated capture (`thunder_nb.test
 thunder's capture path with CPU stand-ins for graphs whose replays write memory in place, so static
 input copies, overwritten outputs and warm-up calls are real). A failure prints the program's
 source; replay the date run with ``THUNDER_NB_FUZZ_SEED=<seed>`` (the seed is in the failure
-message). ``THUNDER_NB_FUZZ_EXAMPLES`` sets the programs per run (default 120, about a minute each
+message). ``THUNDER_NB_FUZZ_EXAMPLES`` sets the programs per run (default 60, about half a minute each
 on a 2-core CPU: hypothesis draws smaller programs than ``bench/fuzz.py``, which runs thousands). A failing program is printed as
 generated, not shrunk (``THUNDER_NB_FUZZ_SHRINK=1`` shrinks, for many minutes). Known bugs are
 counted, not failed: see tests/test_fuzz_regressions.py.
@@ -42,7 +42,7 @@ from thunder_nb.diagnosis.model import ERROR_RULES, RULES
 from thunder_nb.notebook.values import compare_values, first_difference
 from thunder_nb.testing import fuzz
 
-EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "60"))
 FIXED_SEED = 0
 DATE_SEED = int(os.environ.get("THUNDER_NB_FUZZ_SEED") or datetime.date.today().strftime("%Y%m%d"))
 #: More discards than this means the generator drifted away from what thunder traces.
