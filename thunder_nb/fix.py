@@ -60,8 +60,8 @@ __all__ = [
 #: The compile option of ``thunder.jit`` that `jit` sets: one ``torch.autograd.Function`` per call connects the
 #: outputs to autograd, as thunder's torch.compile backend (ThunderFX) does by default, instead of the pair that
 #: ``thunder.jit`` uses by default (a second Function over all the inputs, a dummy tensor made on the meta device
-#: in the forward and in the backward). On the H200's host the pair took 400 µs of the nanoGPT step's forward call
-#: and 450 µs of its backward more (bench/results/2026-12-01-cde6372-h200.md).
+#: in the forward and in the backward), whose host time the single Function saves on every call (the figure is in
+#: bench/results/README.md, "Figures behind the defaults").
 ONE_AUTOGRAD_FUNCTION = {"thunderfx_disable_split_autograd": True}
 
 
@@ -80,8 +80,8 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
             `ONE_AUTOGRAD_FUNCTION`). With the single Function, the gradients flowing into the backward call stay
             alive until it returns, as with any ``torch.autograd.Function``.
         fast_call: make the calls that hit thunder's cache by thunder's steps without its wrappers around them
-            (`thunder_nb.cudagraph.call.fast_call`: the same results and statistics; 38 µs of a 102 µs decode step's
-            host time on the CPU was those wrappers). False: thunder's own call path.
+            (`thunder_nb.cudagraph.call.fast_call`: the same results and statistics, less host time per call, which
+            is what a step under CUDA graphs waits for). False: thunder's own call path.
         transform_options: `FixedCUDAGraphTransform`'s arguments (``capture``, ``copy_outputs``, ...).
 
     Returns:

@@ -3,12 +3,12 @@
 On every call, the function ``thunder.jit`` returns (thunder 0.2.6's ``fn_``) goes through five wrappers that count
 and time the call, sets three context variables (the cache-info dict, the compile data, the language context) by
 two decorators and a context manager per cache entry, fills the cache-info dict the prologues check
-(``torch.get_default_device()`` alone takes 2.3 µs on the CPU: it walks the torch-function mode stack in Python;
-the aliasing of the tensor arguments goes through a pytree flatten and a defaultdict), tries each cache entry's
-prologue from the newest, copies the hit's entry to wrap its computation in a timer, runs it, connects it to
-autograd, runs the epilogue and sets grad mode back. On litgpt pythia-14m's one-token decode step that was 38 µs
-of the call's 102 µs of host time on the CPU (`bench/host_profile.py`); under CUDA graphs the host's time is what
-a decode step takes (bench/results/2026-12-04-fast-call-h200.md).
+(``torch.get_default_device()`` walks the torch-function mode stack in Python; the aliasing of the tensor arguments
+goes through a pytree flatten and a defaultdict), tries each cache entry's prologue from the newest, copies the hit's
+entry to wrap its computation in a timer, runs it, connects it to autograd, runs the epilogue and sets grad mode back.
+Under CUDA graphs the GPU work of a small step (a one-token decode) takes less time than the host's call, so the host's
+time is what the step takes, and these wrappers are a large part of it (`bench/host_profile.py`; the figures are in
+bench/results/README.md, "Figures behind the defaults").
 
 `fast_call` wraps a jitted function so that a call takes the same steps in the same order: the same cache-info
 entries with the same values, the prologues tried newest first under the same context variables, the hit's

@@ -217,9 +217,9 @@ def native_convolution() -> Any:
     thunder 0.2.6 differentiates ``prims.convolution`` (every ``conv1d``/``conv2d``/``conv3d``) with its own rule.
     It computes the input's gradient as a stride-1 convolution over the output's gradient padded with zeros: a
     stride-2 convolution's becomes a convolution over four times the positions. The weight's gradient is one more
-    convolution over transposed tensors, and both add pads, flips and permutes. On torchvision's resnet18
-    training step, the GPU spent 2.3x eager PyTorch's kernel time (2,771 against 1,217 µs per step,
-    bench/results/2026-12-03-evening-h200.md). This executor claims ``prims.convolution``, runs its forward as
+    convolution over transposed tensors, and both add pads, flips and permutes: on torchvision's resnet18
+    training step the GPU spent about twice eager PyTorch's kernel time (bench/results/README.md, "Figures behind
+    the defaults"). This executor claims ``prims.convolution``, runs its forward as
     thunder's torch executor does (``torch.convolution``), and differentiates it with the kernels eager PyTorch's
     autograd calls: ``aten.convolution_backward``, once for the input's gradient and once for the weight's and
     the bias's. Each call asks only for its own gradients, so a gradient nobody reads is never computed (thunder

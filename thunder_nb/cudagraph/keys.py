@@ -63,8 +63,9 @@ def _getter(positions: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, 
 class _KeyAgain:
     """Whether a call's arguments make a region's last key again, proved in a few C calls instead of `_key`'s pass.
 
-    `ThunderNBRunner._key` reads each input's dtype, sizes and strides, and each static input's address, in Python:
-    about a microsecond per input on the GPU host, 200 inputs a step on a 6-layer nanoGPT. This proves the
+    `ThunderNBRunner._key` reads each input's dtype, sizes and strides, and each static input's address, in Python,
+    which grows with the inputs (a region of a deep model takes a hundred or more; bench/results/README.md, "Figures
+    behind the defaults"). This proves the
     same key where it holds: the tensors by torch.compile's C guard on their metadata (Python type, dtype,
     device, ``requires_grad``, sizes, strides: the key's entries and more), the static ones' data addresses in
     one C call, the other arguments by equality and type, and each copied tensor by the test `_key` makes (its
@@ -178,7 +179,7 @@ class Keys:
                     # NOTE: a graph's own output (what a forward saved, read by its backward): static, and its entry
                     # and address were taken when it was recorded (the runner's tensor; no code outside changes them).
                     # This branch and the parameters' end on their own tail, not the shared one below: one fewer test
-                    # per input on the hot path (about 4 µs per backward call of the nanoGPT step, CPU)
+                    # per input on the hot path, where a backward reads every tensor its forward saved
                     entry(hit[3])
                     if demoted and i in demoted:
                         static_of(False)

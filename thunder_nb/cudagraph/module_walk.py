@@ -19,8 +19,8 @@ traces anew (a later change back lets the entry hit again). The walk's guard hol
 version tags of the three dicts, which any write changes, and the instance dict's length and own names.
 
 Thunder's reads of an attribute of the origin or of a submodule it looks up, whose value only a value check against
-a constant reads (a module's ``training`` flag, its sizes: 87 of the 104 value checks of litgpt pythia-14m's decode
-step), become checks the walk makes. Its guard holds those of them read plainly from an instance dict (the value's
+a constant reads (a module's ``training`` flag, its sizes: most of a transformer's value checks), become checks the
+walk makes. Its guard holds those of them read plainly from an instance dict (the value's
 type and equality), so a call its guard proves reads none of them; the others (a property, a class attribute, NaN)
 it reads and checks on every call, and a walk without a guard checks them all.
 """
@@ -52,11 +52,11 @@ class ModuleWalk:
     dicts' version tags; static types such as ``object`` take no attributes and are left out), which covers the
     class attributes the readings found absent and ``Module``'s own ``__getattr__`` and methods. A guard serves only
     once it passes the objects it was made of. The next calls then return that call's objects after one check of the
-    guard (about 4 µs on the CPU for litgpt's pythia-14m, where the walk took 20), and walk again where it fails.
+    guard, a fraction of the walk's time, and walk again where it fails.
     The objects are held until then. A walk that keeps failing its guard (`GUARD_REMAKES`) stops making guards.
     For a `thunder.ThunderModule` origin, each lookup reads the dict its method reads first (`thunder_module_dicts`),
-    and the guard holds each answer at its key of that dict (`thunder_module_guard`; litgpt pythia-14m jitted as a
-    module: prologue 28.5 -> 14 µs on the CPU).
+    and the guard holds each answer at its key of that dict (`thunder_module_guard`), where asking its methods on every
+    call would cost what the walk saves.
 
     With ``structure`` (the prologue's walks), the first call keeps the members of each module on the paths
     (`module_members`: its class, its submodules', parameters' and buffers' names in order, its instance dict's names), and

@@ -3,10 +3,22 @@
 On every call, thunder's prologue finds each submodule, parameter and buffer of a module the
 function uses by its dotted name (``Module.get_submodule``, ``get_parameter``, ``get_buffer``):
 two attribute lookups through the Python-level ``Module.__getattr__`` per name in the path, plus
-the exceptions ``hasattr`` swallows. On the nanoGPT training step (28 parameters, 32 submodules)
-that was 70% of the prologue and a third of the whole step's host time (`bench/host_profile.py`).
+the exceptions ``hasattr`` swallows. That is most of the prologue's host time on a model with a few dozen
+parameters (`bench/host_profile.py`; bench/results/README.md, "Figures behind the defaults"), and under CUDA graphs
+the host's time is what a step waits for. `FixedCUDAGraphTransform(fast_prologue=True)`, the default, makes the
+prologue cheap in three ways, each giving the same objects and passing and failing where thunder's checks do:
 
-`fast_module_lookups` rewrites those lookups into calls that read the dicts ``Module.__getattr__``
+- the lookups from one module become one `ModuleWalk` call, which walks the module dicts and, where every reading
+  was plain, makes a C guard (torch.compile's guard trees) that proves the next call's answers (`module_walk`);
+- thunder's value checks of attributes read from those modules (a ``training`` flag, a size) become checks the walk
+  makes, held in its guard where the attribute is a plain instance entry (`module_walk`);
+- the other tensor checks and value checks each become one call that compares them all at once and, where that
+  differs, checks them one by one as thunder does (`prologue_checks`).
+
+A walk also keeps the members of every module on its paths as its first call found them, which thunder's cache does
+not check: a change makes the prologue fail (`StructureChanged`) and thunder traces again (`module_walk`).
+
+`fast_module_lookups` rewrites the lookups into calls that read the dicts ``Module.__getattr__``
 reads (``_modules``, ``_parameters``, ``_buffers``), one name at a time, with the dotted name split
 once, when the prologue is made. The result is the object the method would return: the fast reading
 is taken only where it cannot differ, checked on every call (by the walk or by its guard), and the
@@ -22,13 +34,14 @@ method itself runs everywhere else:
   method;
 - anything missing, ``None`` or of the wrong kind goes to the method, which raises its own error.
 
-The walk and its guards are `module_walk`'s; the checks made at once are `prologue_checks`'; this module rewrites
-the prologue's trace to call them.
+The modules by job: this one rewrites the prologue's trace (`fast_module_lookups`); `module_walk` is `ModuleWalk`,
+over `module_reads` (a module's members read from its dicts, and `StructureChanged`) and beside `walk_guards` (the C
+guard of one walk); `prologue_checks` makes the checks at once.
 
 Transforms that look for thunder's lookup and check symbols in the prologue (thunder's quantization,
 distributed and check-pruning transforms) must come before the fixed transform in ``transforms=[...]``:
-after it, they no longer find them.
-
+after it, they no longer find them. Where such a transform comes after it (thunder's ``ddp`` and ``fsdp``), the
+prologue is left as thunder made it (`thunder_nb.fix.FixedCUDAGraphTransform.transform_traces_pre_prologue`).
 """
 
 from __future__ import annotations

@@ -131,9 +131,9 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
     """A graph's outputs with each view (``_base`` set) replaced by a plain alias of the same memory, but in ``graph_inputs``.
 
     The memory, sizes and strides are the same; only autograd's view link to the base goes. thunder's
-    autograd connection detaches every saved tensor that is a view, on every call (48 of the 80 saved
-    tensors of the nanoGPT step: about 35 µs of host time per forward on a CPU); an output that is no
-    view it saves as it is. Nothing the runner does with its outputs reads ``_base``. One alias per object.
+    autograd connection detaches every saved tensor that is a view, on every call (many of a transformer's
+    saved tensors are views, so this is host time on every forward); an output that is no view it saves as it
+    is. Nothing the runner does with its outputs reads ``_base``. One alias per object.
 
     ``graph_inputs``: storage addresses of the graph's inputs that lie in memory an instance writes (another
     region's output, read in place). A view of those stays a view: that instance watches its memory by

@@ -42,8 +42,8 @@ __all__ = [
     "count_phrases",
 ]
 
-#: Host time one kernel launch costs, in microseconds, that a graph replay removes: measured on an H200 for
-#: notebook 05 (about 4 µs of host time per kernel launch removed). The launch-time estimate multiplies by it.
+#: Host time one kernel launch costs, in microseconds, that a graph replay removes, as measured on an H200 (bench/results/
+#: README.md, "Figures behind the defaults"). The report's launch-time estimate multiplies by it.
 LAUNCH_HOST_US: float = 4.0
 
 
