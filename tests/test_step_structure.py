@@ -16,63 +16,16 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from thunder_nb.step import RecordAgainWarning, jit_step
 
-#: Thunder's trace runs its own decomposition of the loss (cross-entropy, mean), not eager's kernels: the losses
-#: differ by float32 rounding (1.2e-7 seen), and the parameters and AdamW's moments after 12 steps as little; AdamW's
-#: step counts are compared exactly.
-RTOL, ATOL = 1e-5, 1e-6
-STEPS = 12
+from structure_changes import (STEPS, adamw, add_an_attribute, add_and_remove_a_parameter, add_head2_at,
+                               assert_same_training, batch, freeze_and_unfreeze, make_net, model_loss, remove_head2,
+                               train_state)
+
 MODES = [pytest.param(False, id="uncaptured"), pytest.param("emulated", id="emulated")]
 
-
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(16, 8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, idx):
-        return self.emb(idx).mean(1)
-
-
-def _net(with_head2: bool = False) -> _Net:
-    torch.manual_seed(0)
-    net = _Net()
-    if with_head2:
-        net.head2 = nn.Linear(8, 4)
-    return net
-
-
-def _loss_of(net):
-    def loss_fn(idx, y):
-        h = net(idx)
-        loss = F.cross_entropy(net.head(h), y)
-        if hasattr(net, "head2"):
-            loss = loss + F.cross_entropy(net.head2(h), y)
-        if hasattr(net, "temperature"):
-            loss = loss * net.temperature
-        if getattr(net, "halve", False):  # NOTE: a plain instance attribute
-            loss = loss / 2
-        return loss
-
-    return loss_fn
-
-
-def _batch(i):
-    g = torch.Generator().manual_seed(i)
-    return torch.randint(0, 16, (4, 5), generator=g), torch.randint(0, 4, (4,), generator=g)
-
-
-def _add_head2(i, net, opt):
-    if i == 8:
-        torch.manual_seed(1)
-        net.head2 = nn.Linear(8, 4).to(net.head.weight.device)
-        opt.add_param_group({"params": list(net.head2.parameters())})
+_add_head2 = add_head2_at(8)
 
 
 def _issue_50(i, net, opt):
@@ -82,110 +35,49 @@ def _issue_50(i, net, opt):
     _add_head2(i, net, opt)
 
 
-def _remove_head2(i, net, opt):
-    if i == 6:
-        del net.head2  # NOTE: its parameters stay in the optimizer, which no gradient reaches any more
-
-
-def _freeze_and_unfreeze(i, net, opt):
-    if i == 4:
-        net.emb.weight.requires_grad_(False)
-    if i == 8:
-        net.emb.weight.requires_grad_(True)
-
-
-def _add_and_remove_a_parameter(i, net, opt):
-    if i == 4:
-        net.temperature = nn.Parameter(torch.tensor(1.5, device=net.head.weight.device))
-        opt.add_param_group({"params": [net.temperature]})
-    if i == 9:
-        del net.temperature
-
-
-def _add_an_attribute(i, net, opt):
-    if i == 3:
-        net.halve = True
-
-
 #: scenario -> (between, the model has head2 from the start, the RecordAgainWarnings the CPU stand-in gives)
 _FRESH = ("; thunder traces the loss function anew, as a new thunder.jit (its cache checks neither which members a "
           "module has nor the class of the module at a name, and would run the old trace)")
 SCENARIOS = {
     "issue-50": (_issue_50, False, ["parameter Embedding.weight now has requires_grad=False",
-                                    "_Net has a new submodule head2" + _FRESH]),
-    "submodule-added": (_add_head2, False, ["_Net has a new submodule head2" + _FRESH]),
-    "submodule-removed": (_remove_head2, True, ["submodule _Net.head2 was removed" + _FRESH]),
-    "frozen-and-unfrozen": (_freeze_and_unfreeze, False, ["parameter Embedding.weight now has requires_grad=False",
+                                    "Net has a new submodule head2" + _FRESH]),
+    "submodule-added": (_add_head2, False, ["Net has a new submodule head2" + _FRESH]),
+    "submodule-removed": (remove_head2, True, ["submodule Net.head2 was removed" + _FRESH]),
+    "frozen-and-unfrozen": (freeze_and_unfreeze, False, ["parameter Embedding.weight now has requires_grad=False",
                                                           "parameter Embedding.weight now has requires_grad=True"]),
-    "parameter-added-and-removed": (_add_and_remove_a_parameter, False,
-                                    ["_Net has a new parameter temperature" + _FRESH,
-                                     "parameter _Net.temperature was removed" + _FRESH]),
-    "attribute-added": (_add_an_attribute, False, ["_Net has a new attribute halve" + _FRESH]),
+    "parameter-added-and-removed": (add_and_remove_a_parameter, False,
+                                    ["Net has a new parameter temperature" + _FRESH,
+                                     "parameter Net.temperature was removed" + _FRESH]),
+    "attribute-added": (add_an_attribute, False, ["Net has a new attribute halve" + _FRESH]),
 }
-
-
-def _adamw(net):
-    return torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
 
 
 def _train(between, with_head2, mode=None, device="cpu"):
     """``STEPS`` steps: eager (``mode`` None) or jit_step in ``mode``; the losses, the final state and the
     RecordAgainWarnings' messages."""
-    net = _net(with_head2).to(device)
-    opt = _adamw(net)
-    loss_fn = _loss_of(net)
+    net = make_net(with_head2=with_head2).to(device)
+    opt = adamw(net)
+
+    def loss_fn(idx, y):
+        return model_loss(net, net(idx), y)
+
     step = None if mode is None else jit_step(net, loss_fn, opt, capture=mode, warmup=1)
     losses = []
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for i in range(STEPS):
             between(i, net, opt)
-            batch = [b.to(device) for b in _batch(i)]
+            data = [b.to(device) for b in batch(i)]
             if step is None:
                 opt.zero_grad()
-                loss = loss_fn(*batch)
+                loss = loss_fn(*data)
                 loss.backward()
                 opt.step()
             else:
-                loss = step(*batch)
+                loss = step(*data)
             losses.append(loss.detach().clone())
     again = [str(w.message) for w in seen if issubclass(w.category, RecordAgainWarning)]
-    return losses, _state(net, opt), again
-
-
-def _state(net, opt):
-    """Every parameter the model or the optimizer holds, with its AdamW state, by name (a removed module's under the
-    name it had in the optimizer's group)."""
-    names = {id(p): n for n, p in net.named_parameters()}
-    state = {}
-    for g, group in enumerate(opt.param_groups):
-        for k, p in enumerate(group["params"]):
-            name = names.get(id(p), f"group{g}.{k}")
-            s = opt.state.get(p, {})
-            state[name] = {"value": p.detach().clone(), "step": float(s["step"]) if "step" in s else None,
-                           **{m: s[m].clone() for m in ("exp_avg", "exp_avg_sq") if m in s}}
-    return state
-
-
-def _assert_close(got, expected, what):
-    assert got.shape == expected.shape and got.dtype == expected.dtype, what
-    bound = ATOL + RTOL * expected.abs()
-    worst = float(((got - expected).abs() - bound).max())
-    assert worst <= 0, f"{what}: off by {float((got - expected).abs().max()):.3g} (bound {ATOL} + {RTOL} * |eager|)"
-
-
-def _assert_same_training(got, eager):
-    losses, state, _ = got
-    eager_losses, eager_state, _ = eager
-    for i, (a, b) in enumerate(zip(losses, eager_losses)):
-        _assert_close(a, b, f"loss of step {i}")
-    assert state.keys() == eager_state.keys()
-    for name, s in eager_state.items():
-        assert state[name].keys() == s.keys(), name
-        step = state[name]["step"]
-        assert step == s["step"], f"{name}: AdamW's step count {step}, eager's {s['step']}"
-        for k in s.keys() - {"step"}:
-            _assert_close(state[name][k], s[k], f"{name}'s {k}")
+    return losses, train_state(net, opt), again
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -194,7 +86,7 @@ def test_a_structural_or_requires_grad_change_trains_as_eager_does(scenario, mod
     between, with_head2, expected = SCENARIOS[scenario]
     eager = _train(between, with_head2)
     got = _train(between, with_head2, mode)
-    _assert_same_training(got, eager)
+    assert_same_training(got[0], got[1], eager[0], eager[1])
     # NOTE: the uncaptured mode records nothing, so it says nothing; the CPU stand-in says what it did
     assert got[2] == ([] if mode is False else [f"jit_step: recording the step again: {w}" for w in expected])
 
@@ -217,5 +109,5 @@ def test_gpu_a_structural_or_requires_grad_change_records_a_graph_that_trains_as
     between, with_head2, expected = SCENARIOS[scenario]
     eager = _train(between, with_head2, device="cuda")
     got = _train(between, with_head2, True, device="cuda")
-    _assert_same_training(got, eager)
+    assert_same_training(got[0], got[1], eager[0], eager[1])
     assert got[2] == [f"jit_step: recording the step again: {w}" for w in expected]

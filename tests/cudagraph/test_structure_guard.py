@@ -14,89 +14,23 @@ from __future__ import annotations
 import pytest
 import thunder
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import thunder_nb
 from thunder_nb.cudagraph.prologue import ModuleWalk, StructureChanged
 
-#: Thunder's trace runs its own decomposition of the loss (cross-entropy, mean), not eager's kernels: losses and, after
-#: 12 AdamW steps, parameters and moments differ by float32 rounding at most this much; step counts exactly.
-RTOL, ATOL = 1e-5, 1e-6
-STEPS = 12
+from structure_changes import (STEPS, Net, add_an_attribute, add_and_remove_a_parameter, add_head2_at, adamw,
+                               assert_same_training, batch, freeze_and_unfreeze, make_net, model_loss, remove_head2,
+                               train_state)
+
+_add_head2 = add_head2_at(5)
 
 
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(16, 8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, idx):
-        return self.emb(idx).mean(1)
-
-
-class _Whole(_Net):
+class _Whole(Net):
     """The loss inside the module's forward: ``thunder_nb.jit(module)``, whose origin is a `thunder.ThunderModule`."""
 
     def forward(self, idx, y):
-        return _loss(self, self.emb(idx).mean(1), y)
-
-
-def _loss(net, h, y):
-    loss = F.cross_entropy(net.head(h), y)
-    if hasattr(net, "head2"):
-        loss = loss + F.cross_entropy(net.head2(h), y)
-    if hasattr(net, "temperature"):
-        loss = loss * net.temperature
-    if getattr(net, "halve", False):  # NOTE: a plain instance attribute, added later
-        loss = loss / 2
-    return loss
-
-
-def _net(cls=_Net, with_head2=False):
-    torch.manual_seed(0)
-    net = cls()
-    if with_head2:
-        net.head2 = nn.Linear(8, 4)
-    return net
-
-
-def _batch(i):
-    g = torch.Generator().manual_seed(i)
-    return torch.randint(0, 16, (4, 5), generator=g), torch.randint(0, 4, (4,), generator=g)
-
-
-def _add_head2(i, net, opt):
-    if i == 5:
-        torch.manual_seed(1)
-        net.head2 = nn.Linear(8, 4)
-        opt.add_param_group({"params": list(net.head2.parameters())})
-
-
-def _remove_head2(i, net, opt):
-    if i == 6:
-        del net.head2
-
-
-def _freeze_and_unfreeze(i, net, opt):
-    if i == 4:
-        net.emb.weight.requires_grad_(False)
-    if i == 8:
-        net.emb.weight.requires_grad_(True)
-
-
-def _add_and_remove_a_parameter(i, net, opt):
-    if i == 4:
-        net.temperature = nn.Parameter(torch.tensor(1.5))
-        opt.add_param_group({"params": [net.temperature]})
-    if i == 9:
-        del net.temperature
-
-
-def _add_an_attribute(i, net, opt):
-    if i == 3:
-        net.halve = True
+        return model_loss(self, self.emb(idx).mean(1), y)
 
 
 def _add_then_remove_head2(i, net, opt):
@@ -108,64 +42,34 @@ def _add_then_remove_head2(i, net, opt):
 
 SCENARIOS = {
     "submodule-added": (_add_head2, False),
-    "submodule-removed": (_remove_head2, True),
-    "frozen-and-unfrozen": (_freeze_and_unfreeze, False),
-    "parameter-added-and-removed": (_add_and_remove_a_parameter, False),
-    "attribute-added": (_add_an_attribute, False),
+    "submodule-removed": (remove_head2, True),
+    "frozen-and-unfrozen": (freeze_and_unfreeze, False),
+    "parameter-added-and-removed": (add_and_remove_a_parameter, False),
+    "attribute-added": (add_an_attribute, False),
     "submodule-added-then-removed": (_add_then_remove_head2, False),
 }
 
 
-def _train(between, with_head2, jit=None, cls=_Net):
+def _train(between, with_head2, jit=None, cls=Net):
     """``STEPS`` AdamW steps around the loss, eager or jitted by ``jit`` (the loss function, or the module for
     `_Whole`); the losses, the final state, and the jitted function."""
-    net = _net(cls, with_head2)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
+    net = make_net(cls, with_head2)
+    opt = adamw(net)
     if cls is _Whole:
         fn = net
     else:
         def fn(idx, y):
-            return _loss(net, net(idx), y)
+            return model_loss(net, net(idx), y)
     run = fn if jit is None else jit(fn)
     losses = []
     for i in range(STEPS):
         between(i, net, opt)
         opt.zero_grad()
-        loss = run(*_batch(i))
+        loss = run(*batch(i))
         loss.backward()
         opt.step()
         losses.append(loss.detach().clone())
-    return losses, _state(net, opt), run
-
-
-def _state(net, opt):
-    names = {id(p): n for n, p in net.named_parameters()}
-    state = {}
-    for g, group in enumerate(opt.param_groups):
-        for k, p in enumerate(group["params"]):
-            s = opt.state.get(p, {})
-            state[names.get(id(p), f"group{g}.{k}")] = {
-                "value": p.detach().clone(), "step": float(s["step"]) if "step" in s else None,
-                **{m: s[m].clone() for m in ("exp_avg", "exp_avg_sq") if m in s}}
-    return state
-
-
-def _assert_close(got, expected, what):
-    assert got.shape == expected.shape and got.dtype == expected.dtype, what
-    worst = float(((got - expected).abs() - (ATOL + RTOL * expected.abs())).max())
-    assert worst <= 0, f"{what}: off by {float((got - expected).abs().max()):.3g} (bound {ATOL} + {RTOL} * |eager|)"
-
-
-def _assert_same_training(got, eager):
-    for i, (a, b) in enumerate(zip(got[0], eager[0])):
-        _assert_close(a, b, f"loss of step {i}")
-    assert got[1].keys() == eager[1].keys()
-    for name, s in eager[1].items():
-        step = got[1][name]["step"]
-        assert step == s["step"], f"{name}: AdamW's step count {step}, eager's {s['step']}"
-        assert got[1][name].keys() == s.keys(), name
-        for k in s.keys() - {"step"}:
-            _assert_close(got[1][name][k], s[k], f"{name}'s {k}")
+    return losses, train_state(net, opt), run
 
 
 def _jit(fn):
@@ -177,7 +81,7 @@ def test_thunder_nb_jit_traces_anew_where_a_reached_modules_members_changed(scen
     between, with_head2 = SCENARIOS[scenario]
     eager = _train(between, with_head2)
     got = _train(between, with_head2, _jit)
-    _assert_same_training(got, eager)
+    assert_same_training(got[0], got[1], eager[0], eager[1])
 
 
 def test_a_module_jitted_whole_traces_anew_where_its_model_gains_a_submodule():
@@ -185,24 +89,24 @@ def test_a_module_jitted_whole_traces_anew_where_its_model_gains_a_submodule():
     wrapped model's (its module cache), whose ``forward`` branches on ``hasattr(self, "head2")``."""
     eager = _train(_add_head2, False, cls=_Whole)
     got = _train(_add_head2, False, _jit, cls=_Whole)
-    _assert_same_training(got, eager)
+    assert_same_training(got[0], got[1], eager[0], eager[1])
     assert thunder.compile_stats(got[2]).cache_misses == 2  # NOTE: the first trace, and one after head2 came
 
 
 def test_the_change_is_a_miss_of_the_old_entry_once_and_the_new_entry_hits():
-    net = _net()
+    net = make_net()
 
     def fn(idx, y):
-        return _loss(net, net(idx), y)
+        return model_loss(net, net(idx), y)
 
     jfn = _jit(fn)
     stats = thunder.compile_stats(jfn)
     for _ in range(3):
-        jfn(*_batch(0))
+        jfn(*batch(0))
     assert (stats.cache_misses, stats.cache_hits) == (1, 2)
     net.head2 = nn.Linear(8, 4)
     for _ in range(3):
-        jfn(*_batch(0))
+        jfn(*batch(0))
     assert (stats.cache_misses, stats.cache_hits) == (2, 4)
     _, (walk, *_) = _walks(jfn)
     assert walk._guard is not None  # NOTE: the new entry's walk is proved by its guard again
@@ -217,16 +121,16 @@ def _walks(jfn):
 
 def test_thunders_own_cache_keeps_the_old_trace():
     """The premise: plain thunder.jit runs the trace made without head2 after head2 is attached (thunder 0.2.6)."""
-    net = _net()
+    net = make_net()
 
     def fn(idx, y):
-        return _loss(net, net(idx), y)
+        return model_loss(net, net(idx), y)
 
     jfn = thunder.jit(fn)
-    before = jfn(*_batch(0))
+    before = jfn(*batch(0))
     net.head2 = nn.Linear(8, 4)
-    assert torch.equal(jfn(*_batch(0)), before)
-    assert not torch.equal(fn(*_batch(0)), before)
+    assert torch.equal(jfn(*batch(0)), before)
+    assert not torch.equal(fn(*batch(0)), before)
 
 
 # --- the walk ------------------------------------------------------------------------------------------------------
