@@ -1,13 +1,18 @@
-"""Issue #32 points 8 and 9 in JupyterLab: every default view of ``%%thunder_cudagraph``, measured in the live DOM.
+"""Issue #32 points 8 and 9 and issue 53.4 in JupyterLab: every default view of ``%%thunder_cudagraph``, measured in
+the live DOM.
 
-One notebook runs ``%load_ext thunder_nb`` and the magic on (a) a small program with an island (``.item()``) and (b)
-notebook 05's 6-layer nanoGPT training step (on the CPU: regions run eagerly, the traces are the real ones). In a
-1024 x 768 and a 1280 x 800 window, for each side of the widget's toggle (the fixed side, then the original), with the
-memory plan, lifetimes, defects and generated code opened (``<details>`` a user opens with one click), each view is
-measured:
+One notebook runs ``%load_ext thunder_nb`` and the magic on (a) a small program with an island (``.item()``), (b)
+notebook 05's 6-layer nanoGPT training step (on the CPU: regions run eagerly, the traces are the real ones) and (c)
+the README's ``--train`` cell, as the README has it. In a 1024 x 768 and a 1280 x 800 window, for each side of the
+widget's toggle (the fixed side, then the original), with the memory plan, lifetimes, defects and generated code opened
+(``<details>`` a user opens with one click), each view is measured:
 
 - the smallest rendered text in px: SVG text by its font size times the scale of ``getScreenCTM()`` (what the
   diagram's box and viewBox make of it), HTML text by its computed font size; at least `MIN_TEXT_PX`;
+- a diagram is never cut: it fits its column whole (no sideways scrolling to see it). Where that shrinks its text
+  below `MIN_TEXT_PX` (the README's ``--train`` forward at 1024 px), the line "shrunk to fit … click" shows under it,
+  a click on it shows it at full size (text at least `MIN_TEXT_PX`, its box scrolls sideways within the column) and a
+  second click fits it again;
 - its rendered width against the column's (the output area's): at most two column widths; a view wider than the
   column scrolls inside a box of its own (``.tnb-diagram``, ``.tnb-scroll``), and that box fits the column;
 - in the memory plan, that no cell of the region and "what" columns is broken over two lines (``CUDAGr``/``aph2``),
@@ -30,6 +35,7 @@ import nbformat
 import pytest
 
 from test_browser import KERNELSPEC, SCROLL_TO_TOP, _missing, _run_all, browser, lab_server  # noqa: F401 (fixture)
+from test_readme import notebook_cells
 from thunder_nb.render.html import MIN_TEXT_PX
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
@@ -49,6 +55,8 @@ MAGIC_CELLS = [
      "def step(idx, targets):\n"
      "    _, loss = model(idx, targets)\n"
      "    return loss, loss.item()"),
+    # NOTE: the README's own cell: its forward diagram is 771 px wide, in a 592-px column at 1,024 px (issue 53.4)
+    ("readme-train", next(c for c in notebook_cells() if "--train" in c.splitlines()[0])),
 ]
 CELLS = [
     "%load_ext thunder_nb",
@@ -111,7 +119,7 @@ MEASURE = """(area, [views, column]) => {
                 const px = parseFloat(getComputedStyle(p).fontSize);
                 if (px < smallest) { smallest = px; where = n.textContent.trim().slice(0, 40); }
             }
-            const svg = el.tagName.toLowerCase() === 'svg' ? el : el.querySelector(':scope > svg');
+            const svg = el.tagName.toLowerCase() === 'svg' ? el : el.querySelector(':scope > svg, :scope > label.tnb-zoomable > svg');
             const width = svg ? svg.getBoundingClientRect().width
                               : Math.max(el.scrollWidth, el.getBoundingClientRect().width);
             const box = (el.closest('.tnb-diagram, .tnb-scroll') || el).getBoundingClientRect().width;
@@ -134,8 +142,14 @@ MEASURE = """(area, [views, column]) => {
             }
             const key = `${name.replace(' ', '-')}-${i}`;
             el.dataset.tnbMeasured = key;
+            // a diagram: whether its box must scroll sideways to show it whole, its zoom control and "shrunk" line
+            const zoom = name === 'diagram' ? el.querySelector(':scope > label.tnb-zoomable > input.tnb-zoom') : null;
+            const hint = name === 'diagram' ? el.querySelector(':scope > .tnb-zoom-hint') : null;
             out.push({view: name + (i ? ` ${i + 1}` : ''), key, min_px: smallest === Infinity ? null : smallest,
-                      smallest: where, width, box, column, broken: broken.slice(0, 3), reasons});
+                      smallest: where, width, box, column, broken: broken.slice(0, 3), reasons,
+                      scrolls: name === 'diagram' ? el.scrollWidth > el.clientWidth + 1 : null,
+                      zoom: zoom ? (zoom.checked ? 'full size' : 'fitted') : null,
+                      hint: hint ? visible(hint) : null});
             i += 1;
         }
     }
@@ -187,10 +201,20 @@ def _side(box, label: str):
 
 
 def _problems(m: dict) -> list[str]:
-    """What breaks a limit in one view's measures, with the numbers."""
+    """What breaks a limit in one view's measures, with the numbers. A fitted diagram with a zoom control and its
+    "shrunk" line may have smaller text: ``m["needs_zoom"]`` is set, and the caller checks the full size."""
     out = []
+    zoomable = m.get("zoom") == "fitted" and m.get("hint")
     if m["min_px"] is not None and m["min_px"] < MIN_TEXT_PX - 0.01:
-        out.append(f"text {m['min_px']:.1f} px < {MIN_TEXT_PX} px ({m['smallest']!r})")
+        if zoomable:
+            m["needs_zoom"] = True
+        else:
+            out.append(f"text {m['min_px']:.1f} px < {MIN_TEXT_PX} px ({m['smallest']!r})"
+                       + (" and no \"shrunk to fit\" line" if m.get("zoom") == "fitted" else ""))
+    elif m.get("hint"):
+        out.append(f"the \"shrunk to fit\" line shows, yet its text is {m['min_px']:.1f} px")
+    if m.get("zoom") != "full size" and m.get("scrolls"):
+        out.append("cut: its box scrolls sideways to show it whole (a diagram fits the column until it is clicked)")
     if m["width"] > 2 * m["column"] + 1:
         out.append(f"{m['width']:.0f} px wide > two columns of {m['column']:.0f} px")
     if m["box"] > m["column"] + 1:
@@ -201,6 +225,33 @@ def _problems(m: dict) -> list[str]:
     if m["broken"]:
         out.append(f"broken over two lines: {m['broken']}")
     return out
+
+
+def _zoom(page, pane, m: dict, tag: str, shots) -> list[dict]:
+    """Click a fitted diagram whose text is under `MIN_TEXT_PX` (full size), measure it, click again (fitted), measure
+    it; return both measures, each with its problems (full size: legible, its box within the column; fitted again:
+    as before the clicks)."""
+    folder, paths = shots
+    diagram = pane.locator(f"[data-tnb-measured='{m['key']}']").first
+    picture = diagram.locator(":scope > label.tnb-zoomable > svg, :scope > label.tnb-zoomable > img").first
+    rows = []
+    for state in ("full size", "fitted"):
+        picture.click()
+        after = next(r for r in pane.evaluate(MEASURE, [[("diagram", ".tnb-diagram")], m["column"]])
+                     if r["key"] == m["key"])
+        after.update(view=f"{m['view']} ({state})", problems=_problems(after))
+        if after["zoom"] != state:
+            after["problems"].append(f"clicked, it is {after['zoom']}, not {state}")
+        if state == "full size" and after["width"] <= m["width"] + 1:
+            after["problems"].append(f"full size is no wider than fitted ({after['width']:.0f} px)")
+        if state == "fitted" and after.get("needs_zoom") != m.get("needs_zoom"):
+            after["problems"].append("fitted again, it is not as it was before the clicks")
+        after["screenshot"] = str(folder / f"{tag}-{m['key']}-{state.replace(' ', '-')}.png")
+        diagram.evaluate(SCROLL_TO_TOP)
+        page.screenshot(path=after["screenshot"])
+        paths.append(Path(after["screenshot"]))
+        rows.append(after)
+    return rows
 
 
 def _print_table(request, rows: list[dict], note: str) -> None:
@@ -234,6 +285,8 @@ def _measure_side(page, area, output, box, pane, tag: str, shots, shown: Sequenc
                 page.screenshot(path=m["screenshot"])
                 paths.append(Path(m["screenshot"]))
             rows.append(m)
+            if m.get("needs_zoom"):
+                rows += _zoom(page, pane, m, tag, shots)
     return rows
 
 
@@ -270,6 +323,9 @@ def test_every_default_view_is_legible_and_at_most_two_columns_wide_in_jupyterla
                                 f"{time.monotonic() - ran:.0f} s")
     seen = {r["view"].split(" ")[0] for r in rows}
     assert seen >= {"toggle", "diagram", "module", "memory", "lifetimes", "generated", "run"}, seen
+    # NOTE: the README --train forward does not fit a 592-px column at 11 px: its zoom was clicked, both ways
+    zoomed = {(r["window"], r["cell"]) for r in rows if r["view"].endswith("(full size)")}
+    assert ("1024x768", "readme-train") in zoomed, sorted(zoomed)
     failures = [f"{r['window']} {r['cell']} [{r['side']}] {r['view']}: {'; '.join(r['problems'])} "
                 f"(screenshot {r['screenshot']})" for r in rows if r["problems"]]
     assert failures == [], "\n".join(failures)
@@ -294,5 +350,34 @@ def test_the_measures_catch_what_issue_32_saw(browser):
         assert memory[-1] == "broken over two lines: ['CUDAGraph2']"
         assert memory[0].startswith("its box spills out of the 300-px column")
         assert re.fullmatch(r"its last column is \d+ px wide \(< 150 px: a word or two a line\)", memory[1])
+    finally:
+        page.close()
+
+
+def test_the_measures_catch_a_cut_diagram_and_the_zoom_works_both_ways(browser, shots):
+    """On a made-up page: a diagram that scrolls sideways in its box is cut; one built by `_box` with the real `CSS` fits
+    a 520-px column with its "shrunk" line, shows at full size when clicked (12-px text, its box still 520 px) and fits
+    again at the second click."""
+    from thunder_nb.render import html
+
+    drawing = ('<svg width="750pt" height="75pt" viewBox="0 0 750 75" xmlns="http://www.w3.org/2000/svg">'
+               '<text x="0" y="40" font-size="9">CUDAGraph1</text></svg>')  # NOTE: 1000 x 100 px, 12-px text
+    body = html._box(drawing)
+    page = browser.new_page(viewport={"width": 600, "height": 300})
+    try:
+        page.set_content(
+            f'<div id="area" style="width:520px"><div class="thunder-nb">{html.style_for(body)}{body}</div>'
+            '<div class="tnb-diagram" style="overflow-x:auto"><svg width="800" height="100" style="min-width:800px">'
+            '<text x="0" y="50" font-size="12">CUDAGraph2</text></svg></div></div>')
+        fitted, cut = page.locator("#area").evaluate(MEASURE, [VIEWS, 520])
+        assert _problems(cut) == ["cut: its box scrolls sideways to show it whole (a diagram fits the column until "
+                                  "it is clicked)"]
+        assert (fitted["zoom"], fitted["hint"], fitted["scrolls"]) == ("fitted", True, False)
+        assert _problems(fitted) == [] and fitted["needs_zoom"] and fitted["min_px"] == pytest.approx(6.24, abs=0.1)
+        area = page.locator("#area")
+        full, again = _zoom(page, area, fitted, "made-up", shots)
+        assert (full["zoom"], full["problems"], full["min_px"]) == ("full size", [], pytest.approx(12, abs=0.1))
+        assert full["scrolls"] and full["box"] <= 520
+        assert (again["zoom"], again["problems"], again["scrolls"]) == ("fitted", [], False)
     finally:
         page.close()

@@ -644,10 +644,10 @@ def test_report_mimebundle_embeds_the_diagrams(stock_mlp):
     assert "<svg" not in markup
     assert_in_order(markup, '<div class="thunder-nb">', "mlp", "verdict:", "error: RuntimeError: no GPU",
                     "forward trace <code>computation</code>",
-                    '<div class="tnb-diagram"><img class="tnb-img tnb-diagram-img"', "region-deletes-outside-value",
+                    '<div class="tnb-diagram"><label class="tnb-zoomable"', '<img class="tnb-img tnb-diagram-img"', "region-deletes-outside-value",
                     "<summary>lifetimes</summary>", '<img class="tnb-img tnb-lifetime-img"',
                     "<summary>source</summary>", "<summary>generated code</summary>",
-                    "backward trace <code>backward_fn</code>", '<div class="tnb-diagram"><img')
+                    "backward trace <code>backward_fn</code>", '<div class="tnb-diagram">', '<img')
     pictures = [base64.b64decode(src).decode() for src in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', markup)]
     assert pictures[0].startswith("<svg") and ">CUDAGraph1<" in pictures[0] and "<title>" not in pictures[0]
 

@@ -358,7 +358,8 @@ _TEXTS = """(root) => {
     if (!node.textContent.trim()) continue;
     const el = node.parentElement;
     const box = el.getBoundingClientRect();
-    if (box.width === 0 || box.height === 0) continue;  // inside a closed <details>, or a <title>
+    // NOTE: inside a closed <details> (Chromium lays it out: checkVisibility says it is hidden), or a <title>
+    if (box.width === 0 || box.height === 0 || !el.checkVisibility({visibilityProperty: true})) continue;
     let px = parseFloat(getComputedStyle(el).fontSize);
     if (el instanceof SVGElement) { const m = el.getScreenCTM(); px *= Math.hypot(m.a, m.b); }
     out.push([px, node.textContent.trim().slice(0, 40)]);

@@ -272,7 +272,7 @@ def test_a_big_diagram_shows_collapsed_with_the_full_one_behind_details(held_mlp
     assert w > render.html.FIT[0] or h > render.html.FIT[1]  # NOTE: the MLP's full forward is taller than a screen
     markup, drawn = render.html.diagram_html(held_mlp.forward)
     assert drawn
-    assert_in_order(markup, '<div class="tnb-diagram"><svg', "<title>CUDAGraph1</title>", "</svg>",
+    assert_in_order(markup, '<div class="tnb-diagram">', '<svg', "<title>CUDAGraph1</title>", "</svg>",
                     '<details class="tnb-full"><summary>full diagram: 5 ops', "<title>cluster_CUDAGraph1</title>")
     small = render.backend.svg_size(markup[: markup.index("</svg>")])
     assert small[0] <= render.html.FIT[0] and small[1] <= render.html.FIT[1]
@@ -290,7 +290,7 @@ def test_a_small_diagram_stays_in_full():
 def test_a_long_chain_still_too_tall_when_collapsed_scrolls_within_the_fit_height():
     trace = analysis.analyze_source(chain_source(10, 20), kind="forward")
     markup, _ = render.html.diagram_html(trace)
-    assert markup.startswith('<div class="tnb-diagram tnb-tall"><svg')
+    assert markup.startswith('<div class="tnb-diagram tnb-tall"><label class="tnb-zoomable"')
     assert render.backend.svg_size(markup)[1] > render.html.FIT[1]
     assert ".thunder-nb .tnb-tall{max-height:%dpx;overflow-y:auto}" % render.html.FIT[1] in render.html.CSS
 

@@ -18,6 +18,7 @@ from .text import report_text, trace_text
 
 __all__ = [
     "CSS",
+    "style_for",
     "FIT",
     "COLUMN",
     "MIN_TEXT_PX",
@@ -82,7 +83,14 @@ CSS = """<style>
 .thunder-nb .tnb-defect-line{background:#ffe3e3;display:inline-block;min-width:100%}
 .thunder-nb pre{background:#f8f9fa;padding:6px;overflow:auto;margin:0;line-height:1.3;max-width:100%}
 .thunder-nb .tnb-diagram,.thunder-nb .tnb-scroll{max-width:100%;overflow-x:auto}
+.thunder-nb .tnb-diagram{container-type:inline-size}
 .thunder-nb .tnb-diagram svg{max-width:100%;height:auto}
+.thunder-nb .tnb-zoomable{display:block;width:max-content;max-width:100%}
+.thunder-nb .tnb-zoomable>svg,.thunder-nb .tnb-zoomable>img{cursor:zoom-in}
+.thunder-nb .tnb-zoom:checked~svg,.thunder-nb .tnb-zoom:checked~img{max-width:none!important;cursor:zoom-out}
+.thunder-nb .tnb-zoomable:has(.tnb-zoom:checked){max-width:none}
+.thunder-nb .tnb-zoom-hint{font-size:11px;color:#495057}
+.thunder-nb .tnb-zoomable:has(.tnb-zoom:checked)+.tnb-zoom-hint{display:none!important}
 .thunder-nb svg.tnb-lifetime{max-width:none}
 .thunder-nb .tnb-tree{border-left:4px solid;padding-left:6px;margin:6px 0}
 .thunder-nb ol.tnb-level{list-style:none;margin:0;padding-left:14px}
@@ -100,6 +108,18 @@ CSS = """<style>
 .thunder-nb .tnb-side-row{display:flex;flex-wrap:wrap;gap:8px 16px}
 .thunder-nb .tnb-side-row>div{flex:1 1 420px;min-width:0}
 </style>"""
+
+
+_HINT = re.compile(r'class="tnb-zoom-hint tnb-hint-(\d+)"')
+
+
+def style_for(body: str) -> str:
+    """`CSS`, with a container query for each width at which a diagram of ``body`` is shrunk below `MIN_TEXT_PX`: it
+    shows that diagram's line "shrunk to fit the column: click …" (`_box`) in a column narrower than that."""
+    widths = sorted({int(w) for w in _HINT.findall(body)})
+    rules = "".join(f"@container (max-width:{w - 1}px){{.thunder-nb .tnb-hint-{w}{{display:block!important}}}}\n"
+                    for w in widths)
+    return CSS.replace("</style>", rules + "</style>") if rules else CSS
 
 
 def rows_table(rows: Iterable[tuple[str, str]], *, cls: str = "tnb-run") -> str:
@@ -194,20 +214,30 @@ _FONT = re.compile(r'font-size="([\d.]+)"')
 
 
 def _box(image: str, *, tall: bool | None = None) -> str:
-    """The diagram's box; one still taller than `FIT` (a long chain of regions) scrolls within that height.
+    """The diagram's box: the drawing fits the column's width (shrunk, never cut); one still taller than `FIT` (a long
+    chain of regions) scrolls within that height.
 
-    The drawing shrinks with a narrow column only down to the width at which its smallest text is `MIN_TEXT_PX`;
-    a narrower column scrolls it sideways.
+    A click on the drawing shows it at full size (scrolling sideways in its box where the column is narrower), a second
+    click fits it again: a hidden checkbox in a ``<label>`` around it, and `CSS`, so it works without JavaScript, in a
+    widget pane and in a static page alike. Where the fitted drawing's smallest text would be under `MIN_TEXT_PX`
+    (the column narrower than ``width × MIN_TEXT_PX / smallest``), a line under it says so: a container query of
+    `style_for` shows it, so it appears only in such a column. Where ``<style>`` is stripped (an untrusted notebook) the drawing just fits.
     """
     w, h = svg_size(image)
     if tall is None:
         tall = h > FIT[1]
     sizes = [float(m) for m in _FONT.findall(image)]
+    hint = ""
     if w and sizes:
         smallest = min(sizes) * 4 / 3  # NOTE: dot writes font sizes in pt, its drawing's units
-        floor = min(w, math.ceil(w * MIN_TEXT_PX / smallest))  # NOTE: up, or rounding makes 10.99 px
-        image = image.replace("<svg", f'<svg style="min-width:{floor}px"', 1)
-    return f'<div class="tnb-diagram{" tnb-tall" if tall else ""}">{image}</div>'
+        legible = math.ceil(w * MIN_TEXT_PX / smallest)  # NOTE: up, or rounding makes 10.99 px
+        if legible > 0:
+            # NOTE: shown by a container query of `style_for`, one per width; hidden inline where no style sheet applies
+            hint = (f'<div class="tnb-zoom-hint tnb-hint-{legible}" style="display:none">shrunk to fit the column: '
+                    "click the diagram for full size, again to fit</div>")
+    zoom = (f'<label class="tnb-zoomable" title="click: full size / fit the column">'
+            f'<input type="checkbox" class="tnb-zoom" hidden style="display:none">{image}</label>')
+    return f'<div class="tnb-diagram{" tnb-tall" if tall else ""}">{zoom}{hint}</div>'
 
 
 def trees_html(trace: TraceReport) -> str:
@@ -349,7 +379,7 @@ def report_html(report: Report) -> str:
     (JupyterLab, GitHub) sanitizes inline SVG away.
     """
     body = _header_html(report) + "".join(trace_html(t) for t in report.traces)
-    return svgs_to_imgs(f'<div class="thunder-nb">{CSS}{body}</div>')
+    return svgs_to_imgs(f'<div class="thunder-nb">{style_for(body)}{body}</div>')
 
 
 def report_mimebundle(report: Report, include: Iterable[str] | None = None,
@@ -377,7 +407,8 @@ def side_by_side_html(original: Report, fixed: Report) -> str:
             t = next((t for t in rep.traces if t.kind == kind), None)
             cells.append(f"<div>{trace_html(t)}</div>" if t is not None else f"<div><p>no {esc(kind)} trace</p></div>")
         rows.append(f'<div class="tnb-side-row">{"".join(cells)}</div>')
-    return svgs_to_imgs(f'<div class="thunder-nb">{CSS}<div class="tnb-side">{"".join(rows)}</div></div>')
+    body = "".join(rows)
+    return svgs_to_imgs(f'<div class="thunder-nb">{style_for(body)}<div class="tnb-side">{body}</div></div>')
 
 
 def _pane_trace_html(trace: TraceReport, views: Sequence[str], *, ran: bool = True) -> tuple[str, bool]:
@@ -440,4 +471,5 @@ def side_html(report: Report, views: Iterable[str] = SIDE_VIEWS, *, title: str |
         A self-contained HTML fragment (it carries `CSS`). Without Graphviz's ``dot`` the diagram is
         shown as DOT source followed by the report's text form.
     """
-    return f'<div class="thunder-nb">{CSS}{pane_html(report, views, title=title)}</div>'
+    body = pane_html(report, views, title=title)
+    return f'<div class="thunder-nb">{style_for(body)}{body}</div>'
