@@ -50,6 +50,9 @@ MEASURE = """area => {
         svg: area.querySelectorAll('svg text').length,
         widget: area.querySelectorAll('.widget-toggle-buttons').length,
         run_on: (text.match(/trace `[^`]*` · /g) || []).length,
+        // the diagrams' zoom checkbox and "shrunk to fit … click" line work by a style sheet, which the sanitizer drops:
+        // hidden inline, neither shows here
+        controls: [...area.querySelectorAll('input, .tnb-zoom-hint')].filter(e => e.getBoundingClientRect().width > 0).length,
         width: box.width,
     };
 }"""
@@ -123,6 +126,8 @@ def _check(page, root_nb, name: str, screenshots) -> list[str]:
             problems.append(f"{where}: {m['images']} images, {m['drawn']} decoded with a size, {m['shown']} shown")
         if m["run_on"]:
             problems.append(f"{where}: {m['run_on']} drawing title(s) as loose text: an SVG was sanitized into words")
+        if m["controls"]:
+            problems.append(f"{where}: {m['controls']} zoom checkbox(es) or 'click' line(s) shown, which do nothing here")
         if m["too_wide"]:
             problems.append(f"{where}: {m['too_wide']} image(s) wider than the {m['width']:.0f}-px output column")
         shot = ARTIFACTS / f"untrusted-{Path(name).stem}-cell{i}.png"

@@ -44,7 +44,8 @@ SIDE_VIEWS = ("diagram", "lifetimes", "source")
 FIT = (880, 900)
 #: A notebook's column width in px (JupyterLab at a 1,280-px window); no view is wider than two of them.
 COLUMN = 1040
-#: The smallest text in px any view shows at `COLUMN` width: a diagram shrinks to fit no further than this allows.
+#: The smallest text in px any view shows at `COLUMN` width. A diagram fitted to a narrower column may go below it: a
+#: line under it says so, and a click shows it at full size (`_box`).
 MIN_TEXT_PX = 11
 #: A drawing wider than this (px) is laid out again for a narrow column (`region_diagram`'s ``narrow``: its inputs one
 #: under the other), and that layout is shown where it is narrower: JupyterLab's column in a 1,024-px window is 592 px,
