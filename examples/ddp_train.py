@@ -1,16 +1,21 @@
-"""Data-parallel training with thunder-nb: ``thunder.distributed.ddp`` around ``thunder_nb.jit``, one process a rank.
+"""Data-parallel training with thunder-nb: ``thunder.distributed.ddp`` around ``thunder_nb.jit``, one process a rank;
+with ``--step``, ``thunder_nb.jit_step``: one CUDA graph a step, the gradients' all-reduce inside it.
 
     torchrun --standalone --nproc_per_node 2 examples/ddp_train.py
+    torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --step
 
 Every rank builds the same small model and trains it with AdamW on its own rows of each batch; ``ddp`` all-reduces the
 gradients, outside the CUDA graphs, so the ranks take the same steps. Each prints the loss of the whole batch (its own
 loss averaged with the other ranks'): the same numbers on every rank, and the ones a single process training on the
 whole batches prints. NCCL and one GPU a rank (``LOCAL_RANK``) where CUDA is available; gloo on the CPU otherwise,
-where the regions run as plain Python instead of graphs.
+where the regions run as plain Python instead of graphs. With ``--step`` the plain model goes to ``jit_step``, which
+averages the gradients across the ranks itself (torch.distributed is initialized with more than one rank), after the
+backward and before the optimizer's step; on the CPU its graph is capture's stand-in.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -42,20 +47,31 @@ def batches(world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--step", action="store_true", help="train through thunder_nb.jit_step (one graph a step)")
+    args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = thunder.distributed.ddp(thunder_nb.jit(make_model().to(device)))
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
     rows = slice(rank * ROWS, (rank + 1) * ROWS)
+    if args.step:
+        plain = make_model().to(device)
+        opt = torch.optim.AdamW(plain.parameters(), lr=LR)
+        train_step = thunder_nb.jit_step(plain, lambda x, y: torch.nn.functional.mse_loss(plain(x), y), opt)
+    else:
+        model = thunder.distributed.ddp(thunder_nb.jit(make_model().to(device)))
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
     for step, (x, y) in enumerate(batches(world)):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x[rows].to(device)), y[rows].to(device))
-        loss.backward()
-        opt.step()
+        if args.step:
+            loss = train_step(x[rows].to(device), y[rows].to(device))  # NOTE: zero_grad, backward, all-reduce, step
+        else:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[rows].to(device)), y[rows].to(device))
+            loss.backward()
+            opt.step()
         whole = loss.detach().clone()
         dist.all_reduce(whole)  # NOTE: the sum of the ranks' losses, each over as many rows
         # NOTE: one write of the whole line: print() writes the text and its newline apart, and the ranks share stdout

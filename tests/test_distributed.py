@@ -49,7 +49,28 @@ CONFIGS = {
     "nb-ddp-gpu": Config("thunder_nb", "ddp", True, "adamw"),
     "nb-fsdp-gpu": Config("thunder_nb", "fsdp", True, "adamw"),
 }
-CPU_CONFIGS = [name for name, config in CONFIGS.items() if config.capture is not True]
+
+
+class StepConfig(NamedTuple):
+    """A whole-step configuration (issue 52): ``thunder_nb.jit_step`` across the ranks, or torch's DDP eagerly."""
+
+    kind: str  # "jit_step", or "torch-ddp-eager" (torch's DistributedDataParallel, no thunder)
+    capture: bool | str  # jit_step's capture: "emulated" (the CPU stand-in) or True (a GPU)
+    optimizer: str  # "adamw" or "sgd-momentum"
+    ddp: bool | None = None  # jit_step's ddp: None (averages where the world is above 1), True, False
+    clip: float | None = None  # jit_step's max_grad_norm
+    accumulate: int = 1
+
+
+STEP_CONFIGS = {
+    "step-adamw": StepConfig("jit_step", "emulated", "adamw"),
+    "step-sgd-clip-accumulate": StepConfig("jit_step", "emulated", "sgd-momentum", clip=0.05, accumulate=2),
+    "step-alone": StepConfig("jit_step", "emulated", "adamw", ddp=False),
+    "torch-ddp-eager": StepConfig("torch-ddp-eager", False, "adamw"),
+    "step-gpu": StepConfig("jit_step", True, "adamw", ddp=True),
+}
+CPU_CONFIGS = ([name for name, config in CONFIGS.items() if config.capture is not True]
+               + [name for name, config in STEP_CONFIGS.items() if config.capture is not True])
 
 
 def make_model() -> torch.nn.Module:
@@ -64,10 +85,18 @@ def batches(world: int, device: str = "cpu") -> list[tuple[torch.Tensor, torch.T
 
 
 def optimizer(kind: str, params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=0.05) if kind == "adamw" else torch.optim.SGD(params, lr=0.1)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=0.05)
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9 if kind == "sgd-momentum" else 0.0)
 
 
-def single_process(kind: str, world: int) -> dict:
+def optimizer_state(opt: torch.optim.Optimizer, params) -> list[dict]:
+    """Each parameter's optimizer state (AdamW's moments and step, SGD's momentum), on the CPU."""
+    return [{k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
+            for p in params]
+
+
+def single_process(kind: str, world: int, clip: float | None = None) -> dict:
     """Eager training in one process on the ranks' batches together: what data parallelism must reproduce."""
     model = make_model()
     opt = optimizer(kind, model.parameters())
@@ -76,9 +105,12 @@ def single_process(kind: str, world: int) -> dict:
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         losses.append(loss.item())
-    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()],
+            "state": optimizer_state(opt, list(model.parameters()))}
 
 
 def _names(trace) -> tuple[list[str], list[str]]:
@@ -91,6 +123,98 @@ def _names(trace) -> tuple[list[str], list[str]]:
     return top, inside
 
 
+def mse_of(module):
+    """``loss_fn(x, y)``: the mean squared error of ``module(x)``."""
+    def loss_fn(x, y):
+        return torch.nn.functional.mse_loss(module(x), y)
+
+    return loss_fn
+
+
+def _train_step(name: str, rank: int, world: int, device: str) -> dict:
+    """``STEP_CONFIGS[name]`` on this rank's rows of each batch."""
+    import thunder_nb
+
+    c = STEP_CONFIGS[name]
+    model = make_model().to(device)
+    rows = slice(rank * BATCH, (rank + 1) * BATCH)
+    data = [(x[rows].to(device), y[rows].to(device)) for x, y in batches(world)]
+    out: dict = {}
+    if c.kind == "torch-ddp-eager":
+        module = torch.nn.parallel.DistributedDataParallel(model)
+        opt = optimizer(c.optimizer, module.parameters())
+        losses = []
+        for x, y in data:
+            opt.zero_grad()
+            loss = mse_of(module)(x, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    else:
+        opt = optimizer(c.optimizer, model.parameters())
+        report = thunder_nb.capturability(model, mse_of(model), opt, *data[0], ddp=c.ddp, accumulate=c.accumulate)
+        step = thunder_nb.jit_step(model, mse_of(model), opt, capture=c.capture, warmup=1, ddp=c.ddp,
+                                   max_grad_norm=c.clip, accumulate=c.accumulate)
+        losses = [step(x, y).item() for x, y in data]
+        out.update(report=report.to_text(), all_reduces=report.all_reduces, report_ranks=report.ranks,
+                   whole_step=report.whole_step, repr=repr(step), notes=list(step.notes),
+                   graphs=step.graphs_recorded, launches=step.ranks.launches if step.ranks else None,
+                   captured=step.ranks.captured if step.ranks else None)
+    out.update(losses=losses, params=[p.detach().cpu() for p in model.parameters()],
+               grads=[p.grad.detach().cpu() for p in model.parameters()],
+               state=optimizer_state(opt, list(model.parameters())))
+    if c.capture is True:  # NOTE: one more replay, profiled: the kernels the graph launches, NCCL's among them
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(*data[-1])
+            torch.cuda.synchronize()
+        out["kernels"] = sorted({e.name for e in prof.events()})
+        out["launches_after_profiled_replay"] = step.ranks.launches
+    return out
+
+
+def _step_refusals() -> dict:
+    """What jit_step says where a data-parallel wrapper is around the model, or a host sync in the loss: the message
+    of each, or None where it did not raise."""
+    import thunder
+    from thunder.distributed import ddp
+
+    import thunder_nb
+    from thunder_nb.step import StepRefused
+
+    model = make_model()
+    wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    thunder_ddp = ddp(thunder.jit(make_model()))
+    opt = optimizer("sgd", model.parameters())
+    x, y = batches(1)[0]
+
+    def logged(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        return loss, loss.item()
+
+    attempts = {
+        "jit_step(DistributedDataParallel(m))":
+            lambda: thunder_nb.jit_step(wrapped, mse_of(wrapped), opt, capture="emulated"),
+        "jit_step(m, loss_fn calling DistributedDataParallel(m))":
+            lambda: thunder_nb.jit_step(model, mse_of(wrapped), opt, capture="emulated"),
+        "jit_step(ddp(thunder.jit(m)))":
+            lambda: thunder_nb.jit_step(thunder_ddp, mse_of(thunder_ddp), opt, capture="emulated"),
+        "capturability(DistributedDataParallel(m))": lambda: thunder_nb.capturability(wrapped, mse_of(wrapped), opt,
+                                                                                      x, y),
+        "host sync": lambda: thunder_nb.jit_step(model, logged, opt, capture="emulated")(x, y),
+    }
+    found = {}
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+        except (TypeError, StepRefused) as e:
+            found[what] = f"{type(e).__name__}: {e}"
+        else:
+            found[what] = None
+    return found
+
+
 def _train(name: str, rank: int, world: int, device: str) -> dict:
     import contextlib
 
@@ -100,6 +224,8 @@ def _train(name: str, rank: int, world: int, device: str) -> dict:
     import thunder_nb
     from thunder_nb.testing import emulated_capture
 
+    if name in STEP_CONFIGS:
+        return _train_step(name, rank, world, device)
     compiler, wrapper, capture, kind, keep_grads = CONFIGS[name]
     model = make_model().to(device)
     if compiler == "thunder":
@@ -201,7 +327,9 @@ def _worker(rank: int, world: int, init: str, out: str, configs: list[str], devi
                 results[name] = _train(name, rank, world, device)
             except Exception:  # NOTE: the test of that configuration fails with it; the others still run
                 results[name] = {"error": traceback.format_exc()}
-        results["refusals"] = _refusals()
+        if backend == "gloo":  # NOTE: the refusals' models are on the CPU, which NCCL cannot reduce
+            results["refusals"] = _refusals()
+            results["step_refusals"] = _step_refusals()
         torch.save(results, Path(out) / f"rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()
@@ -341,6 +469,125 @@ def test_orders_that_cannot_work_are_refused_naming_the_one_to_write(ranks):
         assert "(thunder_nb.jit(model))" in message, message
 
 
+# --- jit_step across ranks (issue 52): the gradients' all-reduce inside the step ------------------------------------
+
+
+def check_step_against_one_process(results: list[dict], name: str, tolerance: dict = CPU_TOLERANCE) -> None:
+    """The ranks' mean loss at each step, and every rank's parameters and optimizer state at the end, are one
+    process's training on all the ranks' batches (with the configuration's optimizer and clipping)."""
+    config = STEP_CONFIGS[name]
+    ranks = trained(results, name)
+    reference = single_process(config.optimizer, len(ranks), config.clip)
+    mean_losses = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(STEPS)]
+    close(torch.tensor(mean_losses), torch.tensor(reference["losses"]), tolerance)
+    for r in ranks:
+        close(r["params"], reference["params"], tolerance)
+        close(r["state"], reference["state"], tolerance)
+
+
+def check_identical_on_every_rank(results: list[dict], name: str) -> None:
+    """Every rank ends with the same parameters, gradients and optimizer state, bit for bit."""
+    from thunder_nb.diagnosis.judge import EXACT, assert_equal
+
+    ranks = trained(results, name)
+    for r in ranks[1:]:
+        for what in ("params", "grads", "state"):
+            assert_equal(r[what], ranks[0][what], tolerance=EXACT, label=f"rank's {what}", reference="rank 0's")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["step-adamw", "step-sgd-clip-accumulate"])
+def test_jit_step_averages_the_gradients_across_ranks_inside_the_step(ranks, name):
+    """``jit_step(model, loss_fn, opt)`` with torch.distributed initialized on two ranks (gloo, emulated capture:
+    one uncaptured step, the recording, a replay): the gradients' all-reduce runs inside every step, after the
+    backward and before clipping and the optimizer's step, so the losses, parameters and optimizer state are one
+    process's training on both ranks' rows together, and every rank ends identical. With SGD's momentum, clipping
+    and two micro-batches a step too: the all-reduce follows the last micro-batch's backward."""
+    check_step_against_one_process(ranks, name)
+    check_identical_on_every_rank(ranks, name)
+    rank0 = trained(ranks, name)[0]
+    assert rank0["graphs"] == 1
+    # NOTE: one bucket (one dtype, 58 parameters' elements), one all_reduce launched by each of the three steps: the
+    # uncaptured one, the recording's first replay and the replay (the CPU stand-in runs the step again: no graph)
+    assert (rank0["launches"], rank0["captured"]) == (STEPS, 0)
+    assert (rank0["all_reduces"], rank0["report_ranks"], rank0["whole_step"]) == (1, WORLD, True)
+    assert "all-reduce: 1 all_reduce a step across 2 ranks" in rank0["report"], rank0["report"]
+    assert "2 ranks, 1 all_reduce a step>" in rank0["repr"], rank0["repr"]
+    assert any("averaged across 2 ranks" in n for n in rank0["notes"]), rank0["notes"]
+
+
+@pytest.mark.slow
+def test_jit_step_across_ranks_equals_thunder_ddp_and_torch_ddp(ranks):
+    """Rank by rank, ``jit_step`` across two ranks trains as ``ddp(thunder.jit(model))`` and as torch's
+    ``DistributedDataParallel(model)`` eagerly: the same losses, parameters (and torch DDP's optimizer state)."""
+    for r, oracle, torch_ddp in zip(trained(ranks, "step-adamw"), trained(ranks, "thunder-ddp"),
+                                    trained(ranks, "torch-ddp-eager")):
+        close(torch.tensor(r["losses"]), torch.tensor(oracle["losses"]))
+        close(r["params"], oracle["params"])
+        close(torch.tensor(r["losses"]), torch.tensor(torch_ddp["losses"]))
+        close(r["params"], torch_ddp["params"])
+        close(r["state"], torch_ddp["state"])
+
+
+@pytest.mark.slow
+def test_jit_step_with_ddp_false_trains_each_rank_alone(ranks):
+    """``ddp=False``: no all-reduce, each rank trains on its own rows, and the ranks part (the witness that the
+    averaging above is what makes them agree)."""
+    import thunder_nb
+    from thunder_nb.diagnosis.judge import Tolerance
+
+    alone = trained(ranks, "step-alone")
+    assert alone[0]["launches"] is None and alone[0]["all_reduces"] == 0
+    assert "all-reduce" not in alone[0]["report"] and "ranks" not in alone[0]["repr"]
+    assert not thunder_nb.judge(alone[1]["params"], alone[0]["params"], tolerance=Tolerance(**CPU_TOLERANCE)).equal
+
+
+@pytest.mark.slow
+def test_jit_step_refuses_data_parallel_wrappers_naming_what_to_write(ranks):
+    """A model wrapped by torch's DDP or thunder's ``ddp``, or a loss function that calls a wrapped model, is refused
+    with a TypeError naming the plain module (the step averages itself; the wrapper's all-reduce would run twice or
+    not at all); a host sync in the loss is refused across ranks as in one process, with the user's line."""
+    refusals = ranks[0]["step_refusals"]
+    for what, message in refusals.items():
+        assert message is not None, f"{what} did not raise"
+        if what != "host sync":
+            assert message.startswith("TypeError: jit_step was given"), message
+            assert "pass the plain module (ddp_model.module)" in message, message
+    assert "wrapped by torch.nn.parallel.DistributedDataParallel" in refusals["jit_step(DistributedDataParallel(m))"]
+    assert "a module the loss function calls" in refusals["jit_step(m, loss_fn calling DistributedDataParallel(m))"]
+    assert "thunder.distributed.ddp" in refusals["jit_step(ddp(thunder.jit(m)))"]
+    host_sync = refusals["host sync"]
+    assert host_sync.startswith("StepRefused: jit_step cannot record this step as one CUDA graph: host sync: item"), \
+        host_sync
+    assert "`return loss, loss.item()`" in host_sync, host_sync
+
+
+def test_jit_step_ddp_needs_torch_distributed():
+    """In one process without torch.distributed: ``ddp=None`` (the default) trains alone; ``ddp=True`` or a
+    ``process_group`` raises ValueError saying to initialize it first."""
+    import thunder_nb
+
+    model = make_model()
+    opt = optimizer("sgd", model.parameters())
+    assert thunder_nb.jit_step(model, mse_of(model), opt, capture="emulated").ranks is None
+    for options in ({"ddp": True}, {"process_group": object()}):
+        with pytest.raises(ValueError, match="needs torch.distributed initialized first"):
+            thunder_nb.jit_step(model, mse_of(model), opt, capture="emulated", **options)
+    with pytest.raises(ValueError, match="process_group was given with ddp=False"):
+        thunder_nb.jit_step(model, mse_of(model), opt, capture="emulated", ddp=False, process_group=object())
+
+
+def test_gradient_buckets_hold_one_dtype_each_up_to_the_cap():
+    """The static buckets: in order, one dtype (and device) a bucket, a new one past the cap; a tensor above the cap
+    alone."""
+    from thunder_nb.step.ranks import plan_buckets
+
+    f32, bf16 = torch.zeros(10), torch.zeros(10, dtype=torch.bfloat16)
+    assert plan_buckets([f32, f32, bf16, f32, bf16]) == [[0, 1, 3], [2, 4]]
+    assert plan_buckets([f32, f32, f32], cap=80) == [[0, 1], [2]]
+    assert plan_buckets([torch.zeros(100), f32], cap=80) == [[0], [1]]
+
+
 def test_a_transform_after_the_fixed_one_finds_thunders_prologue():
     """The mechanism alone, in one process: a transform after the fixed one in ``transforms=`` (where ``ddp`` and
     ``fsdp`` put theirs) finds thunder's own lookups and checks in the prologue. thunder's ``PrunePrologueChecks``
@@ -390,3 +637,24 @@ def test_ddp_and_fsdp_on_nccl_with_real_capture():
     check_ranks_agree(results, "nb-ddp-gpu", GPU_TOLERANCE)
     check_collectives_outside_regions(trained(results, "nb-ddp-gpu")[0], "all_reduce")
     check_collectives_outside_regions(trained(results, "nb-fsdp-gpu")[0], "all_gather", "forward")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_jit_step_all_reduce_captured_in_the_graph_on_nccl():
+    """NCCL, one process per GPU (one at least, two at most), real capture, ``ddp=True`` (the all-reduce even in a world
+    of one): the all_reduce is recorded into the step's CUDA graph (called by the warm-up step, once more during the
+    capture, and never again from the host: the replays launch it), and the training is one process's eager training
+    on all the ranks' rows. On two GPUs the ranks end identical and a replay's kernels hold NCCL's (in a world of one
+    NCCL reduces in place without a kernel)."""
+    world = min(torch.cuda.device_count(), 2)
+    results = run_ranks(["step-gpu"], world, "cuda", "nccl")
+    check_step_against_one_process(results, "step-gpu", GPU_TOLERANCE)
+    rank0 = trained(results, "step-gpu")[0]
+    assert rank0["graphs"] == 1
+    assert (rank0["launches"], rank0["captured"], rank0["launches_after_profiled_replay"]) == (1, 1, 1), rank0
+    ranks = "1 rank" if world == 1 else "2 ranks"
+    assert f"{ranks}, 1 all_reduce a step (1 in a CUDA graph)" in rank0["repr"], rank0["repr"]
+    if world > 1:
+        check_identical_on_every_rank(results, "step-gpu")
+        assert any("nccl" in k.lower() for k in rank0["kernels"]), rank0["kernels"]

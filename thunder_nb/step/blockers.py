@@ -13,9 +13,10 @@ import torch
 from .. import internals
 from ..cudagraph.executors import jit_executors
 from .optimizer import optimizer_plan
+from .ranks import plan_buckets, ranks_of, refuse_data_parallel_wrappers
 from .report import Blocker, Capturability
 
-__all__ = ["capturability", "trace_blockers", "StepRefused", "loss_blocker"]
+__all__ = ["capturability", "trace_blockers", "StepRefused", "loss_blocker", "refuse_no_grad", "refuse_fp16"]
 
 #: What to do about each kind of op that cannot be in a graph (`thunder_nb.diagnosis.ops.classify_bsym`'s reasons).
 _FIXES = {
@@ -113,6 +114,26 @@ def caller_line() -> dict[str, Any]:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame = frame.f_back
     return _at((frame.f_code.co_filename, frame.f_lineno)) if frame is not None else _at(None)
+
+
+def refuse_no_grad() -> None:
+    """Refuse a step called under ``torch.no_grad()`` (or inference mode), naming the caller's line."""
+    raise StepRefused([Blocker("grad mode", "torch.no_grad()", fix="call the step outside torch.no_grad() and "
+                               "torch.inference_mode(); for a validation loss, call your loss function (or "
+                               "thunder_nb.jit of it) under no_grad instead", trace="loss_fn", **caller_line())],
+                      "needs grad mode")
+
+
+def refuse_fp16(autocast: tuple) -> None:
+    """Refuse float16 autocast (``autocast``: a batch key's autocast part): its gradients need loss scaling (a
+    GradScaler), which the step cannot apply."""
+    if len(autocast) > 1 and autocast[1] == torch.float16:
+        raise StepRefused([Blocker(
+            "autocast", "torch.autocast(dtype=torch.float16)",
+            fix="float16 gradients need loss scaling (torch.amp.GradScaler), which the step cannot apply inside "
+            "the graph: use torch.autocast(device, dtype=torch.bfloat16), whose range needs no scaler, or keep "
+            "float16 and a GradScaler in a loop without jit_step", trace="loss_fn", **caller_line())],
+            "cannot train under float16 autocast")
 
 
 def _definition_line(fn: Any) -> dict[str, Any]:
@@ -242,14 +263,18 @@ def _shapes(batch: Sequence[Any]) -> str:
 
 
 def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *batch: Any,
-                  accumulate: int = 1, executors: Sequence[Any] = ()) -> Capturability:
+                  accumulate: int = 1, executors: Sequence[Any] = (), ddp: bool | None = None,
+                  process_group: Any = None) -> Capturability:
     """How much of one training iteration one CUDA graph holds, and what stops the rest (nothing runs).
 
     Builds thunder's forward and backward traces of ``loss_fn`` for ``batch`` (the first micro-batch with
     ``accumulate``) and reads them with the rules of `thunder_nb.diagnosis.ops` (host syncs, device transfers, host
     memory, capture-dependent attention), plus the optimizer's step and the loss's form. Each blocker carries the
-    user's line and the fix.
+    user's line and the fix. Across ranks (``ddp`` and ``process_group`` as `jit_step` takes them), the gradients'
+    all-reduces are ops of the graph, one per bucket (``all_reduces``); a data-parallel wrapper raises TypeError.
     """
+    refuse_data_parallel_wrappers(model, loss_fn)
+    world = ranks_of(ddp, process_group)
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     desc, opt_blocker = optimizer_plan(optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -275,6 +300,8 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
         blocker = Blocker(kind, what, fix=fix, trace="forward", **where_from_traceback(e))
         return Capturability(name, 1, 0, (blocker,), desc, tuple(notes))
     blockers, flags, _ = trace_blockers(jfn, loss_fn, cuda=device.type == "cuda")
+    all_reduces = len(plan_buckets(params)) if world is not None else 0
+    flags += [False] * all_reduces  # NOTE: after the backward, before the optimizer's step: in the graph
     flags.append(opt_blocker is not None)
     if opt_blocker is not None:
         blockers.append(opt_blocker)
@@ -284,4 +311,4 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
         longest = max(longest, run)
     if any(b.kind == "loss" for b in blockers) and not any(flags):  # NOTE: a loss of the wrong form blocks it all
         longest = 0
-    return Capturability(name, len(flags), longest, tuple(blockers), desc, tuple(notes))
+    return Capturability(name, len(flags), longest, tuple(blockers), desc, tuple(notes), all_reduces, world or 0)

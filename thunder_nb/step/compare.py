@@ -55,7 +55,7 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
     device_text = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     say(f"tracing {name} with thunder and reading what stops one graph…")
-    report = capturability(model, loss_fn, optimizer, *batch, executors=executors)
+    report = capturability(model, loss_fn, optimizer, *batch, executors=executors, ddp=False)  # NOTE: one process
     if any(b.kind == "thunder" for b in report.blockers):
         _eager_forward(model, loss_fn, optimizer, batch)  # NOTE: a step that fails in eager too is the user's to fix
     if report.blockers or not execute:
@@ -70,7 +70,7 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
         eager_params = [p.detach().clone() for p in params]
         saved.restore()
         say(f"running {n} steps of the whole step ({warmup} uncaptured, the recording, {replays} replays)…")
-        step = jit_step(model, loss_fn, optimizer, capture=capture, warmup=warmup, executors=executors)
+        step = jit_step(model, loss_fn, optimizer, capture=capture, warmup=warmup, executors=executors, ddp=False)
         notes = []
         try:
             whole_losses = [float(step(*batch)) for _ in range(n)]

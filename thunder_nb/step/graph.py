@@ -11,23 +11,18 @@ from typing import Any
 import torch
 
 from .. import internals
-from .blockers import StepRefused, caller_line, loss_blocker, returned_value, split, thunder_jit, trace_blockers
-from .guard import Snapshot, autocast_key, batch_key, key_difference, trained_parameters
+from .blockers import (StepRefused, loss_blocker, refuse_fp16, refuse_no_grad, returned_value, split, thunder_jit,
+                       trace_blockers)
+from .guard import Snapshot, autocast_key, batch_key, key_difference, key_shapes, trained_parameters
 from .optimizer import TENSOR_LR, lr_to_tensor, make_capturable, optimizer_plan, without_state
+from .ranks import data_parallel
 from .recording import CudaRecording, EmulatedRecording, record_cuda, step_mode
-from .report import Blocker
 
 __all__ = ["jit_step", "Step", "RecordAgainWarning"]
 
 
 #: The recordings a step keeps, one per batch key (shapes, dtypes, autocast); the oldest goes past it.
 MAX_RECORDINGS = 4
-
-
-def _shapes(key: tuple) -> str:
-    """A batch key's tensor shapes, in words: ``shape (10, 8), (10,)``."""
-    shapes = [tuple(b[0]) for b in key[0] if isinstance(b[0], torch.Size)]
-    return "shape " + ", ".join(str(s) for s in shapes) if shapes else "no tensor"
 
 
 class RecordAgainWarning(UserWarning):
@@ -42,7 +37,8 @@ _NEW_TRACE = ("thunder traces the loss function anew, as a new thunder.jit (its 
 
 def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
              accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str = "auto", warmup: int = 3,
-             copy_loss: bool = True, executors: Sequence[Any] = ()) -> Step:
+             copy_loss: bool = True, executors: Sequence[Any] = (), ddp: bool | None = None,
+             process_group: Any = None) -> Step:
     """Compile one training iteration of ``model`` into one CUDA graph: ``step(*batch) -> loss``.
 
     Each call is ``zero_grad`` (set to None: every parameter the optimizer holds, and every one trained, as an eager
@@ -88,6 +84,12 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
         copy_loss: return a copy of the graph's loss (one small copy per step). With False the returned tensor is
             the graph's own loss buffer, overwritten by the next replay.
         executors: thunder executors, or names as `thunder_nb.jit` takes them (``"no-sdpa"``, ``"torchcompile"``).
+        ddp: data parallelism, one process a rank, in the graph (`thunder_nb.step.ranks`): after the backward, each
+            gradient becomes its mean over the ranks (static buckets, one ``all_reduce`` each), before clipping and
+            the optimizer's step; rank 0's parameters and buffers are broadcast at ``jit_step``. None (default): where
+            ``torch.distributed`` is initialized with more than one rank in the group; True: always (a world of one
+            too); False: never, each rank trains alone.
+        process_group: the group to average over, as ``DistributedDataParallel`` takes it (None: the default group).
 
     Returns:
         a `Step`. What it returns is the loss as a tensor on the model's device (a copy: a logged ``loss.item()``
@@ -98,7 +100,10 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
         Optimizer step hooks do not run on replays.
 
     Raises:
-        ValueError: ``warmup`` below 1, ``accumulate`` below 1, a model with no parameter that requires grad.
+        ValueError: ``warmup`` below 1, ``accumulate`` below 1, a model with no parameter that requires grad;
+            ``ddp=True`` or a ``process_group`` without ``torch.distributed`` initialized.
+        TypeError: the model, or a module the loss function reaches, wrapped by torch's ``DistributedDataParallel`` or
+            FSDP or by thunder's ``ddp`` or ``fsdp``: pass the plain module (the step averages the gradients itself).
         StepRefused: at the first call with a batch (before anything runs), when the iteration cannot be one
             graph: a host sync (``.item()``), a device transfer or a host-memory op inside ``loss_fn``, an
             optimizer with no capturable step, a loss that is not one tensor; the message names the op, the
@@ -107,7 +112,7 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
             with the user's line.
     """
     return Step(model, loss_fn, optimizer, accumulate=accumulate, max_grad_norm=max_grad_norm, capture=capture,
-                warmup=warmup, copy_loss=copy_loss, executors=executors)
+                warmup=warmup, copy_loss=copy_loss, executors=executors, ddp=ddp, process_group=process_group)
 
 
 class Step:
@@ -115,7 +120,8 @@ class Step:
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
                  accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str = "auto",
-                 warmup: int = 3, copy_loss: bool = True, executors: Sequence[Any] = ()):
+                 warmup: int = 3, copy_loss: bool = True, executors: Sequence[Any] = (), ddp: bool | None = None,
+                 process_group: Any = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         if accumulate < 1:
@@ -133,7 +139,9 @@ class Step:
         self._mode = step_mode(capture, self.device)
         self._executors = executors
         self._jfn = thunder_jit(loss_fn, executors)  # NOTE: made anew where thunder's cache cannot see a change
-        self.notes: list[str] = []  # what jit_step changed or decided, in words
+        # NOTE: ranks: the gradients' mean across ranks (`GradientAverage`), None in one process; notes: what jit_step
+        # changed or decided, in words
+        self.ranks, self.notes = data_parallel(model, loss_fn, ddp, process_group)
         self.optimizer_text, self._optimizer_blocker = optimizer_plan(optimizer)
         # NOTE: Adam's and AdamW's lr is read at every step (a device tensor in the graph; the optimizer itself in the
         # CPU stand-in), so it stays out of the guards; other optimizers' lr is a number recorded in the graph
@@ -164,10 +172,7 @@ class Step:
     def __call__(self, *batch: Any) -> torch.Tensor:
         """Run one training iteration on ``batch``; returns the loss (see `jit_step` for what it and ``.grad`` hold)."""
         if not torch.is_grad_enabled():
-            raise StepRefused([Blocker("grad mode", "torch.no_grad()", fix="call the step outside torch.no_grad() "
-                                       "and torch.inference_mode(); for a validation loss, call your loss function "
-                                       "(or thunder_nb.jit of it) under no_grad instead", trace="loss_fn",
-                                       **caller_line())], "needs grad mode")
+            refuse_no_grad()
         key = self._key_of(batch)
         rec = self._recordings.get(key)
         if rec is not None and self._snap.change() is None:
@@ -191,7 +196,7 @@ class Step:
 
     def _slow(self, batch: Sequence[Any], key: tuple) -> torch.Tensor:
         first = self._micro(batch)[0]  # NOTE: a batch that does not split is refused before anything changes
-        self._refuse_fp16(key)
+        refuse_fp16(key[1])
         if self._capturable:  # NOTE: load_state_dict replaces the param groups: capturable=False, lr a number
             self.notes.extend(f"{note} (again: the optimizer's param groups had lost it)"
                               for note in self._set_up_optimizer())
@@ -239,21 +244,10 @@ class Step:
             return
         self._short.add(old)
         warnings.warn(RecordAgainWarning(
-            f"jit_step: the batch of {_shapes(old)} is not recorded yet: it ran {ran} of its warmup={self.warmup} "
-            f"uncaptured steps before a batch of {_shapes(new)} came; each batch shape records after its own warm-up, "
-            "so a shape seen once an epoch (a ragged last batch) runs uncaptured for its first epochs: drop_last=True "
-            "in the DataLoader, or pad the last batch to the full size"), stacklevel=4)
-
-    def _refuse_fp16(self, key: tuple) -> None:
-        """Refuse float16 autocast: its gradients need loss scaling (a GradScaler), which the step cannot apply."""
-        autocast = key[1]
-        if len(autocast) > 1 and autocast[1] == torch.float16:
-            raise StepRefused([Blocker(
-                "autocast", "torch.autocast(dtype=torch.float16)",
-                fix="float16 gradients need loss scaling (torch.amp.GradScaler), which the step cannot apply inside "
-                "the graph: use torch.autocast(device, dtype=torch.bfloat16), whose range needs no scaler, or keep "
-                "float16 and a GradScaler in a loop without jit_step", trace="loss_fn", **caller_line())],
-                "cannot train under float16 autocast")
+            f"jit_step: the batch of {key_shapes(old)} is not recorded yet: it ran {ran} of its warmup={self.warmup} "
+            f"uncaptured steps before a batch of {key_shapes(new)} came; each batch shape records after its own "
+            "warm-up, so a shape seen once an epoch (a ragged last batch) runs uncaptured for its first epochs: "
+            "drop_last=True in the DataLoader, or pad the last batch to the full size"), stacklevel=4)
 
     # --- what runs --------------------------------------------------------------------------------
 
@@ -282,6 +276,8 @@ class Step:
             if capturing:
                 internals.clear_cublas_workspaces()  # NOTE: the next micro-batch's forward takes the backward's block
             total = loss.detach() if total is None else total + loss.detach()
+        if self.ranks is not None:
+            self.ranks(self._params)  # NOTE: the gradients' mean over the ranks, in the graph
         if self.max_grad_norm is not None:
             self._grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
         self.optimizer.step()
@@ -315,6 +311,9 @@ class Step:
         if self._tensor_lr:
             self._lr_to_tensor()
         if self._mode == "cuda":
+            if self.ranks is not None:
+                with torch.cuda.stream(self._stream):
+                    self.ranks.warm(self.device)  # NOTE: the communicator exists before the capture, on its stream
             rec: Any = record_cuda(self._iteration, static, self._params, self._stream, self.device)
         else:
             rec = EmulatedRecording(self._iteration, static, self._params)
@@ -392,5 +391,6 @@ class Step:
 
     def __repr__(self) -> str:
         mode = {"cuda": "CUDA graph", "emulated": "emulated on the CPU", False: "uncaptured"}[self._mode]
+        ranks = f", {self.ranks.short()}" if self.ranks is not None else ""
         return (f"<thunder_nb.step.Step of {getattr(self.loss_fn, '__name__', 'loss_fn')}: {mode}, "
-                f"{self.graphs_recorded} recorded, optimizer {self.optimizer_text}>")
+                f"{self.graphs_recorded} recorded, optimizer {self.optimizer_text}{ranks}>")

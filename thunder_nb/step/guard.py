@@ -10,7 +10,13 @@ import torch
 from .. import internals
 from .optimizer import LIVE, why_fixed
 
-__all__ = ["Snapshot", "Change", "batch_key", "key_difference", "autocast_key", "trained_parameters"]
+__all__ = ["Snapshot", "Change", "batch_key", "key_difference", "autocast_key", "trained_parameters", "key_shapes"]
+
+
+def key_shapes(key: tuple) -> str:
+    """A batch key's tensor shapes, in words: ``shape (10, 8), (10,)``."""
+    shapes = [tuple(b[0]) for b in key[0] if isinstance(b[0], torch.Size)]
+    return "shape " + ", ".join(str(s) for s in shapes) if shapes else "no tensor"
 
 
 def trained_parameters(model: torch.nn.Module) -> list[torch.Tensor]:

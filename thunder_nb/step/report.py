@@ -63,8 +63,9 @@ class Blocker:
 class Capturability:
     """How much of one training iteration (forward, loss, backward, optimizer step) one CUDA graph can hold.
 
-    ``ops`` counts the top-level ops of thunder's forward and backward execution traces, plus one for the
-    optimizer's step; ``in_graph`` is the longest run of them with no blocker in it (all of them when nothing
+    ``ops`` counts the top-level ops of thunder's forward and backward execution traces, the gradients' all-reduces
+    across ``ranks`` ranks (``all_reduces``, one per static bucket; 0 in one process), plus one for the optimizer's
+    step; ``in_graph`` is the longest run of them with no blocker in it (all of them when nothing
     blocks: the whole iteration is one graph). `thunder_nb.step.jit_step` records the iteration only when
     ``blockers`` is empty; otherwise it refuses and names the first one.
     """
@@ -75,6 +76,15 @@ class Capturability:
     blockers: tuple[Blocker, ...]
     optimizer: str  # "AdamW (capturable, lr read from a device tensor)"
     notes: tuple[str, ...] = ()
+    all_reduces: int = 0  # the gradients' all_reduce calls a step makes, inside its graph
+    ranks: int = 0  # the ranks they average over (0: one process, no averaging)
+
+    def ranks_text(self) -> str:
+        """The collectives in words ("" in one process)."""
+        if not self.ranks:
+            return ""
+        return (f"all-reduce: {self.all_reduces} all_reduce a step across {self.ranks} ranks (the gradients' mean, one "
+                "per static bucket), inside the graph, after the backward and before the optimizer's step")
 
     @property
     def fraction(self) -> float:
@@ -109,6 +119,8 @@ class Capturability:
         lines = [head]
         if self.whole_step:
             lines.append("  whole step: forward, loss, backward and optimizer step record as one CUDA graph")
+        if self.ranks:
+            lines.append(f"  {self.ranks_text()}")
         for i, b in enumerate(self.blockers, 1):
             op, fix = b.words()
             lines.append(f"  {i}. {b.kind}: {op} at {b.place}")
@@ -140,6 +152,8 @@ class Capturability:
             parts.append("</table>")
         else:
             parts.append("<p>whole step: forward, loss, backward and optimizer step record as one CUDA graph</p>")
+        if self.ranks:
+            parts.append(f"<p>{e(self.ranks_text())}</p>")
         if self.notes:
             parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in self.notes) + "</ul>")
         parts.append("</div>")
