@@ -12,6 +12,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 
 import programs
 import thunder_nb
+from thunder_nb.cudagraph.capture import Capture
 from thunder_nb.testing import emulated_capture
 from thunder_nb.testing.modes import make_transform
 from thunder_nb.fix import (
@@ -144,12 +145,13 @@ def test_stock_transform_asserts_on_the_same_backward():
 
 
 def test_capture_option():
-    with pytest.raises(ValueError, match=r"capture must be one of 'auto', True \('on'\) or False \('off'\), not 'yes'"):
+    with pytest.raises(ValueError, match=r"capture must be one of 'auto', True \('on'\), False \('off'\) or 'emulated' "
+                                         r"\(the CPU stand-in\), not 'yes'"):
         FixedCUDAGraphTransform(capture="yes")
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        with pytest.raises(RuntimeError, match="capture=True needs a CUDA GPU, and torch sees none"):
             FixedCUDAGraphTransform(capture=True)
-        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        with pytest.raises(RuntimeError, match="capture=True needs a CUDA GPU, and torch sees none"):
             LegacyCUDAGraphTransform(capture=True)
 
 
@@ -183,8 +185,8 @@ def test_region_del_pass_on_real_bound_symbols():
 
 def test_legacy_and_fixed_take_the_same_capture_option():
     for cls in (FixedCUDAGraphTransform, LegacyCUDAGraphTransform):
-        assert cls(capture=False).cuda_graph_runner.capture is False
-        assert cls().cuda_graph_runner.capture == "auto"
+        assert cls(capture=False).cuda_graph_runner.capture is Capture.OFF
+        assert cls().cuda_graph_runner.capture is Capture.AUTO
 
 
 def returns_a_view_of_its_input(x):

@@ -131,7 +131,7 @@ def test_a_clean_step_is_one_graph_runs_equal_to_eager_and_puts_the_users_object
 
 def test_an_item_in_the_step_is_a_host_sync_named_by_the_users_line_and_nothing_runs(ip):
     shown, result = run_whole_step(ip, "model,opt", SYNC)
-    assert not result.ran and result.capture == "none" and result.steps == 0
+    assert not result.ran and result.capture is None and result.steps == 0
     (blocker,) = result.report.blockers
     assert (blocker.kind, blocker.op) == ("host sync", "item")
     assert blocker.where == "line 4 of the cell: `return loss + 0 * loss.item()`"  # the magic's line is line 1
@@ -214,7 +214,7 @@ def test_mistakes_raise_one_usage_error_and_the_namespace_survives(ip, line, cel
 @no_gpu
 def test_capture_on_without_a_gpu_is_a_usage_error_before_the_cell_runs(ip):
     ip.run_cell(SETUP)
-    with capture_output(), pytest.raises(UsageError, match=r"--whole-step with --capture on needs a CUDA GPU, and "
+    with capture_output(), pytest.raises(UsageError, match=r"--whole-step: capture=True needs a CUDA GPU, and "
                                                           r"torch sees none"):
         ip.run_cell_magic("thunder_cudagraph", "--whole-step model,opt --capture on loss_fn(xb, yb)",
                           "ran = True\n" + CLEAN)

@@ -481,12 +481,14 @@ def test_jit_step_and_thunder_nb_jit_take_the_same_executors():
 
 
 def test_the_step_takes_captures_one_vocabulary_plus_the_cpu_stand_in():
-    """jit_step's ``capture`` is thunder-nb's vocabulary (auto, True/'on', False/'off') plus 'emulated'."""
-    from thunder_nb.step.recording import step_mode
+    """jit_step's ``capture`` is thunder-nb's one vocabulary (auto, True/'on', False/'off', 'emulated'), resolved
+    by the model's device."""
+    from thunder_nb.cudagraph.capture import Capture, parse_capture, resolve
 
     cpu = torch.device("cpu")
-    assert [step_mode(c, cpu) for c in ("auto", "off", False, "emulated")] == ["emulated", False, False, "emulated"]
+    resolved = [resolve(parse_capture(c), cpu, auto=Capture.EMULATED) for c in ("auto", "off", False, "emulated")]
+    assert resolved == [Capture.EMULATED, Capture.OFF, Capture.OFF, Capture.EMULATED]
     with pytest.raises(ValueError, match="needs the model on a CUDA device"):
-        step_mode("on", cpu)
+        resolve(parse_capture("on"), cpu, what="the model", auto=Capture.EMULATED)
     with pytest.raises(ValueError, match=r"capture must be one of 'auto', True \('on'\), False \('off'\) or 'emulated'"):
-        step_mode("yes", cpu)
+        parse_capture("yes")

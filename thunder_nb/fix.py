@@ -15,6 +15,7 @@ from thunder.executors.utils import Region
 
 from . import internals
 from .cudagraph import call
+from .cudagraph.capture import Capture
 from .cudagraph.defer import defer_returned_items
 from .cudagraph.distributed import (
     is_collective,
@@ -116,7 +117,8 @@ class FixedCUDAGraphTransform(RegionTransform):
 
     Args:
         capture: ``"auto"`` (default: capture on CUDA, otherwise run regions eagerly with one
-            `EagerFallbackWarning`), True (always capture; error without CUDA), False (always eager).
+            `EagerFallbackWarning`), True or ``"on"`` (always capture; error without CUDA), False or ``"off"`` (always
+            eager), or the `thunder_nb.cudagraph.capture.Capture` they stand for; kept as that `Capture`.
         scalar_handoff: hand the Python numbers regions read to them as 0-d device tensors, computed
             bit for bit as PyTorch would (default True; see `thunder_nb.cudagraph.scalars`).
         copy_outputs: copy returned tensors that lie in graph memory out of it (default True).
@@ -158,7 +160,7 @@ class FixedCUDAGraphTransform(RegionTransform):
     def __init__(
         self,
         *,
-        capture: bool | str = "auto",
+        capture: bool | str | Capture = "auto",
         scalar_handoff: bool = True,
         copy_outputs: bool = True,
         share_mem_pool: bool = RUNNER_DEFAULTS.share_mem_pool,

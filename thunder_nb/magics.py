@@ -22,7 +22,7 @@ from .notebook.progress import Progress, addressed_warnings, quiet_proxies
 
 __all__ = ["ThunderCUDAGraphMagics", "CAPTURE_CHOICES", "options_markdown"]
 
-#: ``--capture`` values and what `compare` gets for them (`thunder_nb.cudagraph.capture.CAPTURE_WORDS`).
+#: ``--capture`` values and the `Capture` each stands for (`thunder_nb.cudagraph.capture.CAPTURE_WORDS`).
 CAPTURE_CHOICES = CAPTURE_WORDS
 
 

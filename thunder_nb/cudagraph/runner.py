@@ -16,6 +16,7 @@ from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from .. import internals
 from ..diagnosis.plans import GraphRecord, HandOutStats, RegionPlan, RegionStats, StaticInputChange
+from .capture import Capture, parse_capture, resolve
 from .handout import HandOut, _HandOutMemo
 from .instances import foreign_counts, rebase, replay
 from .keys import _AGAIN_MISSES, Keys, _Counts, _input_name, _recapture_cause
@@ -69,8 +70,9 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
     copies again.
 
     Args:
-        capture: ``"auto"`` (capture when the region's tensors are on a CUDA device), True, or False
-            (always run the region's Python function eagerly).
+        capture: a `Capture` (or its spellings, `parse_capture`): AUTO (capture when the region computes on a CUDA
+            device), CUDA and EMULATED (always take the capture path; EMULATED's graphs are
+            `thunder_nb.testing.emulated_capture`'s), OFF (always run the region's Python function eagerly).
         share_mem_pool: as thunder's runner.
         stock: behave exactly like thunder's runner (static slots by position, outputs handed out as
             they are), recording graphs and hazards; how thunder's own transform is shown.
@@ -85,7 +87,7 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             them out (default 2: a loop that keeps the last call's result while it makes the next one); 0 copies.
     """
 
-    def __init__(self, *, capture: bool | str = "auto", share_mem_pool: bool = _DEFAULTS.share_mem_pool,
+    def __init__(self, *, capture: bool | str | Capture = Capture.AUTO, share_mem_pool: bool = _DEFAULTS.share_mem_pool,
                  stock: bool = False, max_instances: int = _DEFAULTS.max_instances,
                  instance_memory: float = _DEFAULTS.instance_memory, instance_bytes: int | None = _DEFAULTS.instance_bytes,
                  max_addresses: int = _DEFAULTS.max_addresses, max_values: int = _DEFAULTS.max_values,
@@ -126,6 +128,15 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         self._warned = False
         self._warned_held = False
 
+    @property
+    def capture(self) -> Capture:
+        """How this runner captures (a `Capture`); set it with any of its spellings (`parse_capture`)."""
+        return self._capture
+
+    @capture.setter
+    def capture(self, value: Any) -> None:
+        self._capture = parse_capture(value)
+
     # --- the call path ----------------------------------------------------------------------------
 
     def _should_capture(self, fn_name: str, args: Sequence[Any]) -> bool:
@@ -133,13 +144,13 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         decided = self._capture_of.get(fn_name)
         if decided is not None:
             return decided
-        if self.capture is False or self.capture is True:
-            decided = self.capture
+        if self.capture is not Capture.AUTO:
+            decided = self.capture is not Capture.OFF  # NOTE: CUDA and EMULATED take the capture path alike
         else:
             cuda = self.cuda_regions.get(fn_name)
             if cuda is None:  # NOTE: a runner not told by its transform judges by the arguments
                 cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-            decided = cuda
+            decided = resolve(Capture.AUTO, "cuda" if cuda else "cpu") is Capture.CUDA
             if not cuda and not self._warned:
                 self._warned = True
                 warnings.warn(

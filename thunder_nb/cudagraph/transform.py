@@ -21,7 +21,7 @@ from thunder.transforms.cudagraph import CUDAGraphTransform
 from .. import internals
 from ..diagnosis.ops import returned_names
 from ..diagnosis.plans import HandOutPlan, InputPlan, OutputPlan, RegionPlan, ScalarHandoff
-from .capture import capture_mode
+from .capture import Capture, only, parse_capture, resolve
 from .handout import insert_hand_out
 from .passes import has_in_place, in_place_plan, is_cuda_trace
 from .runner import RunnerOptions, ThunderNBRunner
@@ -29,12 +29,11 @@ from .runner import RunnerOptions, ThunderNBRunner
 __all__ = ["RegionTransform", "check_capture", "RUNNER_DEFAULTS", "foreign_fusion"]
 
 
-def check_capture(capture: Any) -> bool | str:
-    """``capture`` in the transforms' one vocabulary (`capture_mode`), refused when it asks for CUDA and there is none."""
-    capture = capture_mode(capture)
-    if capture is True and not torch.cuda.is_available():
-        raise RuntimeError("capture=True needs a CUDA device, and torch sees none (use capture='auto' or False)")
-    return capture
+def check_capture(capture: Any) -> Capture:
+    """``capture`` parsed (`parse_capture`): AUTO, CUDA or OFF, CUDA refused when torch sees no GPU (`resolve`)."""
+    capture = only(parse_capture(capture), Capture.AUTO, Capture.CUDA, Capture.OFF,
+                   who="thunder_nb.jit (and each transform)")
+    return resolve(capture, "cuda" if torch.cuda.is_available() else None) if capture is Capture.CUDA else capture
 
 
 #: The runner's defaults, declared once (`RunnerOptions`): `FixedCUDAGraphTransform`'s keywords take theirs here.
@@ -48,7 +47,7 @@ class RegionTransform(CUDAGraphTransform):
     label = "base"
     safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
 
-    def __init__(self, *, capture: bool | str = "auto", copy_outputs: bool = True, lend_gradients: bool = False,
+    def __init__(self, *, capture: bool | str | Capture = "auto", copy_outputs: bool = True, lend_gradients: bool = False,
                  runner: RunnerOptions = RunnerOptions()):
         super().__init__(share_mem_pool=False)
         internals.check_versions()

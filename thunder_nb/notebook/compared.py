@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cudagraph.capture import Capture
 from ..diagnosis.model import Report
 from ..render.common import count_phrases, plural
 from .outcome import PEER, Outcome
@@ -41,7 +42,7 @@ class Comparison:
     graphs: Mapping[str, int]  # CUDA graphs captured: "original", "fixed"
     device: str  # "cuda" or `EAGER_DEVICE`
     gpu: bool = False  # torch saw a CUDA device
-    capture: bool | str = "auto"
+    capture: Capture = Capture.AUTO  # as `compare` parsed it
     training: bool = False
     executed: bool = True
     eager_value: str = ""
@@ -136,7 +137,7 @@ class Comparison:
         parts = [run_phrase(out, self)]
         eager_us, peer_us = self.timings.get("eager"), self.timings.get("peer")
         # NOTE: as for the fixed side, a speed only where CUDA graphs are captured (reduce-overhead's own, on CUDA)
-        if self.on_cuda and self.capture is not False and eager_us and peer_us:
+        if self.on_cuda and self.capture is not Capture.OFF and eager_us and peer_us:
             parts.append(speed_phrase(eager_us, peer_us, "eager"))
         return f"{PEER}: " + ", ".join(parts)
 
@@ -146,7 +147,7 @@ class Comparison:
         if not self.on_cuda:
             why = "inputs on the CPU" if self.gpu else "no GPU"
             return f"eager mode ({why}): no CUDA graph captured, no speed compared"
-        if self.capture is False:
+        if self.capture is Capture.OFF:
             return "eager mode (capture off): no CUDA graph captured"
         return ""
 
@@ -234,7 +235,7 @@ class Comparison:
         graphs = f"fixed {self.graphs.get('fixed', 0)}, original {self.graphs.get('original', 0)}"
         if not self.on_cuda:
             graphs += " (eager mode: inputs on the CPU)" if self.gpu else " (eager mode: no GPU)"
-        elif self.capture is False:
+        elif self.capture is Capture.OFF:
             graphs += " (capture off)"
         rows.append(("graphs captured", graphs))
         rows += [("note", n) for n in self.notes]
@@ -255,7 +256,7 @@ class Comparison:
             # NOTE: on the CPU the regions run as plain Python: these numbers say nothing about CUDA graphs
             how += (f", {self.threads} CPU threads; on the CPU these mean little: regions ran as plain Python, so "
                     "they say nothing of CUDA graphs' speed")
-        elif self.capture is False:
+        elif self.capture is Capture.OFF:
             how += "; capture off, so these are no CUDA-graph timings"
         return ", ".join(times) + f": {how}"
 

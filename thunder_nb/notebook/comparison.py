@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import internals
-from ..cudagraph.capture import capture_mode
+from ..cudagraph.capture import Capture, only, parse_capture, resolve
 from ..cudagraph.executors import executor_list, jit_executors
 from ..diagnosis.failures import Failure
 from ..diagnosis.model import Defect
@@ -44,10 +44,11 @@ __all__ = [
 
 
 def _check_options(original: str, capture: Any, repeats: int, training: bool, lr: float | None,
-                   peers: bool = False, execute: bool = True) -> None:
+                   peers: bool = False, execute: bool = True) -> Capture:
+    """Check the options; return ``capture`` parsed (AUTO, CUDA or OFF)."""
     if original not in ORIGINALS:
         raise ValueError(f"unknown original: {original!r} (must be one of {list(ORIGINALS)})")
-    capture_mode(capture)
+    capture = only(parse_capture(capture), Capture.AUTO, Capture.CUDA, Capture.OFF, who="compare")
     if int(repeats) < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats!r}")
     if lr is not None and not training:
@@ -56,22 +57,19 @@ def _check_options(original: str, capture: Any, repeats: int, training: bool, lr
         raise ValueError(f"lr must be a positive number, not {lr!r}")
     if peers and not execute:
         raise ValueError("peers needs a run (torch.compile is timed): not with execute=False")
+    return capture
 
 
-def _check_capture(capture: Any, cuda: bool) -> None:
+def _check_capture(capture: Capture, cuda: bool) -> None:
+    """Refuse CUDA without a GPU, or with the inputs all on the CPU (`resolve`'s message)."""
     import torch
 
-    if capture is not True:
+    if capture is not Capture.CUDA:
         return
-    if not torch.cuda.is_available():
-        raise CaptureUnavailableError(
-            "capturing CUDA graphs (capture on) needs a CUDA GPU, and torch sees none: "
-            "use capture auto (regions then run eagerly) or off"
-        )
-    if not cuda:
-        raise CaptureUnavailableError(
-            "capturing CUDA graphs (capture on) needs the inputs on a CUDA device; they are all on the CPU"
-        )
+    try:
+        resolve(capture, None if not torch.cuda.is_available() else "cuda" if cuda else "cpu", what="the inputs")
+    except ValueError as e:
+        raise CaptureUnavailableError(str(e)) from None
 
 
 def _import_thunder(say: Callable[[str], None]) -> None:
@@ -174,8 +172,9 @@ def compare(
             in its steady state, not just one step.
         repeats: calls timed per version (median and spread reported), after a few untimed ones.
         execute: False builds and analyses the traces only (nothing runs, nothing is timed).
-        capture: ``"auto"`` (capture on CUDA, eager regions otherwise), True (capture; needs CUDA
-            inputs), False (regions run eagerly).
+        capture: ``"auto"`` (capture on CUDA, eager regions otherwise), True or ``"on"`` (capture; needs CUDA
+            inputs), False or ``"off"`` (regions run eagerly), or the `thunder_nb.cudagraph.capture.Capture` they stand
+            for (the Comparison keeps that `Capture`).
         executors: fusion executors to put before thunder's defaults, for both transforms, by name
             (`thunder_nb.cudagraph.executors.EXECUTOR_NAMES`: ``"torchcompile"`` fuses with inductor; its first
             call compiles, which can take tens of seconds).
@@ -193,7 +192,7 @@ def compare(
         CompareError: ``training=True`` without a tensor that requires grad, or without a scalar result.
         ValueError: an option has a value outside the documented ones.
     """
-    _check_options(original, capture, repeats, training, lr, peers, execute)
+    capture = _check_options(original, capture, repeats, training, lr, peers, execute)
     say = progress or (lambda message: None)
     _import_thunder(say)
     from .. import internals

@@ -9,6 +9,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
+from ..cudagraph.capture import Capture, parse_capture, resolve
+
 __all__ = ["EXAMPLE", "DEFAULT_VIEWS", "parse_line", "parse_call", "check_arguments", "check_whole_step",
            "check_executors"]
 
@@ -66,13 +68,15 @@ def parse_call(text: str) -> ast.Call:
 
 
 def check_arguments(args: Any) -> list[str]:
-    """Check the options that argparse cannot; return the views asked for.
+    """Check the options that argparse cannot; return the views asked for. ``args.capture`` becomes the `Capture` its
+    word stands for (parsed here once: what the magic calls compares members).
 
     Raises:
         UsageError: an option's value is out of range, ``--lr`` without ``--train``, or ``--peers`` with ``--no-run``.
     """
     from . import widget
 
+    args.capture = parse_capture(args.capture)  # NOTE: argparse took only the magic's words (auto, on, off)
     try:
         views = widget.parse_views(args.views)
     except ValueError as e:
@@ -118,14 +122,15 @@ def check_whole_step(args: Any) -> tuple[str, str]:
     if other:
         raise UsageError(f"--whole-step does not take {', '.join(other)}: it trains the step itself, and shows its "
                          "capturability report and its run against eager PyTorch")
-    if args.capture == "off":
+    if args.capture is Capture.OFF:  # NOTE: worded in the magic's words: argparse took only auto, on and off
         raise UsageError("--whole-step records the step as one graph: not with --capture off (auto or on)")
-    if args.capture == "on":
+    if args.capture is Capture.CUDA:
         import torch
 
-        if not torch.cuda.is_available():
-            raise UsageError("--whole-step with --capture on needs a CUDA GPU, and torch sees none (--capture auto "
-                             "runs capture's CPU stand-in)")
+        try:
+            resolve(args.capture, "cuda" if torch.cuda.is_available() else None, auto=Capture.EMULATED)
+        except ValueError as e:
+            raise UsageError(f"--whole-step: {e}") from None
     return parts[0], parts[1]
 
 

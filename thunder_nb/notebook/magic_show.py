@@ -11,7 +11,6 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.display import display
 
-from ..cudagraph.capture import capture_mode
 from ..diagnosis import failures
 from .magic_cell import MagicCell
 from .progress import Progress
@@ -41,7 +40,7 @@ def compare_and_show(cell: MagicCell, args: Any, fn: Any, call_args: tuple, call
             lr=args.lr,
             repeats=args.repeats,
             execute=not args.no_run,
-            capture=capture_mode(args.capture),
+            capture=args.capture,
             executors=executors,
             peers=args.peers,
             progress=progress,
@@ -85,7 +84,7 @@ def whole_step_and_show(cell: MagicCell, args: Any, model: Any, fn: Any, optimiz
             # NOTE: thunder warns at its first import about an optional executor nobody asked for (as compare hides it)
             warnings.filterwarnings("ignore", message="transformer_engine module not found")
             result = compare_step(model, fn, optimizer, *batch, repeats=args.repeats, executors=executors,
-                                  capture=capture_mode(args.capture), execute=not args.no_run,
+                                  capture=args.capture, execute=not args.no_run,
                                   progress=progress)
     except Exception as e:
         progress.clear()

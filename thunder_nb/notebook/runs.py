@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import internals
+from ..cudagraph.capture import Capture
 from ..diagnosis import failures
 from ..diagnosis.failures import Failure, error_line
 from ..diagnosis.protocols import RecordingRunner
@@ -104,7 +105,7 @@ class Run:
 # --- compiling --------------------------------------------------------------------------------------
 
 
-def _original_transform(kind: str, capture: bool | str) -> Any:
+def _original_transform(kind: str, capture: Capture) -> Any:
     from thunder.transforms.cudagraph import CUDAGraphTransform
 
     from ..fix import LegacyCUDAGraphTransform, ThunderNBRunner
@@ -143,7 +144,7 @@ def _untraceable(name: str, fn: Any, args: tuple, kwargs: dict, error: BaseExcep
     return TraceError(message + (f". {advice}" if advice else ""), where)
 
 
-def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Any, plan: Plan,
+def compile_both(fn: Any, args: tuple, kwargs: dict, original: str, capture: Capture, plan: Plan,
                  say: Callable[[str], None], executors: list[Any] | None = None) -> tuple[Run, Run]:
     """Jit ``fn`` with the original and the fixed transform, each on its own copies, and build their traces.
 

@@ -8,17 +8,18 @@ from typing import Any
 
 import torch
 
+from ..cudagraph.capture import Capture, only, parse_capture, resolve
 from ..diagnosis.judge import AUTOCAST, TRAINED, Judgement, Tolerance, judge
 from .blockers import StepRefused, capturability
 from .graph import jit_step
-from .recording import step_mode
 from .report import StepComparison
 
 __all__ = ["compare_step"]
 
 
 def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *batch: Any,
-                 replays: int = 2, warmup: int = 3, repeats: int = 20, rounds: int = 3, capture: bool | str = "auto",
+                 replays: int = 2, warmup: int = 3, repeats: int = 20, rounds: int = 3,
+                 capture: bool | str | Capture = "auto",
                  executors: Sequence[Any] = (), execute: bool = True,
                  progress: Callable[[str], None] | None = None) -> StepComparison:
     """Diagnose one training iteration, and when nothing stops it, run it as `jit_step` against eager PyTorch.
@@ -37,7 +38,8 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
     Args:
         model, loss_fn, optimizer: as `jit_step` takes them.
         batch: one batch, ``loss_fn(*batch) -> loss``; every step reuses it.
-        capture: ``"auto"``, ``True`` (CUDA required) or ``"emulated"``, as `jit_step` takes it.
+        capture: ``"auto"``, ``True`` (CUDA required) or ``"emulated"`` (or the `Capture` they stand for), as
+            `jit_step` takes it.
         execute: False: the report only.
         progress: called with a short text before each stage.
 
@@ -47,11 +49,11 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
             user's code fails (the state is put back first).
     """
     say = progress or (lambda _: None)
-    if capture is False:
-        raise ValueError("compare_step runs the step captured: capture must be 'auto', True or 'emulated'")
+    capture = only(parse_capture(capture), Capture.AUTO, Capture.CUDA, Capture.EMULATED,
+                   who="compare_step (it runs the step captured)")
     params = _tensors_trained(model, optimizer)
     device = params[0].device if params else torch.device("cpu")
-    mode = step_mode(capture, device)
+    mode = resolve(capture, device, what="the model", auto=Capture.EMULATED)
     device_text = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     say(f"tracing {name} with thunder and reading what stops one graph…")
@@ -59,7 +61,7 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
     if any(b.kind == "thunder" for b in report.blockers):
         _eager_forward(model, loss_fn, optimizer, batch)  # NOTE: a step that fails in eager too is the user's to fix
     if report.blockers or not execute:
-        return StepComparison(report, device_text, "none", 0)
+        return StepComparison(report, device_text, None, 0)
     tolerance = _tolerance(params)
     n = warmup + 1 + replays
     saved = _Saved(model, optimizer, params)
@@ -80,7 +82,7 @@ def compare_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer:
         whole_params = [p.detach().clone() for p in params]
         notes.extend(f"in the run: {note}" for note in step.notes)
         timings: list[tuple[str, float]] = []
-        if mode == "cuda" and repeats > 0:
+        if mode is Capture.CUDA and repeats > 0:
             say(f"timing {rounds} rounds of {repeats} consecutive steps: the whole step…")
             timings.append(("eager", 0.0))
             timings.append(("whole step", _time_steps(lambda: step(*batch), repeats, rounds, device, say,

@@ -11,12 +11,13 @@ from typing import Any
 import torch
 
 from .. import internals
+from ..cudagraph.capture import Capture, parse_capture, resolve
 from .blockers import (StepRefused, loss_blocker, refuse_fp16, refuse_no_grad, returned_value, split, thunder_jit,
                        trace_blockers)
 from .guard import Snapshot, autocast_key, batch_key, key_difference, key_shapes, trained_parameters
 from .optimizer import TENSOR_LR, lr_to_tensor, make_capturable, optimizer_plan, without_state
 from .ranks import data_parallel
-from .recording import CudaRecording, EmulatedRecording, record_cuda, step_mode
+from .recording import CudaRecording, EmulatedRecording, record_cuda
 
 __all__ = ["jit_step", "Step", "RecordAgainWarning"]
 
@@ -36,8 +37,8 @@ _NEW_TRACE = ("thunder traces the loss function anew, as a new thunder.jit (its 
 
 
 def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
-             accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str = "auto", warmup: int = 3,
-             copy_loss: bool = True, executors: Sequence[Any] = (), ddp: bool | None = None,
+             accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str | Capture = "auto",
+             warmup: int = 3, copy_loss: bool = True, executors: Sequence[Any] = (), ddp: bool | None = None,
              process_group: Any = None) -> Step:
     """Compile one training iteration of ``model`` into one CUDA graph: ``step(*batch) -> loss``.
 
@@ -75,10 +76,11 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
             and the graph runs forward and backward on each (loss divided by ``accumulate``) before one step.
         max_grad_norm: clip the gradients' total norm to this, inside the graph
             (``torch.nn.utils.clip_grad_norm_``, which never reads the norm on the host); `Step.last_grad_norm`.
-        capture: ``"auto"``: a real CUDA graph when the model is on CUDA, else the CPU stand-in; ``True``: CUDA
-            required; ``"emulated"``: the CPU stand-in (every replay runs the iteration eagerly and writes its
-            loss and gradients into the recorded memory, as a replay does); ``False``: never record (every call
-            is an uncaptured step; no refusals, no warnings; a change the guards find is met as in the other modes).
+        capture: (a `thunder_nb.cudagraph.capture.Capture`, or its spellings) ``"auto"``: a real CUDA graph when
+            the model is on CUDA, else the CPU stand-in; ``True`` (``"on"``): CUDA required; ``"emulated"``: the CPU
+            stand-in (every replay runs the iteration eagerly and writes its loss and gradients into the recorded
+            memory, as a replay does); ``False`` (``"off"``): never record (every call is an uncaptured step; no
+            refusals, no warnings; a change the guards find is met as in the other modes).
         warmup: uncaptured steps before each recording, at least 1 (thunder's first call and the optimizer's first
             step, which makes its state, stay out of the graph).
         copy_loss: return a copy of the graph's loss (one small copy per step). With False the returned tensor is
@@ -119,7 +121,7 @@ class Step:
     """A training iteration recorded as one CUDA graph (see `jit_step`); call it with a batch."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
-                 accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str = "auto",
+                 accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str | Capture = "auto",
                  warmup: int = 3, copy_loss: bool = True, executors: Sequence[Any] = (), ddp: bool | None = None,
                  process_group: Any = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -136,7 +138,8 @@ class Step:
         if not self._params:
             raise ValueError("the model has no parameter that requires grad: nothing to train")
         self.device = self._params[0].device
-        self._mode = step_mode(capture, self.device)
+        # NOTE: the mode the step runs in: CUDA, EMULATED (AUTO without a CUDA device) or OFF
+        self._mode = resolve(parse_capture(capture), self.device, what="the model", auto=Capture.EMULATED)
         self._executors = executors
         self._jfn = thunder_jit(loss_fn, executors)  # NOTE: made anew where thunder's cache cannot see a change
         # NOTE: ranks: the gradients' mean across ranks (`GradientAverage`), None in one process; notes: what jit_step
@@ -146,12 +149,12 @@ class Step:
         # NOTE: Adam's and AdamW's lr is read at every step (a device tensor in the graph; the optimizer itself in the
         # CPU stand-in), so it stays out of the guards; other optimizers' lr is a number recorded in the graph
         self._lr_live = self._optimizer_blocker is None and isinstance(optimizer, TENSOR_LR)
-        self._capturable = self._mode == "cuda" and self._optimizer_blocker is None  # capturable=True set on it
+        self._capturable = self._mode is Capture.CUDA and self._optimizer_blocker is None  # capturable=True set on it
         self._tensor_lr = self._capturable and self._lr_live
         self._lrs: list[torch.Tensor] = []  # the lr tensors the graph reads
         if self._capturable:
             self.notes.extend(self._set_up_optimizer())
-        self._stream = torch.cuda.Stream(self.device) if self._mode == "cuda" else None
+        self._stream = torch.cuda.Stream(self.device) if self._mode is Capture.CUDA else None
         self._snap = Snapshot(model, optimizer, lr_live=self._lr_live)  # the model and optimizer the last step saw
         # NOTE: one recording per batch key, newest last: a ragged last batch keeps its own graph beside the full one
         self._recordings: OrderedDict[tuple, CudaRecording | EmulatedRecording] = OrderedDict()
@@ -221,10 +224,10 @@ class Step:
         if key != self._key:
             self._left(self._key, key)
         self._key = key
-        if self._mode is not False and key not in self._checked:
+        if self._mode is not Capture.OFF and key not in self._checked:
             self._refuse_blockers(first)  # NOTE: before anything runs: the model stays as it was
             self._checked.add(key)
-        if self._mode is False or self._warm.get(key, 0) < self.warmup or self._lazy_state_pending():
+        if self._mode is Capture.OFF or self._warm.get(key, 0) < self.warmup or self._lazy_state_pending():
             self._warm[key] = self._warm.get(key, 0) + 1
             loss = self._uncaptured(batch)
             self._stateless = self._without_state()
@@ -237,7 +240,7 @@ class Step:
     def _left(self, old: tuple | None, new: tuple) -> None:
         """Say once when the batch key changes before the old key's steps were recorded (a ragged last batch, seen
         once an epoch, runs uncaptured for its first ``warmup`` epochs)."""
-        if self._mode is False or old is None or old in self._recordings or old in self._short:
+        if self._mode is Capture.OFF or old is None or old in self._recordings or old in self._short:
             return
         ran = self._warm.get(old, 0)
         if ran >= self.warmup:
@@ -310,7 +313,7 @@ class Step:
         self._zero_grad()  # NOTE: the recipe's zero_grad(set_to_none=True): gradients allocated in the graph's pool
         if self._tensor_lr:
             self._lr_to_tensor()
-        if self._mode == "cuda":
+        if self._mode is Capture.CUDA:
             if self.ranks is not None:
                 with torch.cuda.stream(self._stream):
                     self.ranks.warm(self.device)  # NOTE: the communicator exists before the capture, on its stream
@@ -390,7 +393,8 @@ class Step:
         return rec.graph if isinstance(rec, CudaRecording) else None
 
     def __repr__(self) -> str:
-        mode = {"cuda": "CUDA graph", "emulated": "emulated on the CPU", False: "uncaptured"}[self._mode]
+        mode = {Capture.CUDA: "CUDA graph", Capture.EMULATED: "emulated on the CPU",
+                Capture.OFF: "uncaptured"}[self._mode]
         ranks = f", {self.ranks.short()}" if self.ranks is not None else ""
         return (f"<thunder_nb.step.Step of {getattr(self.loss_fn, '__name__', 'loss_fn')}: {mode}, "
                 f"{self.graphs_recorded} recorded, optimizer {self.optimizer_text}{ranks}>")

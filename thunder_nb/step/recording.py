@@ -1,5 +1,5 @@
-"""How a step is recorded: the capture mode (`step_mode`), one recorded iteration on CUDA (`record_cuda`,
-`CudaRecording`) and the CPU stand-in (`EmulatedRecording`)."""
+"""How a step is recorded: one recorded iteration on CUDA (`record_cuda`, `CudaRecording`) and the CPU stand-in
+(`EmulatedRecording`)."""
 
 from __future__ import annotations
 
@@ -9,31 +9,10 @@ from typing import Any
 import torch
 
 from .. import internals
-from ..cudagraph.capture import capture_mode
 from .blockers import StepRefused, where_from_traceback
 from .report import Blocker
 
-__all__ = ["step_mode", "record_cuda", "CudaRecording", "EmulatedRecording"]
-
-
-def step_mode(capture: Any, device: torch.device) -> str | bool:
-    """``capture`` as the step runs it: ``"cuda"``, ``"emulated"`` or False. The words are thunder-nb's one vocabulary
-    (`thunder_nb.cudagraph.capture.capture_mode`: ``"auto"``, True, False, the magic's ``"on"``/``"off"``), plus
-    ``"emulated"``, the CPU stand-in; ``"auto"`` is decided by ``device``."""
-    if capture == "emulated":
-        return "emulated"
-    try:
-        mode = capture_mode(capture)
-    except ValueError:
-        raise ValueError(f"capture must be one of 'auto', True ('on'), False ('off') or 'emulated' (the CPU stand-in), "
-                         f"not {capture!r}") from None
-    if mode == "auto":
-        return "cuda" if device.type == "cuda" else "emulated"
-    if mode is True:
-        if device.type != "cuda":
-            raise ValueError(f"capture=True needs the model on a CUDA device; its parameters are on {device}")
-        return "cuda"
-    return False
+__all__ = ["record_cuda", "CudaRecording", "EmulatedRecording"]
 
 
 class CudaRecording:

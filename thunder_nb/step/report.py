@@ -6,6 +6,8 @@ import html
 import re
 from dataclasses import dataclass
 
+from ..cudagraph.capture import Capture
+
 __all__ = ["Blocker", "Capturability", "StepComparison", "BLOCKER_KINDS"]
 
 #: `Blocker.kind`, in the order a report lists them.
@@ -172,7 +174,7 @@ class StepComparison:
 
     report: Capturability
     device: str  # "cpu", "cuda:0 (NVIDIA H200)"
-    capture: str  # "cuda": a real CUDA graph; "emulated": the CPU stand-in; "none": not run
+    capture: Capture | None  # CUDA: a real CUDA graph; EMULATED: the CPU stand-in; None: not run
     steps: int  # steps checked against eager
     losses: tuple[tuple[float, ...] | None, tuple[float, ...] | None] = (None, None)
     params: int = 0  # parameter tensors compared after the last step
@@ -217,7 +219,7 @@ class StepComparison:
             return "not run (--no-run)"
         what = f"over {self.steps} steps (losses, and {self.params} parameters after the last)"
         check = f"matches eager {what}" if self.matches else f"DIFFERS from eager {what}"
-        if self.capture == "emulated":
+        if self.capture is Capture.EMULATED:
             return (f"{check}; emulated on the CPU (no GPU): recorded by capture's CPU stand-in instead of a CUDA "
                     "graph, not timed")
         speed = self.speedup
@@ -229,10 +231,11 @@ class StepComparison:
         if not self.ran and self.error is None:
             rows.extend(("note", n) for n in self.notes)
             return rows
-        capture = {"cuda": "one CUDA graph per step, replayed",
-                   "emulated": "emulated on the CPU: no GPU, so no CUDA graph; each replay runs the recorded step "
-                               "eagerly and writes its results into the recording's memory, as a graph's replay does"}
-        rows.append(("capture", capture.get(self.capture, self.capture)))
+        capture = {Capture.CUDA: "one CUDA graph per step, replayed",
+                   Capture.EMULATED: "emulated on the CPU: no GPU, so no CUDA graph; each replay runs the recorded "
+                                     "step eagerly and writes its results into the recording's memory, as a graph's "
+                                     "replay does"}
+        rows.append(("capture", capture.get(self.capture, str(self.capture))))
         if self.error is not None:
             rows.append(("error", self.error))
         if self.ran:
@@ -252,7 +255,7 @@ class StepComparison:
                                           + (f": {speed:.2f}x eager's speed" if speed is not None else "")))
         elif self.ran:
             rows.append(("time per step", "not timed: the CPU stand-in says nothing about a CUDA graph's speed"))
-        if self.capture == "emulated":
+        if self.capture is Capture.EMULATED:
             # NOTE: the stand-in's recordings are no CUDA graphs: "graphs recorded 1" contradicted "no CUDA graph"
             rows.append(("recordings", f"{self.graphs} by capture's CPU stand-in (CUDA graphs: none, no GPU)"))
         else:
@@ -288,7 +291,7 @@ class StepComparison:
         if not self.ran:
             return _code(f"next: run it against eager PyTorch (without --no-run), or train with it: each call of "
                          f"train_step is {optimizer}.zero_grad(), {callee}, backward and {optimizer}.step():", whole)
-        where = " on a GPU (capture's CPU stand-in here)" if self.capture == "emulated" else ""
+        where = " on a GPU (capture's CPU stand-in here)" if self.capture is Capture.EMULATED else ""
         return _code(f"next: train with it: each call of train_step is {optimizer}.zero_grad(), {callee}, backward "
                      f"and {optimizer}.step(), one CUDA graph{where}:", whole)
 

@@ -23,7 +23,7 @@ from typing import Any
 from .. import internals
 from ..diagnosis.judge import AUTOCAST, MODEL, TRAINED, Tolerance
 from ..diagnosis.protocols import GraphTransform, RecordingRunner
-from .modes import CaptureMode, capturing, check_mode
+from .modes import CaptureMode, capturing, check_mode, emulate_runner, jit_capture
 from .zoo_models import MODELS, ZooModel, missing_package
 from .zoo_protocols import PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer, whole_step_training
 
@@ -117,11 +117,8 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
     if config in STEP_CONFIGS:
         raise ValueError(f"{config!r} compiles a whole training step, not a function: `run_protocol` runs it")
     if config in ("thunder_nb.jit", "fused", "thunder_nb.jit no-sdpa"):
-        jfn = jit(fn, capture=capture is True, executors=_EXECUTORS.get(config, []))
-        transform = internals.jit_transforms(jfn)[0]
-        if capture == "emulated":
-            transform.cuda_graph_runner.capture = True
-        return jfn, transform
+        jfn = jit(fn, capture=jit_capture(capture), executors=_EXECUTORS.get(config, []))
+        return jfn, emulate_runner(internals.jit_transforms(jfn)[0], capture)
     if config == "reduce-overhead":
         return torch.compile(fn, mode="reduce-overhead"), None
     raise ValueError(f"unknown configuration: {config!r} (must be one of {list(CONFIGS)})")

@@ -281,7 +281,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
 
     from ... import fix
     from ...step import StepRefused, jit_step
-    from ..modes import capturing
+    from ..modes import capturing, emulate_runner, jit_capture
 
     out = LoopRun(config)
     compiled_mode = config in ("thunder_nb.jit", "fused")
@@ -308,9 +308,8 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
 
                 compiled = thunder.jit(loss_fn, executors=jit_executors(_EXECUTORS[config]))
             elif config != "eager":
-                compiled = fix.jit(loss_fn, capture=capture is True, executors=_EXECUTORS[config])
-                if capture == "emulated":
-                    internals.jit_transforms(compiled)[0].cuda_graph_runner.capture = True
+                compiled = fix.jit(loss_fn, capture=jit_capture(capture), executors=_EXECUTORS[config])
+                emulate_runner(internals.jit_transforms(compiled)[0], capture)
             forward = compiled or loss_fn
             for i in range(loop.steps):
                 record: dict[str, Any] = {}

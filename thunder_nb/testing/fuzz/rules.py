@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..modes import CaptureMode, mode_name
+from ...cudagraph.capture import Capture
+from ..modes import CaptureMode, check_mode, mode_name
 from .calls import FAILURE_KINDS
 from .programs import Program
 
@@ -260,7 +261,7 @@ def _hand_out_outputs(jfn: Any) -> set[str]:
 
 def known_by_values(transform: str, kinds: frozenset[str], program: Program, capture: CaptureMode) -> str | None:
     """The known bug that explains how a captured run of ``transform`` went wrong, if one does."""
-    if not kinds or capture is False:
+    if not kinds or check_mode(capture) is Capture.OFF:
         return None
     return next((b.name for b in KNOWN_BUGS if b.wrong_values is not None and b.wrong_values(transform, kinds, program)),
                 None)

@@ -48,7 +48,7 @@ class Outcome:
     """How one program fared: ``problems`` lists every broken claim (empty: all hold); the rest are figures."""
 
     program: Program
-    capture: CaptureMode = False
+    capture: CaptureMode = CaptureMode.OFF
     discarded: str | None = None  # why the program was thrown away ("thunder rejects: TypeError")
     problems: list[str] = field(default_factory=list)
     thunder_differs: bool = False  # plain thunder.jit disagrees with eager PyTorch (thunder's own behaviour)
