@@ -77,14 +77,23 @@ def nbconverted(tmp_path_factory, notebooks) -> dict[str, Path]:
     return pages
 
 
+def _html_picture(output) -> bool:
+    """Whether an output's HTML holds a diagram: inline SVG, or an <img> of one (`thunder_nb.render.backend.svg_img`)."""
+    html = output.get("data", {}).get("text/html", "")
+    html = html if isinstance(html, str) else "".join(html)
+    return "<svg" in html or 'src="data:image/svg+xml' in html
+
+
 def _cells_with_pictures(nb) -> list[tuple[int, nbformat.NotebookNode, bool]]:
-    """(index, cell, is a magic cell) of every code cell whose outputs hold a diagram: an SVG output or the magic's toggle."""
+    """(index, cell, is a magic cell) of every code cell whose outputs hold a diagram: an SVG output, HTML with an SVG or
+    an <img> of one, or the magic's toggle."""
     found = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         magic = cell.source.startswith(nbcheck.MAGIC)
-        if magic or any("image/svg+xml" in o.get("data", {}) for o in cell.get("outputs", ())):
+        outputs = cell.get("outputs", ())
+        if magic or any("image/svg+xml" in o.get("data", {}) or _html_picture(o) for o in outputs):
             found.append((i, cell, magic))
     return found
 
