@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import nbformat
+from filelock import FileLock
+
 from thunder_nb.diagnosis.model import RULES
+from thunder_nb.notebook import export
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -254,3 +259,21 @@ def figures_missing_from_outputs(nb) -> list[str]:
         if not re.search(rf"(?<![\d.]){re.escape(number.replace(',', ''))}(?![\d])", shown):
             missing.append(f"{number} {unit}")
     return missing
+
+
+def executed_once(path: Path, tmp_path_factory) -> nbformat.NotebookNode:
+    """``path`` run top to bottom in a fresh kernel (`export.execute_notebook`, in a folder of its own) once per test
+    session: the tests that read a notebook executed now share one run, across pytest-xdist's workers too (the
+    session's temporary root, a lock per notebook). Each call returns its own copy; a run whose cell raised is kept as
+    it is (`export.error_outputs` says so)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # NOTE: each worker's base is a folder of the session's root
+    done = root / "executed-notebooks" / path.name
+    done.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(done) + ".lock"):
+        if not done.exists():
+            cwd = done.parent / path.stem
+            cwd.mkdir(exist_ok=True)
+            nbformat.write(export.execute_notebook(path, timeout=600, cwd=cwd), done)
+    return nbformat.read(done, as_version=4)

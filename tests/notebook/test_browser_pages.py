@@ -37,7 +37,7 @@ NAMES = [p.name for p in NOTEBOOKS] + [FRESH]
 def notebooks(tmp_path_factory) -> dict[str, nbformat.NotebookNode]:
     """name -> the committed notebook, and `FRESH`: notebook 01 executed now."""
     nbs = {path.name: nbformat.read(path, as_version=4) for path in NOTEBOOKS}
-    fresh = export.execute_notebook(NOTEBOOKS[0], cwd=tmp_path_factory.mktemp("fresh"))
+    fresh = nbcheck.executed_once(NOTEBOOKS[0], tmp_path_factory)
     assert export.error_outputs(fresh) == []
     nbs[FRESH] = fresh
     return nbs

@@ -171,7 +171,7 @@ def stored():
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):
     """Notebook 07 executed now, on this machine (the CPU in CI)."""
-    nb = export.execute_notebook(NOTEBOOK, timeout=600, cwd=tmp_path_factory.mktemp("nb07"))
+    nb = nbcheck.executed_once(NOTEBOOK, tmp_path_factory)
     assert export.error_outputs(nb) == []
     return nb
 

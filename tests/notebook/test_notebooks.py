@@ -35,9 +35,9 @@ def test_notebooks_are_there():
 
 
 @pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.stem)
-def executed(request):
+def executed(request, tmp_path_factory):
     """(file name, the notebook run top to bottom by a fresh kernel with its widget state stored)."""
-    nb = export.execute_notebook(request.param, timeout=300)
+    nb = nbcheck.executed_once(request.param, tmp_path_factory)
     nbformat.validate(nb)
     return request.param.name, nb
 

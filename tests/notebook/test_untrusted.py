@@ -72,7 +72,7 @@ def untrusted_lab(tmp_path_factory, monkeypatch_module):
     for stem in STORED:
         shutil.copy(NOTEBOOKS / f"{stem}.ipynb", root / f"{stem}.ipynb")
     for source, name in (("01_del_bug.ipynb", FRESH), ("02_islands.ipynb", FRESH_02)):
-        fresh = export.execute_notebook(NOTEBOOKS / source, cwd=root)
+        fresh = nbcheck.executed_once(NOTEBOOKS / source, tmp_path_factory)
         assert export.error_outputs(fresh) == []
         nbformat.write(fresh, root / name)
     # NOTE: a data folder of its own: no signature database that trusts a notebook
