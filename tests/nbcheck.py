@@ -12,10 +12,15 @@ from filelock import FileLock
 
 from thunder_nb.diagnosis.model import RULES
 from thunder_nb.notebook import export
+from thunder_nb.notebook.widget import SIDE_VIEWS
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 MAGIC = "%%thunder_cudagraph"
+#: The first line of a magic cell: the cell magic or the line magic, and its options.
+MAGIC_LINE = re.compile(r"^%%?thunder_cudagraph\b(?P<options>.*)$")
+#: The views the original/fixed toggle holds; a magic without ``--views`` shows the diagram.
+TOGGLE_VIEWS = SIDE_VIEWS
 
 # NOTE: thunder names a trace's values t12 (tensor), f14 (float), i3 (int), b5 (bool) and its regions
 # CUDAGraph1; the numbers change with thunder's numbering, so the text may only name what the
@@ -238,6 +243,23 @@ def terms_used_before_explained(notebooks: list) -> list[str]:
     return problems
 
 
+def is_magic_cell(cell) -> bool:
+    """A code cell that runs ``%%thunder_cudagraph`` or the line magic ``%thunder_cudagraph``."""
+    return cell.cell_type == "code" and bool(MAGIC_LINE.match(cell.source.split("\n", 1)[0]))
+
+
+def is_toggle_cell(cell) -> bool:
+    """A magic cell that shows the original/fixed toggle: not ``--whole-step`` (a report of its own), and a view the
+    toggle holds (the default views do)."""
+    if not is_magic_cell(cell):
+        return False
+    options = MAGIC_LINE.match(cell.source.split("\n", 1)[0])["options"]
+    if "--whole-step" in options:
+        return False
+    views = re.search(r"--views[ =](\S+)", options)
+    return views is None or any(v in TOGGLE_VIEWS for v in views[1].split(","))
+
+
 def options_used_before_named(nb) -> list[str]:
     """Options of the magic cells (``--train``, ``-o``) that no markdown cell before their first use names."""
     named: set[str] = set()
@@ -245,7 +267,7 @@ def options_used_before_named(nb) -> list[str]:
     for c in nb.cells:
         if c.cell_type == "markdown":
             named |= set(OPTIONS.findall(re.sub(r"```.*?```", "", c.source, flags=re.S)))
-        elif c.cell_type == "code" and c.source.startswith(MAGIC):
+        elif is_magic_cell(c):
             first_line = c.source.splitlines()[0]
             problems += [o for o in OPTIONS.findall(first_line) if o not in named and o not in problems]
     return problems

@@ -91,7 +91,7 @@ def _cells_with_pictures(nb) -> list[tuple[int, nbformat.NotebookNode, bool]]:
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        magic = cell.source.startswith(nbcheck.MAGIC)
+        magic = nbcheck.is_toggle_cell(cell)
         outputs = cell.get("outputs", ())
         if magic or any("image/svg+xml" in o.get("data", {}) or _html_picture(o) for o in outputs):
             found.append((i, cell, magic))

@@ -47,7 +47,7 @@ def test_every_magic_output_has_a_static_fallback(stored, request):
     path, nb = stored
     if path.stem in nbcheck.FALLBACK_INSIDE_WIDGET:
         request.applymarker(pytest.mark.xfail(strict=True, reason=nbcheck.OWED_GPU_RUN))
-    magic_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith(nbcheck.MAGIC)]
+    magic_cells = [i for i, c in enumerate(nb.cells) if nbcheck.is_toggle_cell(c)]
     toggles = nbcheck.toggle_outputs(nb)
     assert sorted({i for i, _, _ in toggles}) == magic_cells, f"{path.name}: each magic cell shows one toggle"
     for i, outputs, at in toggles:

@@ -82,7 +82,7 @@ def test_toggle_view_and_state(executed):
         assert views == []
         return
     state = _widget_state(nb)
-    magic_cells = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(nbcheck.MAGIC)]
+    magic_cells = [c for c in nb.cells if nbcheck.is_toggle_cell(c)]
     assert len(views) == len(magic_cells) and all(v in state for v in views), f"{name}: a widget view without saved state"
     links = [[m["state"]["source"], m["state"]["target"]] for m in state.values() if m["model_name"] == "LinkModel"]
     for view in views:

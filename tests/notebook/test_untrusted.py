@@ -99,7 +99,7 @@ def _diagram_cells(nb) -> list[int]:
         if cell.cell_type != "code":
             continue
         data = [o.get("data", {}) for o in cell.get("outputs", ())]
-        if cell.source.startswith(nbcheck.MAGIC) or any(
+        if nbcheck.is_toggle_cell(cell) or any(
                 "image/svg+xml" in d or any(m in str(d.get("text/html", "")) for m in ("<svg", "data:image/svg"))
                 for d in data):
             found.append(i)
@@ -176,7 +176,7 @@ def test_notebook_run_now_shows_its_diagrams_untrusted(untrusted_lab, browser, s
     try:
         problems = _check(page, root_nb, FRESH, screenshots)
         assert problems == [], "\n".join(problems)
-        (i,) = [i for i, c in enumerate(root_nb.cells) if c.cell_type == "code" and c.source.startswith(nbcheck.MAGIC)]
+        (i,) = [i for i, c in enumerate(root_nb.cells) if nbcheck.is_toggle_cell(c)]
         area = page.locator(".jp-Notebook .jp-Cell").nth(i).locator(".jp-OutputArea").first
         folded = area.locator("details", has_text="original (legacy)").first
         expect(folded.locator("img").first).to_be_hidden()
