@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# On the GPU machine (through .gpu/on-device.sh): one pytest run of the GPU tests, bounded, its whole log under $OUT.
+#   bash .gpu/on-device.sh bash bench/device/pytest.sh NAME SECONDS [pytest arguments...]
+# A device call that runs past its limit returns only what is under $OUT: a bounded run with a log of its own says
+# which tests passed and why the others failed, where one long unbounded run says nothing.
+set -uo pipefail
+name=$1 limit=$2
+shift 2
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor}
+mkdir -p "$OUT"
+timeout "$limit" python3 -m pytest -m gpu -q --no-header -p no:cacheprovider -p no:logging --tb=short -rfE "$@" \
+    > "$OUT/$name.log" 2>&1
+echo "== $name: exit $? ($(tail -1 "$OUT/$name.log"))"
