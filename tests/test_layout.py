@@ -36,6 +36,17 @@ def _is_module(name: str) -> bool:
     return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
 
 
+def _from_target(node: ast.ImportFrom, package: str) -> str | None:
+    """The thunder_nb module a ``from ... import`` in ``package`` reads from (relative ones resolved); None: another
+    library's."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+    if node.module and node.module.split(".")[0] == "thunder_nb":
+        return node.module
+    return None
+
+
 def _imports(path: Path) -> set[str]:
     """The thunder_nb modules ``path`` imports, anywhere in it (``from . import x`` is module ``x`` if it is one)."""
     name = _module_name(path)
@@ -45,12 +56,8 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "thunder_nb"}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            elif node.module and node.module.split(".")[0] == "thunder_nb":
-                target = node.module
-            else:
+            target = _from_target(node, package)
+            if target is None:
                 continue
             subs = [f"{target}.{a.name}" for a in node.names if _is_module(f"{target}.{a.name}")]
             found |= set(subs) if subs and len(subs) == len(node.names) else {target, *subs}
@@ -188,12 +195,8 @@ def _private_imports(path: Path) -> list[str]:
     found, modules = [], {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            elif node.module and node.module.split(".")[0] == "thunder_nb":
-                target = node.module
-            else:
+            target = _from_target(node, package)
+            if target is None:
                 continue
             for a in node.names:
                 if _is_module(f"{target}.{a.name}"):
