@@ -39,8 +39,8 @@ from .. import internals
 # transform's can_fuse and the checker alike); re-exported here for the passes below
 from ..diagnosis.ops import COLLECTIVE_NAMES, is_collective
 
-__all__ = ["is_collective", "sink_collectives", "later_trace_rewriters", "refuse_wrapped", "refuse_fully_sharded", "COLLECTIVE_NAMES",
-           "FULLY_SHARD"]
+__all__ = ["is_collective", "sink_collectives", "later_trace_rewriters", "refuse_wrapped", "refuse_fully_sharded",
+           "data_parallel_wrapper", "thunder_data_parallel", "COLLECTIVE_NAMES", "FULLY_SHARD"]
 
 
 def sink_collectives(bsyms: Sequence[Any]) -> list[Any]:
@@ -93,23 +93,53 @@ def _torch_wrapper(module: Any) -> tuple[str, str] | None:
     where there is none."""
     import torch
 
+    if not isinstance(module, torch.nn.Module):
+        return None
+    return next((w for w in map(_torch_wrapper_of, module.modules()) if w is not None), None)
+
+
+def _torch_wrapper_of(m: Any) -> tuple[str, str] | None:
+    """`_torch_wrapper` of ``m`` itself, its submodules left out."""
+    import torch
+
     try:
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     except ImportError:  # NOTE: a torch built without distributed support
         FSDPModule = FullyShardedDataParallel = ()
+    if isinstance(m, torch.nn.parallel.DistributedDataParallel):
+        return ("torch.nn.parallel.DistributedDataParallel",
+                "torch.nn.parallel.DistributedDataParallel(thunder_nb.jit(model)) or "
+                "thunder.distributed.ddp(thunder_nb.jit(model))")
+    if isinstance(m, FullyShardedDataParallel):
+        return ("torch.distributed.fsdp.FullyShardedDataParallel",
+                "FullyShardedDataParallel(thunder_nb.jit(model)) or "
+                "thunder.distributed.fsdp(thunder_nb.jit(model))")
+    if isinstance(m, FSDPModule):
+        return FULLY_SHARD
+    return None
+
+
+def thunder_data_parallel(obj: Any) -> bool:
+    """Whether ``obj`` is what ``thunder.distributed.ddp`` or ``fsdp`` returned."""
+    import thunder
+
+    cd = thunder.compile_data(obj)
+    return cd is not None and bool(getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False))
+
+
+def data_parallel_wrapper(module: Any) -> str | None:
+    """The data-parallel wrapper ``module`` is or holds among its submodules, by name (torch's DDP, FSDP or
+    ``fully_shard``; thunder's ``ddp`` or ``fsdp``); None where there is none."""
+    import torch
+
     if not isinstance(module, torch.nn.Module):
         return None
     for m in module.modules():
-        if isinstance(m, torch.nn.parallel.DistributedDataParallel):
-            return ("torch.nn.parallel.DistributedDataParallel",
-                    "torch.nn.parallel.DistributedDataParallel(thunder_nb.jit(model)) or "
-                    "thunder.distributed.ddp(thunder_nb.jit(model))")
-        if isinstance(m, FullyShardedDataParallel):
-            return ("torch.distributed.fsdp.FullyShardedDataParallel",
-                    "FullyShardedDataParallel(thunder_nb.jit(model)) or "
-                    "thunder.distributed.fsdp(thunder_nb.jit(model))")
-        if isinstance(m, FSDPModule):
-            return FULLY_SHARD
+        wrapped = _torch_wrapper_of(m)
+        if wrapped is not None:
+            return wrapped[0]
+        if thunder_data_parallel(m):
+            return "thunder.distributed.ddp or fsdp"
     return None
 
 
@@ -127,9 +157,8 @@ def refuse_wrapped(fn: Any) -> None:
     is or holds a module torch wrapped for data parallelism (thunder does not trace its hooks)."""
     import thunder
 
-    cd = thunder.compile_data(fn)
-    if cd is not None:
-        if getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False):
+    if thunder.compile_data(fn) is not None:
+        if thunder_data_parallel(fn):
             raise TypeError(
                 "thunder_nb.jit was given a module that thunder.distributed.ddp or fsdp returned: compile the plain "
                 "model and wrap the result, thunder.distributed.ddp(thunder_nb.jit(model)) (or "

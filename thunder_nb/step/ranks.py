@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .. import internals
+from ..cudagraph.distributed import data_parallel_wrapper
 
 __all__ = ["BUCKET_BYTES", "GradientAverage", "data_parallel", "ranks_of", "refuse_data_parallel_wrappers",
            "plan_buckets"]
@@ -122,25 +123,6 @@ class GradientAverage:
                 "static bucket, after the backward and before clipping and the optimizer's step")
 
 
-def _wrapper(module: Any) -> str | None:
-    """The data-parallel wrapper ``module`` is or holds, by name (torch's DDP or FSDP, thunder's ddp or fsdp)."""
-    import thunder
-
-    if not isinstance(module, torch.nn.Module):
-        return None
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-    for m in module.modules():
-        if isinstance(m, torch.nn.parallel.DistributedDataParallel):
-            return "torch.nn.parallel.DistributedDataParallel"
-        if isinstance(m, FullyShardedDataParallel | FSDPModule):
-            return "torch's FSDP (FullyShardedDataParallel or fully_shard)"
-        cd = thunder.compile_data(m)
-        if cd is not None and (getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False)):
-            return "thunder.distributed.ddp or fsdp"
-    return None
-
-
 def _reached(fn: Callable[..., Any]) -> list[Any]:
     """The objects ``fn`` reaches directly: its closure's cells, the globals its code names, a bound method's self."""
     fn = getattr(fn, "__func__", fn)
@@ -160,7 +142,7 @@ def refuse_data_parallel_wrappers(model: Any, loss_fn: Callable[..., Any]) -> No
     """Raise TypeError where ``model``, or a module ``loss_fn`` reaches, is wrapped for data parallelism: jit_step
     averages the gradients itself, inside its graph, and a wrapper's all-reduce would run twice or not at all."""
     for what, obj in [("the model", model)] + [("a module the loss function calls", o) for o in _reached(loss_fn)]:
-        wrapper = _wrapper(obj)
+        wrapper = data_parallel_wrapper(obj)
         if wrapper is not None:
             raise TypeError(
                 f"jit_step was given {what} wrapped by {wrapper}: jit_step averages the gradients across the ranks "
