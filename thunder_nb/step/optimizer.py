@@ -21,8 +21,8 @@ TENSOR_LR = (torch.optim.Adam, torch.optim.AdamW)
 #: among them: torch 2.11's capturable Adam reads tensor betas on the host (``_foreach_lerp_``'s and ``addcmul_``'s
 #: Python-number arguments call ``.item()``), which a capture refuses, so the graph holds them as numbers.
 LIVE = ("lr",)
-#: What to do where a scheduler changes a hyperparameter the graph holds as a number, at every step.
-_CYCLED = {"momentum": "momentum", "betas": "betas"}
+#: The hyperparameters a scheduler that cycles momentum changes at every step, which the graph holds as numbers.
+_CYCLED = ("momentum", "betas")
 
 
 def optimizer_plan(optimizer: torch.optim.Optimizer) -> tuple[str, Blocker | None]:
@@ -85,7 +85,7 @@ def why_fixed(opt: torch.optim.Optimizer, key: str) -> str:
         return (f" ({name}'s step reads it as a Python number, fixed in the graph; Adam and AdamW read lr from a "
                 "device tensor and need no new recording)")
     if key in _CYCLED:
-        return (f" ({name}'s step reads its {_CYCLED[key]} as Python numbers, fixed in the graph: a scheduler that cycles "
+        return (f" ({name}'s step reads its {key} as Python numbers, fixed in the graph: a scheduler that cycles "
                 "momentum (OneCycleLR, CyclicLR) changes it at every step, and every step records again; pass "
                 "cycle_momentum=False to the scheduler)")
     return ""
