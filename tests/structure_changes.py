@@ -5,7 +5,7 @@
 attribute ``halve``) behind ``hasattr``/``getattr``, which thunder's cache does not check. The changes between steps
 (``between(i, net, opt)``) attach, delete, freeze and unfreeze them at fixed steps. `train_state` and
 `assert_same_training` compare a run with eager's: losses, every parameter the model or optimizer holds and AdamW's
-state, by `thunder_nb.judge` with its tolerance for trained values, AdamW's step counts exactly.
+state, by `thunder_nb.judge` within `BOUND`, AdamW's step counts exactly.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from thunder_nb.diagnosis.judge import EXACT, TRAINED, assert_equal
+from thunder_nb.diagnosis.judge import EXACT, Tolerance, assert_equal
 
 #: AdamW steps each test trains.
 STEPS = 12
+#: Thunder's trace runs its own decomposition of the loss (cross-entropy, mean), not eager's kernels: the losses differ
+#: by float32 rounding (1.2e-7 seen), and the parameters and AdamW's moments after `STEPS` steps as little.
+BOUND = Tolerance(rtol=1e-5, atol=1e-6)
 
 Between = Callable[[int, nn.Module, torch.optim.Optimizer], None]
 
@@ -124,7 +127,7 @@ def assert_same_training(losses: list, state: dict, eager_losses: list, eager_st
     """The run's losses and final state equal eager's (AdamW's step counts exactly)."""
     assert len(losses) == len(eager_losses)
     assert_equal(torch.stack([torch.as_tensor(v).cpu() for v in losses]),
-                 torch.stack([torch.as_tensor(v).cpu() for v in eager_losses]), tolerance=TRAINED, label="losses",
+                 torch.stack([torch.as_tensor(v).cpu() for v in eager_losses]), tolerance=BOUND, label="losses",
                  reference="eager's")
     assert state.keys() == eager_state.keys()
     for name, s in eager_state.items():
@@ -132,5 +135,5 @@ def assert_same_training(losses: list, state: dict, eager_losses: list, eager_st
         assert_equal(state[name]["step"], s["step"], tolerance=EXACT, label=f"{name}: AdamW's step count",
                      reference="eager's")
         for k in s.keys() - {"step"}:
-            assert_equal(state[name][k].cpu(), s[k].cpu(), tolerance=TRAINED, label=f"{name}'s {k}",
+            assert_equal(state[name][k].cpu(), s[k].cpu(), tolerance=BOUND, label=f"{name}'s {k}",
                          reference="eager's")
