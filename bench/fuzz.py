@@ -36,7 +36,7 @@ from thunder_nb.testing import fuzz  # noqa: E402
 from thunder_nb.testing.modes import mode_name  # noqa: E402
 
 
-def judge_one(args: tuple[int, str, bool | str]) -> fuzz.Outcome:
+def judge_one(args: tuple[int, str, bool | str]) -> fuzz.ProgramOutcome:
     """Generate program ``seed`` and judge it (one unit of work for a worker process)."""
     seed, device, capture = args
     program = fuzz.Program(f"# the generator crashed on program {seed}\n", ())
@@ -44,7 +44,7 @@ def judge_one(args: tuple[int, str, bool | str]) -> fuzz.Outcome:
         program = fuzz.generate(fuzz.RandomChooser(seed))
         return fuzz.judge(program, device=device, capture=capture)
     except Exception as e:  # NOTE: a crash of the harness is a finding too, not the end of the run
-        return fuzz.Outcome(program, capture=capture, problems=[f"the harness crashed: {type(e).__name__}: {e}"])
+        return fuzz.ProgramOutcome(program, capture=capture, problems=[f"the harness crashed: {type(e).__name__}: {e}"])
 
 
 @dataclass
@@ -120,9 +120,9 @@ class Tally:
     stock_no_trace: int = 0
     thunder_differs: int = 0
     known_bugs: Counter = field(default_factory=Counter)
-    problems: list[tuple[int, fuzz.Outcome]] = field(default_factory=list)
+    problems: list[tuple[int, fuzz.ProgramOutcome]] = field(default_factory=list)
 
-    def add(self, seed: int, o: fuzz.Outcome) -> None:
+    def add(self, seed: int, o: fuzz.ProgramOutcome) -> None:
         self.tried += 1
         self.backward += o.program.backward
         self.parameters += o.program.has_parameters

@@ -1,7 +1,7 @@
 """Differential fuzzing of CUDA-graph transforms: a program generator, a call protocol, the rule table and the
 oracle."""
 
-from .calls import FAILURE_KINDS, PROTOCOL, Call, Failure, Run, differences, execute
+from .calls import FAILURE_KINDS, PROTOCOL, Call, CallLog, Difference, differences, execute
 from .oracle import judge, region_sources
 from .programs import Chooser, InputSpec, Program, RandomChooser, generate, programs
 from .rules import (
@@ -17,7 +17,7 @@ from .rules import (
     predict,
     shows,
 )
-from .verdicts import FixedStats, Outcome, Verdict
+from .verdicts import FixedStats, ProgramOutcome, Verdict
 
 __all__ = [
     "Chooser",
@@ -29,8 +29,8 @@ __all__ = [
     "Call",
     "PROTOCOL",
     "FAILURE_KINDS",
-    "Run",
-    "Failure",
+    "CallLog",
+    "Difference",
     "execute",
     "differences",
     "Showing",
@@ -45,7 +45,7 @@ __all__ = [
     "KNOWN_BUGS",
     "known_by_values",
     "judge",
-    "Outcome",
+    "ProgramOutcome",
     "Verdict",
     "FixedStats",
     "region_sources",

@@ -10,7 +10,7 @@ from ...diagnosis.judge import yardstick_problem as judge_yardstick
 from ...notebook.values import compare_values
 from .programs import Program
 
-__all__ = ["Call", "PROTOCOL", "FAILURE_KINDS", "Run", "Failure", "execute", "differences", "yardstick_problem"]
+__all__ = ["Call", "PROTOCOL", "FAILURE_KINDS", "CallLog", "Difference", "execute", "differences", "yardstick_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ FAILURE_KINDS: dict[str, str] = {
 
 
 @dataclass(slots=True)
-class Run:
+class CallLog:
     """What the calls of `PROTOCOL` left: per call its outputs (fresh copies and the objects kept), its aliasing, its
     inputs."""
 
@@ -71,7 +71,7 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
-class Failure:
+class Difference:
     """One way a run differs from the reference: its kind (`FAILURE_KINDS`) and the first such difference."""
 
     kind: str
@@ -123,7 +123,7 @@ def _describe_alias(fact: Any) -> str:
     return "its own memory"
 
 
-def execute(fn: Callable[..., Any], program: Program, device: str) -> Run:
+def execute(fn: Callable[..., Any], program: Program, device: str) -> CallLog:
     """Run `PROTOCOL` on ``fn``; any exception ends the run and is kept in it (the caller judges it).
 
     Every result is kept: `differences` compares the outputs as they were right after their call
@@ -134,7 +134,7 @@ def execute(fn: Callable[..., Any], program: Program, device: str) -> Run:
     """
     import torch
 
-    run = Run(parameters=[program.make_parameters(device, layer) for layer in range(LAYERS)])
+    run = CallLog(parameters=[program.make_parameters(device, layer) for layer in range(LAYERS)])
     losses: dict[int, Any] = {}
     stage = "start"
     try:
@@ -162,7 +162,7 @@ def execute(fn: Callable[..., Any], program: Program, device: str) -> Run:
     return run
 
 
-def differences(run: Run, ref: Run, without_graphs: Run | None = None) -> list[Failure]:
+def differences(run: CallLog, ref: CallLog, without_graphs: CallLog | None = None) -> list[Difference]:
     """Every kind of difference between ``run`` and the reference, with the first of each kind; empty when they agree.
 
     Each value is judged by the one judge of "equal" (`thunder_nb.diagnosis.judge`); with ``without_graphs`` (plain
@@ -196,10 +196,10 @@ def differences(run: Run, ref: Run, without_graphs: Run | None = None) -> list[F
         note(kind, differ(final[kind], ref_final[kind], kind, plain[kind] if plain is not None else None))
     if run.backward_ran != ref.backward_ran:
         note("gradient", f"backward ran: {run.backward_ran}, expected {ref.backward_ran}")
-    return [Failure(k, found[k]) for k in FAILURE_KINDS if k in found]
+    return [Difference(k, found[k]) for k in FAILURE_KINDS if k in found]
 
 
-def yardstick_problem(plain: Run, ref: Run) -> str | None:
+def yardstick_problem(plain: CallLog, ref: CallLog) -> str | None:
     """Why plain thunder's run is no yardstick against the reference's (not finite where the reference is, far from
     it: `thunder_nb.diagnosis.judge.yardstick_problem`), or None."""
     final, ref_final = plain.final(), ref.final()

@@ -1,4 +1,4 @@
-"""What the oracle concludes of one program: its `Outcome` (every broken claim, and the figures), each judged
+"""What the oracle concludes of one program: its `ProgramOutcome` (every broken claim, and the figures), each judged
 transform's `Verdict`, and the fixed runner's `FixedStats`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from ..modes import CaptureMode
 from .programs import Program
 from .rules import Prediction
 
-__all__ = ["FixedStats", "Verdict", "Outcome"]
+__all__ = ["FixedStats", "Verdict", "ProgramOutcome"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class Verdict:
 
 
 @dataclass
-class Outcome:
+class ProgramOutcome:
     """How one program fared: ``problems`` lists every broken claim (empty: all hold); the rest are figures."""
 
     program: Program
