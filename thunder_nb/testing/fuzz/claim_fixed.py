@@ -55,11 +55,9 @@ def judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcome
     return True
 
 
-
 def _wrong_kind(why: str) -> str:
     """A short class of plain thunder's wrong result, for the tally: not finite, or far from eager."""
     return "not finite" if "not finite" in why else "far from eager"
-
 
 
 def _fixed_stats(transform: PlanningTransform) -> FixedStats:
@@ -73,7 +71,6 @@ def _fixed_stats(transform: PlanningTransform) -> FixedStats:
         most_address_keys=max((s.address_keys for s in stats), default=0),
         held_calls=sum(s.held_calls for s in stats),
     )
-
 
 
 def _known_wrong_results(fn, program: Program, device: str, capture: CaptureMode, ref: Reference) -> tuple[str, ...]:
@@ -105,7 +102,6 @@ def _known_wrong_results(fn, program: Program, device: str, capture: CaptureMode
     if bugs and right_with(combined):
         return tuple(b.name for b in bugs if {**default, **b.variant} != default)
     return ()
-
 
 
 def _check_fixed_traces(jfixed: Any, transform: Any, outcome: ProgramOutcome, error: BaseException | None) -> None:

@@ -38,7 +38,6 @@ def _error_rules_before_run(jfn: Any, program: Program, device: str) -> tuple[tu
     return (), None
 
 
-
 def _hidden_rules(eager: CallLog) -> frozenset[str]:
     """Must-show rules that cannot show in this program, as eager's run tells.
 
@@ -50,7 +49,6 @@ def _hidden_rules(eager: CallLog) -> frozenset[str]:
                              for i in range(len(sets[0]))):
         return frozenset({"static-input-rebound"})
     return frozenset()
-
 
 
 def _judge_original(kind: str, jfn: Any, program: Program, device: str, capture: CaptureMode, outcome: ProgramOutcome,
@@ -118,7 +116,6 @@ def _judge_original(kind: str, jfn: Any, program: Program, device: str, capture:
     return verdict, report
 
 
-
 def judge_legacy(fn, program: Program, device: str, capture: CaptureMode, outcome: ProgramOutcome,
                  ref: Reference) -> None:
     import thunder
@@ -130,7 +127,6 @@ def judge_legacy(fn, program: Program, device: str, capture: CaptureMode, outcom
     crash = outcome.legacy.compile_crash
     if crash is not None and not crash.startswith("dataflow fusion"):
         outcome.problems.append(f"legacy crashed while compiling: {crash}")
-
 
 
 def region_sources(jfn: Any) -> dict[str, str]:
@@ -149,11 +145,9 @@ def region_sources(jfn: Any) -> dict[str, str]:
     return out
 
 
-
 def _calls_item(source: str) -> bool:
     """Whether generated source calls ``.item()`` in code (not in the comments that quote user lines)."""
     return any(".item(" in line.split("#", 1)[0] for line in source.splitlines())
-
 
 
 def judge_stock(fn, program: Program, device: str, capture: CaptureMode, outcome: ProgramOutcome,
@@ -185,7 +179,6 @@ def judge_stock(fn, program: Program, device: str, capture: CaptureMode, outcome
     if outcome.stock_item_in_region != outcome.stock_host_sync_reported:
         outcome.problems.append(f"stock: .item() inside a region: {outcome.stock_item_in_region}, "
                                 f"host-sync-in-region reported: {outcome.stock_host_sync_reported}")
-
 
 
 def _raised_while_compiling(e: BaseException) -> bool:

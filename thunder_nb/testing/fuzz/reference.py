@@ -54,10 +54,8 @@ class Reference:
         return found
 
 
-
 def first_text(failures: list[Difference]) -> str | None:
     return f"{failures[0].kind}: {failures[0].text}" if failures else None
-
 
 
 def report_of(jfn: Any, kind: str, outcome: ProgramOutcome, error: BaseException | None = None) -> Any:
@@ -76,10 +74,8 @@ def report_of(jfn: Any, kind: str, outcome: ProgramOutcome, error: BaseException
         return None
 
 
-
 def defect_text(d: Any) -> str:
     return f"{d.rule} @ {d.trace}/{d.where()} ({d.value}): {d.message}"
-
 
 
 def describe(e: BaseException) -> str:

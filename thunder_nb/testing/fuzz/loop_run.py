@@ -1,0 +1,269 @@
+"""One training loop run under one configuration (`run`): its model and data, the user's iteration around the loss
+function (or `jit_step`'s), the events between steps, and every step's values recorded (`LoopRun`)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ... import internals
+from .loop_features import OPTIMIZERS, RAGGED_BATCH, Loop
+
+__all__ = ["LoopRun", "CONFIGS", "REFERENCES", "run"]
+
+#: The configurations a loop runs under, besides "eager": ``thunder_nb.jit`` of the loss function with thunder's
+#: default executors or inductor's fusions ("fused"), and ``jit_step`` of the whole iteration, each with a capture mode.
+CONFIGS = ("thunder_nb.jit", "fused", "jit_step", "jit_step fused")
+#: The run without graphs whose numerics each configuration has (thunder.jit with the same executors, no transform):
+#: its difference from eager bounds the configuration's.
+REFERENCES = {"thunder_nb.jit": "thunder", "fused": "thunder fused", "jit_step": "thunder",
+              "jit_step fused": "thunder fused"}
+_EXECUTORS = {"thunder_nb.jit": [], "fused": ["torchcompile"], "jit_step": [], "jit_step fused": ["torchcompile"],
+              "thunder": [], "thunder fused": ["torchcompile"]}
+_BATCH = 8
+
+
+# --- the model and the data -----------------------------------------------------------------------
+
+
+def _net(kind: str) -> Any:
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        """A first layer (``body``, the one frozen), the rest of the features and a head."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            if kind == "mlp":
+                self.body, self.rest = nn.Linear(8, 16), nn.Sequential(nn.Tanh(), nn.Linear(16, 16), nn.ReLU())
+            elif kind == "conv-bn":
+                self.body = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+                # NOTE: resnet's stem: a padded max pool after BatchNorm (issue 50's NaN came from its backward)
+                self.rest = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1),
+                                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 16))
+            else:
+                self.body, self.rest = nn.Embedding(32, 16), nn.Sequential(nn.LayerNorm(16), nn.GELU())
+            self.head = nn.Linear(16, 4)
+
+        def features(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.rest(self.body(x))
+            return h.mean(1) if kind == "embed" else h
+
+    return Net()
+
+
+def _batch(kind: str, seed: int, step: int, n: int, device: Any) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    if kind == "mlp":
+        x = torch.randn(n, 8, generator=g)
+    elif kind == "conv-bn":
+        x = torch.randn(n, 3, 6, 6, generator=g)
+    else:
+        x = torch.randint(0, 32, (n, 5), generator=g)
+    return x.to(device), torch.randint(0, 4, (n,), generator=g).to(device)
+
+
+def _loss_fn(model: Any) -> Callable[..., Any]:
+    import torch.nn.functional as F
+
+    def loss_fn(x, y):
+        h = model.features(x)
+        loss = F.cross_entropy(model.head(h), y)
+        if hasattr(model, "head2"):  # NOTE: a head added mid-run: the trace branches on the name's presence
+            loss = loss + F.cross_entropy(model.head2(h), y)
+        return loss
+
+    return loss_fn
+
+
+def _optimizer(name: str, params: Any) -> Any:
+    import torch
+
+    kwargs = dict(OPTIMIZERS[name])
+    cls = getattr(torch.optim, name.split("-")[0])
+    return cls(params, **kwargs)
+
+
+def _scheduler(name: str, opt: Any, steps: int) -> Any:
+    import torch
+
+    s = torch.optim.lr_scheduler
+    if name == "lambda":
+        return s.LambdaLR(opt, lambda i: 1.0 / (1 + i))
+    if name == "step":
+        return s.StepLR(opt, step_size=2, gamma=0.5)
+    if name == "onecycle":
+        # NOTE: the default cycle_momentum=True, where the optimizer has a momentum or betas to cycle
+        cycle = "momentum" in opt.defaults or "betas" in opt.defaults
+        return s.OneCycleLR(opt, max_lr=0.05, total_steps=steps + 2, cycle_momentum=cycle)
+    if name == "cosine":
+        return s.CosineAnnealingLR(opt, T_max=steps)
+    return None
+
+
+# --- running a loop ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LoopRun:
+    """What a loop did under one configuration: per step, the values to compare with eager's."""
+
+    config: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    refused: str | None = None  # a clear refusal (``StepRefused``, a ValueError or TypeError naming the cause)
+    error: str | None = None  # anything else that stopped it, ``Type: first line``
+    warnings: list[str] = field(default_factory=list)
+
+
+def _autocast(precision: str, device: Any) -> Any:
+    import torch
+
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def _state(model: Any, opt: Any) -> dict[str, Any]:
+    out = {f"param {n}": p.detach().clone() for n, p in model.named_parameters()}
+    out |= {f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            # NOTE: on the host, in float32: a capturable optimizer keeps its step count on the device, eager on the CPU
+            v = v.detach().float().cpu().clone() if hasattr(v, "detach") else float(v)
+            out[f"optimizer {names.get(id(p), '?')}.{k}"] = v
+    return out
+
+
+def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any = "cpu") -> LoopRun:
+    """Run ``loop`` under ``config`` ("eager" or one of `CONFIGS`) in capture mode ``capture`` (False, "emulated", or
+    True on a GPU) on ``device``; never raises for what the loop does (a refusal or an error is recorded)."""
+    import torch
+
+    from ... import fix
+    from ...step import StepRefused, jit_step
+    from ..modes import capturing, emulate_runner, jit_capture
+
+    out = LoopRun(config)
+    compiled_mode = config in ("thunder_nb.jit", "fused")
+    torch.manual_seed(loop.seed)
+    model = _net(loop.model).to(device)
+    loss_fn = _loss_fn(model)
+    opt = _optimizer(loop.optimizer, model.parameters())
+    sched = _scheduler(loop.scheduler, opt, loop.steps)
+    scaler = None
+    if loop.precision == "fp16-scaler":
+        scaler = torch.amp.GradScaler(torch.device(device).type, init_scale=2.0**8)
+    saved: dict[str, bytes] = {}  # the checkpoint a "save" wrote, for a "load"
+    step = compiled = None
+    try:
+        with warnings.catch_warnings(record=True) as caught, capturing(capture if compiled_mode else False):
+            warnings.simplefilter("always")
+            if config.startswith("jit_step"):
+                step = jit_step(model, loss_fn, opt, accumulate=loop.accumulate, max_grad_norm=loop.clip,
+                                capture=capture, warmup=1, executors=_EXECUTORS[config])
+            elif config in ("thunder", "thunder fused"):
+                import thunder
+
+                from ...cudagraph.executors import jit_executors
+
+                compiled = thunder.jit(loss_fn, executors=jit_executors(_EXECUTORS[config]))
+            elif config != "eager":
+                compiled = fix.jit(loss_fn, capture=jit_capture(capture), executors=_EXECUTORS[config])
+                emulate_runner(internals.jit_transforms(compiled)[0], capture)
+            forward = compiled or loss_fn
+            for i in range(loop.steps):
+                record: dict[str, Any] = {}
+                for event in (e for at, e in loop.events if at == i):
+                    _event(event, loop, i, model, forward, opt, sched, record, saved, device)
+                if loop.scheduler == "manual" and i == loop.steps // 2:
+                    for g in opt.param_groups:
+                        g["lr"] = g["lr"] * 0.3
+                n = RAGGED_BATCH if (loop.ragged and i == loop.steps - 1) else _BATCH
+                x, y = _batch(loop.model, loop.seed, i, n, device)
+                if step is not None:
+                    with _autocast(loop.precision, device):
+                        loss = step(x, y)
+                else:
+                    loss = _eager_step(loop, model, forward, opt, scaler, x, y, device)
+                if sched is not None:
+                    sched.step()
+                record["loss"] = loss.item() if loop.logged else loss.detach().float().clone()
+                record.update(_state(model, opt))
+                out.steps.append(record)
+        out.warnings = [f"{w.category.__name__}: {w.message}" for w in caught
+                        if "thunder" in str(w.message) or "jit_step" in str(w.message)]
+    except (StepRefused, ValueError, TypeError) as e:
+        out.refused = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    except Exception as e:  # noqa: BLE001 - the fuzzer records every failure and judges it
+        out.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    return out
+
+
+def _event(event: str, loop: Loop, i: int, model: Any, forward: Callable[..., Any], opt: Any, sched: Any,
+           record: dict[str, Any], saved: dict[str, bytes], device: Any) -> None:
+    """What a user's loop does between two steps (`EVENTS`), before step ``i``."""
+    import torch
+
+    if event == "eval":
+        model.eval()
+        with torch.no_grad(), _autocast(loop.precision, device):
+            xv, yv = _batch(loop.model, loop.seed, 100 + i, _BATCH, device)
+            record["validation loss"] = forward(xv, yv).float()
+        model.train()
+    elif event == "freeze":
+        model.body.requires_grad_(False)
+    elif event == "unfreeze":
+        model.body.requires_grad_(True)
+    elif event == "add-head":
+        torch.manual_seed(loop.seed + 1)
+        model.head2 = torch.nn.Linear(16, 4).to(device)
+        # NOTE: the group's other settings as the first group has them (a scheduler's max_lr, initial_lr)
+        opt.add_param_group({**{k: v for k, v in opt.param_groups[0].items() if k != "params"},
+                             "params": list(model.head2.parameters())})
+    elif event == "save":
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict() if sched else None}, buf)
+        saved["checkpoint"] = buf.getvalue()
+    elif event == "load" and "checkpoint" in saved:
+        ckpt = torch.load(io.BytesIO(saved["checkpoint"]), weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        if sched is not None:
+            sched.load_state_dict(ckpt["sched"])
+
+
+def _eager_step(loop: Loop, model: Any, forward: Callable[..., Any], opt: Any, scaler: Any, x: Any, y: Any,
+                device: Any) -> Any:
+    """One iteration as a user writes it around a loss function: zero_grad, forward and backward per micro-batch,
+    clipping, the optimizer's (or the GradScaler's) step."""
+    import torch
+
+    opt.zero_grad()
+    total = None
+    k = loop.accumulate
+    for xp, yp in zip(x.chunk(k), y.chunk(k)):
+        with _autocast(loop.precision, device):
+            loss = forward(xp, yp)
+        part = loss / k if k > 1 else loss
+        (scaler.scale(part) if scaler is not None else part).backward()
+        total = part.detach() if total is None else total + part.detach()
+    if scaler is not None:
+        scaler.unscale_(opt)
+    if loop.clip is not None:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], loop.clip)
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    return total
+
