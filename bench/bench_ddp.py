@@ -1,0 +1,188 @@
+"""Data-parallel training steps, one process per GPU: thunder-nb's DDP against torch's and thunder's.
+
+    python bench/bench_ddp.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--configs ...] [--out FILE.md]
+    torchrun --nproc-per-node 2 bench/bench_ddp.py ...       # several GPUs: one process each, rank 0 prints
+    python bench/bench_ddp.py --device cpu --steps 2 --rounds 1  # checks the script (gloo, no inductor)
+
+Run alone it makes a process group of one rank (NCCL on a GPU, gloo on the CPU), so every configuration runs its
+collectives for real, over a world of one: what data parallelism costs a step before any second GPU shares the
+work. Under ``torchrun`` the same table comes from every rank's steps, rank 0 printing it.
+
+The zoo's 2-layer nanoGPT and llama2 AdamW loops (`thunder_nb.testing.zoo`), each configuration with its own model
+and optimizer from the same initial state and each rank on its own batches. Per configuration: 5 checked steps
+(the loss read after each, held against eager DDP's), then rounds: in each round every configuration runs
+``--steps`` consecutive steps (zero_grad, forward, backward, gradient all-reduce, optimizer step; no sync inside),
+synchronised at the round's ends, taking turns. Reported: the median over rounds of ms/step and the ratio to torch
+DDP + torch.compile reduce-overhead's (RO DDP), with its spread (min-max of the per-round ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from rounds import add_ratios, add_round_arguments, machine, recover, run_rows, sync, time_rounds  # noqa: E402
+
+from thunder_nb.testing import zoo  # noqa: E402
+
+CONFIGS = ("eager DDP", "reduce-overhead", "thunder DDP", "thunder_nb.jit DDP", "jit_step DDP")
+LABELS = {
+    "eager DDP": "torch DistributedDataParallel, eager",
+    "reduce-overhead": "torch DDP + torch.compile reduce-overhead (RO DDP)",
+    "thunder DDP": "thunder.distributed.ddp(thunder.jit(m)), no graphs",
+    "thunder_nb.jit DDP": "thunder.distributed.ddp(thunder_nb.jit(m))",
+    "jit_step DDP": "thunder_nb.jit_step(m, ..., ddp=True): the all-reduce inside the step's graph",
+}
+CHECKED = 5
+
+
+class DDPLoop:
+    """One configuration's AdamW loop on this rank's copy of a zoo model; ``step(i)`` returns the loss (not read)."""
+
+    def __init__(self, name: str, config: str, device: str):
+        import thunder
+        from thunder.distributed import ddp
+
+        import thunder_nb
+
+        model = zoo.MODELS[name]
+        self.config, self.device = config, device
+        self.net = model.build(device).train()  # NOTE: seeded: every rank starts from the same weights
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
+        rank = dist.get_rank()
+        self.batches = [model.batch(rank * 3 + i, device) for i in range(3)]
+        self.whole = None
+        capture = True if device.startswith("cuda") else "emulated"
+        if config == "jit_step DDP":
+            self.whole = thunder_nb.jit_step(self.net, model.loss(self.net), self.opt, ddp=True, capture=capture)
+            return
+        if config in ("eager DDP", "reduce-overhead"):
+            ids = [torch.device(device).index] if device.startswith("cuda") else None
+            module = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
+            fn = model.loss(module)
+            self.fn = torch.compile(fn, mode="reduce-overhead") if config == "reduce-overhead" else fn
+        else:
+            jitted = thunder.jit(self.net) if config == "thunder DDP" else thunder_nb.jit(self.net, capture=capture is True)
+            module = ddp(jitted)
+            # NOTE: thunder's ddp gives the module parameters of its own: an optimizer over the plain model's would
+            # step tensors that never get a gradient
+            self.opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+            self.fn = model.loss(module)
+
+    def context(self) -> contextlib.AbstractContextManager:
+        if not self.device.startswith("cuda") and self.config == "thunder_nb.jit DDP":
+            return zoo.capturing("emulated")
+        return contextlib.nullcontext()
+
+    def step(self, i: int) -> torch.Tensor:
+        (idx,), targets = self.batches[i % 3]
+        if self.whole is not None:
+            return self.whole(idx, targets)
+        self.opt.zero_grad()
+        if self.config == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # NOTE: a new step: its earlier outputs may be overwritten
+        loss = self.fn(idx, targets)
+        loss.backward()
+        self.opt.step()
+        return loss.detach().clone()
+
+
+def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[str]) -> dict:
+    rows: dict[str, dict] = {}
+    loops: dict[str, DDPLoop] = {}
+    for config in configs:
+        row = rows[config] = {"ms": [], "note": "", "losses": []}
+        try:
+            started = time.perf_counter()
+            loop = DDPLoop(name, config, device)
+            with loop.context():
+                row["losses"] = [float(loop.step(i)) for i in range(CHECKED)]  # NOTE: compile, warm up, record
+            sync(device)
+            row["first_s"] = time.perf_counter() - started
+            loops[config] = loop
+        except Exception as e:
+            recover(device)
+            row["note"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    reference = rows["eager DDP"]["losses"]
+    for row in rows.values():
+        if row["losses"] and reference:
+            worst = max(abs(a - b) for a, b in zip(row["losses"], reference))
+            row["matches"] = f"yes ({worst:.1e})" if worst <= 1e-4 + 1e-4 * abs(reference[-1]) else f"no ({worst:.1e})"
+    time_rounds(loops, rows, rounds, steps, device)
+    add_ratios(rows)
+    whole = loops.get("jit_step DDP")
+    if whole is not None:
+        rows["jit_step DDP"]["graphs"] = whole.whole.graphs_recorded
+        ranks = whole.whole.ranks
+        if ranks is not None:
+            rows["jit_step DDP"]["note"] += f"all-reduce captured: {ranks.captured}"
+    return {"rows": rows}
+
+
+def table(results: dict, rounds: int, steps: int) -> str:
+    import statistics
+
+    world = dist.get_world_size()
+    lines = [f"Machine: {machine()}. World size {world} ({dist.get_backend()}). {rounds} rounds of {steps} consecutive "
+             "AdamW steps per configuration, taking turns.", "",
+             "| model | configuration | ms/step (median of rounds) | vs RO DDP (min-max) | first 5 losses equal to "
+             "eager DDP (max abs diff) | graphs | first 5 steps, s | note |", "|---|---|---:|---:|---|---:|---:|---|"]
+    for name, res in results.items():
+        for config, row in res["rows"].items():
+            ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"
+            r = row.get("ratio")
+            rtext = f"{r[0]:.3f}x ({r[1]:.3f}-{r[2]:.3f})" if r else "-"
+            first = f"{row['first_s']:.1f}" if row.get("first_s") else "-"
+            lines.append(f"| {name} | {LABELS[config]} | {ms} | {rtext} | {row.get('matches', '-')} | "
+                         f"{row.get('graphs', '')} | {first} | {row['note']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_round_arguments(parser)
+    parser.add_argument("--models", default="nanogpt,llama2")
+    parser.add_argument("--configs", default="", help="only these configurations, comma-separated (eager DDP always "
+                                                      "runs: the losses are checked against it)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: gloo and the CPU stand-in, without reduce-overhead (checks the script only)")
+    parser.add_argument("--out", help="also write the table into this Markdown file (rank 0)")
+    args = parser.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = args.device
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world)
+    try:
+        chosen = set(args.configs.split(",")) | {"eager DDP"} if args.configs else set(CONFIGS)
+        configs = [c for c in CONFIGS if c in chosen and not (args.device == "cpu" and c == "reduce-overhead")]
+        if rank:  # NOTE: every rank runs every step; rank 0 prints and writes the table
+            sys.stdout = open(os.devnull, "w")
+        # NOTE: a time limit is judged by each rank on its own clock: with several ranks, one could stop while another
+        # waits for it in a collective, so it holds for a world of one only
+        run_rows(args.models.split(","), lambda name: bench_model(name, args.rounds, args.steps, device, configs),
+                 str, lambda res: table(res, args.rounds, args.steps), args.out if rank == 0 else None,
+                 "Data-parallel training steps", time_limit=args.time_limit if world == 1 else None,
+                 rest=("--models", str))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
