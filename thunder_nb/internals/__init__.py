@@ -1,0 +1,62 @@
+"""Every private thunder and torch name thunder-nb relies on, adapted, behind one version check (`supported`); nothing
+of thunder-nb's own.
+
+The modules by job (each name is re-exported here, so ``from thunder_nb import internals`` then ``internals.x`` reads
+any of them):
+
+- `version`: the versions it was written for, `supported` (which gates the fast paths), `check_versions` (the one
+  `VersionWarning` of an unsupported thunder or torch, from every entry point);
+- `traces`: the del pass, trace building, saved-for-backward, a trace's outputs and signature, fusion symbols;
+- `jitted`: a jitted function's call path on a cache hit, its compile data, a ThunderModule's forward and lookups, a
+  module's own members;
+- `memory`: copies in few launches, the held-guard's use counts, storage handles, cuBLAS's workspaces, a graph pool's
+  size, CUDA's generators and stream after a failed capture;
+- `guards`: torch.compile's C guards (a tensor's metadata, objects reached from a root);
+- `executors`: a fusion's callable, an executor's implementations, thunder's backward rules and sdpa functions;
+- `errors`: where torch raised an error, thunder's message naming an op it cannot trace, thunder's own limits.
+"""
+
+from __future__ import annotations
+
+from .errors import (UNTRACEABLE_REASONS, error_line, raised_by_cuda_init, raised_by_graph_capture, thunder_limit,
+                     untraceable_op)
+from .executors import (batch_norm_functional, fusion_callable, grad_rules, inductor_kernel_count, sdpa_implementation,
+                        set_implementations, wrap_fusion_callable)
+from .guards import ObjectGuard, guard_dict_keys, metadata_guard
+from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now, default_device, is_jitted,
+                     jit_transforms, module_forward, own_buffers, own_modules, own_parameters, set_module_forward,
+                     thunder_module_class, thunder_modules_of)
+from .memory import (clear_cublas_workspaces, copy_all, copy_into, current_stream, data_ptrs_equal, graph_pool_bytes,
+                     is_view, recover_capture, recover_generators, recover_stream, storage_handle, storage_use_count,
+                     use_counters)
+from .traces import (build_traces, compile_option, del_last_used, drop_signature_args, flat_output, flatten,
+                     fusion_symbol, has_traces, is_joint_trace, is_tensor_proxy, saved_for_backward, signature_info,
+                     source_line)
+from .version import (FALLBACK, THUNDER_VERSION, TORCH_VERSION, UNSUPPORTED_VARIABLE, VersionWarning, check_versions,
+                      found_versions, supported)
+
+__all__ = [
+    # version
+    "THUNDER_VERSION", "TORCH_VERSION", "UNSUPPORTED_VARIABLE", "FALLBACK", "VersionWarning", "found_versions",
+    "supported", "check_versions",
+    # traces
+    "del_last_used", "build_traces", "has_traces", "saved_for_backward", "compile_option", "fusion_symbol",
+    "source_line", "flatten", "flat_output", "is_joint_trace", "is_tensor_proxy", "signature_info",
+    "drop_signature_args",
+    # jitted
+    "CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class", "own_parameters",
+    "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward", "set_module_forward",
+    "is_jitted", "jit_transforms",
+    # memory
+    "copy_all", "copy_into", "clear_cublas_workspaces", "storage_use_count", "data_ptrs_equal", "recover_generators",
+    "current_stream", "recover_stream", "recover_capture", "graph_pool_bytes", "use_counters", "storage_handle",
+    "is_view",
+    # guards
+    "metadata_guard", "ObjectGuard", "guard_dict_keys",
+    # executors
+    "fusion_callable", "wrap_fusion_callable", "set_implementations", "grad_rules", "sdpa_implementation",
+    "inductor_kernel_count", "batch_norm_functional",
+    # errors
+    "error_line", "raised_by_cuda_init", "raised_by_graph_capture", "UNTRACEABLE_REASONS", "untraceable_op",
+    "thunder_limit",
+]

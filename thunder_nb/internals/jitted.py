@@ -1,0 +1,123 @@
+"""A jitted function and its modules: thunder's call path on a cache hit (`call_path`), the compilation under way, a
+ThunderModule's forward and lookups, a module's own members."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .version import supported
+
+__all__ = ["CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class",
+           "own_parameters", "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward",
+           "set_module_forward", "is_jitted", "jit_transforms"]
+
+
+class CallPath(NamedTuple):
+    """The private parts of ``thunder.jit``'s call path that a call on a cache hit goes through (thunder 0.2.6's
+    ``fn_`` and ``get_computation_and_inputs``), for `thunder_nb.cudagraph.call`."""
+
+    cache_info: Any  # ContextVar: the dict the prologue reads its ``cache_info[...]`` entries from
+    compile_data: Any  # ContextVar: (CompileData, CompileStats) while a prologue runs (``get_thunder_module``)
+    langctx: Any  # ContextVar: the language context the prologue runs under
+    language: Any  # the LanguageContext of ``jfn``'s compile data
+    caching: tuple[Any, ...]  # the cache options under which thunder looks entries up by their prologues
+    is_tracing: Callable[[], bool]  # inside a thunder trace: thunder calls the function itself there
+    connect_to_autograd: Callable[..., None]
+
+
+def call_path(cd: Any) -> CallPath | None:
+    """`CallPath` for a jitted function's compile data ``cd``; None on a thunder thunder-nb does not support
+    (`supported`): the caller then leaves every call to thunder's own path."""
+    if not supported():
+        return None
+    import thunder
+    import thunder.core.compile_data as compile_data
+    import thunder.core.langctxs as langctxs
+    from thunder.core.options import CACHE_OPTIONS
+    from thunder.core.trace import is_tracing
+    from thunder.executors.torch_autograd import connect_to_autograd
+
+    return CallPath(thunder._cache_info_ctx, compile_data._compile_data, langctxs._langctx,
+                    langctxs.langctx(cd.langctx).langctx,
+                    (CACHE_OPTIONS.CONSTANT_VALUES, CACHE_OPTIONS.SYMBOLIC_VALUES), is_tracing, connect_to_autograd)
+
+
+_CPU: Any = None
+
+
+def default_device() -> Any:
+    """``torch.get_default_device()``, without its Python walk of the torch-function mode stack (on every call of
+    `cudagraph.call.fast_call`) where that stack is empty and no default device was set (``torch.set_default_device``
+    and ``with torch.device(...)`` both push a mode): then it is the CPU."""
+    import torch
+
+    global _CPU
+    if torch._C._len_torch_function_stack() == 0 and getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context",
+                                                              None) is None:
+        if _CPU is None:
+            _CPU = torch.device("cpu")
+        return _CPU
+    return torch.get_default_device()
+
+
+#: The dicts a ``thunder.ThunderModule`` reads first in its ``get_submodule``, ``get_parameter`` and ``get_buffer``
+#: (thunder 0.2.6: its module cache and its parameter and buffer overrides, filled when it is made), by lookup kind.
+THUNDER_MODULE_LOOKUPS = {"submodule": "_module_cache", "parameter": "_overrides_parameters",
+                          "buffer": "_overrides_buffers"}
+
+
+def thunder_module_class() -> type:
+    """``thunder.core.module.ThunderModule``."""
+    from thunder.core.module import ThunderModule
+
+    return ThunderModule
+
+
+def own_parameters(module: Any) -> dict[str, Any]:
+    """``module``'s own parameters by name, the live dict (None for one registered as None): ``module._parameters``."""
+    return module._parameters
+
+
+def own_buffers(module: Any) -> dict[str, Any]:
+    """``module``'s own buffers by name, the live dict: ``module._buffers``."""
+    return module._buffers
+
+
+def own_modules(module: Any) -> dict[str, Any]:
+    """``module``'s direct submodules by name, the live dict: ``module._modules``."""
+    return module._modules
+
+
+def compiling_now() -> Any:
+    """The compile data of the function thunder is compiling now (its ``transforms``, ``fn``, ``is_module``), or None
+    outside a compilation."""
+    from thunder.core.compile_data import get_compile_data
+
+    return get_compile_data()
+
+
+def thunder_modules_of(cd: Any) -> list[Any]:
+    """The modules thunder made for a compilation's function: its ``fn`` and the ThunderModules it maps."""
+    return [cd.fn, *getattr(cd, "_thunder_module_map", {}).values()]
+
+
+def module_forward(jfn: Any) -> Callable[..., Any]:
+    """The function a `thunder.ThunderModule` calls as its forward."""
+    return jfn._forward_fn
+
+
+def set_module_forward(jfn: Any, fn: Callable[..., Any]) -> None:
+    """Make the `thunder.ThunderModule` ``jfn`` call ``fn`` as its forward."""
+    jfn._forward_fn = fn
+
+
+def is_jitted(fn: Any) -> bool:
+    """Whether ``fn`` is what ``thunder.jit`` returned (it carries thunder's compile data)."""
+    return hasattr(fn, "_lc_cd")
+
+
+def jit_transforms(jfn: Any) -> list[Any]:
+    """The transforms ``thunder.jit`` was given for ``jfn``, in order."""
+    return jfn._lc_transforms
+

@@ -1,0 +1,92 @@
+"""The versions thunder-nb's private accesses were written for, and what it does on any other (`supported`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+
+__all__ = ["THUNDER_VERSION", "TORCH_VERSION", "UNSUPPORTED_VARIABLE", "FALLBACK", "VersionWarning", "found_versions",
+           "supported", "check_versions"]
+
+#: The versions whose private names this package was written against: lightning-thunder 0.2.6, torch 2.11.x.
+THUNDER_VERSION = "0.2.6"
+TORCH_VERSION = "2.11"
+
+#: An environment variable: set to anything but ``""`` or ``"0"`` before thunder-nb is imported, thunder-nb behaves as
+#: on a thunder or torch it was not written for (`supported` is False). The tests run the fallback so
+#: (tests/test_unsupported_versions.py); a user can too, to rule thunder-nb's fast paths out of a problem.
+UNSUPPORTED_VARIABLE = "THUNDER_NB_UNSUPPORTED"
+
+#: What thunder-nb does instead of its fast paths where `supported` is False: the warning says it.
+FALLBACK = (
+    "it takes thunder's own paths where its fast ones read private parts, which is slower: thunder's call path on "
+    "every call (no fast_call), thunder's prologue (no module walks), thunder's torchcompile executors as they are "
+    "(their islands and pooling backward unfixed), a region's key made afresh on every call (no C guard), and no "
+    "graph memory handed out unguarded (no use counts: returned tensors and gradients are copied out, no rotation, "
+    "and a graph whose tensors went to a backward is not replayed again: another instance is recorded, up to "
+    "max_instances, then the region runs without a graph)")
+
+
+class VersionWarning(UserWarning):
+    """thunder or torch is not the version thunder-nb's private accesses were written for: it falls back to thunder's
+    own paths (`FALLBACK`)."""
+
+
+_supported: bool | None = None
+_warned = False
+
+
+def found_versions() -> dict[str, str]:
+    """The installed versions, by package name: ``{"lightning-thunder": "0.2.6", "torch": "2.11.0+cu130"}``."""
+    import thunder
+    import torch
+
+    return {"lightning-thunder": str(getattr(thunder, "__version__", "?")), "torch": str(torch.__version__)}
+
+
+def _matches(found: str, wanted: str) -> bool:
+    """``found`` is release ``wanted`` or one of its patch releases, with a local label or none (``2.11.0+cu130`` for
+    ``2.11``; not ``0.2.6.dev1`` nor ``0.2.7`` for ``0.2.6``)."""
+    return re.fullmatch(rf"{re.escape(wanted)}(\.\d+)*(\+[\w.]+)?", found) is not None
+
+
+def _forced() -> bool:
+    return os.environ.get(UNSUPPORTED_VARIABLE, "") not in ("", "0")
+
+
+def supported() -> bool:
+    """Whether the installed lightning-thunder is 0.2.6 and torch 2.11.x, whose private API thunder-nb was written
+    against, and `UNSUPPORTED_VARIABLE` is not set; asked once per process (the answer is kept).
+
+    It gates the fast paths that read thunder's and torch's private parts: `thunder_nb.cudagraph.call.fast_call`
+    (`thunder_nb.internals.call_path` is None), the prologue's module walks (`thunder_nb.cudagraph.prologue`), the
+    held-guard's use counts (`thunder_nb.internals.use_counters`), thunder-nb's torchcompile executor's implementations
+    (`thunder_nb.internals.set_implementations`), and torch.compile's C guards (`thunder_nb.internals.metadata_guard`,
+    `thunder_nb.internals.ObjectGuard.make`). Where it is False each takes thunder's own path (`FALLBACK`), and the
+    entry points warn once (`check_versions`).
+    """
+    global _supported
+    if _supported is None:
+        found = found_versions()
+        _supported = (not _forced() and _matches(found["lightning-thunder"], THUNDER_VERSION)
+                      and _matches(found["torch"], TORCH_VERSION))
+    return _supported
+
+
+def check_versions() -> bool:
+    """`supported`; where it is False, one `VersionWarning` per process, naming the versions found and expected and
+    what is slower. Every entry point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
+    global _warned
+    if supported() or _warned:
+        return supported()
+    _warned = True
+    found = found_versions()
+    forced = f" ({UNSUPPORTED_VARIABLE} is set)" if _forced() else ""
+    warnings.warn(
+        f"thunder-nb was written for lightning-thunder {THUNDER_VERSION} and torch {TORCH_VERSION}.x, found "
+        f"lightning-thunder {found['lightning-thunder']} and torch {found['torch']}{forced}: {FALLBACK}",
+        VersionWarning,
+        stacklevel=3,
+    )
+    return False
