@@ -355,14 +355,14 @@ def test_the_measures_catch_what_issue_32_saw(browser):
 
 
 def test_the_measures_catch_a_cut_diagram_and_the_zoom_works_both_ways(browser, shots):
-    """On a made-up page: a diagram that scrolls sideways in its box is cut; one built by `_box` with the real `CSS` fits
+    """On a made-up page: a diagram that scrolls sideways in its box is cut; one built by `box` with the real `CSS` fits
     a 520-px column with its "shrunk" line, shows at full size when clicked (12-px text, its box still 520 px) and fits
     again at the second click."""
-    from thunder_nb.render import html
+    from thunder_nb.render import html, html_diagram
 
     drawing = ('<svg width="750pt" height="75pt" viewBox="0 0 750 75" xmlns="http://www.w3.org/2000/svg">'
                '<text x="0" y="40" font-size="9">CUDAGraph1</text></svg>')  # NOTE: 1000 x 100 px, 12-px text
-    body = html._box(drawing)
+    body = html_diagram.box(drawing)
     page = browser.new_page(viewport={"width": 600, "height": 300})
     try:
         page.set_content(

@@ -23,6 +23,7 @@ import programs
 from thunder_nb import render
 from thunder_nb.diagnosis import analysis, build
 from thunder_nb.diagnosis.model import FusedGroup, Report
+from thunder_nb.render import html_diagram
 
 pytestmark = pytest.mark.slow  # NOTE: a 6-layer nanoGPT traced once for the module (about 24 s)
 
@@ -272,7 +273,7 @@ def test_a_full_diagram_too_big_to_show_counts_fused_ops_and_names_only_listings
                                                                                             monkeypatch):
     fwd = nanogpt_fused.forward
     n = len(fwd.regions[0].fusions[0].ops)
-    shown, full, drawn = render.html._diagram_parts(fwd)
+    shown, full, drawn = html_diagram.diagram_parts(fwd)
     assert drawn and f"full diagram: {n} ops, all in 1 fused group (" in full
     assert full.endswith("too big to show; its ops are listed by module below</p>")  # NOTE: not in the generated code
     report = render.report_html(nanogpt_fused)
@@ -281,9 +282,9 @@ def test_a_full_diagram_too_big_to_show_counts_fused_ops_and_names_only_listings
     assert pane.index("CUDAGraph1 by module:") < pane.index("its ops are listed by module above")
     assert "listed by module below" not in pane
     # a region whose fused ops are not known (source text) has no tree: nothing is said to list them
-    monkeypatch.setattr(render.html, "FULL_MAX_BYTES", 0)
-    monkeypatch.setattr(render.html, "FIT", (1, 1))
-    _, full, _ = render.html._diagram_parts(_one_fusion())
+    monkeypatch.setattr(html_diagram, "FULL_MAX_BYTES", 0)
+    monkeypatch.setattr(html_diagram, "FIT", (1, 1))
+    _, full, _ = html_diagram.diagram_parts(_one_fusion())
     assert "full diagram: 1 op (" in full and full.endswith(": too big to show</p>") and "listed" not in full
 
 
