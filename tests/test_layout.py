@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "thunder_nb"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("thunder_nb.internals.*",),  # thunder's and torch's private names, adapted: nothing of thunder-nb
     ("thunder_nb.diagnosis.plans", "thunder_nb.diagnosis.rules", "thunder_nb.diagnosis.model",
-     "thunder_nb.diagnosis.ops", "thunder_nb.diagnosis.protocols"),  # the shared vocabulary, what the diagnosis reads
+     "thunder_nb.diagnosis.trace_parts", "thunder_nb.diagnosis.ops",
+     "thunder_nb.diagnosis.protocols"),  # the shared vocabulary, what the diagnosis reads
     ("thunder_nb.diagnosis.*",),  # reading what the runtime did, through the protocols: never the runtime itself
     ("thunder_nb.cudagraph.*", "thunder_nb.render.*"),  # the runtime (it records what the diagnosis reads); the drawing
     ("thunder_nb.fix", "thunder_nb.step.*"),  # the transforms and the whole-step graph: the front doors of the runtime
