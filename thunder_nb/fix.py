@@ -92,9 +92,14 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     ``DistributedDataParallel`` or ``FullyShardedDataParallel``) synchronises the gradients as around
     ``thunder.jit(model)``. The reverse order (a model already compiled, or wrapped for data parallelism) and torch's
     ``fully_shard`` around the result raise TypeError naming the order to write (`thunder_nb.cudagraph.distributed`).
+
+    With a thunder or torch other than those thunder-nb reads the private parts of (lightning-thunder 0.2.6, torch
+    2.11.x: `thunder_nb.internals.supported`) it takes thunder's own call path, prologue and torchcompile executors,
+    and hands no graph memory out unguarded, slower, with one `thunder_nb.internals.VersionWarning` per process.
     """
     import thunder
 
+    internals.check_versions()
     refuse_wrapped(fn)
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
     options["executors"] = jit_executors(executors)
@@ -201,6 +206,9 @@ class FixedCUDAGraphTransform(RegionTransform):
                 names = ", ".join(sorted({type(t).__name__ for t in later}))
                 self.notes.append(f"prologue left as thunder made it (no module walks): {names} after this transform "
                                   "reads thunder's lookups and checks")
+            elif not internals.supported():
+                self.notes.append("prologue left as thunder made it (no module walks): thunder or torch is not the "
+                                  "version thunder-nb reads the private parts of")
             else:
                 prologue_trace = fast_module_lookups(prologue_trace)
         moved = defer_returned_items(computation_trace, epilogue_trace) if self.defer_items else None

@@ -18,7 +18,8 @@ Under ``no_grad`` it runs the computation without thunder's ``@torch.no_grad() @
 what is off and back (`_undecorated`), and it does not call an epilogue that only returns its argument. It
 hands the call to thunder's own path wherever that path does more: inside a trace, under autocast (thunder pushes
 the autocast dtype for tracing), for a distributed module (DDP's and FSDP's no-sync flag), under a cache option
-other than thunder's default, and on a cache miss, where thunder tries the prologues again, traces, and adds the
+other than thunder's default, on every call where thunder or torch is not the version it reads the private parts of
+(`thunder_nb.internals.supported`), and on a cache miss, where thunder tries the prologues again, traces, and adds the
 entry that later calls hit.
 """
 
@@ -113,13 +114,15 @@ def fast_call(jfn: Any) -> Any:
     """``jfn`` (what ``thunder.jit`` returned) with its calls made by `fast_call`'s path on a cache hit (see the
     module): a `thunder.ThunderModule`'s forward function is replaced and the module returned; a function is wrapped
     (its attributes, thunder's compile data and statistics among them, copied). ``jfn`` itself where thunder's
-    path is taken on every call (a distributed module, a cache option without prologue lookups)."""
+    path is taken on every call (a distributed module, a cache option without prologue lookups, a thunder or torch
+    thunder-nb does not support: `thunder_nb.internals.supported`)."""
     import thunder
 
     cd, cs = thunder.compile_data(jfn), thunder.compile_stats(jfn)
     path = internals.call_path(cd)
     options = cd.compile_options
-    if getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False) or cd.cache_option not in path.caching:
+    if (path is None or getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False)
+            or cd.cache_option not in path.caching):
         return jfn
     module = isinstance(jfn, torch.nn.Module)
     slow: Callable[..., Any] = internals.module_forward(jfn) if module else jfn

@@ -41,7 +41,9 @@ guard of one walk); `prologue_checks` makes the checks at once.
 Transforms that look for thunder's lookup and check symbols in the prologue (thunder's quantization,
 distributed and check-pruning transforms) must come before the fixed transform in ``transforms=[...]``:
 after it, they no longer find them. Where such a transform comes after it (thunder's ``ddp`` and ``fsdp``), the
-prologue is left as thunder made it (`thunder_nb.fix.FixedCUDAGraphTransform.transform_traces_pre_prologue`).
+prologue is left as thunder made it (`thunder_nb.fix.FixedCUDAGraphTransform.transform_traces_pre_prologue`), and so
+it is on a thunder or torch other than the versions whose private parts the walks read
+(`thunder_nb.internals.supported`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from thunder.core.proxies import Proxy
 from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 
+from .. import internals
 from .module_walk import BUFFER, PARAMETER, SUBMODULE, ModuleWalk, StructureChanged, child, plain_root
 from .prologue_checks import check_tensor, tensor_checks, value_checks
 
@@ -97,7 +100,7 @@ _KINDS = {PrimIDs.UNPACK_SUBMODULE: SUBMODULE, PrimIDs.UNPACK_PARAMETER: PARAMET
 
 def _call(name: str, fn: Any, args: tuple, output: Any, header: Any = "", dont_dce: bool = False) -> BoundSymbol:
     sym = Symbol(name, meta=None, python_impl=fn, id=name, tags=[OpTags.DONT_DCE] if dont_dce else None)
-    return BoundSymbol(sym, args, {}, output, [], header=header, _call_ctx={name: fn})
+    return internals.bound_call(sym, args, output, fn, [], header=header)
 
 
 def _lookup(b: BoundSymbol) -> str | None:
@@ -214,7 +217,10 @@ def rewrite_module_lookups(bsyms: Sequence[BoundSymbol]) -> tuple[list[BoundSymb
 
 
 def fast_module_lookups(prologue: TraceCtx) -> TraceCtx:
-    """`rewrite_module_lookups` over a prologue trace; the same trace where it has no lookups."""
+    """`rewrite_module_lookups` over a prologue trace; the same trace where it has no lookups, or where thunder or torch
+    is not the version whose private parts the walks read (`thunder_nb.internals.supported`): thunder's prologue."""
+    if not internals.supported():
+        return prologue
     trace = from_trace(prologue)
     with tracectx(trace):
         bsyms, n = rewrite_module_lookups(prologue.bound_symbols)

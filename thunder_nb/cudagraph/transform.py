@@ -42,7 +42,13 @@ RUNNER_DEFAULTS = RunnerOptions()
 
 class RegionTransform(CUDAGraphTransform):
     """thunder's `CUDAGraphTransform` with thunder-nb's runner, region plans and hand-out; the transforms subclass it
-    with their fusion rules (`can_fuse`, `fuse`) and passes."""
+    with their fusion rules (`can_fuse`, `fuse`) and passes.
+
+    On a thunder or torch thunder-nb does not support (`thunder_nb.internals.supported`; one `VersionWarning` says so)
+    it has no use counts to tell when memory it handed out is free again, so it hands none out to stay there: no
+    gradient is lent and no returned tensor rotates (both are copied out), and a graph whose tensors went to a backward
+    is not replayed again (`thunder_nb.internals.use_counters`).
+    """
 
     label = "base"
     safe_dataflow = True  # fall back to consecutive fusion when dataflow fusion could reorder in-place updates
@@ -50,11 +56,13 @@ class RegionTransform(CUDAGraphTransform):
     def __init__(self, *, capture: bool | str | Capture = "auto", copy_outputs: bool = True, lend_gradients: bool = False,
                  runner: RunnerOptions = RunnerOptions()):
         super().__init__(share_mem_pool=False)
-        internals.check_versions()
+        supported = internals.check_versions()
         self.capture = check_capture(capture)
         self.copy_outputs = copy_outputs
-        self.lend_gradients = lend_gradients  # NOTE: the legacy transform hands nothing out; the fixed one lends
-        self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, **asdict(runner))
+        # NOTE: the legacy transform hands nothing out; the fixed one lends, where use counts guard what it lent
+        self.lend_gradients = lend_gradients and supported
+        options = asdict(runner) if supported else {**asdict(runner), "rotation": 0}
+        self.cuda_graph_runner = ThunderNBRunner(capture=self.capture, **options)
         self.hand_outs: dict[str, HandOutPlan] = {}  # "forward" / "backward" -> the plan of the latest such trace
         self.handoff_refusals: dict[str, str] = {}  # number -> why it stays a Python number
         self.notes: list[str] = []  # decisions the report should mention
@@ -105,7 +113,7 @@ class RegionTransform(CUDAGraphTransform):
         for o in outputs:
             self._origin[o.name] = f"output of {fusion_name}"
         sym = Symbol(fusion_name, meta=None, is_fusion=True, executor=self)
-        return BoundSymbol(sym, inputs, {}, outputs, bsyms, _call_ctx={fusion_name: fusion_callable})
+        return internals.bound_call(sym, inputs, outputs, fusion_callable, bsyms)
 
     def _input_plan(self, p: Proxy) -> InputPlan:
         if isinstance(p, NumberProxy):

@@ -234,6 +234,7 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
 
     from .. import internals
 
+    internals.check_versions()
     try:
         cd = thunder.compile_data(jfn)
     except Exception:

@@ -29,7 +29,7 @@ from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now,
 from .memory import (clear_cublas_workspaces, copy_all, copy_into, current_stream, data_ptrs_equal, graph_pool_bytes,
                      is_view, recover_capture, recover_generators, recover_stream, storage_handle, storage_use_count,
                      use_counters)
-from .traces import (build_traces, compile_option, del_last_used, drop_signature_args, flat_output, flatten,
+from .traces import (bound_call, build_traces, compile_option, del_last_used, drop_signature_args, flat_output, flatten,
                      fusion_symbol, has_traces, is_joint_trace, is_tensor_proxy, saved_for_backward, signature_info,
                      source_line)
 from .version import (FALLBACK, THUNDER_VERSION, TORCH_VERSION, UNSUPPORTED_VARIABLE, VersionWarning, check_versions,
@@ -40,8 +40,8 @@ __all__ = [
     "THUNDER_VERSION", "TORCH_VERSION", "UNSUPPORTED_VARIABLE", "FALLBACK", "VersionWarning", "found_versions",
     "supported", "check_versions",
     # traces
-    "del_last_used", "build_traces", "has_traces", "saved_for_backward", "compile_option", "fusion_symbol",
-    "source_line", "flatten", "flat_output", "is_joint_trace", "is_tensor_proxy", "signature_info",
+    "del_last_used", "build_traces", "has_traces", "saved_for_backward", "compile_option", "bound_call",
+    "fusion_symbol", "source_line", "flatten", "flat_output", "is_joint_trace", "is_tensor_proxy", "signature_info",
     "drop_signature_args",
     # jitted
     "CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class", "own_parameters",

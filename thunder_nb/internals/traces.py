@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["del_last_used", "build_traces", "has_traces", "saved_for_backward", "compile_option", "fusion_symbol",
-           "source_line", "flatten", "flat_output", "is_joint_trace", "is_tensor_proxy", "signature_info",
-           "drop_signature_args"]
+__all__ = ["del_last_used", "build_traces", "has_traces", "saved_for_backward", "compile_option", "bound_call",
+           "fusion_symbol", "source_line", "flatten", "flat_output", "is_joint_trace", "is_tensor_proxy",
+           "signature_info", "drop_signature_args"]
 
 
 def del_last_used(bsyms: Sequence[Any], protected: Sequence[Any], *,
@@ -56,13 +56,22 @@ def compile_option(name: str, description: str) -> Any:
     return get_compile_option(name, description)
 
 
+def bound_call(sym: Any, args: Any, output: Any, fn: Callable[..., Any], subsymbols: Sequence[Any] = (),
+               header: Any = "") -> Any:
+    """A bound symbol of the symbol ``sym`` whose generated code calls ``fn`` under ``sym.name`` (its call context,
+    ``_call_ctx``), with these arguments, output, subsymbols and header: how thunder calls a fusion."""
+    from thunder.core.symbol import BoundSymbol
+
+    return BoundSymbol(sym, args, {}, output, subsymbols, header=header, _call_ctx={sym.name: fn})
+
+
 def fusion_symbol(name: str, executor: Any, fn: Callable[..., Any], inputs: Sequence[Any], outputs: Sequence[Any],
                   subsymbols: Sequence[Any] = ()) -> Any:
     """A bound symbol that calls ``fn`` under ``name`` in generated code (how thunder calls a region)."""
-    from thunder.core.symbol import BoundSymbol, Symbol
+    from thunder.core.symbol import Symbol
 
     sym = Symbol(name, meta=None, is_fusion=True, executor=executor)
-    return BoundSymbol(sym, tuple(inputs), {}, tuple(outputs), list(subsymbols), _call_ctx={name: fn})
+    return bound_call(sym, tuple(inputs), tuple(outputs), fn, list(subsymbols))
 
 
 def source_line(bsym: Any) -> tuple[str, int] | None:

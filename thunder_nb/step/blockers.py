@@ -56,6 +56,7 @@ def thunder_jit(fn: Callable[..., Any], executors: Sequence[Any]) -> Any:
     """``thunder.jit(fn)`` with no graph transform, with ``executors`` as `thunder_nb.jit` takes them."""
     import thunder
 
+    internals.check_versions()  # NOTE: jit_step's, capturability's and compare_step's one VersionWarning
     return thunder.jit(fn, executors=jit_executors(executors))
 
 

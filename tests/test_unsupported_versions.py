@@ -1,0 +1,169 @@
+"""thunder-nb on a thunder or torch it was not written for (issue 51): `thunder_nb.internals.supported` is False, every
+fast path that reads their private parts takes thunder's own path, the results still equal eager's, and one
+`VersionWarning` says so.
+
+The fallback is forced the documented way, ``THUNDER_NB_UNSUPPORTED=1`` (`thunder_nb.internals.UNSUPPORTED_VARIABLE`),
+in a fresh process: `supported` is asked once per process and the warning is given once per process, so neither can be
+seen again in this one. Real thunder, real traces; capture is emulated (`thunder_nb.testing.emulated_capture`), so the
+runner takes its capture path and its hand-out and held-guard on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from thunder_nb import internals
+
+#: Run with THUNDER_NB_UNSUPPORTED=1: every entry point once (thunder_nb.jit, the transform under it, jit_step,
+#: analyze), each judged against eager by thunder_nb.judge; prints one JSON line of facts.
+_SCRIPT = r'''
+import copy, json, warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import thunder
+    import torch
+    import torch.nn.functional as F
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    import thunder_nb
+    from thunder_nb import internals
+    from thunder_nb.cudagraph.executors import jit_executors
+    from thunder_nb.diagnosis.judge import TRAINED, judge
+    from thunder_nb.testing import emulated_capture, modes
+
+    facts = {"supported": internals.supported(), "judged": {}}
+
+    def judged(name, actual, eager, **kw):
+        j = judge(actual, eager, **kw)
+        facts["judged"][name] = j.difference if not j.equal else None
+
+    # a traced function without autograd: every result kept, each compared after the last call
+    def scaled(a, b):
+        return (a.sin() * b + 1.0).relu()
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [(torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)) for _ in range(4)]
+    with emulated_capture():
+        jfn = thunder_nb.jit(scaled, capture=modes.jit_capture("emulated"))
+        transform = internals.jit_transforms(jfn)[0]
+        modes.emulate_runner(transform, "emulated")
+        kept = [jfn(a, b) for a, b in inputs]
+    judged("function", kept, [scaled(a, b) for a, b in inputs])
+    facts["fast_call"] = "thunder_nb" in jfn.__code__.co_filename
+    facts["function_graphs"] = transform.graphs_captured
+
+    # a training loop through thunder_nb.jit: a module's parameters (the prologue's lookups), two forwards before one
+    # backward (what the held-guard is for), SGD steps; against eager from the same weights
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    ref = copy.deepcopy(net)
+
+    def loss_of(model):
+        return lambda x, y: F.mse_loss(model(x), y)
+
+    batches = [(torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)) for _ in range(8)]
+    losses, ref_losses = [], []
+    with emulated_capture():
+        jloss = thunder_nb.jit(loss_of(net), capture=modes.jit_capture("emulated"))
+        transform = internals.jit_transforms(jloss)[0]
+        modes.emulate_runner(transform, "emulated")
+        for step in range(4):
+            (x1, y1), (x2, y2) = batches[2 * step], batches[2 * step + 1]
+            for model, f, out in ((net, jloss, losses), (ref, loss_of(ref), ref_losses)):
+                model.zero_grad()
+                first, second = f(x1, y1), f(x2, y2)
+                (first + second).backward()
+                out.append((first.detach(), second.detach()))
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad
+    judged("losses", losses, ref_losses, tolerance=TRAINED)
+    judged("weights", dict(net.named_parameters()), dict(ref.named_parameters()), tolerance=TRAINED)
+    runner = transform.cuda_graph_runner
+    facts["loop_graphs"] = transform.graphs_captured
+    facts["rotation"] = runner.rotation
+    facts["lend_gradients"] = transform.lend_gradients
+    facts["notes"] = transform.notes
+    report = thunder_nb.analyze(jloss)
+    facts["analyzed_regions"] = len(report.forward.regions) + len(report.backward.regions)
+
+    # the whole step as one graph (its CPU stand-in): AdamW, six steps
+    torch.manual_seed(1)
+    net2 = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    ref2 = copy.deepcopy(net2)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net2, ref2))
+    step = thunder_nb.jit_step(net2, loss_of(net2), opt, capture="emulated")
+    step_losses = [step(*batches[i]) for i in range(6)]
+    eager_losses = []
+    for i in range(6):
+        ref_opt.zero_grad()
+        loss = loss_of(ref2)(*batches[i])
+        loss.backward()
+        ref_opt.step()
+        eager_losses.append(loss.detach())
+    judged("step losses", step_losses, eager_losses, tolerance=TRAINED)
+    judged("step weights", dict(net2.named_parameters()), dict(ref2.named_parameters()), tolerance=TRAINED)
+    facts["step_graphs"] = step.graphs_recorded
+
+    facts["torchcompile_is_thunders"] = torch_compile_ex in jit_executors(["torchcompile"])
+
+facts["version_warnings"] = [str(w.message) for w in caught if issubclass(w.category, internals.VersionWarning)]
+facts["own_warnings"] = sorted({w.category.__name__ for w in caught if w.category.__module__.startswith("thunder_nb")})
+print(json.dumps(facts))
+'''
+
+
+@pytest.fixture(scope="module")
+def unsupported() -> dict:
+    """The facts `_SCRIPT` prints, run in a process where thunder-nb takes the versions as unsupported."""
+    env = {**os.environ, internals.UNSUPPORTED_VARIABLE: "1"}
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_fallback_gives_eagers_results_through_every_entry_point(unsupported):
+    assert unsupported["supported"] is False
+    assert unsupported["judged"] == {"function": None, "losses": None, "weights": None, "step losses": None,
+                                     "step weights": None}
+    # NOTE: the capture path was taken: graphs (emulated) were recorded and replayed, not every region run eagerly
+    assert unsupported["function_graphs"] >= 1 and unsupported["loop_graphs"] >= 2 and unsupported["step_graphs"] == 1
+    assert unsupported["analyzed_regions"] >= 2
+
+
+def test_each_fast_path_takes_thunders_own(unsupported):
+    assert not unsupported["fast_call"]  # thunder's call path on every call
+    assert any("prologue left as thunder made it" in n for n in unsupported["notes"])  # no module walks
+    assert unsupported["torchcompile_is_thunders"]  # thunder's executor: no implementation map of thunder-nb's
+    # NOTE: no use counts: nothing is handed out to stay in graph memory (gradients copied, no rotation), and a graph
+    # whose saved tensors went to a backward is not replayed again (`internals.use_counters`)
+    assert unsupported["rotation"] == 0 and unsupported["lend_gradients"] is False
+
+
+def test_one_version_warning_names_the_versions_and_what_is_slower(unsupported):
+    assert unsupported["own_warnings"] == ["VersionWarning"]  # NOTE: and no other warning of thunder-nb's
+    (message,) = unsupported["version_warnings"]
+    found = internals.found_versions()
+    assert f"lightning-thunder {internals.THUNDER_VERSION} and torch {internals.TORCH_VERSION}.x" in message
+    assert f"found lightning-thunder {found['lightning-thunder']} and torch {found['torch']}" in message
+    assert f"{internals.UNSUPPORTED_VARIABLE} is set" in message and "slower" in message
+
+
+def test_the_pinned_stack_is_supported_and_takes_the_fast_paths():
+    """The control: in the suite's own process the pinned versions are supported, nothing warns, and the same entry
+    point takes thunder-nb's call path."""
+    import thunder_nb
+
+    assert internals.supported()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", internals.VersionWarning)
+        assert internals.check_versions()
+        jfn = thunder_nb.jit(lambda a: a + 1.0, capture="off")
+    assert "thunder_nb" in jfn.__code__.co_filename
