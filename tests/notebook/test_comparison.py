@@ -284,7 +284,8 @@ def test_training_needs_grad_inputs_and_a_scalar():
         (dict(original="nightly"), r"unknown original: 'nightly' \(must be one of \['stock', 'legacy'\]\)"),
         (dict(capture="yes"), r"capture must be one of .*, not 'yes'"),
         (dict(repeats=0), "repeats must be at least 1"),
-        (dict(peers=True, execute=False), r"peers needs a run \(torch.compile is timed\): not with execute=False"),
+        (dict(peers=True, execute=False), r"peers needs a run \(it times torch.compile\): not with execute=False"),
+        (dict(executors=["inductor"]), r"unknown executor: 'inductor' \(must be one of \['torchcompile', "),
     ],
 )
 def test_bad_options(option, message):
@@ -509,7 +510,7 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     chosen = executor_list(list(names))
     plan = runs.Plan("mlp", True, None, 2, False)
     orig, fixed = runs.compile_both(programs.mlp, programs.mlp_inputs(), {}, "stock", "auto", plan, lambda s: None,
-                                    chosen)
+                                    names)
     assert isinstance(fixed.transform, FixedCUDAGraphTransform) and fixed.jfn._lc_transforms == [fixed.transform]
     assert orig.jfn._lc_transforms == [orig.transform] and not isinstance(orig.transform, FixedCUDAGraphTransform)
     fixed_options = thunder.compile_data(fixed.jfn).compile_options
@@ -528,6 +529,27 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     assert executors[1][:len(expected)] == expected
     if names:
         assert executors[0][2].startswith("thunder_nb_torchcompile")
+
+
+def test_the_executors_are_resolved_once_recorded_and_shown():
+    """``executors`` by name, resolved once (a name given twice is one executor): the Comparison records them, its run
+    section and its repr show them, and both sides are made of those names. With no-sdpa neither side has thunder's
+    sdpa executor, not even the fixed side's checked one (the fixed side's list, built again from the original's
+    list, once took it back)."""
+    import thunder
+
+    c = compare(programs.mlp, programs.mlp_inputs(), repeats=1, executors=["no-sdpa", "no-sdpa"])
+    assert c.executors == ("no-sdpa",)
+    assert ("executors", "no-sdpa, on both sides") in c.run_rows() and "executors" in c.to_text()
+    assert repr(c).startswith("<Comparison 'mlp' on cpu with no-sdpa: ")
+    for side in ("fixed", "original"):
+        names = [e.name for e in thunder.compile_data(c.functions[side]).executors_list]
+        assert not any(n.endswith("sdpa") for n in names), (side, names)
+    traces_only = compare(programs.mlp, programs.mlp_inputs(), execute=False, executors=["no-sdpa"])
+    assert traces_only.run_rows() == [("run", "not run (--no-run): traces only"),
+                                      ("executors", "no-sdpa, on both sides")]
+    plain = compare(programs.mlp, programs.mlp_inputs(), execute=False)
+    assert plain.executors == () and all(k != "executors" for k, _ in plain.run_rows())
 
 
 def test_a_difference_from_eager_in_a_program_with_dropout_is_said_to_be_expected():

@@ -57,6 +57,9 @@ class Comparison:
     steps: int = 0  # training steps each run took (the checked call, warm-up and timed calls)
     trainable: tuple[str, ...] = ()  # the tensors whose gradients are compared, e.g. "model.0.weight", "w1"
     peers: bool = False  # torch.compile reduce-overhead ran too: results["peer"], timings["peer"]
+    #: the fusion executors both sides ran with, by name (`thunder_nb.cudagraph.executors.EXECUTOR_NAMES`), as
+    #: `compare` resolved them (`thunder_nb.notebook.options.resolve_executors`); empty: thunder's defaults
+    executors: tuple[str, ...] = ()
 
     @property
     def on_cuda(self) -> bool:
@@ -152,7 +155,7 @@ class Comparison:
         return ""
 
     def next_step(self, call: str | None = None, model: str | None = None, optimizer: str | None = None,
-                  executors: tuple[str, ...] = (), lr: float | None = None) -> str:
+                  executors: tuple[str, ...] | None = None, lr: float | None = None) -> str:
         """Return what to do after this verdict: a line, then runnable code in the caller's names.
 
         Args:
@@ -160,10 +163,12 @@ class Comparison:
             model, optimizer: with ``training``: the names of the module the function trains and of an optimizer of
                 its parameters; with ``model``, the code trains with `thunder_nb.jit_step` (an SGD optimizer with
                 ``lr`` is made where ``optimizer`` is None).
-            executors: the fusion executors the fixed side ran with, passed on to `thunder_nb.jit`.
+            executors: the fusion executors to pass on to `thunder_nb.jit` (default: those the sides ran with,
+                `executors`).
         """
         import ast
 
+        executors = self.executors if executors is None else executors
         call = call or f"{self.function}(*args)"
         node = ast.parse(call, mode="eval").body
         callee = ast.unparse(node.func) if isinstance(node, ast.Call) else self.function
@@ -215,11 +220,13 @@ class Comparison:
     # --- views ------------------------------------------------------------------------------------
 
     def run_rows(self) -> list[tuple[str, str]]:
-        """The run section as (label, text) rows: value, check against eager, timings, graphs captured."""
+        """The run section as (label, text) rows: device, the executors (when chosen), value, check against eager,
+        timings, graphs captured."""
+        used = [("executors", f"{', '.join(self.executors)}, on both sides")] if self.executors else []
         if not self.executed:
-            return [("run", "not run (--no-run): traces only")]
+            return [("run", "not run (--no-run): traces only"), *used]
         fixed, orig = self.results["fixed"], self.results["original"]
-        rows = [("device", self.device)]
+        rows = [("device", self.device), *used]
         peer = self.results.get("peer") if self.peers else None
         rows.append(("value", f"eager {self.eager_value}; fixed {fixed.value or '-'}"
                      + (f"; original {orig.value}" if orig.ran else "")
@@ -332,6 +339,8 @@ class Comparison:
                     f"{', '.join(count_phrases(report.defects))}, {run}")
 
         device = "cuda" if self.on_cuda else "cpu"
+        if self.executors:
+            device += f" with {', '.join(self.executors)}"
         return (f"<Comparison {self.function!r} on {device}: "
                 f"{side(self.original_kind, self.original, self.results['original'])}; "
                 f"{side('fixed', self.fixed, self.results['fixed'])}>")

@@ -13,8 +13,9 @@ from ..cudagraph.capture import Capture, only, parse_capture, resolve
 from ..cudagraph.executors import executor_list, jit_executors
 from ..diagnosis.failures import Failure
 from ..diagnosis.model import Defect
-from . import runs
+from . import checks, runs
 from .compared import Comparison
+from .options import check_run, resolve_executors
 from .outcome import (
     EAGER_DEVICE,
     ORIGINALS,
@@ -27,6 +28,7 @@ from .outcome import (
     TraceError,
 )
 from .values import short
+from .without_graphs import WithoutGraphs
 
 __all__ = [
     "compare",
@@ -45,18 +47,12 @@ __all__ = [
 
 def _check_options(original: str, capture: Any, repeats: int, training: bool, lr: float | None,
                    peers: bool = False, execute: bool = True) -> Capture:
-    """Check the options; return ``capture`` parsed (AUTO, CUDA or OFF)."""
+    """Check the options (the run's as the magic checks them: `options.check_run`); return ``capture`` parsed (AUTO,
+    CUDA or OFF)."""
     if original not in ORIGINALS:
         raise ValueError(f"unknown original: {original!r} (must be one of {list(ORIGINALS)})")
     capture = only(parse_capture(capture), Capture.AUTO, Capture.CUDA, Capture.OFF, who="compare")
-    if int(repeats) < 1:
-        raise ValueError(f"repeats must be at least 1, not {repeats!r}")
-    if lr is not None and not training:
-        raise ValueError("lr needs training=True (an SGD step needs gradients)")
-    if lr is not None and not lr > 0:
-        raise ValueError(f"lr must be a positive number, not {lr!r}")
-    if peers and not execute:
-        raise ValueError("peers needs a run (torch.compile is timed): not with execute=False")
+    check_run(repeats, training, lr, peers, execute)
     return capture
 
 
@@ -81,22 +77,22 @@ def _import_thunder(say: Callable[[str], None]) -> None:
         warnings.filterwarnings("ignore", message="transformer_engine module not found")
         import thunder  # noqa: F401
 
-        from ..diagnosis import analysis
         from .. import fix  # noqa: F401
+        from ..diagnosis import analysis  # noqa: F401
 
 
 def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any, say: Callable[[str], None],
              plain: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Outcome], Any, list[str]]:
     """Run and time eager PyTorch, then check and time each compiled run (``runs.Run``) against it, in order.
 
-    ``plain``: per key of ``compiled``, thunder without graphs with its executors (`runs.WithoutGraphs`), run only
+    ``plain``: per key of ``compiled``, thunder without graphs with its executors (`WithoutGraphs`), run only
     where that version differs from eager beyond the base tolerance.
 
     Returns:
         (eager's checked call, an `Outcome` per key of ``compiled``, the timings, notes on later failures).
     """
     say(f"running {plan.name} in eager PyTorch…")
-    reference = runs.reference(eager, plan)
+    reference = checks.reference(eager, plan)
     timings, notes = runs.Timings(), []
     timings.add("eager", runs.time_calls(eager, plan, say, f"{plan.name} in eager PyTorch"))
     eager_params = runs.params(eager) if plan.lr is not None else None
@@ -110,8 +106,8 @@ def _run_all(eager: Any, compiled: Mapping[str, Any], plan: Any, say: Callable[[
             say(f"not running the {key} version: {fatal.message}")
             results[key] = Outcome(False, Failure.predicted(fatal))
         else:
-            results[key] = runs.check_and_time(run, reference, eager_params, timings, notes, plan, say,
-                                               (plain or {}).get(key))
+            results[key] = checks.check_and_time(run, reference, eager_params, timings, notes, plan, say,
+                                                 (plain or {}).get(key))
     return reference, results, timings, notes
 
 
@@ -177,7 +173,7 @@ def compare(
             for (the Comparison keeps that `Capture`).
         executors: fusion executors to put before thunder's defaults, for both transforms, by name
             (`thunder_nb.cudagraph.executors.EXECUTOR_NAMES`: ``"torchcompile"`` fuses with inductor; its first
-            call compiles, which can take tens of seconds).
+            call compiles, which can take tens of seconds). The Comparison records them (`Comparison.executors`).
         peers: also check and time ``torch.compile(fn, mode="reduce-overhead")`` on its own copies; the
             verdict then gives the fixed side's speed against it too. Its failing is recorded, not raised.
         progress: called with a short status line ("tracing…", "running…") as work proceeds.
@@ -195,9 +191,7 @@ def compare(
     capture = _check_options(original, capture, repeats, training, lr, peers, execute)
     say = progress or (lambda message: None)
     _import_thunder(say)
-    from .. import internals
-
-    chosen = executor_list(tuple(executors))
+    names = resolve_executors(executors)
     import torch
 
     from ..diagnosis.analysis import analyze
@@ -216,13 +210,13 @@ def compare(
     plan = runs.Plan(name, training, lr, int(repeats), cuda)
     common = dict(function=name, original_kind=original, device="cuda" if cuda else EAGER_DEVICE,
                   gpu=torch.cuda.is_available(), capture=capture, training=training,
-                  trainable=tuple(eager.bound.trainable) if training else (), peers=bool(peers))
+                  trainable=tuple(eager.bound.trainable) if training else (), peers=bool(peers), executors=names)
     with warnings.catch_warnings():
         # NOTE: eager mode is stated in the Comparison (device, verdict); thunder's deprecation noise is not the user's
         warnings.filterwarnings("ignore", category=EagerFallbackWarning)
         warnings.filterwarnings("ignore", message=r"torch\.is_autocast_cpu_enabled")
 
-        orig, fixed = runs.compile_both(fn, args, kwargs, original, capture, plan, say, chosen)
+        orig, fixed = runs.compile_both(fn, args, kwargs, original, capture, plan, say, names)
         functions = {"original": orig.jfn, "fixed": fixed.jfn}
         if not execute:
             orig_failed = Outcome(False, Failure.of(orig.trace_error, "trace")) if orig.trace_error else Outcome(False)
@@ -235,8 +229,8 @@ def compare(
         # NOTE: the original runs last: a capture that fails must not disturb the other runs' device state
         peer = {"peer": runs.peer(fn, args, kwargs)} if peers else {}
         # NOTE: each thunder side's numerics without its graphs: the fixed side's executors are thunder_nb.jit's
-        plain = {"fixed": runs.WithoutGraphs(fn, args, kwargs, jit_executors(chosen or ()), plan),
-                 "original": runs.WithoutGraphs(fn, args, kwargs, chosen, plan)}
+        plain = {"fixed": WithoutGraphs(fn, args, kwargs, jit_executors(names), plan),
+                 "original": WithoutGraphs(fn, args, kwargs, executor_list(names), plan)}
         reference, results, timings, notes = _run_all(eager, {"fixed": fixed, **peer, "original": orig}, plan, say,
                                                       plain)
         say(f"analysing {name}…")

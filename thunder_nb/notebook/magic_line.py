@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
 from ..cudagraph.capture import Capture, parse_capture, resolve
+from .options import MAGIC_WORDS, check_run, resolve_executors
 
 __all__ = ["EXAMPLE", "DEFAULT_VIEWS", "parse_line", "parse_call", "check_arguments", "check_whole_step",
            "check_executors"]
@@ -68,8 +69,9 @@ def parse_call(text: str) -> ast.Call:
 
 
 def check_arguments(args: Any) -> list[str]:
-    """Check the options that argparse cannot; return the views asked for. ``args.capture`` becomes the `Capture` its
-    word stands for (parsed here once: what the magic calls compares members).
+    """Check the options that argparse cannot; return the views asked for. The run's options are checked as `compare`
+    checks them (`options.check_run`, in the magic's words). ``args.capture`` becomes the `Capture` its word stands for
+    (parsed here once: what the magic calls compares members).
 
     Raises:
         UsageError: an option's value is out of range, ``--lr`` without ``--train``, or ``--peers`` with ``--no-run``.
@@ -79,19 +81,12 @@ def check_arguments(args: Any) -> list[str]:
     args.capture = parse_capture(args.capture)  # NOTE: argparse took only the magic's words (auto, on, off)
     try:
         views = widget.parse_views(args.views)
+        check_run(args.repeats, args.train, args.lr, args.peers, not args.no_run, words=MAGIC_WORDS)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be at least 1, not {args.repeats}")
     if args.repeats > MAX_REPEATS:
         raise UsageError(f"--repeats must be at most {MAX_REPEATS}, not {args.repeats} (each version runs that many "
                          "calls in the notebook's kernel; a median and its spread settle long before)")
-    if args.lr is not None and not args.train:
-        raise UsageError("--lr needs --train (an SGD step needs gradients)")
-    if args.lr is not None and not args.lr > 0:
-        raise UsageError(f"--lr must be a positive number, not {args.lr}")
-    if args.peers and args.no_run:
-        raise UsageError("--peers needs a run (it times torch.compile): not with --no-run")
     if args.output is not None and not args.output.isidentifier():
         raise UsageError(f"-o needs a Python name, not {args.output!r}")
     return views
@@ -135,17 +130,13 @@ def check_whole_step(args: Any) -> tuple[str, str]:
 
 
 def check_executors(text: str) -> tuple[str, ...]:
-    """The ``--executors`` names, checked.
+    """The ``--executors`` names, resolved before the cell runs as `compare` resolves them
+    (`options.resolve_executors`).
 
     Raises:
         UsageError: an unknown name, or one thunder cannot use here.
     """
-    from ..cudagraph.executors import executor_list, executor_names
-
     try:
-        names = executor_names([n.strip() for n in text.split(",") if n.strip()])
-        if "nvfuser" in names:
-            executor_list(names)  # NOTE: imports thunder; only nvFuser may be missing here
+        return resolve_executors([n.strip() for n in text.split(",") if n.strip()])
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return names

@@ -59,7 +59,7 @@ def compare_and_show(cell: MagicCell, args: Any, fn: Any, call_args: tuple, call
         view = widget.comparison_toggle(comparison, side_views)
     progress.done({"text/plain": comparison.verdict(), "text/html": comparison.verdict_html()})
     model, optimizer = cell.training_names(comparison.trainable) if args.train else (None, None)
-    names = dict(call=call, model=model, optimizer=optimizer, executors=tuple(executors), lr=args.lr)
+    names = dict(call=call, model=model, optimizer=optimizer, lr=args.lr)  # NOTE: the executors: the Comparison's
     display({"text/plain": comparison.next_step(**names), "text/html": comparison.next_html(**names)}, raw=True)
     if side_views:
         display(view)
