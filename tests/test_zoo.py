@@ -12,8 +12,9 @@ import dataclasses
 import pytest
 
 from thunder_nb.cudagraph.transform import RUNNER_DEFAULTS
-from thunder_nb.testing.zoo import (CONFIGS, DROPOUT_CHECKS, GRAPH_CONFIGS, MODELS, PROTOCOLS, STEP_CONFIGS, Judgement,
-                                   ZooRun, applies, compile_with, judge, missing_package, plain_config, run_protocol)
+from thunder_nb.testing.zoo import (CONFIGS, DROPOUT_CHECKS, GRAPH_CONFIGS, MODELS, PROTOCOLS, STEP_CONFIGS,
+                                   ZooJudgement, ZooRun, applies, compile_with, judge, missing_package, plain_config,
+                                   run_protocol)
 from thunder_nb.diagnosis.judge import assert_equal
 
 pytestmark = pytest.mark.slow
@@ -77,7 +78,7 @@ def test_dropout_masks_change_from_call_to_call_with_the_right_keep_rate():
     reference = run_protocol("nanogpt-dropout", "dropout", "eager", device="cpu", steps=3)
     assert reference.values["losses"] != values["losses"]
     verdict = judge(run, reference, lambda: pytest.fail("a dropout run is not compared with plain thunder"))
-    assert verdict == Judgement(True, DROPOUT_CHECKS, None, None)
+    assert verdict == ZooJudgement(True, DROPOUT_CHECKS, None, None)
     for change, problem in ((dict(values, **{"keep rate": 0.8}), "keep rate 0.8, expected 0.90"),
                             (dict(values, **{"masks change": False}), "the same dropout mask on two calls"),
                             (dict(values, losses=values["losses"][:1] * 3, distinct=False), "the same loss twice")):

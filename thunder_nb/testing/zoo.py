@@ -28,7 +28,7 @@ from .zoo_models import MODELS, ZooModel, missing_package
 from .zoo_protocols import PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer, whole_step_training
 
 __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "CONFIGS", "ZooRun",
-           "compile_with", "run_protocol", "run_in_child", "missing_package", "keep_rate", "TOLERANCES", "Judgement",
+           "compile_with", "run_protocol", "run_in_child", "missing_package", "keep_rate", "TOLERANCES", "ZooJudgement",
            "judge", "DROPOUT_CHECKS", "dropout_problem", "count_graphs", "plain_config", "judged_numerics",
            "GRAPH_CONFIGS", "STEP_CONFIGS", "applies"]
 
@@ -227,7 +227,7 @@ FLOAT32 = MODEL
 
 
 @dataclass(frozen=True)
-class Judgement:
+class ZooJudgement:
     """How a run's values compare with eager's, as the one judge says (`thunder_nb.diagnosis.judge.judge`).
 
     ``against``: "eager", "eager, within thunder without graphs' own difference" (thunder's own numerics take it that
@@ -264,7 +264,7 @@ def dropout_problem(run: ZooRun) -> str | None:
     return None
 
 
-def judge(run: ZooRun, reference: ZooRun, plain: Callable[[], ZooRun]) -> Judgement:
+def judge(run: ZooRun, reference: ZooRun, plain: Callable[[], ZooRun]) -> ZooJudgement:
     """The one judge (`thunder_nb.diagnosis.judge.judge`) of ``run``'s values against eager's (``reference``), at
     ``run.protocol``'s `TOLERANCES`; where they differ beyond it, with thunder without graphs (``plain()``, run only
     then: `plain_config`'s configuration) as the yardstick: ``run`` may differ from eager as far as it does, and no
@@ -278,17 +278,17 @@ def judge(run: ZooRun, reference: ZooRun, plain: Callable[[], ZooRun]) -> Judgem
 
     if run.protocol == "dropout":
         problem = dropout_problem(run)
-        return Judgement(problem is None, DROPOUT_CHECKS, problem, None)
+        return ZooJudgement(problem is None, DROPOUT_CHECKS, problem, None)
     tolerance = TOLERANCES.get(run.protocol, FLOAT32)
     first = judge_values(run.values, reference.values, tolerance=tolerance)
     if first.equal:
-        return Judgement(True, first.against, None, first.max_abs_error)
+        return ZooJudgement(True, first.against, None, first.max_abs_error)
     base = plain()
     if base.error is not None:
-        return Judgement(False, first.against, first.difference, first.max_abs_error,
+        return ZooJudgement(False, first.against, first.difference, first.max_abs_error,
                          f"thunder without graphs fails: {base.error}")
     j = judge_values(run.values, reference.values, without_graphs=base.values, tolerance=tolerance)
-    return Judgement(j.equal, j.against, j.difference, j.max_abs_error, j.without_graphs_differs,
+    return ZooJudgement(j.equal, j.against, j.difference, j.max_abs_error, j.without_graphs_differs,
                      j.without_graphs_wrong)
 
 
