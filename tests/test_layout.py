@@ -263,9 +263,10 @@ def _private_thunder_torch(path: Path, own: set[str]) -> list[str]:
     """``module: name`` for each private thunder or torch name ``path`` uses: a private module or name imported from
     thunder or torch (``torch._dynamo``, ``from thunder.core.transforms import _grad_fn_map``); a private attribute
     reached from a thunder or torch name (``torch._C``, ``torch.Tensor._use_count``); and a private attribute of any
-    object, read or set (also by ``getattr``'s string), that thunder-nb itself never defines (``bsym._call_ctx``,
-    ``jfn._lc_transforms``): another library's, thunder's or torch's unless `OTHER_LIBRARIES` names it. A private
-    name used as a dict key (``m.__dict__["_modules"]``) is not seen."""
+    object, read or set (also by ``getattr``'s string), or passed as a keyword argument, that thunder-nb itself never
+    defines (``bsym._call_ctx``, ``jfn._lc_transforms``, ``BoundSymbol(..., _call_ctx=...)``): another library's,
+    thunder's or torch's unless `OTHER_LIBRARIES` names it. A private name used as a dict key
+    (``m.__dict__["_modules"]``) is not seen."""
     name = _module_name(path)
     tree = ast.parse(path.read_text())
     found, roots = [], set()
@@ -295,6 +296,8 @@ def _private_thunder_torch(path: Path, own: set[str]) -> list[str]:
               and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
               and _private(node.args[1].value)):
             attr = node.args[1].value
+        elif isinstance(node, ast.keyword) and node.arg is not None and _private(node.arg):
+            attr = node.arg
         if (attr is not None and attr not in own and attr not in OTHER_LIBRARIES
                 and not attr.startswith("_thunder_nb")):
             found.append(f"{name}: {attr}")
