@@ -153,7 +153,10 @@ setup() {
     else
         say ".venv: creating it with the locked versions of uv.lock (uv sync; the first time downloads torch, minutes)"
     fi
-    "$UV" sync --frozen --extra test --extra zoo --extra browser --quiet
+    # NOTE: --compile-bytecode writes every module's .pyc once, here: where PYTHONDONTWRITEBYTECODE is set (as on these
+    # machines) no process writes them, and each one that imports thunder compiled its sources again, about 5 s of
+    # CPU (the suite starts dozens: kernels, notebooks, ranks, the CLI)
+    "$UV" sync --frozen --extra test --extra zoo --extra browser --quiet --compile-bytecode
     apt_install "Graphviz" dot graphviz
     widget_js
 }
