@@ -231,7 +231,8 @@ def test_lifetime_chart_has_axis_key_named_islands_and_readable_rows(slot):
     assert axis[0] == "step" and axis[1:3] == ["0", "5"]
     key = [t.text for t in _texts(groups["tnb-key"])]
     assert key == ["live: defined to last use", "a Python number", "held after its last use", "never freed", "del",
-                   "use after del", "region (its statements)", "island", "hand-out (not an island)"]
+                   "use after del", "name", "a value with a defect", "region (its statements)", "island",
+                   "hand-out (not an island)"]
     islands = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-island" for t in _texts(g)]
     assert islands == ["island1"]  # the host sync, by name on the chart
     hand_outs = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-hand-out" for t in _texts(g)]
@@ -252,6 +253,22 @@ def test_lifetime_chart_of_many_regions_fits_and_cuts_no_label():
     assert sorted(t.text for t in labels if t.text.startswith("CUDA")) == sorted(f"CUDAGraph{k}" for k in range(1, 13))
     assert all(_ends_within(t, width) and "…" not in t.text for t in labels)
     assert all(_ends_within(t, width) for t in root.iter(f"{SVG}text"))
+
+
+def test_lifetime_chart_keys_the_red_name_of_a_value_with_a_defect(slot):
+    """A row's name is red when its value has a defect; the key says what a red name means (issue 54.7), and only in a
+    chart that has one."""
+    root = ET.fromstring(render.lifetime_svg(slot.forward))
+    red = [t.text for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-row" for t in _texts(g)[:1]
+           if t.get("fill") == render.common.DEFECT_COLOR]
+    assert red, "the slot program has a value with a defect"
+    key = next(g for g in root.iter(f"{SVG}g") if g.get("class") == "tnb-key")
+    texts = _texts(key)
+    at = [t.text for t in texts].index("a value with a defect")
+    assert texts[at - 1].text == "name" and texts[at - 1].get("fill") == render.common.DEFECT_COLOR
+    clean = analysis.analyze_source(chain_source(2, 3), kind="forward")
+    assert not clean.defects
+    assert "a value with a defect" not in render.lifetime_svg(clean)
 
 
 def test_lifetime_chart_marks_use_after_del_and_keys_numbers():

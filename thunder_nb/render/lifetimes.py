@@ -113,7 +113,12 @@ def _column_name(o: Outside) -> str:
     return o.name if o.is_island else "hand-out"
 
 
-def _key(width: float, y: float, has_number: bool, has_hand_out: bool = False) -> tuple[list[str], float]:
+#: The sample of a red row name in the key.
+_NAME_SAMPLE = "name"
+
+
+def _key(width: float, y: float, has_number: bool, has_hand_out: bool = False,
+         has_defect: bool = False) -> tuple[list[str], float]:
     """The colour key as SVG parts from ``y`` down, wrapped to ``width``; returns (parts, height)."""
     items = [
         ("bar", _LIVE, "live: defined to last use"),
@@ -122,6 +127,8 @@ def _key(width: float, y: float, has_number: bool, has_hand_out: bool = False) -
         ("held", _NEVER, "never freed"),
         ("del", _INK, "del"),
         ("dot", DEFECT_COLOR, "use after del"),
+        # NOTE: a row's name is red when the value has a defect (`_row_svg`): the key says so with a red name
+        *([("name", DEFECT_COLOR, "a value with a defect")] if has_defect else []),
         ("shade", REGION_COLORS[0], "region (its statements)"),
         ("shade", ISLAND_FILL["host-sync"], "island"),
         *([("shade", "#e9ecef", "hand-out (not an island)")] if has_hand_out else []),
@@ -129,11 +136,14 @@ def _key(width: float, y: float, has_number: bool, has_hand_out: bool = False) -
     parts = ['<g class="tnb-key">']
     x, line = 4.0, 0
     for kind, color, text in items:
-        w = 22 + len(text) * _CHAR_W[11] + 16
+        sample = 22 + (len(_NAME_SAMPLE) * _CHAR_W[11] - 16 if kind == "name" else 0)  # the sample, then the text
+        w = sample + len(text) * _CHAR_W[11] + 16
         if x + w > width and x > 4:
             x, line = 4.0, line + 1
         cy = y + line * _LANE_H + 7
-        if kind == "bar":
+        if kind == "name":
+            parts.append(f'<text x="{x}" y="{cy + 4}" fill="{color}">{_NAME_SAMPLE}</text>')
+        elif kind == "bar":
             parts.append(f'<rect x="{x}" y="{cy - 4}" width="16" height="8" fill="{color}"/>')
         elif kind == "held":
             parts.append(f'<rect x="{x}" y="{cy - 1}" width="16" height="2" fill="{color}"/>')
@@ -144,7 +154,7 @@ def _key(width: float, y: float, has_number: bool, has_hand_out: bool = False) -
             parts.append(f'<circle cx="{x + 8}" cy="{cy}" r="4" fill="{color}"/>')
         else:
             parts.append(f'<rect x="{x}" y="{cy - 6}" width="16" height="12" fill="{color}"/>')
-        parts.append(f'<text x="{x + 22}" y="{cy + 4}">{esc(text)}</text>')
+        parts.append(f'<text x="{x + sample}" y="{cy + 4}">{esc(text)}</text>')
         x += w
     parts.append("</g>")
     return parts, (line + 1) * _LANE_H + 4
@@ -164,7 +174,7 @@ def lifetime_svg(trace: TraceReport, *, max_rows: int = MAX_ROWS, width: int = S
     notes = [[s for s, on in (("never freed", r.never_freed), ("use after del", bool(r.late_uses))) if on] for r in rows]
     at = _layout(trace, axis, rows, more, notes, width)
     key, key_h = _key(width, at.bottom + 8, any(r.value.is_scalar for r in rows),
-                      any(not o.is_island for o, _ in at.islands))
+                      any(not o.is_island for o, _ in at.islands), any(r.defects or r.late_uses for r in rows))
     height = at.bottom + 8 + key_h
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="tnb-lifetime" width="{width}" height="{height:.0f}" '
