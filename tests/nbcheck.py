@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -211,9 +213,12 @@ def toggle_outputs(nb) -> list[tuple[int, list, int]]:
 
 
 #: Terms the notebooks use that a newcomer does not know: each must be emphasised (``*term*`` or
-#: ``**term**``, where it is explained) in the first markdown cell of the series that uses it.
+#: ``**term**``, where it is explained) in the first markdown cell of the series that uses it. Notebook 01's glossary
+#: (its second cell, issue 54.10) explains the most of them, so that is where the series first uses them.
 TERMS = ("region", "island", "unfused op", "prologue", "runner", "private pool", "scalar hand-off", "hand-out",
-         "graph instance", "epilogue")
+         "graph instance", "epilogue", "thunder-nb", "trace", "top-level function", "graph", "replay", "recording",
+         "fused", "lifetime view", "static input", "autograd wrapper", "shallow_copy", "EagerFallbackWarning",
+         "Collection", "cotangents")
 #: The magic's options a notebook uses: each is named in the notebook's markdown before its first use.
 OPTIONS = re.compile(r"(?<![\w-])(--[a-z][\w-]*|-o)(?![\w-])")
 # a measured figure quoted in prose: a time, a size, a speed ratio or a share
@@ -230,12 +235,13 @@ def terms_used_before_explained(notebooks: list) -> list[str]:
     ``notebooks``: (name, notebook) pairs in reading order.
     """
     problems = []
-    for term in TERMS:
+    for term in map(str.lower, TERMS):
         for name, nb in notebooks:
             cell = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and term in _flat(c.source)), None)
             if cell is None:
                 continue
-            prose = re.sub(r"`[^`]*`", "", nb.cells[cell].source)  # a `y * s` is no emphasis
+            # NOTE: a `y * s` is no emphasis; a **`shallow_copy`** is
+            prose = re.sub(r"`([^`]*)`", lambda m: "" if "*" in m[1] else m[1], nb.cells[cell].source)
             spans = [_flat(s) for s in re.findall(r"\*{1,2}([^*]+)\*{1,2}", prose)]
             if not any(term in s for s in spans):
                 problems.append(f"{term} ({name}, cell {cell})")
@@ -299,3 +305,192 @@ def executed_once(path: Path, tmp_path_factory) -> nbformat.NotebookNode:
             cwd.mkdir(exist_ok=True)
             nbformat.write(export.execute_notebook(path, timeout=600, cwd=cwd), done)
     return nbformat.read(done, as_version=4)
+
+
+# --- issue 54: the prose against the outputs, point by point ----------------------------------------
+
+_DATA_SVG = re.compile(r'src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')
+
+
+def plain(html: str) -> str:
+    """``html`` as a reader sees its words: tags dropped, entities decoded, white space collapsed."""
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html))).strip()
+
+
+def with_images(text: str) -> str:
+    """``text`` followed by the SVGs it shows as ``<img>`` (issue 53.1 draws diagrams so), decoded."""
+    return "\n".join([text, *(base64.b64decode(m).decode("utf-8", "replace") for m in _DATA_SVG.findall(text))])
+
+
+def shown_text(nb) -> str:
+    """The words of every output, the pictures' included (`output_text`, `with_images`, `plain`)."""
+    return plain(with_images(output_text(nb)))
+
+
+def cell_text(cell) -> str:
+    """The words of one cell's outputs, its pictures' included."""
+    return shown_text(nbformat.v4.new_notebook(cells=[cell]))
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of markdown ``text``, each on one line (a list item and a paragraph end one too)."""
+    parts = re.split(r"(?<=[.!?])\s+(?=[A-Z`*(\"])|\n\s*\n|\n\s*(?:[-*]|\d+\.)\s+", text)
+    return [re.sub(r"\s+", " ", p).strip() for p in parts if p.strip()]
+
+
+#: A fusion executor's group as a diagram labels it: ``TorchCompile0: 12 ops fused (inductor)``.
+FUSED_GROUP = re.compile(r"\b(?:TorchCompile|nvFusion)\d+: \d+ ops? fused \(")
+#: Prose that says that no fusion executor joins any op.
+NO_FUSION = re.compile(r"\bno fusion executor\b|\bnothing (?:here )?is fused\b|\bnone of them is fused\b", re.I)
+
+
+def fusion_denied(nb) -> list[str]:
+    """The sentences that say no fusion executor joins ops, in a notebook whose outputs show a fused group (54.1)."""
+    if not FUSED_GROUP.search(shown_text(nb)):
+        return []
+    return [s for s in sentences(markdown(nb)) if NO_FUSION.search(s)]
+
+
+#: Words of the memory plan that a sentence naming a row (the `copied out` row) may say the row holds.
+PLAN_WORDS = ("rotation", "handed out", "guarded", "lent")
+_PLAN_ROW = re.compile(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", re.S)
+
+
+def plan_rows(nb) -> dict[str, list[str]]:
+    """The memory plans' rows the outputs show, by what they say (``copied out``): each row's words."""
+    rows: dict[str, list[str]] = {}
+    for table in re.findall(r'<table class="tnb-memory">(.*?)</table>', output_text(nb), flags=re.S):
+        for cells in _PLAN_ROW.findall(table):
+            rows.setdefault(plain(cells[1]), []).append(plain(" ".join(cells)))
+    return rows
+
+
+def row_claims_missing(nb) -> list[str]:
+    """``"rotation (the `copied out` row)"``: a `PLAN_WORDS` word in a sentence that names a memory plan row, which no
+    such row of the outputs shows (54.2)."""
+    rows = plan_rows(nb)
+    missing = []
+    for s in sentences(markdown(nb)):
+        for label in re.findall(r"`([^`]+)` row", s):
+            shown = " ".join(rows.get(label, [])).lower()
+            missing += [f"{w} (the `{label}` row)" for w in PLAN_WORDS
+                        if w in s.lower() and w not in label and w not in shown]
+    return missing
+
+
+#: Prose that makes a region one graph: it records one graph per key (shape, address, number, held outputs).
+ONE_GRAPH = re.compile(r"\bregions?\b[^.;]*?\b(?:is|as|each|records?) (?:exactly )?one (?:CUDA )?graph\b"
+                       r"(?! per\b| for each\b)", re.I)
+
+
+def one_graph_claims(nb) -> list[str]:
+    """The sentences that say a region is one graph (54.3)."""
+    return [s for s in sentences(markdown(nb)) if ONE_GRAPH.search(s)]
+
+
+#: How the verdict starts a side that went wrong in this run (`thunder_nb.notebook.verdict`'s failure phrases).
+VERDICT_FAILURES = ("capture fails", "compile fails", "crashes (", "needs a GPU to run", "not run: it would kill")
+#: A hazard the run did not show: ``t106 saved for the backward in graph memory would be wrong when ...``.
+VERDICT_HAZARD = re.compile(r" would (?:be wrong|fail|kill the process|hang)\b.*? when ")
+#: What the verdict said before issue 53 (a count of the rest, and a hazard after the run).
+VERDICT_RETIRED = ("more wrong result", "more error)", "equal to eager in this run")
+
+
+def verdict_lines(nb) -> list[tuple[int, str]]:
+    """(cell index, verdict) of every magic cell's verdict line (its first ``original (...)`` text)."""
+    found = []
+    for i, c in enumerate(nb.cells):
+        if not is_toggle_cell(c):
+            continue
+        for o in c.get("outputs", []):
+            text = o.get("data", {}).get("text/plain", "")
+            text = text if isinstance(text, str) else "".join(text)
+            if text.startswith("original ("):
+                found.append((i, text.splitlines()[0]))
+                break
+    return found
+
+
+def _top_level_split(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            start = i + len(sep)
+    return parts + [text[start:]]
+
+
+def verdict_problems(verdict: str) -> list[str]:
+    """Where a verdict line breaks the order notebook 06 describes (54.5): what went wrong in this run first (a failure,
+    then the defect behind it, or a number that differs); else a hazard this run did not show (``would ... when``),
+    followed by how this run went (``in this run: ...``); the wording of issue 53 only."""
+    problems = [f"the old wording {old!r}" for old in VERDICT_RETIRED if old in verdict]
+    for side in _top_level_split(verdict, "; "):
+        name, _, text = side.partition(": ")
+        failures = [w for w in VERDICT_FAILURES if w in text]
+        if failures and not text.startswith(failures[0]):
+            problems.append(f"{name}: the failure ({failures[0]!r}) is not its first finding")
+        hazard = VERDICT_HAZARD.search(text)
+        if hazard is None:
+            continue
+        if any(w != "needs a GPU to run" for w in failures) or "DIFFERS" in text[:hazard.start()]:
+            problems.append(f"{name}: a hazard after what went wrong in this run")
+        rest = text[hazard.end():]
+        if ", in this run: " not in rest and not rest.endswith(", not run"):
+            problems.append(f"{name}: the hazard is not followed by how this run went")
+    return problems
+
+
+#: The options of `FixedCUDAGraphTransform` that bound its graphs: a default the prose gives is one an output prints.
+BOUND_OPTIONS = ("max_values", "max_addresses", "max_instances", "instance_memory", "rotation")
+_NUMBER_WORDS = {"a quarter": 0.25, "¼": 0.25, "half": 0.5}
+
+
+def option_figures_unprinted(nb) -> list[str]:
+    """``"32 (`max_addresses`)"``: a number in a sentence that names a `BOUND_OPTIONS` option, which is not the value an
+    output prints for one of the options it names (``max_addresses=32``) (54.9)."""
+    shown = output_text(nb)
+    missing = []
+    for s in sentences(markdown(nb)):
+        named = [o for o in BOUND_OPTIONS if f"`{o}`" in s]
+        if not named:
+            continue
+        printed = {float(v) for o in named for v in re.findall(rf"\b{o}=(\d+(?:\.\d+)?)", shown)}
+        prose = re.sub(r"`[^`]*`|notebook \d+|\b\d+-d\b", "", s)
+        numbers = [float(n) for n in re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])", prose)]
+        numbers += [v for w, v in _NUMBER_WORDS.items() if w in prose]
+        missing += [f"{n:g} ({', '.join(named)})" for n in numbers if n not in printed]
+    return missing
+
+
+def lifetime_keys(nb) -> list[str]:
+    """The entries of every lifetime chart's colour key in the outputs (a raw SVG, an inline one or an ``<img>``)."""
+    svg = with_images(output_text(nb))
+    return [unescape(t) for key in re.findall(r'<g class="tnb-key">(.*?)</g>', svg, flags=re.S)
+            for t in re.findall(r"<text[^>]*>([^<]*)</text>", key)]
+
+
+#: How prose points at a colour of a chart: ``in the defect colour``, ``the key calls it "a value with a defect"``.
+_COLOUR_ROLE = re.compile(r"\bin the ([\w -]+?) colou?r\b", re.I)
+
+
+def key_words_missing(nb) -> list[str]:
+    """What the prose says a lifetime chart's key shows (a colour's role, a quoted entry in a sentence about the key)
+    that no key in the outputs shows (54.7)."""
+    keys = " | ".join(lifetime_keys(nb)).lower()
+    missing = []
+    for s in sentences(markdown(nb)):
+        named = _COLOUR_ROLE.findall(s) + (re.findall(r'"([^"]+)"', s) if re.search(r"\bkey\b", s) else [])
+        missing += [n for n in named if n.lower() not in keys]
+    return missing
+
+
+#: Forming regions called fusing: in these notebooks fusing is a fusion executor's (notebook 01's glossary, 54.10).
+FUSING_REGIONS = re.compile(r"\bfused into (?:a |one )?regions?\b|\b(?:after|before) fusion\b|\bregion fusion\b", re.I)
+
+
+def fusing_regions(nb) -> list[str]:
+    """The sentences that call the forming of regions fusing."""
+    return [s for s in sentences(markdown(nb)) if FUSING_REGIONS.search(s)]
