@@ -3,6 +3,7 @@ leaves each trace, and what the runner did with them. Frozen records of plain va
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import Enum
 
@@ -10,8 +11,7 @@ __all__ = [
     "HAND_OUT_NAME",
     "INPUT_ROLES",
     "HandOutAction",
-    "HAND_OUT_ACTIONS",
-    "ROTATION_WORDS",
+    "rotates",
     "STATIC_INPUT_CHANGES",
     "ScalarHandoff",
     "InputPlan",
@@ -46,17 +46,25 @@ class HandOutAction(str, Enum):
     """What the hand-out does with a tensor leaving a trace that may lie in graph memory: the one list of actions
     the transform asks for (`thunder_nb.fix`), the runner carries out (`thunder_nb.cudagraph.handout`), the checker
     reads and `render` words (`label`, `short`, `meaning`). A member equals its value (``HandOutAction.COPY ==
-    "copy"``), so the generated code's tuples of actions stay plain."""
+    "copy"``), so the generated code's tuples of actions stay plain.
+
+    ROTATE is not asked for: it is what the runner makes of COPY in a forward whose region `rotates` (the tensor goes
+    out where it lies, watched, while the region's instances take turns), and what the report says of it."""
 
     COPY = "copy"
     GUARD = "guard"
     LEND = "lend"
     AS_IS = "as-is"
+    ROTATE = "rotate"
 
     @property
     def meaning(self) -> str:
-        """What it does, in a sentence."""
+        """What it does, in a sentence (ROTATE's holds ``{rotation}``: `meaning_for` fills it in)."""
         return _ACTION_WORDS[self.value][2]
+
+    def meaning_for(self, rotation: int) -> str:
+        """`meaning`, with the runner's ``rotation`` option (`HandOutStats.rotation`) where it says it."""
+        return self.meaning.format(rotation=rotation)
 
     @property
     def label(self) -> str:
@@ -78,17 +86,10 @@ _ACTION_WORDS: dict[str, tuple[str, str, str]] = {
               "overwrites it)"),
     "lend": ("lent", "lent", "a backward's gradient: handed to autograd where the graph wrote it, and guarded "
              "(while held, as a parameter's .grad, the next backward replays another graph instance)"),
+    "rotate": ("handed out (rotation)", "rotated", "returned: left where the graph wrote it, watched; while the caller "
+               "still holds it, the next call replays another instance (rotation, up to {rotation} instances); copied "
+               "out of graph memory past that"),
 }
-
-
-#: How reports name a "copy" hand-out of a forward's region that saves nothing for a backward while rotation is on
-#: (`HandOutStats.rotation`), as `_ACTION_WORDS` name an action: (label, short, meaning; ``{rotation}``: the option).
-ROTATION_WORDS = ("handed out (rotation)", "rotated",
-                  "returned: left where the graph wrote it, watched; while the caller still holds it, the next call "
-                  "replays another instance (rotation, up to {rotation} instances); copied out of graph memory past that")
-
-#: Each action's `HandOutAction.meaning`, by its value.
-HAND_OUT_ACTIONS: dict[str, str] = {a.value: a.meaning for a in HandOutAction}
 
 
 #: Why the runner no longer reads a static region input as it was captured (`StaticInputChange`).
@@ -174,6 +175,16 @@ class HandOutPlan:
         if self.lend:
             return HandOutAction.LEND
         return HandOutAction.COPY if self.copy_outputs else HandOutAction.AS_IS
+
+
+def rotates(region: str, plan: RegionPlan | None, rotation: int, stopped: Container[str] = ()) -> bool:
+    """Whether region ``region``'s returned tensors take turns in its graph instances (`HandOutAction.ROTATE`) instead
+    of being copied out: ``rotation`` is on (the runner's option; `HandOutStats.rotation`, 0 for a backward's), the
+    region is not in ``stopped`` (`HandOutStats.rotation_stopped`: the caller kept the results of every instance), and
+    it saves nothing for a backward (an instance is then only its outputs: another costs their bytes, in a shared
+    pool). The one decision: the runner makes it when it records an instance, the report reads it back. A region with
+    no plan (a runner used without its transform) is judged by the option alone."""
+    return rotation > 0 and region not in stopped and (plan is None or not any(o.saved for o in plan.outputs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnosis.model import Outside, Region, TraceReport
-from ..diagnosis.plans import INPUT_ROLES, ROTATION_WORDS, HandOutAction
+from ..diagnosis.plans import INPUT_ROLES, HandOutAction, rotates
 from .common import plural
 
 __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry", "known", "input_roles",
@@ -15,7 +15,7 @@ __all__ = ["ROLE_LABELS", "ACTION_LABELS", "ROLE_SHORT", "ACTION_SHORT", "Entry"
 #: How each `INPUT_ROLES` key is named in reports and diagrams.
 ROLE_LABELS = {"static": "read in place", "copied": "copied in", "number": "number"}
 #: How each hand-out action is named in reports and diagrams (`HandOutAction.label`).
-ACTION_LABELS = {a.value: a.label for a in HandOutAction} | {"rotate": ROTATION_WORDS[0]}
+ACTION_LABELS = {a.value: a.label for a in HandOutAction}
 
 # NOTE: thunder's own runner has no hand-out: what a region returns leaves as the graph's buffer
 _STOCK_RETURNED = "the graph's own buffer, no hand-out: the next replay overwrites it"
@@ -62,39 +62,38 @@ def input_roles(trace: TraceReport, region: Region) -> dict[str, str]:
     return roles
 
 
-def output_actions(trace: TraceReport, region: Region) -> dict[str, tuple[str, str]]:
-    """The region outputs that leave the trace: name -> (`HandOutAction` value, or "rotate" for a copy the runner
-    leaves where it lies while instances take turns (`_rotates`); what leaves: "returned"/"saved")."""
-    out: dict[str, tuple[str, str]] = {}
+def output_actions(trace: TraceReport, region: Region) -> dict[str, tuple[HandOutAction, str]]:
+    """The region outputs that leave the trace: name -> (`HandOutAction`: ROTATE for a copy the runner leaves where it
+    lies while instances take turns, `_rotates`; what leaves: "returned"/"saved")."""
+    out: dict[str, tuple[HandOutAction, str]] = {}
     if trace.hand_out is not None:
         plans = {o.name: o for o in region.plan.outputs} if region.plan is not None else {}
-        rotates = _rotates(trace, region)
+        rotating = _rotates(trace, region)
         for name in region.outputs:
             action = trace.hand_out.action(name)
             if action is None:
                 continue
-            if action == "copy" and rotates:
-                action = "rotate"
+            if action is HandOutAction.COPY and rotating:
+                action = HandOutAction.ROTATE
             plan = plans.get(name)
-            fate = plan.fate if plan is not None else ("saved" if action == "guard" else "returned")
+            fate = plan.fate if plan is not None else ("saved" if action is HandOutAction.GUARD else "returned")
             out[name] = (action, fate)
         return out
     wrong = {d.value: d.rule for d in trace.defects if d.rule in _GRAPH_MEMORY_RULES}
     returned = {v.name for v in trace.values if v.returned and v.type.kind == "tensor"}
     for name in region.outputs:
         if name in wrong:
-            out[name] = ("as-is", "saved" if wrong[name] == "saved-graph-memory" else "returned")
+            out[name] = (HandOutAction.AS_IS, "saved" if wrong[name] == "saved-graph-memory" else "returned")
         elif name in returned:
-            out[name] = ("as-is", "returned")
+            out[name] = (HandOutAction.AS_IS, "returned")
     return out
 
 
 def _rotates(trace: TraceReport, region: Region) -> bool:
-    """Whether the region's returned tensors take turns in its instances (rotation): a forward's region that saves
-    nothing for a backward, with rotation on and not stopped for it (`ThunderNBRunner._rotates`)."""
+    """Whether the region's returned tensors take turns in its instances: the runner's decision (`rotates`), read
+    from the forward's hand-out statistics, for a region whose plan is known."""
     stats = trace.hand_out_stats
-    return (stats.rotation > 0 and region.plan is not None and not any(o.saved for o in region.plan.outputs)
-            and region.name not in stats.rotation_stopped)
+    return region.plan is not None and rotates(region.name, region.plan, stats.rotation, stats.rotation_stopped)
 
 
 def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
@@ -120,15 +119,13 @@ def region_memory(trace: TraceReport, region: Region) -> list[Entry]:
             entries.append(Entry("updated in place", where_it_lies, _UPDATED_WHERE_IT_LIES))
         if copied:
             entries.append(Entry("written back", copied, _WRITE_BACK))
-    by_action: dict[tuple[str, str], list[str]] = {}
+    by_action: dict[tuple[HandOutAction, str], list[str]] = {}
     for name, (action, fate) in output_actions(trace, region).items():
         by_action.setdefault((action, fate), []).append(name)
     flagged = {d.value for d in trace.defects if d.rule in _GRAPH_MEMORY_RULES}
     for (action, fate), names in by_action.items():
-        if action == "rotate":
-            label, why = ROTATION_WORDS[0], ROTATION_WORDS[2].format(rotation=trace.hand_out_stats.rotation)
-        elif trace.hand_out is not None:
-            label, why = HandOutAction(action).label, HandOutAction(action).meaning
+        if trace.hand_out is not None:
+            label, why = action.label, action.meaning_for(trace.hand_out_stats.rotation)
         elif fate == "saved":
             label, why = "saved as-is", _STOCK_SAVED
         else:
@@ -164,15 +161,16 @@ def hand_outs(trace: TraceReport) -> tuple[Outside, ...]:
     return tuple(i for i in trace.outside if i.reason == "hand-out")
 
 
-def hand_out_actions(trace: TraceReport) -> dict[str, str]:
-    """What the trace's hand-out does with each tensor that may lie in graph memory: name -> `HandOutAction` value,
-    or "rotate" (`output_actions`); empty without a hand-out."""
+def hand_out_actions(trace: TraceReport) -> dict[str, HandOutAction]:
+    """What the trace's hand-out does with each tensor that may lie in graph memory: name -> `HandOutAction` (ROTATE
+    as `output_actions` says); empty without a hand-out."""
     plan = trace.hand_out
     if plan is None:
         return {}
     rotated = {name for r in trace.regions for name, (action, _) in output_actions(trace, r).items()
-               if action == "rotate"}
-    return {n: "rotate" if n in rotated else a for n in plan.graph_memory if (a := plan.action(n)) is not None}
+               if action is HandOutAction.ROTATE}
+    return {n: HandOutAction.ROTATE if n in rotated else a for n in plan.graph_memory
+            if (a := plan.action(n)) is not None}
 
 
 def hand_out_line(trace: TraceReport) -> str | None:
@@ -181,10 +179,10 @@ def hand_out_line(trace: TraceReport) -> str | None:
     if plan is None:
         return None
     actions = hand_out_actions(trace)
-    copy = [n for n, a in actions.items() if a in ("copy", "as-is")]
-    rotate = [n for n, a in actions.items() if a == "rotate"]
-    guard = [n for n, a in actions.items() if a == "guard"]
-    lend = [n for n, a in actions.items() if a == "lend"]
+    copy = [n for n, a in actions.items() if a in (HandOutAction.COPY, HandOutAction.AS_IS)]
+    rotate = [n for n, a in actions.items() if a is HandOutAction.ROTATE]
+    guard = [n for n, a in actions.items() if a is HandOutAction.GUARD]
+    lend = [n for n, a in actions.items() if a is HandOutAction.LEND]
     parts = []
     if rotate:
         parts.append("hands out where they lie (rotation) " + ", ".join(rotate))
@@ -211,7 +209,7 @@ def hand_out_line(trace: TraceReport) -> str | None:
 #: Short words for the diagram's input nodes (the default, "copied", goes unsaid).
 ROLE_SHORT = {"static": "in place", "copied": "", "number": "Python number"}
 #: Short words for the diagram's output nodes (`HandOutAction.short`).
-ACTION_SHORT = {a.value: a.short for a in HandOutAction} | {"rotate": ROTATION_WORDS[1]}
+ACTION_SHORT = {a.value: a.short for a in HandOutAction}
 
 
 def inputs_summary(trace: TraceReport, region: Region) -> str:
@@ -241,6 +239,7 @@ def outputs_summary(trace: TraceReport, region: Region) -> str:
         return head
     counts: dict[str, int] = {}
     for action, fate in output_actions(trace, region).values():
-        word = ACTION_SHORT[action] if action != "as-is" else ("saved as-is" if fate == "saved" else "returned as-is")
+        word = (ACTION_SHORT[action] if action is not HandOutAction.AS_IS
+                else ("saved as-is" if fate == "saved" else "returned as-is"))
         counts[word] = counts.get(word, 0) + 1
     return f"{head}: {', '.join(f'{n} {w}' for w, n in counts.items())}" if counts else head
