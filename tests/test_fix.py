@@ -293,7 +293,7 @@ def test_forwards_kept_before_their_backwards_get_an_instance_each_while_memory_
             assert_equal(w.grad, w_ref.grad)
         (region,) = thunder_nb.analyze(jfn).forward.regions
         assert region.stats.instances == 3 and region.stats.held_calls == 0
-        causes = [g.cause for g in t.cuda_graph_runner._count(region.name).graphs]
+        causes = [g.cause for g in t.cuda_graph_runner.counts(region.name).graphs]
         assert causes == ["first call", "outputs of 1 instance still held for a backward",
                           "outputs of 2 instances still held for a backward"]
 

@@ -172,16 +172,7 @@ def _private(name: str) -> bool:
 
 #: Private names imported from another thunder-nb module, each with why it stays for now. Every other one fails.
 PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {
-    # NOTE: the runner and its siblings share one object's memory (owner, own outputs, recordings) through private
-    # names; issue 51 makes that one owner, cudagraph/memory.py, with an API the runner reads: these go with it
-    **dict.fromkeys([
-        "thunder_nb.cudagraph.runner imports thunder_nb.cudagraph.handout._HandOutMemo",
-        "thunder_nb.cudagraph.runner imports thunder_nb.cudagraph.keys._AGAIN_MISSES",
-        "thunder_nb.cudagraph.runner imports thunder_nb.cudagraph.keys._Counts",
-        "thunder_nb.cudagraph.runner imports thunder_nb.cudagraph.keys._input_name",
-        "thunder_nb.cudagraph.runner imports thunder_nb.cudagraph.keys._recapture_cause",
-        "thunder_nb.cudagraph.runner imports thunder_nb.cudagraph.record._check_instance_budget",
-    ], "the runner's memory, shared with its siblings until cudagraph/memory.py owns it"),
+    # NOTE: none of cudagraph/: the runner's memory is cudagraph/memory.py's GraphMemory, read through its methods
     # NOTE: tests/notebook/test_comparison.py reads verdict._failure_phrase too; rename it with that test
     "thunder_nb.notebook.compared imports thunder_nb.notebook.verdict._failure_phrase": "a test reads it by this name",
 }

@@ -399,7 +399,7 @@ def test_a_training_loop_gets_its_gradients_in_graph_memory_with_one_graph_per_r
                     loss = f(*batch)
                     loss.backward()
                     losses.append(loss.detach())
-                in_graph = [n for n, p in case.model.named_parameters() if runner._where(p.grad)[1] is not None]
+                in_graph = [n for n, p in case.model.named_parameters() if runner.memory.where(p.grad)[1] is not None]
                 # NOTE: the tied embedding/head weight gets two gradients, which autograd's engine adds out of place
                 assert len(in_graph) == len(list(case.model.parameters())) - 1, in_graph
                 assert_equal(*losses)

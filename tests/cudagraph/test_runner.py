@@ -12,7 +12,7 @@ from thunder.transforms.cudagraph import to_arg_descriptor
 
 import thunder_nb
 from thunder_nb import internals
-from thunder_nb.cudagraph.keys import _descriptor
+from thunder_nb.cudagraph.keys import KeyAgain, descriptor
 from thunder_nb.cudagraph.runner import ThunderNBRunner
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing import emulated_capture
@@ -46,9 +46,9 @@ def args_of_every_kind() -> tuple:
 def test_the_key_describes_inputs_as_thunders_descriptor_does():
     runner = ThunderNBRunner(capture=True)
     args = args_of_every_kind()
-    mask, key = runner._key("CUDAGraph1", runner._count("CUDAGraph1"), args)
-    assert _descriptor(key[2]) == to_arg_descriptor(*args)
-    assert _descriptor(runner._key("CUDAGraph1", runner._count("CUDAGraph1"), ())[1][2]) == to_arg_descriptor()
+    mask, key = runner.key("CUDAGraph1", args)
+    assert descriptor(key[2]) == to_arg_descriptor(*args)
+    assert descriptor(runner.key("CUDAGraph1", ())[1][2]) == to_arg_descriptor()
     # NOTE: a parameter is read in place (and views of its memory from then on); plain tensors are copied
     assert mask == (False, False, False, True) + (False,) * 9
     assert key[3] == (args[3].data_ptr(),)
@@ -56,20 +56,20 @@ def test_the_key_describes_inputs_as_thunders_descriptor_does():
 
 def test_the_key_reads_module_buffers_parameter_views_and_graph_memory_in_place_and_demoted_inputs_not():
     runner = ThunderNBRunner(capture=True)
-    counts = runner._count("CUDAGraph1")
+    counts = runner.counts("CUDAGraph1")
     weight = torch.nn.Parameter(torch.randn(4, 4))
     buffer, plain, owned = torch.randn(4), torch.randn(4), torch.randn(8)
     runner.stable_inputs["CUDAGraph1"] = frozenset({1})
-    runner._owner[owned.untyped_storage().data_ptr()] = object()
+    runner.memory.own(owned.untyped_storage().data_ptr(), object())
     args = (weight.detach().t(), buffer, plain, owned[2:], weight)
-    mask, key = runner._key("CUDAGraph1", counts, args)
+    mask, key = runner.key("CUDAGraph1", args)
     # NOTE: the transposed weight comes before the weight itself: not yet known, so copied on this first call
     assert mask == (False, True, False, True, True)
-    mask, key = runner._key("CUDAGraph1", counts, args)
+    mask, key = runner.key("CUDAGraph1", args)
     assert mask == (True, True, False, True, True)
     assert key[3] == tuple(a.data_ptr() for a, m in zip(args, mask) if m)
     counts.demoted[3] = "owned: took too many addresses"
-    assert runner._key("CUDAGraph1", counts, args)[0] == (True, True, False, False, True)
+    assert runner.key("CUDAGraph1", args)[0] == (True, True, False, False, True)
 
 
 @pytest.mark.parametrize("make", [
@@ -114,7 +114,7 @@ def test_hand_out_takes_actions_as_any_sequence_and_plans_each_length_apart():
         jfn = thunder.jit(lambda x: (x.exp(), x.sin()), transforms=[t])
         jfn(torch.randn(4))
     runner = t.cuda_graph_runner
-    (inst,) = runner.cuda_graph_cache[runner._count("CUDAGraph1").last_key]
+    (inst,) = runner.cuda_graph_cache[runner.counts("CUDAGraph1").last_key]
     out0, out1 = inst.static_outputs
     before = runner.hand_out_stats("forward")
     elsewhere = torch.randn(4)
@@ -154,7 +154,7 @@ def test_a_lent_tensor_that_is_not_the_graphs_own_object_is_lent_and_watched_by_
         jfn = thunder.jit(lambda x: (x.exp(), x.sin()), transforms=[t])
         jfn(torch.randn(4))
     runner = t.cuda_graph_runner
-    (inst,) = runner.cuda_graph_cache[runner._count("CUDAGraph1").last_key]
+    (inst,) = runner.cuda_graph_cache[runner.counts("CUDAGraph1").last_key]
     assert not inst.held()
     at = inst.static_outputs[0][1:].data_ptr()
     before = runner.hand_out_stats("backward")
@@ -216,7 +216,7 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
             grads = [p.grad for p in case.model.parameters()]
             runner = t.cuda_graph_runner
             # NOTE: the tied embedding/head weight gets two gradients, which autograd's engine adds out of place
-            outside = [n for (n, _), g in zip(case.model.named_parameters(), grads) if runner._where(g)[1] is None]
+            outside = [n for (n, _), g in zip(case.model.named_parameters(), grads) if runner.memory.where(g)[1] is None]
             assert outside == ["transformer.wte.weight"], outside
             del grads
             for p in case.model.parameters():
@@ -235,9 +235,10 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
     assert backward.lent == 4 * len(report.backward.hand_out.graph_memory) >= 4 * len(list(case.model.parameters()))
     for region in report.forward.regions + report.backward.regions:
         assert region.stats.instances == 1 and region.stats.held_calls == 0, region.name
-    for name, counts in t.cuda_graph_runner._counts.items():
+    for region in report.forward.regions + report.backward.regions:
         # NOTE: from the second step on, each call's key was proved again (the tied weight at two positions too)
-        assert counts.again is not None and counts.again_misses == 0, name
+        counts = t.cuda_graph_runner.counts(region.name)
+        assert counts.again is not None and counts.again_misses == 0, region.name
 
 
 @pytest.mark.slow
@@ -269,8 +270,8 @@ def test_a_graphs_outputs_that_are_views_are_kept_as_plain_aliases_and_saved_as_
     with emulated_capture():
         loss = jfn(*case.make_batch(3))
     saved = loss.grad_fn.saved_tensors
-    own = [s for s in saved if id(s) in runner._own_outputs]
-    assert len(own) > 20 and all(s is runner._own_outputs[id(s)][0] for s in own)
+    own = [s for s in saved if id(s) in runner.memory.own_outputs]
+    assert len(own) > 20 and all(runner.memory.own_outputs[id(s)].tensor is s for s in own)
 
 
 def test_copy_into_copies_each_pair_whatever_their_dtypes_and_layouts():
@@ -309,21 +310,20 @@ def test_two_forwards_before_each_backward_replay_two_instances_round_after_roun
     "a string", "a tensor for a number", "requires_grad", "a tied weight untied",
 ])
 def test_a_calls_key_is_proved_again_only_where_key_would_make_the_same_one(change):
-    """`_KeyAgain` stands in for `_key` when it holds: whatever changes between calls, holding means the same key."""
+    """`KeyAgain` stands in for `key` when it holds: whatever changes between calls, holding means the same key."""
     runner = ThunderNBRunner(capture=True)
-    counts = runner._count("CUDAGraph1")
     weight = torch.nn.Parameter(torch.randn(4, 4))
     args = args_of_every_kind() + (weight, weight.detach()[1:], weight)  # NOTE: tied: one parameter at two positions
-    runner._key("CUDAGraph1", counts, args)  # NOTE: the parameter's memory is known from here: the view is static
-    mask, key = runner._key("CUDAGraph1", counts, args)
+    runner.key("CUDAGraph1", args)  # NOTE: the parameter's memory is known from here: the view is static
+    mask, key = runner.key("CUDAGraph1", args)
     assert mask[-3:] == (True, True, True)
-    again = runner._again(counts, args, mask)
+    again = runner.key_again("CUDAGraph1", args, mask)
     new = list(args)
     if change == "new tensors, same layouts":
         new[:3] = [torch.randn(4, 6), torch.randn(4, 6).t(), torch.randn(4, 6)[1:, ::2]]
         new[4:7] = [torch.zeros(2, dtype=torch.int64), torch.tensor(1.0), torch.empty(0, 3)]
     elif change == "a plain tensor in graph memory":
-        runner._owner[args[0].untyped_storage().data_ptr()] = object()
+        runner.memory.own(args[0].untyped_storage().data_ptr(), object())
     elif change == "a square weight transposed in place":
         weight.data = weight.data.t()  # NOTE: the same object, address and sizes; other strides
     elif change == "a parameter's data moved":
@@ -345,8 +345,8 @@ def test_a_calls_key_is_proved_again_only_where_key_would_make_the_same_one(chan
     elif change == "a tied weight untied":
         new[-1] = torch.nn.Parameter(weight.detach().clone())
     new = tuple(new)
-    same = runner._key("CUDAGraph1", counts, new)[1] == key
-    holds = again.holds(new, runner._owner, runner._stable, runner._rotated)
+    same = runner.key("CUDAGraph1", new)[1] == key
+    holds = again.holds(new, runner.memory)
     if change == "requires_grad":  # NOTE: not in the key; the guard is stricter there, which costs a `_key` call
         assert same and not holds
     else:
@@ -366,7 +366,7 @@ def test_a_weight_transposed_in_place_between_replays_gets_its_own_graph_and_the
     with emulated_capture(), torch.no_grad():
         for _ in range(3):
             assert_equal(jfn(x), f(x))
-        counts = next(iter(t.cuda_graph_runner._counts.values()))
+        counts = t.cuda_graph_runner.counts(next(iter(t.cuda_graph_runner.python_callables)))
         assert counts.again is not None  # NOTE: the later calls were proved, not keyed
         w.data = w.data.t()
         for _ in range(3):
@@ -383,7 +383,7 @@ def test_a_region_whose_proof_keeps_failing_on_the_same_key_stops_proving_it():
     runner = ThunderNBRunner(capture=True)
     runner.python_callables["CUDAGraph1"] = (lambda x, y: [x * 2 + y], None)
     runner.trace_symbols["CUDAGraph1"] = (None, [SimpleNamespace(name="x"), SimpleNamespace(name="y")])
-    counts = runner._count("CUDAGraph1")
+    counts = runner.counts("CUDAGraph1")
     y = torch.randn(4)
     with emulated_capture(), torch.no_grad():
         for i in range(10):
@@ -398,19 +398,17 @@ def test_a_region_whose_proof_keeps_failing_on_the_same_key_stops_proving_it():
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["nanoGPT", "llama2"])
 def test_every_proof_a_training_run_relies_on_is_the_key_key_makes(model, monkeypatch):
-    """Each call whose key was proved (`_KeyAgain`) is keyed by `_key` as well: the two must agree, on real models'
+    """Each call whose key was proved (`KeyAgain`) is keyed by `key` as well: the two must agree, on real models'
     steps, with the batch size changing, two forwards before their backwards, and a weight transposed in place."""
-    from thunder_nb.cudagraph.keys import _KeyAgain
-
     proved = []
-    holds = _KeyAgain.holds
+    holds = KeyAgain.holds
     call = ThunderNBRunner.call_cuda_graph
 
     def checked_call(self, fn_name, *args):
-        counts = self._count(fn_name)
+        counts = self.counts(fn_name)
         again = counts.again
-        if again is not None and holds(again, args, self._owner, self._stable, self._rotated):
-            assert self._key(fn_name, counts, args)[1] == counts.last_key, fn_name
+        if again is not None and holds(again, args, self.memory):
+            assert self.key(fn_name, args)[1] == counts.last_key, fn_name
             proved.append(fn_name)
         return call(self, fn_name, *args)
 

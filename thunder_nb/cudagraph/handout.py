@@ -16,8 +16,8 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, reset_tracectx, set_tracectx
 
 from .. import internals
-from ..diagnosis.plans import HAND_OUT_NAME, HandOutAction, HandOutPlan
-from .instances import Instance, copy_together, storage
+from ..diagnosis.plans import HAND_OUT_NAME, HandOutAction, HandOutPlan, HandOutStats
+from .instances import Instance, copy_together
 from .passes import written_argument
 
 __all__ = ["HandOut", "insert_hand_out"]
@@ -28,7 +28,7 @@ _detach = torch.Tensor.detach
 
 @dataclass(frozen=True, slots=True)
 class _HandOutMemo:
-    """`ThunderNBRunner._memo`: one hand-out's work on the graphs' own outputs, valid while its ids stay the same."""
+    """`HandOut._memo`: one hand-out's work on the graphs' own outputs, valid while its ids stay the same."""
 
     own: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None  # the tensors at the positions of own outputs
     own_ids: list[int]  # their ids when made
@@ -69,17 +69,30 @@ def _hand_out_plan(actions: tuple[str, ...], n: int, lending_stopped: bool,
 
 
 class HandOut:
-    """`ThunderNBRunner`'s hand-out (`hand_out`), called by the generated code before each trace returns.
+    """`ThunderNBRunner`'s hand-out (`hand_out`), called by the generated code before each trace returns, and what it
+    did (`hand_out_stats`).
 
-    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`, whose state it reads and writes: not used alone.
+    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`: it asks the runner's `GraphMemory` (``memory``) which
+    instance writes a tensor's memory and hands rotated storage to the caller through it; it reads the runner's
+    ``rotation`` option. Lending and rotation stop here (`_stop_lending`, `_stop_rotation`) when the call path finds
+    a caller keeping what they handed out.
     """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded, lent, rotated
+        # per (actions, number of tensors, lending stopped): its `_hand_out_plan`, and its latest `_memo`s
+        self._hand_outs: dict[tuple, tuple[tuple, list[_HandOutMemo]]] = {}
+        # a lent gradient was still held at its instance's next call: "lend" hand-outs copy from then on
+        self.lending_stopped = False
+        self.rotation_stopped: set[str] = set()  # regions whose returned tensors the caller kept past `rotation`
 
     def hand_out(self, kind: str, actions: Sequence[str], *tensors: Any) -> list[Any]:
         """Check each tensor leaving a trace by its storage: copy out (``"copy"``), guard (``"guard"``) or lend (``"lend"``).
 
         A returned tensor in memory a replay writes is copied, with the tensors that share its buffer
         copied together so that they still share one copy; in a forward, one whose instance rotates
-        (`ThunderNBRunner._rotates`: its region saves nothing for a backward) goes out as a fresh alias
+        (`thunder_nb.diagnosis.plans.rotates`: its region saves nothing for a backward) goes out as a fresh alias
         instead, watched, with those that share its buffer. A tensor saved for the backward in such
         memory goes out as it is, and its graph instance watches it (`Instance.watch`): while anything
         references it, that instance does not replay. A returned tensor sharing memory with a saved one
@@ -94,21 +107,21 @@ class HandOut:
             counts = self._hand_out_counts[kind] = {"calls": 0, "copied": 0, "guarded": 0, "lent": 0, "rotated": 0}
         counts["calls"] += 1
         which = (actions if type(actions) is tuple else tuple(actions), len(tensors), self.lending_stopped)
-        plan = self._hand_out_plans.get(which)
-        if plan is None:
-            plan = self._hand_out_plans[which] = _hand_out_plan(*which)
+        known = self._hand_outs.get(which)
+        if known is None:
+            known = self._hand_outs[which] = (_hand_out_plan(*which), [])
+        plan, memos = known
         rotate = kind == "forward" and self.rotation > 0
-        memos = self._hand_out_memo.get(which)
-        if memos is None:
-            memos = self._hand_out_memo[which] = []
+        memory = self.memory
+        recordings = memory.recordings
         for memo in memos:
             # NOTE: one memo per instance whose outputs come back here (instances that take turns alternate)
-            if memo.recordings == self._recordings and (
+            if memo.recordings == recordings and (
                     not memo.own or list(map(id, memo.own(tensors))) == memo.own_ids) and memo.rotate == rotate:
                 break
         else:
             memo = self._memo(plan, tensors, rotate)
-            if len(memos) >= _MEMOS or (memos and memos[-1].recordings != self._recordings):
+            if len(memos) >= _MEMOS or (memos and memos[-1].recordings != recordings):
                 memos.clear()
             memos.append(memo)
         # NOTE: a returned tensor that shares memory with a saved one stays with it (guarded, not copied): thunder
@@ -116,7 +129,7 @@ class HandOut:
         saved, guarded = memo.saved, memo.guarded
         grown = False
         if memo.loose_guard:
-            owners = self._owner
+            owners = memory.owner
             for j in memo.loose_guard:
                 t = tensors[j]
                 if isinstance(t, _Tensor):
@@ -152,9 +165,7 @@ class HandOut:
         if rotated:
             # NOTE: a fresh alias, watched: while the caller holds it (or a view of it), its instance does not replay
             for ptr, owner in rotated_at:  # NOTE: the per-call path's; the memo's were watched when it was made
-                owner.watch_storage(ptr)
-                owner.rotated = True
-                self._rotated.add(ptr)
+                memory.rotate(ptr, owner)
             for j in rotated:
                 out[j] = _detach(tensors[j])
             counts["rotated"] += len(rotated)
@@ -182,7 +193,7 @@ class HandOut:
         """
         groups: dict[int, list[int]] = {}
         placed: dict[int, tuple[int, Any]] = {}  # position -> (storage address, its instance), of the grouped ones
-        where = self._where
+        where = self.memory.where
         aliased = 0
         for j, ptr, owner in copies:
             if owner is None:  # NOTE: not a graph's own output: looked up at each call
@@ -222,7 +233,8 @@ class HandOut:
         region) are looked up by storage at each call.
         """
         guard, copy, lend = plan
-        own = self._own_outputs
+        memory = self.memory
+        own = memory.own_outputs
         ids = list(map(id, tensors))
         saved: set[int] = set()
         guarded, loose_guard = 0, []
@@ -231,14 +243,14 @@ class HandOut:
             if hit is None:
                 loose_guard.append(j)
                 continue
-            ptr, owner = hit[1], hit[2]
+            ptr, owner = hit.storage, hit.instance
             owner.watch(tensors[j], ptr)
             saved.add(ptr)
             guarded += 1
         copies = []
         for j in copy:
             hit = own.get(ids[j])
-            copies.append((j, hit[1], hit[2]) if hit is not None else (j, 0, None))
+            copies.append((j, hit.storage, hit.instance) if hit is not None else (j, 0, None))
         positions = [j for j in (*guard, *copy) if ids[j] in own]
         # NOTE: itemgetter gives a tuple for two positions or more, the item itself for one
         get = operator.itemgetter(*positions) if len(positions) > 1 else (
@@ -254,33 +266,28 @@ class HandOut:
                 owner.watch_storage(ptr)
                 owner.lent = True
             for ptr, owner in rotated_at:  # NOTE: likewise the rotated ones
-                owner.watch_storage(ptr)
-                owner.rotated = True
-                self._rotated.add(ptr)
-        return _HandOutMemo(get, [ids[j] for j in positions], self._recordings, frozenset(saved), guarded,
+                memory.rotate(ptr, owner)
+        return _HandOutMemo(get, [ids[j] for j in positions], memory.recordings, frozenset(saved), guarded,
                             tuple(loose_guard), copies, groups, rotate)
 
-    def _foreign(self, args: tuple[Any, ...]) -> list[tuple[Instance, list[int] | None, list[int] | None]]:
-        """For each tensor in ``args`` in memory an instance writes: that instance, its storage's and object's entries.
+    def _stop_lending(self) -> None:
+        """A gradient lent to autograd outlived its step: "lend" hand-outs copy from now on."""
+        self.lending_stopped = True
+        self._hand_outs.clear()
 
-        A graph recorded on them may keep references to that memory for good (its static inputs are
-        aliases of it): `rebase` then moves the counts the owner's `held` compares with.
-        """
-        found = []
-        for a in args:
-            if isinstance(a, _Tensor):
-                ptr, owner = self._where(a)
-                if owner is not None:
-                    found.append((owner, owner.storages.get(ptr), owner.objects.get(id(a))))
-        return found
+    def _stop_rotation(self, fn_name: str, instances: list[Instance]) -> None:
+        """The caller keeps the returned tensors of every instance of region ``fn_name``: copy them out from now on."""
+        self.rotation_stopped.add(fn_name)
+        for inst in instances:
+            inst.rotates = False
+        self._hand_outs.clear()
 
-    def _where(self, t: torch.Tensor) -> tuple[int, Any]:
-        """``t``'s storage address and the `Instance` whose replay writes it (None: no graph's)."""
-        hit = self._own_outputs.get(id(t))
-        if hit is not None and hit[0] is t:
-            return hit[1], hit[2]
-        ptr = t.untyped_storage().data_ptr()
-        return ptr, self._owner.get(ptr)
+    def hand_out_stats(self, kind: str) -> HandOutStats:
+        """What the hand-outs of ``kind`` ("forward", "backward") did so far."""
+        counts = self._hand_out_counts.get(kind, {})
+        return HandOutStats(**counts, lending_stopped=self.lending_stopped and counts.get("lent", 0) > 0,
+                            rotation_stopped=tuple(sorted(self.rotation_stopped)) if counts.get("rotated") else (),
+                            rotation=self.rotation if kind == "forward" and not self.stock else 0)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -15,18 +15,55 @@ from .notices import ViewCopyWarning
 
 __all__ = [
     "Instance",
+    "StorageEntry",
+    "ObjectEntry",
     "replay",
     "storage",
     "storage_use_count",
     "object_counts",
-    "foreign_counts",
-    "entry_counts",
     "rebase",
     "span",
     "non_overlapping",
     "copy_together",
     "view_plan",
 ]
+
+
+@dataclass(slots=True, eq=False)
+class StorageEntry:
+    """A storage an instance's replays write: its StorageImpl pointer, and its use count with nothing outside the
+    runner holding it (`Instance.settle`)."""
+
+    handle: int
+    uses: int = 0
+
+    def counts(self, owner: Instance) -> tuple[int, ...]:
+        """The counts `held` compares with ``uses``, as they are now."""
+        return (storage_use_count(self.handle),)
+
+    def rebase(self, now: tuple[int, ...], then: tuple[int, ...]) -> None:
+        """Add what the counts rose by from ``then`` to ``now`` (references a recording keeps for good)."""
+        self.uses += now[0] - then[0]
+
+
+@dataclass(slots=True, eq=False)
+class ObjectEntry:
+    """An instance's own output object: its position among the outputs, and its Python refcount and C++ use count
+    with nothing outside the runner holding it (`Instance.settle`)."""
+
+    position: int
+    refs: int = 0
+    uses: int = 0
+
+    def counts(self, owner: Instance) -> tuple[int, ...]:
+        """The counts `held` compares with ``refs`` and ``uses``, as they are now."""
+        return object_counts(owner.static_outputs, self.position)
+
+    def rebase(self, now: tuple[int, ...], then: tuple[int, ...]) -> None:
+        """Add what the counts rose by from ``then`` to ``now`` (references a recording keeps for good)."""
+        self.refs += now[0] - then[0]
+        self.uses += now[1] - then[1]
+
 
 @dataclass(slots=True, eq=False)
 class Instance:
@@ -49,32 +86,31 @@ class Instance:
     write_back: tuple[int, ...] = ()  # copied inputs the region updates in place: copied back after each replay
     passthrough: tuple[tuple[int, int], ...] = ()  # (output, input) positions: outputs that are an input
     copy_targets: tuple[Any, ...] = ()  # the runner's buffers of the copied inputs, in `copied`'s order
-    # storage address of the memory the replays write -> [StorageImpl pointer, use count with nothing outside holding it]
-    storages: dict[int, list[int]] = field(default_factory=dict)
-    # id of an own output -> [its position, its refcount, its use count], with nothing outside holding it
-    objects: dict[int, list[int]] = field(default_factory=dict)
-    watched_storages: list[list[int]] = field(default_factory=list)  # what `held` reads: storages handed out in
-    watched_objects: list[list[int]] = field(default_factory=list)  # own outputs handed out as they are
+    storages: dict[int, StorageEntry] = field(default_factory=dict)  # storage address of the memory the replays write
+    objects: dict[int, ObjectEntry] = field(default_factory=dict)  # id of an own output
+    watched_storages: list[StorageEntry] = field(default_factory=list)  # what `held` reads: storages handed out in
+    watched_objects: list[ObjectEntry] = field(default_factory=list)  # own outputs handed out as they are
     watched: set[int] = field(default_factory=set)  # storage addresses and object ids in the two lists
     compiled: tuple | None = None  # `held`'s arrays of the two lists; None: remade at the next `held`
     lent: bool = False  # it lent gradients to autograd (`ThunderNBRunner.hand_out`'s "lend")
     rotates: bool = False  # the hand-out leaves its returned tensors where they lie, watched (rotation)
     rotated: bool = False  # it did so at least once
     pool: Any = None  # its graph's memory pool (a later instance of a rotating region records into it)
-    nbytes: int = 0  # the memory it costs (`ThunderNBRunner._record`): its storages, or its graph pool's reservation
+    nbytes: int = 0  # the memory it costs (`Recording`): its storages, or its graph pool's reservation
     cuda: bool = False  # recorded on a CUDA device (its cost is then weighed against the device's free memory)
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
         self.compiled = None  # NOTE: first: `held`'s arrays hold a reference to each watched object
         for entry in self.storages.values():
-            entry[1] = storage_use_count(entry[0])
+            entry.uses = storage_use_count(entry.handle)
         outs = self.static_outputs
-        mine = [(i, entry) for i in range(len(outs)) if (entry := self.objects.get(id(outs[i]))) is not None and entry[0] == i]
+        mine = [(i, entry) for i in range(len(outs))
+                if (entry := self.objects.get(id(outs[i]))) is not None and entry.position == i]
         objects = [outs[i] for i, _ in mine]
         # NOTE: read as `held` reads them: through `map` over a list that holds each object once
         for (_, entry), refs, uses in zip(mine, _refcounts(objects), _use_counts(objects)):
-            entry[1], entry[2] = refs, uses
+            entry.refs, entry.uses = refs, uses
 
     def watch_storage(self, ptr: int) -> None:
         """Storage ``ptr`` of this instance is handed out (in an alias of one of its tensors): hold while it is referenced."""
@@ -91,7 +127,7 @@ class Instance:
         key = id(t)
         if key not in self.watched:
             known = self.objects.get(key)
-            if known is not None and self.static_outputs[known[0]] is t:
+            if known is not None and self.static_outputs[known.position] is t:
                 self.watched.add(key)
                 self.watched_objects.append(known)
                 self.compiled = None
@@ -102,9 +138,9 @@ class Instance:
         if compiled is None:
             outs = self.static_outputs
             compiled = self.compiled = (
-                [c for c, _ in self.watched_storages], [base for _, base in self.watched_storages],
-                [outs[i] for i, _, _ in self.watched_objects],  # NOTE: the one list `settle` counted in
-                [refs for _, refs, _ in self.watched_objects], [uses for _, _, uses in self.watched_objects])
+                [e.handle for e in self.watched_storages], [e.uses for e in self.watched_storages],
+                [outs[e.position] for e in self.watched_objects],  # NOTE: the one list `settle` counted in
+                [e.refs for e in self.watched_objects], [e.uses for e in self.watched_objects])
         storages, storage_bases, objects, ref_bases, use_bases = compiled
         # NOTE: C loops (map), compared as lists: this runs before every replay of an instance with hand-outs
         return (list(map(storage_use_count, storages)) != storage_bases or _refcounts(objects) != ref_bases
@@ -149,29 +185,11 @@ def object_counts(outs: tuple[Any, ...], i: int) -> tuple[int, int]:
     return sys.getrefcount(o), tensor_use_count(o)
 
 
-def foreign_counts(found: list[tuple[Instance, list[int] | None, list[int] | None]]) -> list[tuple]:
-    """``(owner, entry, counts now)`` for each distinct entry `ThunderNBRunner._foreign` found."""
-    now, seen = [], set()
-    for owner, storage, obj in found:
-        for entry in (storage, obj):
-            if entry is not None and id(entry) not in seen:
-                seen.add(id(entry))
-                now.append((owner, entry, entry_counts(owner, entry)))
-    return now
-
-
-def entry_counts(owner: Instance, entry: list[int]) -> tuple[int, ...]:
-    """The counts an entry of ``owner.storages`` (2 items) or of ``owner.objects`` (3 items) is compared with."""
-    if len(entry) == 2:
-        return (storage_use_count(entry[0]),)
-    return object_counts(owner.static_outputs, entry[0])
-
-
-def rebase(before: list[tuple]) -> None:
-    """Add to each entry what its counts rose by since ``before``: references a new recording keeps for good."""
+def rebase(before: list[tuple[Instance, StorageEntry | ObjectEntry, tuple[int, ...]]]) -> None:
+    """Add to each entry what its counts rose by since ``before`` (`GraphMemory.foreign`): references a new recording
+    keeps for good."""
     for owner, entry, then in before:
-        now = entry_counts(owner, entry)
-        entry[len(entry) - len(now):] = [base + n - t for base, n, t in zip(entry[len(entry) - len(now):], now, then)]
+        entry.rebase(entry.counts(owner), then)
     for owner, _, _ in before:
         # NOTE: after all readings: dropping `held`'s arrays drops a reference to each watched object
         owner.compiled = None

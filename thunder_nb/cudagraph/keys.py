@@ -14,15 +14,19 @@ from thunder.transforms.cudagraph import ArgsDescriptor
 
 from .. import internals
 from ..diagnosis.plans import GraphRecord, StaticInputChange
+from .memory import GraphMemory
 from .notices import RecaptureWarning
 
-__all__ = ["Keys"]
+__all__ = ["Keys", "KeyAgain", "RegionCounts", "AGAIN_MISSES", "descriptor", "input_name", "recapture_cause"]
 
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 
 
 @dataclass(slots=True)
-class _Counts:
+class RegionCounts:
+    """What the runner did with one region so far, and its last key (`ThunderNBRunner.counts`): what `region_stats`
+    reports, and the state of its call path."""
+
     graphs: list[GraphRecord] = field(default_factory=list)
     replays: int = 0
     eager_calls: int = 0
@@ -38,7 +42,7 @@ class _Counts:
     last_key: Any = None
     last: Any = None  # the instance replayed last
     last_instances: Any = None  # the instances of `last_key` (the fixed runner)
-    again: _KeyAgain | None = None  # proves that a call's key is `last_key` without making it (the fixed runner)
+    again: KeyAgain | None = None  # proves that a call's key is `last_key` without making it (the fixed runner)
     again_misses: int = 0  # calls whose `again` failed where `_key` then made `last_key` all the same
 
     def recording_raised(self, e: BaseException) -> None:
@@ -46,9 +50,9 @@ class _Counts:
         self.failed, self.capture_failed = internals.error_line(e), internals.raised_by_graph_capture(e)
 
 
-#: Calls whose `_KeyAgain` failed while `_key` made the same key, before a region stops making them (a guard stricter
-#: than the key on some input: each call would pay for both).
-_AGAIN_MISSES = 4
+#: Calls whose `KeyAgain` failed while `Keys.key` made the same key, before a region stops making them (a guard
+#: stricter than the key on some input: each call would pay for both).
+AGAIN_MISSES = 4
 
 
 def _getter(positions: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -60,18 +64,18 @@ def _getter(positions: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, 
 
 
 @dataclass(frozen=True, slots=True)
-class _KeyAgain:
-    """Whether a call's arguments make a region's last key again, proved in a few C calls instead of `_key`'s pass.
+class KeyAgain:
+    """Whether a call's arguments make a region's last key again, proved in a few C calls instead of `Keys.key`'s pass.
 
-    `ThunderNBRunner._key` reads each input's dtype, sizes and strides, and each static input's address, in Python,
+    `Keys.key` reads each input's dtype, sizes and strides, and each static input's address, in Python,
     which grows with the inputs (a region of a deep model takes a hundred or more; bench/results/README.md, "Figures
     behind the defaults"). This proves the
     same key where it holds: the tensors by torch.compile's C guard on their metadata (Python type, dtype,
     device, ``requires_grad``, sizes, strides: the key's entries and more), the static ones' data addresses in
-    one C call, the other arguments by equality and type, and each copied tensor by the test `_key` makes (its
-    memory not a graph's nor a parameter's, where `_key` would read it in place). A static input's address is
-    the address of the tensor its instance holds (`ThunderNBRunner._record` keeps an alias), so the same
-    address is the same memory. Anything that fails goes to `_key`.
+    one C call, the other arguments by equality and type, and each copied tensor by the question the key asks
+    (`GraphMemory.reads_in_place`: where the key would read it in place, it is another key). A static input's address
+    is the address of the tensor its instance holds (`Recording` keeps an alias), so the same address is the same
+    memory. Anything that fails goes to `Keys.key`.
     """
 
     tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]]  # args -> the tensor arguments (each object once)
@@ -84,7 +88,8 @@ class _KeyAgain:
     types: tuple[type, ...]  # their types
     copied: tuple[int, ...]  # positions of tensors copied in (demoted ones aside)
 
-    def holds(self, args: tuple[Any, ...], owner: dict[int, Any], stable: set[int], rotated: set[int]) -> bool:
+    def holds(self, args: tuple[Any, ...], memory: GraphMemory) -> bool:
+        """Whether ``args`` make the key this proof was made for (``memory``: the runner's)."""
         if not self.metadata(*self.tensors(args)):
             return False
         for i, j in self.repeats:
@@ -95,19 +100,21 @@ class _KeyAgain:
         values = self.values(args)
         if values != self.expected or tuple(map(type, values)) != self.types:
             return False
-        for i in self.copied:
-            ptr = args[i].untyped_storage().data_ptr()
-            if (ptr in owner and ptr not in rotated) or ptr in stable:  # NOTE: memory `_key` reads in place: another key
-                return False
+        if self.copied:
+            in_place = memory.in_place  # NOTE: `GraphMemory.reads_in_place`, asked without a call per input
+            for i in self.copied:
+                if args[i].untyped_storage().data_ptr() in in_place:
+                    return False
         return True
 
 
-def _input_name(inputs: Sequence[Any], i: int) -> str:
+def input_name(inputs: Sequence[Any], i: int) -> str:
+    """The name of a region's input ``i`` in its trace (``inputs``: its proxies), or ``input i``."""
     return getattr(inputs[i], "name", f"input {i}") if i < len(inputs) else f"input {i}"
 
 
-def _descriptor(entries: Any) -> ArgsDescriptor:
-    """thunder's ``ArgsDescriptor`` of a key's inputs: as it is (thunder's key), or made of `ThunderNBRunner._key`'s entries."""
+def descriptor(entries: Any) -> ArgsDescriptor:
+    """thunder's ``ArgsDescriptor`` of a key's inputs: as it is (thunder's key), or made of `Keys.key`'s entries."""
     if isinstance(entries, ArgsDescriptor):
         return entries
     if not entries:
@@ -117,15 +124,15 @@ def _descriptor(entries: Any) -> ArgsDescriptor:
     return ArgsDescriptor(dtypes, sizes, strides, tuple(None if len(e) == 3 else e[1] for e in entries))
 
 
-def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any], args: Sequence[Any] = (),
-                     owner: dict[int, Any] | None = None) -> str:
+def recapture_cause(old: Any, new: Any, inputs: Sequence[Any], args: Sequence[Any] = (),
+                    memory: GraphMemory | None = None) -> str:
     """Why a new cache key was made: the first input whose value, dtype, shape, strides or address changed
-    (``args`` and the runner's ``owner`` map, where given, tell an input in another graph instance's memory)."""
+    (``args`` and the runner's ``memory``, where given, tell an input in another graph instance's memory)."""
     if old is None:
         return "first call"
-    old_args, new_args = _descriptor(old[2]), _descriptor(new[2])
+    old_args, new_args = descriptor(old[2]), descriptor(new[2])
     for i in range(len(inputs)):
-        name = _input_name(inputs, i)
+        name = input_name(inputs, i)
         for attr, label in (("non_tensor_args", "value"), ("dtypes", "dtype"), ("sizes", "shape"), ("strides", "strides")):
             a, b = getattr(old_args, attr), getattr(new_args, attr)
             if a is not None and b is not None and i < len(a) and a[i] != b[i]:
@@ -139,12 +146,12 @@ def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any], args: Sequence[A
     if len(old) > 3 and old[3] != new[3]:
         static = [i for i, m in enumerate(new[1]) if m]
         for i, a, b in zip(static, old[3], new[3]):
-            if a != b and i < len(args) and owner is not None and isinstance(args[i], torch.Tensor):
-                inst = owner.get(args[i].untyped_storage().data_ptr())
+            if a != b and i < len(args) and memory is not None and isinstance(args[i], torch.Tensor):
+                inst = memory.owner_of(args[i].untyped_storage().data_ptr())
                 if inst is not None:
-                    return (f"{_input_name(inputs, i)} lies in the memory of another graph's instance "
+                    return (f"{input_name(inputs, i)} lies in the memory of another graph's instance "
                             f"(what instance {inst.index} of that graph wrote, read where it lies)")
-                return f"{_input_name(inputs, i)} lies at another address (another tensor, e.g. another layer's weights)"
+                return f"{input_name(inputs, i)} lies at another address (another tensor, e.g. another layer's weights)"
         return "a static input lies at another address (another tensor, e.g. another layer's weights)"
     return "cache key changed"
 
@@ -152,22 +159,30 @@ def _recapture_cause(old: Any, new: Any, inputs: Sequence[Any], args: Sequence[A
 class Keys:
     """`ThunderNBRunner`'s cache keys: made per call, proved again in C, and what a new one says.
 
-    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`, whose state it reads and writes: not used alone.
+    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`: it asks the runner's `GraphMemory` (``memory``) what is
+    read in place, and keeps what it counts in the region's `RegionCounts` (``counts``); it reads the runner's options
+    (``max_addresses``, ``max_values``) and what the transform told it (``stable_inputs``, thunder's ``trace_symbols``).
     """
 
-    def _key(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple]:
+    def key(self, fn_name: str, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple]:
+        """The static mask and the cache key region ``fn_name``'s call with ``args`` makes (`_key`)."""
+        return self._key(fn_name, self.counts(fn_name), args)
+
+    def key_again(self, fn_name: str, args: tuple[Any, ...], mask: tuple[bool, ...]) -> KeyAgain | None:
+        """The `KeyAgain` that proves ``args``' key again (`key` made it, with ``mask``); None where torch has no guard."""
+        return self._again(self.counts(fn_name), args, mask)
+
+    def _key(self, fn_name: str, counts: RegionCounts, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple]:
         """Per call, in one pass over the inputs: which the graph reads where they lie, and the cache key.
 
         Static: a parameter, a module buffer or a view of one, or memory a graph of this runner owns, but what a
-        forward handed to its caller there (rotation: the caller's tensor, which may come back call after call, each
-        time from another instance). Anything else is copied into the graph's own buffer. An input past
-        `max_addresses` is copied too. The key is
-        ``(fn_name, mask, entries, addresses)``: per input ``(dtype, size, stride)`` of a tensor or
-        ``(type, value)`` of anything else (thunder's descriptor, `_descriptor`), and the addresses of
-        the static inputs.
+        forward handed to its caller there (`GraphMemory.reads_in_place`). Anything else is copied into the graph's
+        own buffer. An input past `max_addresses` is copied too. The key is ``(fn_name, mask, entries, addresses)``:
+        per input ``(dtype, size, stride)`` of a tensor or ``(type, value)`` of anything else (thunder's descriptor,
+        `descriptor`), and the addresses of the static inputs.
         """
-        owner, stable, demoted, own, params = self._owner, self._stable, counts.demoted, self._own_outputs, self._params
-        rotated = self._rotated
+        memory, demoted = self.memory, counts.demoted
+        in_place, stable, own, params = memory.in_place, memory.stable, memory.own_outputs, memory.params
         buffers = self.stable_inputs.get(fn_name, ())
         entries, mask, addresses = [], [], []
         entry, static_of, address = entries.append, mask.append, addresses.append
@@ -175,29 +190,29 @@ class Keys:
             cls = type(a)
             if cls is _Tensor:
                 hit = own.get(id(a))
-                if hit is not None and hit[0] is a:
+                if hit is not None and hit.tensor is a:
                     # NOTE: a graph's own output (what a forward saved, read by its backward): static, and its entry
                     # and address were taken when it was recorded (the runner's tensor; no code outside changes them).
                     # This branch and the parameters' end on their own tail, not the shared one below: one fewer test
                     # per input on the hot path, where a backward reads every tensor its forward saved
-                    entry(hit[3])
+                    entry(hit.entry)
                     if demoted and i in demoted:
                         static_of(False)
                     else:
                         static_of(True)
-                        address(hit[4])
+                        address(hit.data_ptr)
                     continue
                 ptr = a.untyped_storage().data_ptr()
                 if buffers and i in buffers:
-                    stable.add(ptr)  # NOTE: a module buffer: read in place, like views of it
+                    if ptr not in stable:
+                        memory.keep(ptr)  # NOTE: a module buffer: read in place, like views of it
                     static = True
                 else:
-                    static = (ptr in owner and ptr not in rotated) or ptr in stable
+                    static = ptr in in_place
             elif cls is _Parameter:
                 d = a.data_ptr()
                 if params.get(id(a)) != d:  # NOTE: a parameter not seen yet at this address: its storage is stable
-                    stable.add(a.untyped_storage().data_ptr())
-                    params[id(a)] = d
+                    memory.add_parameter(a, d)
                 entry((a.dtype, a.size(), a.stride()))
                 if demoted and i in demoted:
                     static_of(False)
@@ -208,10 +223,11 @@ class Keys:
             elif isinstance(a, _Tensor):
                 ptr = a.untyped_storage().data_ptr()
                 if isinstance(a, _Parameter):  # NOTE: a subclass of either
-                    stable.add(ptr)  # NOTE: views of it (a transposed weight saved for the backward) are static too
+                    if ptr not in stable:
+                        memory.keep(ptr)  # NOTE: views of it (a transposed weight saved for the backward) are static too
                     static = True
                 else:
-                    static = (ptr in owner and ptr not in rotated) or ptr in stable
+                    static = ptr in in_place
             else:
                 entry((cls, a))
                 static_of(False)
@@ -225,8 +241,8 @@ class Keys:
         mask = tuple(mask)
         return mask, (fn_name, mask, tuple(entries), tuple(addresses))
 
-    def _again(self, counts: _Counts, args: tuple[Any, ...], mask: tuple[bool, ...]) -> _KeyAgain | None:
-        """The `_KeyAgain` of this call's key (`_key` made it from ``args`` and ``mask``); None where torch has no guard."""
+    def _again(self, counts: RegionCounts, args: tuple[Any, ...], mask: tuple[bool, ...]) -> KeyAgain | None:
+        """The `KeyAgain` of this call's key (`_key` made it from ``args`` and ``mask``); None where torch has no guard."""
         tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         first: dict[int, int] = {}  # id of a tensor -> its first position
         once, repeats = [], []
@@ -245,25 +261,25 @@ class Keys:
             ptrs[i] = args[i].data_ptr()
         others = tuple(i for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
         values = _getter(others)(args)
-        return _KeyAgain(_getter(once), metadata, tuple(repeats), ptrs, static, _getter(others), values,
-                         tuple(map(type, values)), tuple(i for i in tensors if not mask[i] and i not in counts.demoted))
+        return KeyAgain(_getter(once), metadata, tuple(repeats), ptrs, static, _getter(others), values,
+                        tuple(map(type, values)), tuple(i for i in tensors if not mask[i] and i not in counts.demoted))
 
-    def _too_many_values(self, fn_name: str, counts: _Counts, key: tuple) -> bool:
+    def _too_many_values(self, fn_name: str, counts: RegionCounts, key: tuple) -> bool:
         """Past `max_values` values of the region's Python numbers, run it without a graph from now on."""
-        values = tuple(v for v in (_descriptor(key[2]).non_tensor_args or ()) if isinstance(v, (int, float, complex)))
+        values = tuple(v for v in (descriptor(key[2]).non_tensor_args or ()) if isinstance(v, (int, float, complex)))
         if not values:
             return False
         counts.values.add(values)
         if len(counts.values) <= self.max_values:
             return False
-        names = [n for n, v in zip(self.trace_symbols[fn_name][1], _descriptor(key[2]).non_tensor_args)
+        names = [n for n, v in zip(self.trace_symbols[fn_name][1], descriptor(key[2]).non_tensor_args)
                  if isinstance(v, (int, float, complex))]
         counts.eager_reason = (f"{', '.join(getattr(n, 'name', '?') for n in names)} took more than {self.max_values} values "
                                "(each would capture a new graph): the region runs without a graph from now on")
         warnings.warn(f"thunder-nb: {fn_name}: {counts.eager_reason}", RecaptureWarning, stacklevel=4)
         return True
 
-    def _new_key(self, fn_name: str, counts: _Counts, args: tuple[Any, ...], mask: tuple[bool, ...],
+    def _new_key(self, fn_name: str, counts: RegionCounts, args: tuple[Any, ...], mask: tuple[bool, ...],
                  key: tuple) -> tuple[tuple[bool, ...], tuple]:
         """Count the addresses of a new key's static inputs; copy those that took too many, from now on."""
         demote = []
@@ -273,7 +289,7 @@ class Keys:
             seen = counts.addresses.setdefault(i, set())
             seen.add(a.data_ptr())
             if len(seen) > self.max_addresses:
-                name = _input_name(self.trace_symbols[fn_name][1], i)
+                name = input_name(self.trace_symbols[fn_name][1], i)
                 counts.demoted[i] = StaticInputChange(name, i, "demoted", limit=self.max_addresses)
                 demote.append(i)
         if demote:

@@ -10,16 +10,17 @@ import torch
 from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from .. import internals
-from ..diagnosis.plans import GraphRecord
+from ..diagnosis.plans import GraphRecord, rotates
 from .instances import Instance, non_overlapping, span, storage, view_plan
 from .notices import HeldOutputsWarning
 
-__all__ = ["record_graph", "RECORDERS", "Recording"]
+__all__ = ["record_graph", "RECORDERS", "Recording", "check_instance_budget"]
 
 _Tensor = torch.Tensor
 
 
-def _check_instance_budget(fraction: Any, nbytes: Any) -> tuple[float, int | None]:
+def check_instance_budget(fraction: Any, nbytes: Any) -> tuple[float, int | None]:
+    """``instance_memory`` and ``instance_bytes`` checked (`ThunderNBRunner`'s options): ``(fraction, bytes)``."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         raise ValueError(f"instance_memory is a fraction of the free device memory, in [0, 1], not {fraction!r}")
     if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
@@ -155,10 +156,17 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
 
 
 class Recording:
-    """`ThunderNBRunner`'s recording: a new graph instance for a key, its memory registered with the runner.
+    """`ThunderNBRunner`'s recording: a new graph instance for a key, its memory registered with the runner's
+    `GraphMemory` (``memory``), what it cost noted in the region's `RegionCounts` (``counts``).
 
-    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`, whose state it reads and writes: not used alone.
+    A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`: it reads the runner's options (``max_instances``,
+    ``instance_memory``, ``instance_bytes``, ``rotation``) and what the transform told it (``write_back``,
+    ``passthrough``, ``plans``).
     """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._warned_held = False  # `HeldOutputsWarning` given (once per runner)
 
     def _record(self, fn_name: str, fn: Callable[..., Any], args: tuple[Any, ...], mask: tuple[bool, ...],
                 cause: str, index: int, share: Instance | None = None) -> Instance:
@@ -212,22 +220,16 @@ class Recording:
             del kept
         pool = torch.cuda.memory_allocated() - before if cuda else None
         inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
-        static_outputs = _unviewed(static_outputs, {ptr for ptr in inputs_memory if ptr in self._owner})
+        memory = self.memory
+        static_outputs = _unviewed(static_outputs, memory.owned(inputs_memory))
         copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
         inst = Instance(graph, static_inputs, tuple(static_outputs),
                          view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
                          tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
                          self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
-        for s, a, m in zip(static_inputs, args, mask):
-            if isinstance(s, torch.Tensor) and not m and share is None:  # NOTE: shared buffers stay the first's
-                self._owner[storage(s)] = inst
-                inst.storages[storage(s)] = [internals.storage_handle(s), 0]
-        for i, o in enumerate(inst.static_outputs):
-            if isinstance(o, torch.Tensor) and o.untyped_storage().nbytes() and storage(o) not in inputs_memory:
-                self._owner[storage(o)] = inst
-                self._own_outputs[id(o)] = (o, storage(o), inst, (o.dtype, o.size(), o.stride()), o.data_ptr())
-                inst.storages.setdefault(storage(o), [internals.storage_handle(o), 0])
-                inst.objects.setdefault(id(o), [i, 0, 0])
+        # NOTE: shared buffers stay the first's
+        copies = [s for s, m in zip(static_inputs, mask) if isinstance(s, torch.Tensor) and not m] if share is None else []
+        memory.register(inst, copies, inputs_memory)
         # NOTE: what it costs: its copies of inputs, and its graph's private pool on a GPU (outputs and intermediates:
         # the segments the allocator holds for it), or its outputs' storages where there is no pool (emulated)
         pool_segments = internals.graph_pool_bytes(graph) if cuda else None
@@ -241,9 +243,8 @@ class Recording:
             inst.nbytes = sum(raw.numel() for _, raw, _ in buffers) + max(grew, 0)
         inst.cuda = cuda
         inst.pool = share.pool if share is not None else (graph.pool() if cuda and hasattr(graph, "pool") else None)
-        inst.rotates = self._rotates(fn_name)
-        self._recordings += 1
-        counts = self._count(fn_name)
+        inst.rotates = rotates(fn_name, self.plans.get(fn_name), self.rotation, self.rotation_stopped)
+        counts = self.counts(fn_name)
         counts.graphs.append(GraphRecord(
             index=len(counts.graphs),
             cause=cause,

@@ -1,8 +1,9 @@
 """The CUDA-graph runner: capture and replay, with the memory each graph writes known by storage.
 
 The runner's jobs live in modules of their own, each a part of `ThunderNBRunner`: the cache key and its proof
-(`keys`), recording an instance (`record`), the hand-out (`handout`); the instances and the memory they write
-(`instances`) lie below them all. Here: the call path, thunder's own call path (``stock``), and the records."""
+(`keys`), recording an instance (`record`), the hand-out (`handout`). Below them all, `memory`'s `GraphMemory` owns
+what the replays write (the runner's ``memory``; they read and change it through its methods), over the instances
+(`instances`). Here: the call path, thunder's own call path (``stock``), and the records."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import torch
 from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from .. import internals
-from ..diagnosis.plans import GraphRecord, HandOutStats, RegionPlan, RegionStats, StaticInputChange
+from ..diagnosis.plans import GraphRecord, RegionPlan, RegionStats, StaticInputChange, rotates
 from .capture import Capture, parse_capture, resolve
-from .handout import HandOut, _HandOutMemo
-from .instances import foreign_counts, rebase, replay
-from .keys import _AGAIN_MISSES, Keys, _Counts, _input_name, _recapture_cause
+from .handout import HandOut
+from .instances import rebase, replay
+from .keys import AGAIN_MISSES, Keys, RegionCounts, input_name, recapture_cause
+from .memory import GraphMemory
 from .notices import EagerFallbackWarning, HeldOutputsWarning, RecaptureWarning
-from .record import RECORDERS, Recording, _check_instance_budget, record_graph
+from .record import RECORDERS, Recording, check_instance_budget, record_graph
 
 __all__ = [
     "ThunderNBRunner",
@@ -32,8 +34,6 @@ __all__ = [
     "record_graph",
     "RECORDERS",
 ]
-
-
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         self.capture = capture
         self.stock = stock
         self.max_instances = max_instances
-        self.instance_memory, self.instance_bytes = _check_instance_budget(instance_memory, instance_bytes)
+        self.instance_memory, self.instance_bytes = check_instance_budget(instance_memory, instance_bytes)
         self.max_addresses = max_addresses
         self.max_values = max_values
         if isinstance(rotation, bool) or not isinstance(rotation, int) or rotation < 0:
@@ -107,26 +107,11 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         # fn_name -> ((output position, input position), ...): outputs that are an input (update_aliases)
         self.passthrough: dict[str, tuple[tuple[int, int], ...]] = {}
         self.cuda_regions: dict[str, bool] = {}  # fn_name -> the region computes on a CUDA device (set by the transform)
-        self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
-        self._owner: dict[int, Any] = {}  # storage address -> the `Instance` whose replay writes it
-        # id of a graph's own output tensor -> (that tensor, its storage address, its `Instance`, its key entry, its
-        # data address): the hand-out's and the key's lookup without making a storage object per tensor (the tensor
-        # is checked by identity, ids are reused)
-        self._own_outputs: dict[int, tuple[torch.Tensor, int, Any, tuple, int]] = {}
-        self._stable: set[int] = set()  # storage addresses of parameters and module buffers seen (views read in place)
-        self._params: dict[int, int] = {}  # id of a parameter -> its data address when its storage was added to _stable
         self.stable_inputs: dict[str, frozenset[int]] = {}  # fn_name -> input positions of module buffers
-        self._counts: dict[str, _Counts] = {}
-        self._hand_out_counts: dict[str, dict[str, int]] = {}  # trace kind -> calls, copied, guarded
-        self._hand_out_plans: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # `_hand_out_plan`s
-        self._hand_out_memo: dict[tuple, list[_HandOutMemo]] = {}  # per hand-out plan: the latest `_memo`s
-        self._recordings = 0  # graphs recorded so far (a memo made before a recording is stale)
-        # a lent gradient was still held at its instance's next call: "lend" hand-outs copy from then on
-        self.lending_stopped = False
-        self.rotation_stopped: set[str] = set()  # regions whose returned tensors the caller kept past `rotation`
-        self._rotated: set[int] = set()  # storage addresses of graph memory a forward handed to its caller (rotation)
+        self.memory = GraphMemory()  # what the replays write, and the storage read in place
+        self._capture_of: dict[str, bool] = {}  # fn_name -> capture (decided at its first call)
+        self._counts: dict[str, RegionCounts] = {}
         self._warned = False
-        self._warned_held = False
 
     @property
     def capture(self) -> Capture:
@@ -161,22 +146,23 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         self._capture_of[fn_name] = decided
         return decided
 
-    def _count(self, fn_name: str) -> _Counts:
+    def counts(self, fn_name: str) -> RegionCounts:
+        """Region ``fn_name``'s `RegionCounts`: what the runner did with it so far, and its last key."""
         counts = self._counts.get(fn_name)
         if counts is None:
-            counts = self._counts[fn_name] = _Counts()
+            counts = self._counts[fn_name] = RegionCounts()
         return counts
 
     def call_cuda_graph(self, fn_name: str, *args: Any) -> Any:
         """Run region ``fn_name``: replay a free instance (capturing on a miss), or call its function eagerly."""
-        counts = self._count(fn_name)
+        counts = self.counts(fn_name)
         if counts.eager_reason is not None or not self._should_capture(fn_name, args):
             counts.eager_calls += 1
             return self.python_callables[fn_name][0](*args)
         if self.stock:
             return self._call_stock(fn_name, counts, args)
         again = counts.again
-        if again is not None and again.holds(args, self._owner, self._stable, self._rotated):
+        if again is not None and again.holds(args, self.memory):
             key, instances = counts.last_key, counts.last_instances
         else:
             mask, key = self._key(fn_name, counts, args)
@@ -187,7 +173,7 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
                 if again is not None:
                     counts.again_misses += 1
                 # NOTE: the second call with this key: prove it from now on (not where proving keeps failing)
-                counts.again = self._again(counts, args, mask) if counts.again_misses < _AGAIN_MISSES else None
+                counts.again = self._again(counts, args, mask) if counts.again_misses < AGAIN_MISSES else None
             else:
                 counts.again = None
                 instances = self.cuda_graph_cache.get(key)
@@ -206,8 +192,7 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             if lent and not self.lending_stopped:
                 # NOTE: a gradient lent to autograd outlived its step (accumulated into .grad, kept by a name): this
                 # instance stays held while it lives, and so would the next one's; copy them out from now on
-                self.lending_stopped = True
-                self._hand_out_memo.clear()
+                self._stop_lending()
             rotated = any(inst.rotated for inst in instances)
             if rotated and len(instances) >= self.rotation and fn_name not in self.rotation_stopped:
                 # NOTE: the caller keeps the returned tensors of every instance (a list of results): copy them out
@@ -218,15 +203,16 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
                 counts.held_calls += 1
                 self._warn_held(fn_name, lent, len(instances), full)
                 return fn(*args)
-            cause = _recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1], args,
-                                     self._owner) if not instances else (
+            cause = recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1], args,
+                                    self.memory) if not instances else (
                 f"outputs of {len(instances)} instance{'' if len(instances) == 1 else 's'} still held "
                 + ("(gradients lent to autograd, not reset)" if lent else
                    "by the caller (rotation)" if rotated else "for a backward"))
-            before = foreign_counts(self._foreign(args))
+            before = self.memory.foreign(args)
             try:
-                inst = self._record(fn_name, fn, args, key[1], cause, len(instances),
-                                    share=instances[0] if rotated and self._rotates(fn_name, True) else None)
+                # NOTE: rotation stopped counts as rotating here: the caller holds what the instances handed out
+                share = instances[0] if rotated and rotates(fn_name, self.plans.get(fn_name), self.rotation) else None
+                inst = self._record(fn_name, fn, args, key[1], cause, len(instances), share=share)
             except BaseException as e:
                 counts.recording_raised(e)
                 raise
@@ -238,24 +224,9 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
         counts.replays += 1
         return outputs
 
-
-    def _rotates(self, fn_name: str, stopped: bool = False) -> bool:
-        """Whether region ``fn_name``'s returned tensors take turns in its instances (rotation): it saves nothing for
-        a backward (an instance is then only its outputs: another costs their bytes, in a shared pool), and rotation is
-        on and, unless ``stopped`` counts too, not stopped for it."""
-        plan = self.plans.get(fn_name)
-        return (self.rotation > 0 and (stopped or fn_name not in self.rotation_stopped)
-                and (plan is None or not any(o.saved for o in plan.outputs)))
-
-    def _stop_rotation(self, fn_name: str, instances: list[Any]) -> None:
-        self.rotation_stopped.add(fn_name)
-        for inst in instances:
-            inst.rotates = False
-        self._hand_out_memo.clear()
-
     # --- thunder's own behaviour, recorded --------------------------------------------------------
 
-    def _call_stock(self, fn_name: str, counts: _Counts, args: tuple[Any, ...]) -> Any:
+    def _call_stock(self, fn_name: str, counts: RegionCounts, args: tuple[Any, ...]) -> Any:
         """thunder's call path as it is (static slots by position), with its graphs and rebound slots recorded."""
         key = self.make_cache_key(fn_name, *args)
         entry = self.cuda_graph_cache.get(key)
@@ -263,10 +234,10 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             names = self.trace_symbols[fn_name][1]
             for i, (s, a, m) in enumerate(zip(entry[1], args, key[1])):
                 if m and isinstance(a, torch.Tensor) and s is not a and i not in counts.rebound:
-                    counts.rebound[i] = StaticInputChange(_input_name(names, i), i, "rebound")
+                    counts.rebound[i] = StaticInputChange(input_name(names, i), i, "rebound")
         record = None if entry is not None else GraphRecord(
             index=len(counts.graphs),
-            cause=_recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]),
+            cause=recapture_cause(counts.last_key, key, self.trace_symbols[fn_name][1]),
             static_bytes=sum(a.nbytes for a, m in zip(args, key[1]) if isinstance(a, torch.Tensor) and not m),
         )
         counts.last_key = key
@@ -289,14 +260,11 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             counts.replays += 1
         return out
 
-    # --- hand-out ---------------------------------------------------------------------------------
-
-
     # --- records ----------------------------------------------------------------------------------
 
     def region_stats(self, fn_name: str) -> RegionStats:
         """What this runner did with region ``fn_name`` so far."""
-        c = self._counts.get(fn_name) or _Counts()
+        c = self._counts.get(fn_name) or RegionCounts()
         instances = max((len(v) for k, v in self.cuda_graph_cache.items() if k[0] == fn_name and isinstance(v, list)),
                         default=0)
         return RegionStats(
@@ -311,15 +279,8 @@ class ThunderNBRunner(Keys, Recording, HandOut, CUDAGraphRunner):
             eager_reason=c.eager_reason,
             failed=c.failed,
             capture_failed=c.capture_failed,
-            copied=tuple(_input_name(self.trace_symbols[fn_name][1], i) for i in c.last.copied) if c.last else (),
+            copied=tuple(input_name(self.trace_symbols[fn_name][1], i) for i in c.last.copied) if c.last else (),
         )
-
-    def hand_out_stats(self, kind: str) -> HandOutStats:
-        """What the hand-outs of ``kind`` ("forward", "backward") did so far."""
-        counts = self._hand_out_counts.get(kind, {})
-        return HandOutStats(**counts, lending_stopped=self.lending_stopped and counts.get("lent", 0) > 0,
-                            rotation_stopped=tuple(sorted(self.rotation_stopped)) if counts.get("rotated") else (),
-                            rotation=self.rotation if kind == "forward" and not self.stock else 0)
 
     @property
     def graphs_captured(self) -> int:
