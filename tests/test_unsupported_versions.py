@@ -134,7 +134,11 @@ def test_the_fallback_gives_eagers_results_through_every_entry_point(unsupported
     assert unsupported["judged"] == {"function": None, "losses": None, "weights": None, "step losses": None,
                                      "step weights": None}
     # NOTE: the capture path was taken: graphs (emulated) were recorded and replayed, not every region run eagerly
-    assert unsupported["function_graphs"] >= 1 and unsupported["loop_graphs"] >= 2 and unsupported["step_graphs"] == 1
+    assert unsupported["function_graphs"] >= 1 and unsupported["step_graphs"] == 1
+    # NOTE: one forward and one backward graph for the whole loop: the hand-out guards nothing without use counts, it
+    # copies what the backward saves out of graph memory, so the second forward replays the first one's graph (were
+    # saved tensors guarded, each forward would find the last one's held and record another instance, up to 16)
+    assert unsupported["loop_graphs"] == 2, unsupported["loop_graphs"]
     assert unsupported["analyzed_regions"] >= 2
 
 

@@ -63,6 +63,10 @@ def _hand_out_plan(actions: tuple[str, ...], n: int, lending_stopped: bool,
     "as-is"), and of those the ones it lends (none once ``lending_stopped``)."""
     actions = actions[:n]
     guard, as_is, lend = HandOutAction.GUARD, HandOutAction.AS_IS, HandOutAction.LEND
+    if not internals.supported():
+        # NOTE: no use counts to guard with (`internals.use_counters`): what a hand-out would guard is copied out, so
+        # that the graph that wrote it can replay again (a guarded tensor would hold it for good)
+        guard = None
     return (tuple(j for j, a in enumerate(actions) if a == guard),
             tuple(j for j, a in enumerate(actions) if a != guard and a != as_is),
             frozenset() if lending_stopped else frozenset(j for j, a in enumerate(actions) if a == lend))

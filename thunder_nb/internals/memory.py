@@ -145,8 +145,9 @@ def use_counters() -> tuple[Callable[[int], int], Callable[[Any], int]]:
     answer is that memory handed out is never free again: each function then returns a number that never repeats,
     so that an instance compares its counts with what it settled, finds them changed, and reads as held for good
     (``thunder_nb.cudagraph.instances.Instance.held``). A replay then never writes memory it handed out: the runner
-    records another instance, and past its bounds runs the region without a graph (fresh memory each call). What is
-    returned is copied out as ever; a graph whose tensors went to a backward is the one that is not replayed again.
+    records another instance, and past its bounds runs the region without a graph (fresh memory each call). The
+    hand-out guards nothing there either (`thunder_nb.cudagraph.handout`): what it would guard, the tensors saved for
+    the backward, is copied out with what is returned, so no instance is left watching memory it handed out.
     """
     if not supported():
         fresh = itertools.count()

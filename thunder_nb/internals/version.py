@@ -23,9 +23,8 @@ FALLBACK = (
     "it takes thunder's own paths where its fast ones read private parts, which is slower: thunder's call path on "
     "every call (no fast_call), thunder's prologue (no module walks), thunder's torchcompile executors as they are "
     "(their islands and pooling backward unfixed), a region's key made afresh on every call (no C guard), and no "
-    "graph memory handed out unguarded (no use counts: returned tensors and gradients are copied out, no rotation, "
-    "and a graph whose tensors went to a backward is not replayed again: another instance is recorded, up to "
-    "max_instances, then the region runs without a graph)")
+    "graph memory handed out unguarded (no use counts: returned tensors, gradients and the tensors saved for the "
+    "backward are copied out of graph memory, and nothing rotates)")
 
 
 class VersionWarning(UserWarning):
