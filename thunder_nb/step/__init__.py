@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from .blockers import StepRefused, capturability, trace_blockers
 from .compare import compare_step
+from .decode import DecodeRefused, Decoder
 from .graph import RecordAgainWarning, Step, jit_step
 from .report import Blocker, Capturability, StepComparison
 
 __all__ = ["jit_step", "Step", "StepRefused", "RecordAgainWarning", "capturability", "Capturability", "Blocker",
-           "compare_step", "StepComparison", "trace_blockers"]
+           "compare_step", "StepComparison", "trace_blockers",
+           "Decoder", "DecodeRefused"]
