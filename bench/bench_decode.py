@@ -1,7 +1,7 @@
 """KV-cache decoding, tokens per second: the classic CUDA-graph workload, every configuration side by side (#31.2).
 
     python bench/bench_decode.py [--model litgpt-pythia-14m] [--dtypes float32,bfloat16] [--rounds 5] [--steps 30]
-                                 [--configs eager,thunder no-sdpa,thunder_nb.jit,fused,reduce-overhead] [--out FILE.md]
+                                 [--configs eager,thunder no-sdpa,thunder_nb.jit,fused,reduce-overhead,k=8] [--out FILE.md]
 
 The zoo's litgpt model at random init (`thunder_nb.testing.zoo`), its KV cache set up for one sequence
 (``GPT.set_kv_cache``), greedy decoding: a prefill of 8 tokens, then one-token calls with ``input_pos`` advancing.
@@ -13,7 +13,8 @@ the median over rounds of tokens per second and of ms per token, and the ratio o
 reduce-overhead's with its spread over rounds, and torch.profiler's GPU kernel time per token (a configuration whose
 time per token is near it waits for the GPU: fewer, fused kernels help it; one far above waits for the host).
 thunder's sdpa executor refuses the decode step (a batch-broadcast mask), so plain thunder runs without it ("thunder
-no-sdpa"); `thunder_nb.jit` chooses its executors itself.
+no-sdpa"); `thunder_nb.jit` chooses its executors itself. ``k=8`` and ``k=8 fused``: `thunder_nb.jit_decode`, eight
+tokens a replay (time per token: pass ``--steps`` a multiple of 8).
 """
 
 from __future__ import annotations
@@ -35,12 +36,16 @@ import torch  # noqa: E402
 import rounds  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
 
-CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "fused", "reduce-overhead")
+CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "fused", "reduce-overhead", "k=8", "k=8 fused")
+#: `thunder_nb.jit_decode` configurations: tokens per replay, and `thunder_nb.jit`'s executors
+REPLAYS = {"k=8": (8, ()), "k=8 fused": (8, ("torchcompile",))}
 LABELS = {"eager": "eager", "thunder no-sdpa": "thunder without sdpa (no graphs)",
           "stock": "thunder's CUDAGraphTransform",
           "thunder_nb.jit": "thunder_nb.jit", "fused": "thunder_nb.jit + torchcompile",
           "reduce-overhead": "torch.compile reduce-overhead",
-          "thunder": "thunder (no graphs)", "fixed": "FixedCUDAGraphTransform"}
+          "thunder": "thunder (no graphs)", "fixed": "FixedCUDAGraphTransform",
+          "k=8": "thunder_nb.jit_decode, 8 tokens a replay",
+          "k=8 fused": "thunder_nb.jit_decode + torchcompile, 8 tokens a replay"}
 PROMPT = 8
 
 
@@ -86,6 +91,45 @@ class Decoder:
         self.token = out[:, -1:].argmax(-1)
         return out
 
+class ReplayDecoder(Decoder):
+    """`thunder_nb.jit_decode`: ``k`` greedy tokens a replay, token and position on the device between them. A
+    step is one token's share: every ``k``-th step replays (``--steps`` a multiple of ``k`` times a whole number of
+    replays); the position goes back to the prompt's end before it would pass the cache's end."""
+
+    def __init__(self, model_name: str, config: str, dtype: torch.dtype, device: str):
+        import thunder_nb
+
+        model = zoo.MODELS[model_name]
+        self.net = model.build(device).to(dtype).eval()
+        self.net.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
+        self.k, executors = REPLAYS[config]
+        self.decoder = thunder_nb.jit_decode(self.net, tokens=self.k, executors=list(executors))
+        self.transform, self.length, self.device, self.token = None, self.net.max_seq_length, device, None
+        g = torch.Generator().manual_seed(0)
+        self.prompt = torch.randint(0, 128, (1, PROMPT), generator=g).to(device)
+        self.start_pos = torch.tensor([PROMPT], device=device)
+        self.pos = PROMPT
+
+    def tokens(self, n: int) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy decoding of ``n`` tokens after the prefill (the prefill's token first, as `Decoder`'s); no logits
+        (a replay returns tokens)."""
+        tokens = self.decoder.generate(self.prompt, n + 1)[0, 1:].tolist()
+        self.token = None
+        return tokens, []
+
+    def step(self, i: int) -> torch.Tensor | None:
+        if self.token is None or self.pos + self.k > self.length:
+            if self.token is None:
+                with torch.no_grad():
+                    self.token = self.net(self.prompt, torch.arange(PROMPT, device=self.device))[:, -1:].argmax(-1)
+            self.decoder.start(self.token, self.start_pos)
+            self.pos = PROMPT
+        if i % self.k:
+            return None
+        self.pos += self.k
+        return self.decoder.replay()
+
+
 def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, configs: tuple[str, ...],
           device: str = "cuda") -> dict[str, dict]:
     n = 24
@@ -96,7 +140,7 @@ def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, config
         row = rows[config] = {"config": config, "ms": [], "note": ""}
         try:
             start = time.perf_counter()
-            dec = Decoder(model_name, config, dtype, device)
+            dec = (ReplayDecoder if config in REPLAYS else Decoder)(model_name, config, dtype, device)
             tokens, logits = dec.tokens(n)
             rounds.sync(device)
             row["first_s"] = time.perf_counter() - start
@@ -107,8 +151,8 @@ def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, config
         if reference is None:
             reference = (tokens, logits)
         same = sum(a == b for a, b in zip(tokens, reference[0]))
-        err = max(float((a - b).abs().max()) for a, b in zip(logits, reference[1]))
-        row["equal"] = f"{same}/{n} tokens, logits max abs diff {err:.2g}"
+        err = max((float((a - b).abs().max()) for a, b in zip(logits, reference[1])), default=None)
+        row["equal"] = f"{same}/{n} tokens" + (f", logits max abs diff {err:.2g}" if err is not None else "")
         decoders[config] = dec
         print(f"  {model_name} {dtype} {config}: {row['equal']}, first {row['first_s']:.1f} s", file=sys.stderr,
               flush=True)
@@ -165,7 +209,7 @@ def main() -> int:
         return 0
     configs = tuple(c.strip() for c in args.configs.split(","))
     if args.device == "cpu":
-        configs = tuple(c for c in configs if c not in ("reduce-overhead", "stock", "fused"))
+        configs = tuple(c for c in configs if c not in ("reduce-overhead", "stock", "fused", "k=8 fused"))
     rounds.run_rows([(args.model, getattr(torch, d)) for d in args.dtypes.split(",")],
                     lambda key: bench(key[0], key[1], args.rounds, args.steps, configs, args.device),
                     lambda key: f"{key[0]} {key[1]}", lambda results: table(results, args.rounds, args.steps),
