@@ -251,7 +251,7 @@ def analyze(jfn: Any, *, error: BaseException | str | None = None) -> Report:
         error = f"{type(error).__name__}: {error}".strip().rstrip(":")
     notes = []
     if bwd and not any(map(_has_graph_regions, bwd)) and _transform_label(jfn) != "none":
-        notes.append("the backward trace was not fused (the transform failed on it)")
+        notes.append("the backward trace has no regions (the transform failed on it)")
     for t in cd.transforms or ():
         if not isinstance(t, PlanningTransform):
             continue
