@@ -36,13 +36,14 @@ from rounds import add_ratios, add_round_arguments, machine, recover, run_rows, 
 
 from thunder_nb.testing import zoo  # noqa: E402
 
-CONFIGS = ("eager DDP", "reduce-overhead", "thunder DDP", "thunder_nb.jit DDP", "jit_step DDP")
+CONFIGS = ("eager DDP", "reduce-overhead", "thunder DDP", "thunder_nb.jit DDP", "jit_step DDP", "jit_step ddp+shard")
 LABELS = {
     "eager DDP": "torch DistributedDataParallel, eager",
     "reduce-overhead": "torch DDP + torch.compile reduce-overhead (RO DDP)",
     "thunder DDP": "thunder.distributed.ddp(thunder.jit(m)), no graphs",
     "thunder_nb.jit DDP": "thunder.distributed.ddp(thunder_nb.jit(m))",
     "jit_step DDP": "thunder_nb.jit_step(m, ..., ddp=True): the all-reduce inside the step's graph",
+    "jit_step ddp+shard": "thunder_nb.jit_step(m, ..., shard=True): reduce_scatter + all_gather in the step's graph",
 }
 CHECKED = 5
 
@@ -64,8 +65,9 @@ class DDPLoop:
         self.batches = [model.batch(rank * 3 + i, device) for i in range(3)]
         self.whole = None
         capture = True if device.startswith("cuda") else "emulated"
-        if config == "jit_step DDP":
-            self.whole = thunder_nb.jit_step(self.net, model.loss(self.net), self.opt, ddp=True, capture=capture)
+        if config in ("jit_step DDP", "jit_step ddp+shard"):
+            self.whole = thunder_nb.jit_step(self.net, model.loss(self.net), self.opt, ddp=True, capture=capture,
+                                             shard=config == "jit_step ddp+shard")
             return
         if config in ("eager DDP", "reduce-overhead"):
             ids = [torch.device(device).index] if device.startswith("cuda") else None
@@ -121,12 +123,14 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
             row["matches"] = f"yes ({worst:.1e})" if worst <= 1e-4 + 1e-4 * abs(reference[-1]) else f"no ({worst:.1e})"
     time_rounds(loops, rows, rounds, steps, device)
     add_ratios(rows)
-    whole = loops.get("jit_step DDP")
-    if whole is not None:
-        rows["jit_step DDP"]["graphs"] = whole.whole.graphs_recorded
-        ranks = whole.whole.ranks
-        if ranks is not None:
-            rows["jit_step DDP"]["note"] += f"all-reduce captured: {ranks.captured}"
+    for config in ("jit_step DDP", "jit_step ddp+shard"):
+        whole = loops.get(config)
+        if whole is not None:
+            rows[config]["graphs"] = whole.whole.graphs_recorded
+            ranks = whole.whole.ranks
+            if ranks is not None:
+                what = "all-reduce" if config == "jit_step DDP" else "reduce_scatter, all_gather"
+                rows[config]["note"] += f"{what} captured: {ranks.captured}"
     return {"rows": rows}
 
 

@@ -16,7 +16,8 @@ from .optimizer import optimizer_plan
 from .ranks import plan_buckets, ranks_of, refuse_data_parallel_wrappers
 from .report import Blocker, Capturability
 
-__all__ = ["capturability", "trace_blockers", "StepRefused", "loss_blocker", "refuse_no_grad", "refuse_fp16"]
+__all__ = ["capturability", "trace_blockers", "StepRefused", "loss_blocker", "refuse_no_grad", "refuse_fp16",
+           "refuse_blockers"]
 
 #: What to do about each kind of op that cannot be in a graph (`thunder_nb.diagnosis.ops.classify_bsym`'s reasons).
 _FIXES = {
@@ -258,6 +259,18 @@ def _python_only(trace: Any, *, cuda: bool) -> list[Any]:
     return found
 
 
+def refuse_blockers(jfn: Any, loss_fn: Callable[..., Any], first: Sequence[Any], device: torch.device,
+                    optimizer_blocker: Blocker | None) -> None:
+    """Raise `StepRefused` naming what keeps one iteration of ``loss_fn`` on the micro-batch ``first`` from one graph
+    (thunder's traces built by ``jfn``, then read; the optimizer's blocker); nothing runs."""
+    internals.build_traces(jfn, *first)
+    blockers, _, _ = trace_blockers(jfn, loss_fn, cuda=device.type == "cuda")
+    if optimizer_blocker is not None:
+        blockers.append(optimizer_blocker)
+    if blockers:
+        raise StepRefused(blockers)
+
+
 def _shapes(batch: Sequence[Any]) -> str:
     return ", ".join(f"{list(b.shape)} {str(b.dtype).replace('torch.', '')}" if isinstance(b, torch.Tensor)
                      else repr(b) for b in batch)
@@ -265,17 +278,19 @@ def _shapes(batch: Sequence[Any]) -> str:
 
 def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *batch: Any,
                   accumulate: int = 1, executors: Sequence[Any] = (), ddp: bool | None = None,
-                  process_group: Any = None) -> Capturability:
+                  process_group: Any = None, shard: bool = False) -> Capturability:
     """How much of one training iteration one CUDA graph holds, and what stops the rest (nothing runs).
 
     Builds thunder's forward and backward traces of ``loss_fn`` for ``batch`` (the first micro-batch with
     ``accumulate``) and reads them with the rules of `thunder_nb.diagnosis.ops` (host syncs, device transfers, host
     memory, capture-dependent attention), plus the optimizer's step and the loss's form. Each blocker carries the
     user's line and the fix. Across ranks (``ddp`` and ``process_group`` as `jit_step` takes them), the gradients'
-    all-reduces are ops of the graph, one per bucket (``all_reduces``); a data-parallel wrapper raises TypeError.
+    all-reduces are ops of the graph, one per bucket (``all_reduces``); with ``shard=True``, one reduce_scatter
+    after the backward and one all_gather after the optimizer's step per dtype and device (``reduce_scatters``,
+    as many all_gathers); a data-parallel wrapper raises TypeError.
     """
     refuse_data_parallel_wrappers(model, loss_fn)
-    world = ranks_of(ddp, process_group)
+    world = ranks_of(ddp, process_group, shard)
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     desc, opt_blocker = optimizer_plan(optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -301,9 +316,11 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
         blocker = Blocker(kind, what, fix=fix, trace="forward", **where_from_traceback(e))
         return Capturability(name, 1, 0, (blocker,), desc, tuple(notes))
     blockers, flags, _ = trace_blockers(jfn, loss_fn, cuda=device.type == "cuda")
-    all_reduces = len(plan_buckets(params)) if world is not None else 0
-    flags += [False] * all_reduces  # NOTE: after the backward, before the optimizer's step: in the graph
+    sharded = len({(p.dtype, p.device) for p in params}) if world is not None and shard else 0
+    all_reduces = len(plan_buckets(params)) if world is not None and not shard else 0
+    flags += [False] * (all_reduces + sharded)  # NOTE: after the backward, before the optimizer's step: in the graph
     flags.append(opt_blocker is not None)
+    flags += [False] * sharded  # NOTE: the updated parameters' all_gathers, after the optimizer's step
     if opt_blocker is not None:
         blockers.append(opt_blocker)
     longest = run = 0
@@ -312,4 +329,5 @@ def capturability(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer
         longest = max(longest, run)
     if any(b.kind == "loss" for b in blockers) and not any(flags):  # NOTE: a loss of the wrong form blocks it all
         longest = 0
-    return Capturability(name, len(flags), longest, tuple(blockers), desc, tuple(notes), all_reduces, world or 0)
+    return Capturability(name, len(flags), longest, tuple(blockers), desc, tuple(notes), all_reduces, world or 0,
+                         sharded)

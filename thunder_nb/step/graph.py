@@ -12,12 +12,13 @@ import torch
 
 from .. import internals
 from ..cudagraph.capture import Capture, parse_capture, resolve
-from .blockers import (StepRefused, loss_blocker, refuse_fp16, refuse_no_grad, returned_value, split, thunder_jit,
-                       trace_blockers)
-from .guard import Snapshot, autocast_key, batch_key, key_difference, key_shapes, trained_parameters
+from .blockers import (StepRefused, loss_blocker, refuse_blockers, refuse_fp16, refuse_no_grad, returned_value, split,
+                       thunder_jit)
+from .guard import Snapshot, autocast_key, batch_key, key_difference, not_recorded_words, trained_parameters
 from .optimizer import TENSOR_LR, lr_to_tensor, make_capturable, optimizer_plan, without_state
 from .ranks import data_parallel
 from .recording import CudaRecording, EmulatedRecording, record_cuda
+from .shard import GradientShard
 
 __all__ = ["jit_step", "Step", "RecordAgainWarning"]
 
@@ -39,7 +40,7 @@ _NEW_TRACE = ("thunder traces the loss function anew, as a new thunder.jit (its 
 def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
              accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str | Capture = "auto",
              warmup: int = 3, copy_loss: bool = True, executors: Sequence[Any] = (), ddp: bool | None = None,
-             process_group: Any = None) -> Step:
+             process_group: Any = None, shard: bool = False) -> Step:
     """Compile one training iteration of ``model`` into one CUDA graph: ``step(*batch) -> loss``.
 
     Each call is ``zero_grad`` (set to None: every parameter the optimizer holds, and every one trained, as an eager
@@ -92,6 +93,15 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
             ``torch.distributed`` is initialized with more than one rank in the group; True: always (a world of one
             too); False: never, each rank trains alone.
         process_group: the group to average over, as ``DistributedDataParallel`` takes it (None: the default group).
+        shard: ZeRO-2, FSDP's SHARD_GRAD_OP without parameter resharding (`thunder_nb.step.shard`; implies
+            ``ddp=True``): the trained parameters split among the ranks by whole parameter, greedily by size, the same
+            on every rank; after the backward one ``reduce_scatter_tensor`` per dtype leaves each rank the mean of its
+            own parameters' gradients, its optimizer steps those alone (state for them only: the memory saved),
+            clipping takes the global norm, then one ``all_gather_into_tensor`` gives every rank every updated
+            parameter, all in the graph. After a step, ``.grad`` of a parameter another rank owns is None and
+            ``optimizer.state_dict()`` holds this rank's shard only (a checkpoint saves each rank's). FSDP's FULL_SHARD
+            (parameters sharded) is not supported: each would be gathered inside thunder's trace, and in one graph
+            held in its static memory for the whole replay, saving nothing.
 
     Returns:
         a `Step`. What it returns is the loss as a tensor on the model's device (a copy: a logged ``loss.item()``
@@ -103,7 +113,8 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
 
     Raises:
         ValueError: ``warmup`` below 1, ``accumulate`` below 1, a model with no parameter that requires grad;
-            ``ddp=True`` or a ``process_group`` without ``torch.distributed`` initialized.
+            ``ddp=True``, ``shard=True`` or a ``process_group`` without ``torch.distributed`` initialized;
+            ``shard=True`` with ``ddp=False``.
         TypeError: the model, or a module the loss function reaches, wrapped by torch's ``DistributedDataParallel`` or
             FSDP or by thunder's ``ddp`` or ``fsdp``: pass the plain module (the step averages the gradients itself).
         StepRefused: at the first call with a batch (before anything runs), when the iteration cannot be one
@@ -114,7 +125,8 @@ def jit_step(model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: tor
             with the user's line.
     """
     return Step(model, loss_fn, optimizer, accumulate=accumulate, max_grad_norm=max_grad_norm, capture=capture,
-                warmup=warmup, copy_loss=copy_loss, executors=executors, ddp=ddp, process_group=process_group)
+                warmup=warmup, copy_loss=copy_loss, executors=executors, ddp=ddp, process_group=process_group,
+                shard=shard)
 
 
 class Step:
@@ -123,7 +135,7 @@ class Step:
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer, *,
                  accumulate: int = 1, max_grad_norm: float | None = None, capture: bool | str | Capture = "auto",
                  warmup: int = 3, copy_loss: bool = True, executors: Sequence[Any] = (), ddp: bool | None = None,
-                 process_group: Any = None):
+                 process_group: Any = None, shard: bool = False):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}")
         if accumulate < 1:
@@ -142,9 +154,9 @@ class Step:
         self._mode = resolve(parse_capture(capture), self.device, what="the model", auto=Capture.EMULATED)
         self._executors = executors
         self._jfn = thunder_jit(loss_fn, executors)  # NOTE: made anew where thunder's cache cannot see a change
-        # NOTE: ranks: the gradients' mean across ranks (`GradientAverage`), None in one process; notes: what jit_step
-        # changed or decided, in words
-        self.ranks, self.notes = data_parallel(model, loss_fn, ddp, process_group)
+        # NOTE: ranks: the gradients' mean across ranks (`GradientAverage`, `GradientShard`), None in one process;
+        # notes: what jit_step changed or decided, in words
+        self.ranks, self.notes = data_parallel(model, loss_fn, ddp, process_group, GradientShard if shard else None)
         self.optimizer_text, self._optimizer_blocker = optimizer_plan(optimizer)
         # NOTE: Adam's and AdamW's lr is read at every step (a device tensor in the graph; the optimizer itself in the
         # CPU stand-in), so it stays out of the guards; other optimizers' lr is a number recorded in the graph
@@ -187,7 +199,7 @@ class Step:
 
     def _replay(self, rec: Any, batch: Sequence[Any]) -> torch.Tensor:
         if self._tensor_lr:
-            self._lr_to_tensor()
+            lr_to_tensor(self.optimizer, self._lrs)  # NOTE: a scheduler's number into the graph's lr
         pairs = [(s, b) for s, b in zip(rec.static, batch) if isinstance(b, torch.Tensor) and b is not s]
         if pairs:
             internals.copy_into([s for s, _ in pairs], [b for _, b in pairs])
@@ -225,7 +237,8 @@ class Step:
             self._left(self._key, key)
         self._key = key
         if self._mode is not Capture.OFF and key not in self._checked:
-            self._refuse_blockers(first)  # NOTE: before anything runs: the model stays as it was
+            # NOTE: before anything runs: the model stays as it was
+            refuse_blockers(self._jfn, self.loss_fn, first, self.device, self._optimizer_blocker)
             self._checked.add(key)
         if self._mode is Capture.OFF or self._warm.get(key, 0) < self.warmup or self._lazy_state_pending():
             self._warm[key] = self._warm.get(key, 0) + 1
@@ -246,11 +259,7 @@ class Step:
         if ran >= self.warmup:
             return
         self._short.add(old)
-        warnings.warn(RecordAgainWarning(
-            f"jit_step: the batch of {key_shapes(old)} is not recorded yet: it ran {ran} of its warmup={self.warmup} "
-            f"uncaptured steps before a batch of {key_shapes(new)} came; each batch shape records after its own "
-            "warm-up, so a shape seen once an epoch (a ragged last batch) runs uncaptured for its first epochs: "
-            "drop_last=True in the DataLoader, or pad the last batch to the full size"), stacklevel=4)
+        warnings.warn(RecordAgainWarning(not_recorded_words(old, new, ran, self.warmup)), stacklevel=4)
 
     # --- what runs --------------------------------------------------------------------------------
 
@@ -280,10 +289,13 @@ class Step:
                 internals.clear_cublas_workspaces()  # NOTE: the next micro-batch's forward takes the backward's block
             total = loss.detach() if total is None else total + loss.detach()
         if self.ranks is not None:
-            self.ranks(self._params)  # NOTE: the gradients' mean over the ranks, in the graph
-        if self.max_grad_norm is not None:
-            self._grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+            self.ranks(self._params)  # NOTE: the gradients' mean over the ranks (sharded: the owned ones), in the graph
+        if self.max_grad_norm is not None:  # NOTE: sharded, the global norm: one all_reduce of the shards' squares
+            clip = torch.nn.utils.clip_grad_norm_ if self.ranks is None else self.ranks.clip
+            self._grad_norm = clip(self._params, self.max_grad_norm)
         self.optimizer.step()
+        if self.ranks is not None:
+            self.ranks.after_step(self._params)  # NOTE: sharded: every rank's updated parameters gathered to all
         return total
 
     def _zero_grad(self) -> None:
@@ -312,7 +324,7 @@ class Step:
         static = [b.clone() if isinstance(b, torch.Tensor) else b for b in batch]  # NOTE: the graph's input buffers
         self._zero_grad()  # NOTE: the recipe's zero_grad(set_to_none=True): gradients allocated in the graph's pool
         if self._tensor_lr:
-            self._lr_to_tensor()
+            lr_to_tensor(self.optimizer, self._lrs)  # NOTE: a scheduler's number into the graph's lr
         if self._mode is Capture.CUDA:
             if self.ranks is not None:
                 with torch.cuda.stream(self._stream):
@@ -342,8 +354,9 @@ class Step:
         return batch_key(batch), autocast_key(self.device)
 
     def _without_state(self) -> frozenset[int]:
-        """The ids of the parameters the optimizer trains that it has no state for (yet)."""
-        return without_state(self.optimizer)
+        """The ids of the parameters the optimizer trains that it has no state for (yet); sharded, of those this rank
+        owns (another rank's never get any here)."""
+        return without_state(self.optimizer) - (self.ranks.others if self.ranks is not None else frozenset())
 
     def _lazy_state_pending(self) -> bool:
         """Whether the optimizer's next step would still make state (Adam's moments, SGD's momentum) for a parameter:
@@ -359,19 +372,6 @@ class Step:
         if self._tensor_lr:
             self._lrs = [g["lr"] for g in self.optimizer.param_groups]
         return notes
-
-    def _lr_to_tensor(self) -> None:
-        """Keep each group's ``lr`` the device tensor the graph reads: a number set on the host (a scheduler's) is
-        written into it."""
-        lr_to_tensor(self.optimizer, self._lrs)
-
-    def _refuse_blockers(self, first: Sequence[Any]) -> None:
-        internals.build_traces(self._jfn, *first)
-        blockers, _, _ = trace_blockers(self._jfn, self.loss_fn, cuda=self.device.type == "cuda")
-        if self._optimizer_blocker is not None:
-            blockers.append(self._optimizer_blocker)
-        if blockers:
-            raise StepRefused(blockers)
 
     # --- what a user reads ------------------------------------------------------------------------
 

@@ -10,13 +10,22 @@ import torch
 from .. import internals
 from .optimizer import LIVE, why_fixed
 
-__all__ = ["Snapshot", "Change", "batch_key", "key_difference", "autocast_key", "trained_parameters", "key_shapes"]
+__all__ = ["Snapshot", "Change", "batch_key", "key_difference", "autocast_key", "trained_parameters", "key_shapes",
+           "not_recorded_words"]
 
 
 def key_shapes(key: tuple) -> str:
     """A batch key's tensor shapes, in words: ``shape (10, 8), (10,)``."""
     shapes = [tuple(b[0]) for b in key[0] if isinstance(b[0], torch.Size)]
     return "shape " + ", ".join(str(s) for s in shapes) if shapes else "no tensor"
+
+
+def not_recorded_words(old: tuple, new: tuple, ran: int, warmup: int) -> str:
+    """Why a batch key left before its recording is not recorded yet, and what to do, in words."""
+    return (f"jit_step: the batch of {key_shapes(old)} is not recorded yet: it ran {ran} of its warmup={warmup} "
+            f"uncaptured steps before a batch of {key_shapes(new)} came; each batch shape records after its own "
+            "warm-up, so a shape seen once an epoch (a ragged last batch) runs uncaptured for its first epochs: "
+            "drop_last=True in the DataLoader, or pad the last batch to the full size")
 
 
 def trained_parameters(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -7,7 +7,8 @@ into the gradients: the same memory at every step, so a CUDA graph's replay read
 recording saw. The buffers are made by the uncaptured warm-up steps, whose all-reduces also make the communicator
 (NCCL makes it at a group's first collective, which must not happen inside a capture) on the stream the capture uses.
 Under real capture NCCL's ``all_reduce`` is recorded into the graph (NCCL 2.9.6 or newer) and every replay launches
-it; under the CPU stand-in gloo's runs at each step, as every other op of the iteration does.
+it; under the CPU stand-in gloo's runs at each step, as every other op of the iteration does. With ``shard=True``
+`thunder_nb.step.shard.GradientShard` reduce-scatters the gradients instead and gathers the updated parameters.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .. import internals
 from ..cudagraph.distributed import data_parallel_wrapper
 
 __all__ = ["BUCKET_BYTES", "GradientAverage", "data_parallel", "ranks_of", "refuse_data_parallel_wrappers",
-           "plan_buckets"]
+           "plan_buckets", "same_gradients_on_every_rank"]
 
 #: The largest bucket, in bytes. Inside one graph nothing overlaps the all-reduces (they follow the whole backward),
 #: so fewer, bigger buckets cost fewer launches; the cap bounds one message.
@@ -68,6 +69,9 @@ class GradientAverage:
         self.captured = 0  # all_reduce calls recorded into a CUDA graph
         self.buckets = 0  # all_reduce calls of the last step
 
+    #: The ids of the parameters another rank updates (`thunder_nb.step.shard.GradientShard`): none here.
+    others: frozenset[int] = frozenset()
+
     def __call__(self, params: Sequence[torch.Tensor]) -> None:
         """Replace each parameter's ``.grad`` by its mean over the ranks (in place)."""
         with_grad = [i for i, p in enumerate(params) if p.grad is not None]
@@ -75,7 +79,6 @@ class GradientAverage:
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layouts[key] = self._layout([params[i].grad for i in with_grad], with_grad)
-        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         for members, bucket in layout:
             grads = [params[i].grad for i in members]
             with torch.no_grad():
@@ -83,27 +86,27 @@ class GradientAverage:
                 bucket.flat.div_(self.world)
                 torch.distributed.all_reduce(bucket.flat, group=self.group)
                 internals.copy_into(grads, bucket.views)
-            if capturing:
-                self.captured += 1
-            else:
-                self.launches += 1
+            self._count()
         self.buckets = len(layout)
 
-    def _layout(self, grads: list[torch.Tensor], positions: list[int]) -> list[tuple[list[int], _Bucket]]:
-        """The buckets of these gradients, after checking that every rank has the same ones (else the all-reduces
-        would pair unlike buffers, or wait forever); made uncaptured (the warm-up steps come first)."""
+    def _count(self) -> None:
+        """Count one collective call: recorded into a CUDA graph, or launched on the host."""
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("jit_step: the gradient buckets would be made inside a capture; a warm-up step must "
-                               "come first")
-        mine = (len(grads), [tuple(g.shape) for g in grads], [str(g.dtype) for g in grads])
-        every: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(every, mine, group=self.group)
-        if any(other != mine for other in every):
-            counts = ", ".join(f"rank {r}: {o[0]}" for r, o in enumerate(every))
-            raise RuntimeError(f"jit_step: the ranks' gradients differ in number, shape or dtype ({counts} "
-                               "gradients), so they cannot be averaged: every rank must train the same model on "
-                               "batches of the same shapes, with the same parameters frozen")
+            self.captured += 1
+        else:
+            self.launches += 1
+
+    def _layout(self, grads: list[torch.Tensor], positions: list[int]) -> list[tuple[list[int], _Bucket]]:
+        """The buckets of these gradients, after checking that every rank has the same ones."""
+        same_gradients_on_every_rank(grads, self.group, self.world)
         return [([positions[i] for i in b], _Bucket([grads[i] for i in b])) for b in plan_buckets(grads, self.cap)]
+
+    def clip(self, params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_``: every rank holds every averaged gradient."""
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def after_step(self, params: Sequence[torch.Tensor]) -> None:
+        """Nothing after the optimizer's step: every rank updated every parameter alike."""
 
     def warm(self, device: torch.device) -> None:
         """Make the communicator before a capture: one uncaptured ``all_reduce`` on the current stream (the warm-up
@@ -121,6 +124,28 @@ class GradientAverage:
         n = self.buckets or "its"
         return (f"gradients averaged across {self.world} ranks inside the step: {n} all_reduce per step, one per "
                 "static bucket, after the backward and before clipping and the optimizer's step")
+
+    def notes(self) -> list[str]:
+        """What the step does across the ranks, for the step's notes."""
+        return [self.text()]
+
+
+def same_gradients_on_every_rank(grads: list[torch.Tensor], group: Any, world: int) -> list[torch.Tensor]:
+    """``grads``, after checking that every rank has as many of the same shapes and dtypes (else the collectives would
+    pair unlike buffers, or wait forever) and that no capture is under way (the static buffers made for them must be
+    made by an uncaptured warm-up step)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("jit_step: the gradient buffers would be made inside a capture; a warm-up step must "
+                           "come first")
+    mine = (len(grads), [tuple(g.shape) for g in grads], [str(g.dtype) for g in grads])
+    every: list[Any] = [None] * world
+    torch.distributed.all_gather_object(every, mine, group=group)
+    if any(other != mine for other in every):
+        counts = ", ".join(f"rank {r}: {o[0]}" for r, o in enumerate(every))
+        raise RuntimeError(f"jit_step: the ranks' gradients differ in number, shape or dtype ({counts} "
+                           "gradients), so they cannot be averaged: every rank must train the same model on "
+                           "batches of the same shapes, with the same parameters frozen")
+    return grads
 
 
 def _reached(fn: Callable[..., Any]) -> list[Any]:
@@ -149,39 +174,51 @@ def refuse_data_parallel_wrappers(model: Any, loss_fn: Callable[..., Any]) -> No
                 "itself, inside the step's graph, where the wrapper's hooks would run twice or not at all; pass the "
                 "plain module (ddp_model.module) and a loss function that calls it: jit_step(model, loss_fn, "
                 "optimizer) averages over torch.distributed's default group when its world size is above 1 "
-                "(process_group=... for another group; FSDP's sharding is not supported by jit_step)")
+                "(process_group=... for another group; shard=True shards the gradients and the optimizer state, "
+                "not the parameters: FSDP's FULL_SHARD is not supported by jit_step)")
 
 
-def ranks_of(ddp: bool | None, process_group: Any) -> int | None:
+def ranks_of(ddp: bool | None, process_group: Any, shard: bool = False) -> int | None:
     """The number of ranks a step averages its gradients over (None: it does not average).
 
     ``ddp``: None averages where ``torch.distributed`` is initialized and the group has more than one rank; True
-    always (a world of one too: its all_reduce is still in the graph); False never (each rank trains alone)."""
+    always (a world of one too: its all_reduce is still in the graph); False never (each rank trains alone).
+    ``shard=True`` is ``ddp=True`` with the gradients and the optimizer state sharded; with ``ddp=False`` it raises."""
     dist = torch.distributed
+    if shard:
+        if ddp is False:
+            raise ValueError("jit_step: shard=True shards the data-parallel step across the ranks, and ddp=False "
+                             "trains each rank alone; leave ddp out (shard=True implies ddp=True)")
+        ddp = True
     if ddp is False:
         if process_group is not None:
             raise ValueError("jit_step: process_group was given with ddp=False; leave one out")
         return None
     if not (dist.is_available() and dist.is_initialized()):
         if ddp or process_group is not None:
-            raise ValueError("jit_step(ddp=True or process_group=...) needs torch.distributed initialized first "
+            raise ValueError("jit_step(ddp=True, shard=True or process_group=...) needs torch.distributed "
+                             "initialized first "
                              "(torch.distributed.init_process_group, as torchrun's scripts call it)")
         return None
     world = dist.get_world_size(process_group)
     return None if world == 1 and ddp is None and process_group is None else world
 
 
-def data_parallel(model: torch.nn.Module, loss_fn: Callable[..., Any], ddp: bool | None,
-                  process_group: Any) -> tuple[GradientAverage | None, list[str]]:
+def data_parallel(model: torch.nn.Module, loss_fn: Callable[..., Any], ddp: bool | None, process_group: Any,
+                  shard: Callable[[Any, int, list[torch.Tensor]], GradientAverage] | None = None
+                  ) -> tuple[GradientAverage | None, list[str]]:
     """The averaging a `jit_step` does (None: none, `ranks_of`) and what it did, in words; rank 0's parameters and
-    buffers are broadcast to the other ranks, as ``DistributedDataParallel`` does when it wraps a model."""
+    buffers are broadcast to the other ranks, as ``DistributedDataParallel`` does when it wraps a model. ``shard``:
+    the sharded averaging (`thunder_nb.step.shard.GradientShard`, given by the caller: it imports this module),
+    made with the group, the world size and the trained parameters; None averages every gradient on every rank."""
     refuse_data_parallel_wrappers(model, loss_fn)
-    world = ranks_of(ddp, process_group)
+    world = ranks_of(ddp, process_group, shard is not None)
     if world is None:
         return None, []
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             torch.distributed.broadcast(t, group=process_group, group_src=0)
-    average = GradientAverage(process_group, world)
-    return average, [average.text(), "rank 0's parameters and buffers broadcast to every rank at jit_step (as "
+    trained = [p for p in model.parameters() if p.requires_grad]
+    average = GradientAverage(process_group, world) if shard is None else shard(process_group, world, trained)
+    return average, [*average.notes(), "rank 0's parameters and buffers broadcast to every rank at jit_step (as "
                      "DistributedDataParallel does when it wraps a model); buffers are not broadcast again"]

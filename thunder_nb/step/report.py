@@ -66,7 +66,8 @@ class Capturability:
     """How much of one training iteration (forward, loss, backward, optimizer step) one CUDA graph can hold.
 
     ``ops`` counts the top-level ops of thunder's forward and backward execution traces, the gradients' all-reduces
-    across ``ranks`` ranks (``all_reduces``, one per static bucket; 0 in one process), plus one for the optimizer's
+    across ``ranks`` ranks (``all_reduces``, one per static bucket; 0 in one process; sharded, ``reduce_scatters``
+    and as many all_gathers instead), plus one for the optimizer's
     step; ``in_graph`` is the longest run of them with no blocker in it (all of them when nothing
     blocks: the whole iteration is one graph). `thunder_nb.step.jit_step` records the iteration only when
     ``blockers`` is empty; otherwise it refuses and names the first one.
@@ -80,11 +81,17 @@ class Capturability:
     notes: tuple[str, ...] = ()
     all_reduces: int = 0  # the gradients' all_reduce calls a step makes, inside its graph
     ranks: int = 0  # the ranks they average over (0: one process, no averaging)
+    reduce_scatters: int = 0  # sharded (jit_step's shard=True): reduce_scatter calls a step, as many all_gathers
 
     def ranks_text(self) -> str:
         """The collectives in words ("" in one process)."""
         if not self.ranks:
             return ""
+        if self.reduce_scatters:
+            n = self.reduce_scatters
+            return (f"sharded across {self.ranks} ranks: reduce_scatter + all_gather per step ({n} of each, one per "
+                    "dtype and device), inside the graph: the gradients' mean reduce-scattered after the backward, "
+                    "each rank's updated parameters all-gathered after the optimizer's step")
         return (f"all-reduce: {self.all_reduces} all_reduce a step across {self.ranks} ranks (the gradients' mean, one "
                 "per static bucket), inside the graph, after the backward and before the optimizer's step")
 
