@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
+import subprocess
+import sys
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -289,15 +292,20 @@ def figures_missing_from_outputs(nb) -> list[str]:
     return missing
 
 
+def _session_root(tmp_path_factory) -> Path:
+    """The test session's temporary root, the same folder in every pytest-xdist worker."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # NOTE: each worker's base is a folder of the session's root
+    return root
+
+
 def executed_once(path: Path, tmp_path_factory) -> nbformat.NotebookNode:
     """``path`` run top to bottom in a fresh kernel (`export.execute_notebook`, in a folder of its own) once per test
     session: the tests that read a notebook executed now share one run, across pytest-xdist's workers too (the
     session's temporary root, a lock per notebook). Each call returns its own copy; a run whose cell raised is kept as
     it is (`export.error_outputs` says so)."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # NOTE: each worker's base is a folder of the session's root
-    done = root / "executed-notebooks" / path.name
+    done = _session_root(tmp_path_factory) / "executed-notebooks" / path.name
     done.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(done) + ".lock"):
         if not done.exists():
@@ -305,6 +313,23 @@ def executed_once(path: Path, tmp_path_factory) -> nbformat.NotebookNode:
             cwd.mkdir(exist_ok=True)
             nbformat.write(export.execute_notebook(path, timeout=600, cwd=cwd), done)
     return nbformat.read(done, as_version=4)
+
+
+def example_once(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """(the finished command, DIR): ``python -m thunder_nb example --out DIR`` as a user runs it, from a folder of its
+    own, once per test session, shared like `executed_once` (its tests read what it printed and wrote, and change
+    nothing there)."""
+    root = _session_root(tmp_path_factory) / "example-command"
+    root.mkdir(parents=True, exist_ok=True)
+    done, out = root / "run.json", root / "out"
+    with FileLock(str(done) + ".lock"):
+        if not done.exists():
+            cwd = root / "cwd"
+            cwd.mkdir(exist_ok=True)
+            run = subprocess.run([sys.executable, "-m", "thunder_nb", "example", "--out", str(out)], cwd=cwd,
+                                 capture_output=True, text=True, timeout=600)
+            done.write_text(json.dumps([run.args, run.returncode, run.stdout, run.stderr]))
+    return subprocess.CompletedProcess(*json.loads(done.read_text())), out
 
 
 # --- issue 54: the prose against the outputs, point by point ----------------------------------------

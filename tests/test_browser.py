@@ -328,9 +328,12 @@ def test_lab_mlp_training_step_fits_a_notebook_column(lab, browser, screenshots)
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
-    """The example's standalone page, made by the command line as a user would."""
-    out = tmp_path_factory.mktemp("example")
-    subprocess.run([sys.executable, "-m", "thunder_nb", "example", "--out", str(out)], check=True, cwd=REPO, timeout=600)
+    """The example's standalone page, made by the command line as a user would (its one run in the session, which
+    tests/notebook/test_notebooks.py checks too)."""
+    import nbcheck
+
+    run, out = nbcheck.example_once(tmp_path_factory)
+    assert run.returncode == 0, run.stderr
     page = out / "01_del_bug.html"
     assert page.is_file()
     if 'data-thunder-nb="embed-amd.js"' not in page.read_text(encoding="utf-8"):

@@ -71,6 +71,7 @@ def _generate(decoder, mode: str, k: int, eos_id: int | None = None) -> list[int
     return out[0].tolist()
 
 
+@pytest.mark.slow  # NOTE: the decoders fixture traces litgpt's GPT (seconds), once for the file
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_k_tokens_per_replay_equal_eager_greedy_generation(decoders, mode, k):
@@ -81,6 +82,7 @@ def test_k_tokens_per_replay_equal_eager_greedy_generation(decoders, mode, k):
     assert len(set(expected)) > 4  # NOTE: the oracle decodes something, not one token over and over
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_an_eos_inside_a_replay_ends_the_tokens_as_eager_generation_stops(decoders, mode, k):
@@ -94,6 +96,7 @@ def test_an_eos_inside_a_replay_ends_the_tokens_as_eager_generation_stops(decode
     assert _generate(decoder, mode, k) == expected  # NOTE: the same graph, no EOS: the whole generation again
 
 
+@pytest.mark.slow
 def test_one_trace_serves_every_k_and_eos_and_the_cache_is_updated_in_place(decoders):
     import thunder
 

@@ -400,6 +400,7 @@ def test_mistakes_raise_one_usage_error(ip, line, cell, message):
     assert all(not o.get("text/plain") for o in final_outputs(cap))  # no half report left behind
 
 
+@pytest.mark.slow  # NOTE: inductor compiles (its first use in a process checks the CPU's vector units: seconds)
 def test_peers_times_torch_compile_reduce_overhead_too(ip):
     outs, _ = run_magic(ip, "--peers --repeats 2 -o cmp_peers g(x)", ISLAND)
     cmp = ip.user_ns["cmp_peers"]

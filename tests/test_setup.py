@@ -161,7 +161,7 @@ def _dev_sh_functions(*names: str) -> str:
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("apt-get") is None, reason="needs root and apt-get (dev.sh's "
                     "Debian packages are installed only then)")
-@pytest.mark.parametrize("held_for,wait,ok", [(6, 600, True), (None, 5, False)], ids=["released", "held"])
+@pytest.mark.parametrize("held_for,wait,ok", [(3, 600, True), (None, 5, False)], ids=["released", "held"])
 def test_apt_get_update_waits_for_another_apt_get_that_holds_the_package_lists(held_for, wait, ok):
     """#32.13: another apt-get update (the daily timer's) holds /var/lib/apt/lists/lock; dev.sh waits for it, up to
     APT_LOCK_WAIT seconds, where apt-get alone fails at once with exit 100. The lock is apt's own (fcntl), held here

@@ -60,6 +60,7 @@ def test_nanogpt_whole_step_equals_eager_and_a_logged_item_reads_eagers_number()
     assert c.matches, c.difference  # NOTE: .grad holds the last step's gradients, as after eager's last step
 
 
+@pytest.mark.slow  # NOTE: nanoGPT's step traced twice (jit_step, then capturability)
 def test_a_host_sync_in_the_step_is_refused_with_the_op_and_the_users_line_before_anything_runs():
     case = model_case("nanoGPT", **_GPT, log_loss=True)
     before = _state(case.model)

@@ -141,7 +141,21 @@ def test_an_unknown_configuration_is_refused_with_the_choices():
         compile_with("jax", lambda x: x)
 
 
-def test_a_model_thunder_cannot_trace_says_which_component_refuses_and_what_to_try():
+def _mobilenet_v3_small_first_block(device):
+    """torchvision's mobilenet_v3_small (`MobileNetV3`) with the first of its eleven inverted-residual blocks: the same
+    stem, last convolution and classifier, whose ``Dropout(inplace=True)`` thunder refuses after tracing the features
+    before it (all eleven blocks took half a minute of a CPU to trace)."""
+    import torch
+    from torchvision.models.mobilenetv3 import MobileNetV3, _mobilenet_v3_conf
+
+    blocks, last_channel = _mobilenet_v3_conf("mobilenet_v3_small")
+    torch.manual_seed(0)
+    return MobileNetV3(blocks[:1], last_channel, num_classes=10).to(device)
+
+
+def test_a_model_thunder_cannot_trace_says_which_component_refuses_and_what_to_try(monkeypatch):
+    monkeypatch.setitem(MODELS, "mobilenet_v3_small",
+                        dataclasses.replace(MODELS["mobilenet_v3_small"], build=_mobilenet_v3_small_first_block))
     run = run_protocol("mobilenet_v3_small", "batchnorm", "thunder", device="cpu", steps=1)
     assert "Only inplace=False is currently supported in dropout" in run.error
     assert run.limit.startswith("thunder's torch front end (thunder.torch.dropout): set inplace = False")

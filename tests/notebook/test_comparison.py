@@ -444,6 +444,7 @@ def _chain(x):
 
 
 @no_gpu
+@pytest.mark.slow  # NOTE: inductor compiles (its first use in a process checks the CPU's vector units: seconds)
 def test_peers_check_and_time_torch_compile_reduce_overhead_on_cpu():
     c = compare(_chain, (programs.vec(64),), peers=True, **FAST)
     assert c.peers and c.results["peer"].ok and "peer" in c.timings
@@ -456,6 +457,7 @@ def test_peers_check_and_time_torch_compile_reduce_overhead_on_cpu():
     assert "torch.compile" not in compare(_chain, (programs.vec(64),), **FAST).verdict()
 
 
+@pytest.mark.slow  # NOTE: inductor compiles
 def test_peers_training_compares_torch_compiles_gradients_and_parameters():
     c = compare(programs.mlp, programs.mlp_inputs(), training=True, lr=0.1, peers=True, **FAST)
     peer = c.results["peer"]
@@ -641,10 +643,10 @@ def test_the_next_line_names_the_users_function_and_runs():
 
 @pytest.fixture(scope="module")
 def nanogpt() -> Comparison:
-    """thunder's bundled nanoGPT, one training step's loss (small widths: the CPU traces it in seconds)."""
+    """thunder's bundled nanoGPT, one training step's loss (one block, small widths: the CPU traces it in seconds)."""
     from thunder_nb.testing.models import model_case
 
-    case = model_case("nanoGPT", layers=2, width=32, heads=2, vocab=64, batch=2, seq=8)
+    case = model_case("nanoGPT", layers=1, width=32, heads=2, vocab=64, batch=2, seq=8)
     return compare(case.step, case.make_batch(0), repeats=1)
 
 
@@ -655,6 +657,7 @@ def _counted(defects) -> str:
     return f"{wrong} wrong results, {errors} errors, {len(defects) - wrong - errors} warnings"
 
 
+@pytest.mark.slow  # NOTE: the fixture traces nanoGPT twice and runs it
 def test_reprs_at_the_python_prompt_are_one_short_line(nanogpt):
     """``report.forward`` was a dataclass dump of 770,936 characters (notebook 05's step), a `Comparison` of 1,100+."""
     c, orig = nanogpt, nanogpt.original
@@ -672,6 +675,7 @@ def test_reprs_at_the_python_prompt_are_one_short_line(nanogpt):
         "fixed: 2 regions, 0 islands, 0 errors, 0 warnings, matches eager>")
 
 
+@pytest.mark.slow  # NOTE: the nanoGPT fixture
 def test_a_reports_repr_counts_wrong_results_apart_from_errors_as_its_text_does(nanogpt):
     orig = nanogpt.original
     assert orig.rules and all(d.severity in ("wrong result", "warning") for d in orig.defects)

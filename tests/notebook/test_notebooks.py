@@ -7,8 +7,6 @@ fresh execution too, so that a notebook's text holds on CPU as well as for the s
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -208,13 +206,9 @@ def test_export_inlines_assets(tmp_path):
 
 
 @pytest.mark.slow
-def test_example_command(tmp_path):
+def test_example_command(tmp_path_factory):
     """``python -m thunder_nb example --out DIR``: the executed notebook and a page that needs no network for its widget."""
-    out = tmp_path / "out"
-    run = subprocess.run(
-        [sys.executable, "-m", "thunder_nb", "example", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    run, out = nbcheck.example_once(tmp_path_factory)
     assert run.returncode == 0, run.stderr
     notebook, page = out / export.EXAMPLE, out / export.EXAMPLE.replace(".ipynb", ".html")
     assert f"executed notebook: {notebook.resolve()}\n" in run.stdout

@@ -5,8 +5,8 @@ any ``torch.optim`` optimizer, an lr scheduler or an lr edited by hand, gradient
 to eval mode for a validation loss, freezing and unfreezing a layer, a head and its param group added mid-run, a
 checkpoint of the model, optimizer and scheduler saved and loaded back, bf16 autocast or fp16 with a GradScaler, a
 logged ``loss.item()``, and a ragged last batch. `run` runs one under a configuration (`CONFIGS`) and records every
-step; `judge` runs it eagerly, without graphs and under each configuration, and names each run's first step that
-leaves eager's. The loops and their generator are in `loop_features`, running one in `loop_run`; this module judges.
+step; `judge` runs it eagerly and under each configuration (and without graphs where a step needs that yardstick), and
+names each run's first step that leaves eager's. The loops and their generator are in `loop_features`, running one in `loop_run`; this module judges.
 
 Dropout's masks come from different random streams under thunder and eager PyTorch, so no loop trains with active
 dropout: BatchNorm is what makes train and eval mode differ here.
@@ -41,7 +41,7 @@ class LoopVerdict:
     eager: LoopRun
     runs: dict[tuple[str, Any], LoopRun]
     wrong: dict[tuple[str, Any], str]  # the first divergence of each run that left eager's
-    references: dict[str, LoopRun]
+    references: dict[str, LoopRun]  # the runs without graphs that `judge` needed
     reference_problems: dict[str, str]  # where thunder without graphs itself leaves eager: thunder's own gap
 
     def report(self) -> str:
@@ -69,11 +69,42 @@ def _difference(a: dict[str, Any], b: dict[str, Any], ref: dict[str, Any] | None
 
 
 def judge(loop: Loop, runs: Sequence[tuple[str, Any]], device: Any = "cpu") -> LoopVerdict:
-    """Run ``loop`` eagerly, without graphs (each reference `REFERENCES` names) and in each (configuration, capture
-    mode) of ``runs``; each run must equal eager's at every step, by `thunder_nb.diagnosis.judge`'s rule with the
-    reference's record of the same step as its yardstick."""
+    """Run ``loop`` eagerly and in each (configuration, capture mode) of ``runs``; each run must equal eager's at every
+    step, by `thunder_nb.diagnosis.judge`'s rule with the reference's record of the same step (without graphs:
+    `REFERENCES`) as its yardstick.
+
+    A reference runs only where it can change a verdict or explain one: a step beyond the base tolerance (the judge
+    reads the yardstick only there), or a run that failed; a run equal to eager within the base tolerance needs none."""
     eager = run(loop, "eager", device=device)
-    refs = {name: run(loop, name, device=device) for name in dict.fromkeys(REFERENCES[c] for c, _ in runs)}
+    refs: dict[str, LoopRun] = {}
+
+    def reference(config: str) -> LoopRun:
+        name = REFERENCES[config]
+        if name not in refs:
+            refs[name] = run(loop, name, device=device)
+        return refs[name]
+
+    done: dict[tuple[str, Any], LoopRun] = {}
+    wrong: dict[tuple[str, Any], str] = {}
+    for config, mode in runs:
+        got = run(loop, config, capture=mode, device=device)
+        done[(config, mode)] = got
+        if got.refused or got.error:
+            continue  # NOTE: not silent: the caller tallies refusals and errors
+        for i, (a, b) in enumerate(zip(got.steps, eager.steps)):
+            if _difference(a, b, None, loop.precision) is None:
+                continue  # NOTE: within the base tolerance, whatever thunder without graphs does
+            ref = reference(config)
+            diff = _difference(a, b, ref.steps[i] if i < len(ref.steps) else None, loop.precision)
+            if diff is not None:
+                wrong[(config, mode)] = f"step {i}: {diff}"
+                break
+        else:
+            if len(got.steps) != len(eager.steps):
+                wrong[(config, mode)] = f"{len(got.steps)} steps run, eager ran {len(eager.steps)}"
+    if wrong or any(r.refused or r.error for r in done.values()):
+        for config, _ in runs:  # NOTE: what thunder without graphs does, for the report of what went wrong
+            reference(config)
     problems = {}
     for name, ref in refs.items():
         if ref.error or ref.refused:
@@ -84,21 +115,4 @@ def judge(loop: Loop, runs: Sequence[tuple[str, Any]], device: Any = "cpu") -> L
             if why is not None:
                 problems[name] = f"thunder without graphs leaves eager at step {i}: {why}"
                 break
-    done: dict[tuple[str, Any], LoopRun] = {}
-    wrong: dict[tuple[str, Any], str] = {}
-    for config, mode in runs:
-        got = run(loop, config, capture=mode, device=device)
-        done[(config, mode)] = got
-        if got.refused or got.error:
-            continue  # NOTE: not silent: the caller tallies refusals and errors
-        ref = refs[REFERENCES[config]]
-        for i, (a, b) in enumerate(zip(got.steps, eager.steps)):
-            diff = _difference(a, b, ref.steps[i] if i < len(ref.steps) else None, loop.precision)
-            if diff is not None:
-                wrong[(config, mode)] = f"step {i}: {diff}"
-                break
-        else:
-            if len(got.steps) != len(eager.steps):
-                wrong[(config, mode)] = f"{len(got.steps)} steps run, eager ran {len(eager.steps)}"
     return LoopVerdict(loop, eager, done, wrong, refs, problems)
-
