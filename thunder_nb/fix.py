@@ -82,7 +82,8 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
             alive until it returns, as with any ``torch.autograd.Function``.
         fast_call: make the calls that hit thunder's cache by thunder's steps without its wrappers around them
             (`thunder_nb.cudagraph.call.fast_call`: the same results and statistics, less host time per call, which
-            is what a step under CUDA graphs waits for). False: thunder's own call path.
+            is what a step under CUDA graphs waits for). False: thunder's own call path. Either way thunder's
+            tracing runs with Python's cyclic garbage collector off (`thunder_nb.internals.cyclic_gc_off`).
         transform_options: `FixedCUDAGraphTransform`'s arguments (``capture``, ``copy_outputs``, ...).
 
     Returns:
@@ -104,7 +105,7 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
     options["executors"] = jit_executors(executors)
     jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
-    return call.fast_call(jfn) if fast_call else jfn
+    return call.fast_call(jfn) if fast_call else call.without_cyclic_gc(jfn)
 
 
 def recover_from_failed_capture(stream: Any = None) -> None:

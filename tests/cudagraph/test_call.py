@@ -4,6 +4,8 @@ thunder's own path, call for call."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import sys
 import warnings
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 import thunder_nb
+from thunder_nb import internals
 from thunder_nb.cudagraph.call import cache_info
 from thunder_nb.diagnosis.judge import EXACT, assert_equal
 
@@ -185,3 +188,84 @@ def test_thunders_decorators_are_left_out_only_where_they_change_nothing():
     under_autocast = thunder.compile_stats(fast).interpreter_cache[-1].computation_fn
     assert under_autocast is not plain and _undecorated(under_autocast) is None
     assert not torch.is_autocast_enabled("cpu")
+
+
+def _walking(d: dict) -> bool:
+    """Whether thunder's interpreter is walking the items of ``d`` now (its ``populate_item_wrappers``)."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "populate_item_wrappers" and getattr(frame.f_locals.get("obj"), "value", 0) is d:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def _collection_inside_thunders_walk_of(d: dict):
+    """Three dead modules in reference cycles, recorded in ``d``, whose entries their weak references' callbacks
+    delete, and Python's collector timed to free them while thunder's interpreter walks ``d``: they wait in the
+    middle generation, young collections come every 50 allocations, and the first young one that starts inside the
+    walk makes the next one take the middle generation too."""
+    assert gc.isenabled()
+    thresholds, started = gc.get_threshold(), []
+    gc.collect(1)  # NOTE: the middle generation's collection count starts from 0
+    dead = [nn.Identity() for _ in range(3)]
+    for module in dead:
+        module.cycle = [module]
+    gc.collect(0)  # NOTE: they survive it alive: the middle generation, which young collections leave alone
+    del dead, module
+
+    def hook(phase, info):
+        if phase == "start" and not started and _walking(d):
+            started.append(info["generation"])
+            gc.set_threshold(50, 0, 10**6)
+
+    gc.set_threshold(50, 10**6, 10**6)
+    gc.callbacks.append(hook)
+    try:
+        yield started
+    finally:
+        gc.callbacks.remove(hook)
+        gc.set_threshold(*thresholds)
+
+
+def _makes_a_module(x):
+    return nn.Identity()(x) * 2
+
+
+class _MakesAModule(nn.Module):
+    def forward(self, x):
+        return _makes_a_module(x)
+
+
+def test_thunders_tracing_runs_without_the_cyclic_collector():
+    """Once torch.compile has run in the process, dynamo's ``nn.Module.__init__`` records each module made in a dict
+    whose entries weak references' callbacks delete, and a module made inside a traced function has thunder's
+    interpreter walk that dict: a collection inside the walk that frees a dead module in a cycle failed the trace
+    ("dictionary changed size during iteration", once in the full suite). thunder-nb's calls of thunder's path and
+    its trace building keep the collector off (`internals.cyclic_gc_off`)."""
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    from thunder_nb.step.blockers import thunder_jit
+
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))  # NOTE: installs dynamo's nn.Module.__init__
+    refs = GenerationTracker.generation_values.refs
+    live = [nn.Identity() for _ in range(100)]  # NOTE: a walk long enough for several young collections
+    assert all(id(m) in refs for m in live)
+    x = torch.ones(3)
+    with _collection_inside_thunders_walk_of(refs) as started:  # NOTE: the test can fail: thunder's own call does
+        with pytest.raises(Exception, match="dictionary changed size during iteration"):
+            thunder.jit(_makes_a_module)(x)
+    assert started
+    module = _MakesAModule()
+    calls = {"thunder_nb.jit": lambda: thunder_nb.jit(_makes_a_module, capture=False)(x),
+             "thunder_nb.jit(module, fast_call=False)": lambda: thunder_nb.jit(module, capture=False,
+                                                                                fast_call=False)(x),
+             "jit_step's thunder.jit": lambda: thunder_jit(_makes_a_module, ())(x),
+             "trace building": lambda: internals.build_traces(thunder.jit(_makes_a_module), x)}
+    for what, make_call in calls.items():
+        with _collection_inside_thunders_walk_of(refs):
+            out = make_call()
+        if out is not None:
+            assert_equal(out, x * 2, tolerance=EXACT, label=what)
+    assert gc.isenabled()

@@ -20,7 +20,8 @@ hands the call to thunder's own path wherever that path does more: inside a trac
 the autocast dtype for tracing), for a distributed module (DDP's and FSDP's no-sync flag), under a cache option
 other than thunder's default, on every call where thunder or torch is not the version it reads the private parts of
 (`thunder_nb.internals.supported`), and on a cache miss, where thunder tries the prologues again, traces, and adds the
-entry that later calls hit.
+entry that later calls hit. Its calls of thunder's path keep Python's cyclic garbage collector off meanwhile
+(`thunder_nb.internals.cyclic_gc_off`: a collection inside thunder's tracing can fail the trace).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 
 from .. import internals
 
-__all__ = ["fast_call", "cache_info", "tensor_aliases"]
+__all__ = ["fast_call", "without_cyclic_gc", "cache_info", "tensor_aliases"]
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
@@ -113,7 +114,7 @@ def _returns_its_argument(traces: Any) -> bool:
 def fast_call(jfn: Any) -> Any:
     """``jfn`` (what ``thunder.jit`` returned) with its calls made by `fast_call`'s path on a cache hit (see the
     module): a `thunder.ThunderModule`'s forward function is replaced and the module returned; a function is wrapped
-    (its attributes, thunder's compile data and statistics among them, copied). ``jfn`` itself where thunder's
+    (its attributes, thunder's compile data and statistics among them, copied). `without_cyclic_gc` where thunder's
     path is taken on every call (a distributed module, a cache option without prologue lookups, a thunder or torch
     thunder-nb does not support: `thunder_nb.internals.supported`)."""
     import thunder
@@ -123,12 +124,33 @@ def fast_call(jfn: Any) -> Any:
     options = cd.compile_options
     if (path is None or getattr(cd.fn, "use_ddp", False) or getattr(cd.fn, "use_fsdp", False)
             or cd.cache_option not in path.caching):
-        return jfn
+        return without_cyclic_gc(jfn)
     module = isinstance(jfn, torch.nn.Module)
     slow: Callable[..., Any] = internals.module_forward(jfn) if module else jfn
     call = _hit_path(cd, cs, path, slow, check_aliases=not options.get("skip_inplace_alias_updates", False),
                      split_autograd=not options.get("thunderfx_disable_split_autograd", False),
                      differentiable=options.get("is_differentiable_outputs", None))
+    if module:
+        internals.set_module_forward(jfn, call)
+        return jfn
+    return functools.wraps(jfn)(call)
+
+
+def without_cyclic_gc(jfn: Any) -> Any:
+    """``jfn`` (what ``thunder.jit`` returned) with each call of thunder's own path made with Python's cyclic garbage
+    collector off (`thunder_nb.internals.cyclic_gc_off`: on a miss thunder traces, and a collection inside its
+    tracing can fail the trace): a function is wrapped (its attributes copied), a `thunder.ThunderModule`'s forward
+    function replaced and the module returned (itself, unguarded, on a thunder thunder-nb does not support)."""
+    module = isinstance(jfn, torch.nn.Module)
+    if module and not internals.supported():
+        return jfn
+    slow: Callable[..., Any] = internals.module_forward(jfn) if module else jfn
+    gc_off = internals.cyclic_gc_off()
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with gc_off:
+            return slow(*args, **kwargs)
+
     if module:
         internals.set_module_forward(jfn, call)
         return jfn
@@ -148,10 +170,12 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
     identity: dict[Any, bool] = {}  # an entry's epilogue -> whether it returns its one argument as it is
     undecorated: dict[Any, Any] = {}  # an entry's computation -> it without thunder's decorators, or None
     now = time.perf_counter_ns
+    gc_off = internals.cyclic_gc_off()  # NOTE: around thunder's path, which traces there (see cyclic_gc_off)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if not entries or autocast_on() or autocast_on("cpu") or is_tracing():
-            return slow(*args, **kwargs)
+            with gc_off:
+                return slow(*args, **kwargs)
         start = now()
         info = cache_info(args, kwargs, check_aliases)
         cd.is_grad_enabled = info["is_grad_enabled"]
@@ -171,7 +195,8 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
             lang_var.reset(lang_token)
             info_var.reset(info_token)
         if entry is None:
-            return slow(*args, **kwargs)  # NOTE: a miss: thunder tries them again, then traces and adds the entry
+            with gc_off:  # NOTE: a miss: thunder tries them again, then traces and adds the entry
+                return slow(*args, **kwargs)
         cs.calls += 1
         cs.cache_hits += 1
         cs.last_trace_host_start, cs.last_trace_cache_start = start, cache_start

@@ -8,7 +8,7 @@ any of them):
   `VersionWarning` of an unsupported thunder or torch, from every entry point);
 - `traces`: the del pass, trace building, saved-for-backward, a trace's outputs and signature, fusion symbols;
 - `jitted`: a jitted function's call path on a cache hit, its compile data, a ThunderModule's forward and lookups, a
-  module's own members;
+  module's own members, tracing without the cyclic collector;
 - `memory`: copies in few launches, the held-guard's use counts, storage handles, cuBLAS's workspaces, a graph pool's
   size, CUDA's generators and stream after a failed capture;
 - `guards`: torch.compile's C guards (a tensor's metadata, objects reached from a root);
@@ -23,9 +23,9 @@ from .errors import (UNTRACEABLE_REASONS, error_line, raised_by_cuda_init, raise
 from .executors import (batch_norm_functional, fusion_callable, grad_rules, inductor_kernel_count, sdpa_implementation,
                         set_implementations, wrap_fusion_callable)
 from .guards import ObjectGuard, guard_dict_keys, metadata_guard
-from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now, default_device, is_jitted,
-                     jit_transforms, module_forward, own_buffers, own_modules, own_parameters, set_module_forward,
-                     thunder_module_class, thunder_modules_of)
+from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now, cyclic_gc_off, default_device,
+                     is_jitted, jit_transforms, module_forward, own_buffers, own_modules, own_parameters,
+                     set_module_forward, thunder_module_class, thunder_modules_of)
 from .memory import (clear_cublas_workspaces, copy_all, copy_into, current_stream, data_ptrs_equal, graph_pool_bytes,
                      is_view, recover_capture, recover_generators, recover_stream, storage_handle, storage_use_count,
                      use_counters)
@@ -46,7 +46,7 @@ __all__ = [
     # jitted
     "CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class", "own_parameters",
     "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward", "set_module_forward",
-    "is_jitted", "jit_transforms",
+    "is_jitted", "jit_transforms", "cyclic_gc_off",
     # memory
     "copy_all", "copy_into", "clear_cublas_workspaces", "storage_use_count", "data_ptrs_equal", "recover_generators",
     "current_stream", "recover_stream", "recover_capture", "graph_pool_bytes", "use_counters", "storage_handle",

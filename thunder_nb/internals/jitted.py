@@ -1,8 +1,11 @@
 """A jitted function and its modules: thunder's call path on a cache hit (`call_path`), the compilation under way, a
-ThunderModule's forward and lookups, a module's own members."""
+ThunderModule's forward and lookups, a module's own members, tracing without the cyclic collector
+(`cyclic_gc_off`)."""
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -10,7 +13,7 @@ from .version import supported
 
 __all__ = ["CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class",
            "own_parameters", "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward",
-           "set_module_forward", "is_jitted", "jit_transforms"]
+           "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off"]
 
 
 class CallPath(NamedTuple):
@@ -121,3 +124,44 @@ def jit_transforms(jfn: Any) -> list[Any]:
     """The transforms ``thunder.jit`` was given for ``jfn``, in order."""
     return jfn._lc_transforms
 
+
+class _CyclicGCOff:
+    """The context manager `cyclic_gc_off` returns (one, re-entrant, shared by every thread)."""
+
+    __slots__ = ()
+    _lock = threading.Lock()
+    _depth = 0  # NOTE: the guards entered and not left, in every thread: the last one out turns the collector back on
+    _was_enabled = False
+
+    def __enter__(self) -> None:
+        cls = _CyclicGCOff
+        with cls._lock:
+            if cls._depth == 0:
+                cls._was_enabled = gc.isenabled()
+                gc.disable()
+            cls._depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        cls = _CyclicGCOff
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0 and cls._was_enabled:
+                gc.enable()
+
+
+_GC_OFF = _CyclicGCOff()
+
+
+def cyclic_gc_off() -> _CyclicGCOff:
+    """A context manager that keeps Python's cyclic garbage collector off inside it, for thunder's tracing; left as
+    it was where it was off already (nested, or off by the user), on again when the last guard is left.
+
+    thunder 0.2.6's interpreter iterates the live dicts the traced code reads (``populate_item_wrappers`` walks
+    ``dict.items()``, making wrappers, objects the collector counts, for every entry). Where a weak reference's
+    callback deletes from such a dict, a collection that lands inside that walk fails the trace with "dictionary
+    changed size during iteration". Once torch.compile has run in the process, dynamo's patched
+    ``nn.Module.__init__`` records every module made in an ``ExactWeakKeyDictionary`` whose ``refs`` dict is such a
+    dict (each entry's callback deletes it): a module made inside a traced function reads it, and a collection that
+    frees an earlier module caught in a reference cycle deletes its entry. Refcounting still frees everything
+    else meanwhile; the cycles made while tracing wait for the next collection after it."""
+    return _GC_OFF

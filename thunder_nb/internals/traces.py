@@ -20,10 +20,14 @@ def del_last_used(bsyms: Sequence[Any], protected: Sequence[Any], *,
 
 
 def build_traces(jfn: Any, *args: Any, **kwargs: Any) -> None:
-    """Build ``jfn``'s traces for these inputs without running the computation."""
+    """Build ``jfn``'s traces for these inputs without running the computation (the cyclic collector off
+    meanwhile: `thunder_nb.internals.jitted.cyclic_gc_off`)."""
     import thunder
 
-    thunder.compile_data(jfn)._get_computation_and_inputs(*args, **kwargs)
+    from .jitted import cyclic_gc_off
+
+    with cyclic_gc_off():
+        thunder.compile_data(jfn)._get_computation_and_inputs(*args, **kwargs)
 
 
 def has_traces(jfn: Any) -> bool:

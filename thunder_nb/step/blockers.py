@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import internals
+from ..cudagraph.call import without_cyclic_gc
 from ..cudagraph.executors import jit_executors
 from .optimizer import optimizer_plan
 from .ranks import plan_buckets, ranks_of, refuse_data_parallel_wrappers
@@ -54,11 +55,12 @@ class StepRefused(RuntimeError):
 
 
 def thunder_jit(fn: Callable[..., Any], executors: Sequence[Any]) -> Any:
-    """``thunder.jit(fn)`` with no graph transform, with ``executors`` as `thunder_nb.jit` takes them."""
+    """``thunder.jit(fn)`` with no graph transform, with ``executors`` as `thunder_nb.jit` takes them, its tracing
+    with the cyclic garbage collector off (`thunder_nb.cudagraph.call.without_cyclic_gc`)."""
     import thunder
 
     internals.check_versions()  # NOTE: jit_step's, capturability's and compare_step's one VersionWarning
-    return thunder.jit(fn, executors=jit_executors(executors))
+    return without_cyclic_gc(thunder.jit(fn, executors=jit_executors(executors)))
 
 
 def split(batch: Sequence[Any], k: int) -> list[list[Any]]:

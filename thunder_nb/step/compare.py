@@ -10,7 +10,7 @@ import torch
 
 from ..cudagraph.capture import Capture, only, parse_capture, resolve
 from ..diagnosis.judge import AUTOCAST, TRAINED, Judgement, Tolerance, judge
-from .blockers import StepRefused, capturability
+from .blockers import StepRefused, capturability, thunder_jit
 from .graph import jit_step
 from .report import StepComparison
 
@@ -183,12 +183,8 @@ def _without_graphs(model: torch.nn.Module, loss_fn: Callable[..., Any], optimiz
     """``n`` steps of the user's loop with ``loss_fn`` jitted by thunder, without graphs, with the executors jit_step
     takes (`jit_executors`), from the state put back: their losses and the parameters after the last; None where
     thunder fails (the base tolerance alone decides then)."""
-    import thunder
-
-    from ..cudagraph.executors import jit_executors
-
     try:
-        jloss = thunder.jit(loss_fn, executors=jit_executors(executors))
+        jloss = thunder_jit(loss_fn, executors)
         losses = [float(_eager_step(jloss, optimizer, batch)) for _ in range(n)]
     except Exception:  # NOTE: no yardstick; the whole step's own run was judged at the base tolerance
         return None
