@@ -56,7 +56,8 @@ with warnings.catch_warnings(record=True) as caught:
         modes.emulate_runner(transform, "emulated")
         kept = [jfn(a, b) for a, b in inputs]
     judged("function", kept, [scaled(a, b) for a, b in inputs])
-    facts["fast_call"] = "thunder_nb" in jfn.__code__.co_filename
+    # NOTE: fast_call's hit path, or thunder's own call path (its function, or `without_cyclic_gc`'s wrapper of it)
+    facts["fast_call"] = "thunder_nb" in jfn.__code__.co_filename and jfn.__code__.co_name != "thunders_path"
     facts["function_graphs"] = transform.graphs_captured
 
     # a training loop through thunder_nb.jit: a module's parameters (the prologue's lookups), two forwards before one

@@ -147,14 +147,14 @@ def without_cyclic_gc(jfn: Any) -> Any:
     slow: Callable[..., Any] = internals.module_forward(jfn) if module else jfn
     gc_off = internals.cyclic_gc_off()
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def thunders_path(*args: Any, **kwargs: Any) -> Any:
         with gc_off:
             return slow(*args, **kwargs)
 
     if module:
-        internals.set_module_forward(jfn, call)
+        internals.set_module_forward(jfn, thunders_path)
         return jfn
-    return functools.wraps(jfn)(call)
+    return functools.wraps(jfn)(thunders_path)
 
 
 def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., Any], *, check_aliases: bool,
