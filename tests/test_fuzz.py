@@ -18,7 +18,7 @@ before one backward, every result kept; `thunder_nb.testing.fuzz.calls`) in eage
 A program that PyTorch or plain thunder rejects is discarded (``assume``); each test reports how
 many. Two runs: the generator's programs number 0 to 31 (`FIXED_PROGRAMS`: the same programs every time, in any
 process, which together show every rule, failure and program family of `FIXED_COVERS`) with regions run eagerly, and
-60 programs hypothesis draws from a seed of today's date (new programs every day) through emulated capture
+30 programs hypothesis draws from a seed of today's date (new programs every day) through emulated capture
 (`thunder_nb.testing.emulated_capture`: thunder's capture path with CPU stand-ins for graphs whose replays write
 memory in place, so static input copies, overwritten outputs and warm-up calls are real), about half a minute each on
 a 2-core CPU. A failure prints the program's source (and its number: ``fuzz.generate(fuzz.RandomChooser(i))``); replay
@@ -43,7 +43,8 @@ from thunder_nb.diagnosis.model import ERROR_RULES, RULES
 from thunder_nb.notebook.values import compare_values, first_difference
 from thunder_nb.testing import fuzz
 
-EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "60"))
+#: The date run's programs: 30 in the suite (a minute of a 2-core CPU's ten); ``bench/fuzz.py`` runs thousands.
+EXAMPLES = int(os.environ.get("THUNDER_NB_FUZZ_EXAMPLES", "30"))
 #: The fixed run: the generator's programs number 0 to FIXED_PROGRAMS - 1, drawn by `fuzz.RandomChooser` (hypothesis's
 #: draws for a fixed seed change with what ran before in the process: the programs of its seed 0 differed between a
 #: test run alone and in the suite). The first 32 cover `FIXED_COVERS`, which hypothesis's seed 0 needed 60 for.
