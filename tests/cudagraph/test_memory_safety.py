@@ -380,7 +380,7 @@ def test_a_training_loop_gets_its_gradients_in_graph_memory_with_one_graph_per_r
     same instance over them, once they are reset. Losses, gradients and SGD updates match eager's.
     """
     device = device_of(mode)
-    small = dict(batch=2, seq=16, width=64) if mode == "emulated" else {}
+    small = dict(layers=1, batch=2, seq=16, width=64) if mode == "emulated" else {}
     case = model_case("nanoGPT", device, **small)
     ref = model_case("nanoGPT", model=copy.deepcopy(case.model), **small)
     with capturing(mode):
@@ -454,7 +454,7 @@ def test_several_jitted_models_alive_in_one_process(mode, copy_outputs):
     it is a second thunder-nb model, emulated.
     """
     device = device_of(mode)
-    small = dict(batch=2, seq=16, width=64) if mode == "emulated" else {}
+    small = dict(layers=1, batch=2, seq=16, width=64) if mode == "emulated" else {}
     a = model_case("llama2", device, **small)
     b = model_case("nanoGPT", device, seed=1, **small)
     kept = []
