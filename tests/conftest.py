@@ -12,7 +12,7 @@ warnings.filterwarnings("ignore", message="transformer_engine module not found")
 REPO = Path(__file__).resolve().parent.parent
 # NOTE: before torch is imported, and inherited by every kernel, notebook and process a test starts. Inductor's compiled
 # kernels are kept in the checkout's git-ignored .cache/ (a fresh clone starts empty, a second run reuses them, and
-# pytest-xdist's workers share them); under pytest-xdist each worker (`bash dev.sh test` starts one per core) keeps to
+# pytest-xdist's workers share them); under pytest-xdist each worker (`bash dev.sh test` starts one more than the cores) keeps to
 # one thread of its own, so that two workers on two cores do not fight over both.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -130,6 +130,7 @@ def unsupported() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # NOTE: the module's fixture runs every entry point in a fresh process (about 5 s)
 def test_the_fallback_gives_eagers_results_through_every_entry_point(unsupported):
     assert unsupported["supported"] is False
     assert unsupported["judged"] == {"function": None, "losses": None, "weights": None, "step losses": None,
@@ -143,6 +144,7 @@ def test_the_fallback_gives_eagers_results_through_every_entry_point(unsupported
     assert unsupported["analyzed_regions"] >= 2
 
 
+@pytest.mark.slow  # NOTE: the module's fixture runs every entry point in a fresh process (about 5 s)
 def test_each_fast_path_takes_thunders_own(unsupported):
     assert not unsupported["fast_call"]  # thunder's call path on every call
     assert any("prologue left as thunder made it" in n for n in unsupported["notes"])  # no module walks
@@ -152,6 +154,7 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["rotation"] == 0 and unsupported["lend_gradients"] is False
 
 
+@pytest.mark.slow  # NOTE: the module's fixture runs every entry point in a fresh process (about 5 s)
 def test_one_version_warning_names_the_versions_and_what_is_slower(unsupported):
     assert unsupported["own_warnings"] == ["VersionWarning"]  # NOTE: and no other warning of thunder-nb's
     (message,) = unsupported["version_warnings"]

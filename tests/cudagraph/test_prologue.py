@@ -522,6 +522,7 @@ def _flagged_changes():
     ]
 
 
+@pytest.mark.slow  # NOTE: twelve changes, each traced anew by two jits (about 5 s)
 @pytest.mark.parametrize("form", ["a function of the module", "the jitted module"])
 def test_attribute_checks_moved_into_the_walk_retrace_where_thunders_prologue_does(form):
     """The checks of attributes the walk makes (in its guard, or on every call) pass and fail as thunder's prologue's:
