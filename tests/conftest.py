@@ -31,6 +31,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "dot" in item.keywords and not has_dot:
             item.add_marker(skip_dot)
+    gone = [name for name in LONGEST_FILES if not (REPO / name).is_file()]
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py's LONGEST_FILES names files that are gone: {gone}")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        first = {name: rank for rank, name in enumerate(LONGEST_FILES)}
+        order = {id(item): i for i, item in enumerate(items)}
+        items.sort(key=lambda item: (first.get(item.nodeid.split("::")[0], len(first)), order[id(item)]))
+
+
+#: The test files that take longest on a 2-core CPU, longest first (`--durations=0` of a full run, 2026-12-05): under
+#: pytest-xdist (`--dist loadfile` hands out files in collection order) they start first, so that the run does not end
+#: with one worker on the zoo, which sorts last, while the others wait (the last 40 s of a 10m54 run, 2 cores idle).
+LONGEST_FILES = (
+    "tests/notebook/test_notebooks.py", "tests/test_zoo.py", "tests/test_fuzz_loops.py",
+    "tests/cudagraph/test_torchcompile_numerics.py", "tests/test_setup.py", "tests/render/test_render_scale.py",
+    "tests/test_lab_legibility.py", "tests/cudagraph/test_prologue.py", "tests/cudagraph/test_runner.py",
+    "tests/test_fuzz.py", "tests/test_magics.py", "tests/notebook/test_comparison.py", "tests/cudagraph/test_fusion.py",
+    "tests/test_step.py", "tests/test_readme.py",
+)
 
 
 @pytest.fixture(autouse=True)
