@@ -1,8 +1,11 @@
 """Data-parallel training with thunder-nb: ``thunder.distributed.ddp`` around ``thunder_nb.jit``, one process a rank;
-with ``--step``, ``thunder_nb.jit_step``: one CUDA graph a step, the gradients' all-reduce inside it.
+with ``--step``, ``thunder_nb.jit_step``: one CUDA graph a step, the gradients' all-reduce inside it; with ``--step
+--shard``, ``jit_step(..., shard=True)``: ZeRO-2 in the graph (each rank keeps the optimizer state of its share of the
+parameters: reduce_scatter of the gradients, all_gather of the updated parameters).
 
     torchrun --standalone --nproc_per_node 2 examples/ddp_train.py
     torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --step
+    torchrun --standalone --nproc_per_node 2 examples/ddp_train.py --step --shard
 
 Every rank builds the same small model and trains it with AdamW on its own rows of each batch; ``ddp`` all-reduces the
 gradients, outside the CUDA graphs, so the ranks take the same steps. Each prints the loss of the whole batch (its own
@@ -49,7 +52,10 @@ def batches(world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--step", action="store_true", help="train through thunder_nb.jit_step (one graph a step)")
+    parser.add_argument("--shard", action="store_true", help="with --step: shard=True (ZeRO-2 inside the graph)")
     args = parser.parse_args()
+    if args.shard and not args.step:
+        parser.error("--shard goes with --step (jit_step's shard=True)")
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
@@ -60,7 +66,8 @@ def main() -> None:
     if args.step:
         plain = make_model().to(device)
         opt = torch.optim.AdamW(plain.parameters(), lr=LR)
-        train_step = thunder_nb.jit_step(plain, lambda x, y: torch.nn.functional.mse_loss(plain(x), y), opt)
+        train_step = thunder_nb.jit_step(plain, lambda x, y: torch.nn.functional.mse_loss(plain(x), y), opt,
+                                         shard=args.shard)
     else:
         model = thunder.distributed.ddp(thunder_nb.jit(make_model().to(device)))
         opt = torch.optim.AdamW(model.parameters(), lr=LR)

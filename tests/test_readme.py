@@ -123,13 +123,14 @@ def torchrun_command() -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [[], ["--step"]], ids=["ddp", "jit_step"])
+@pytest.mark.parametrize("extra", [[], ["--step"], ["--step", "--shard"]], ids=["ddp", "jit_step", "jit_step-shard"])
 def test_the_readme_torchrun_command_trains_every_rank_alike(extra):
     """The README's ``torchrun`` command as written (torchrun from this Python's environment), on the CPU (gloo): each
     rank prints every step's loss of the whole batch, the same on both ranks, and the same as one process training
     the example's model on the whole batches eagerly (were the gradients not all-reduced, the ranks' models would part
     and the losses after the first step would not be one process's). With the README's ``--step`` too: the example
-    trains through ``jit_step``, whose graph holds the all-reduce."""
+    trains through ``jit_step``, whose graph holds the all-reduce; with ``--step --shard``, its ZeRO-2 (reduce_scatter
+    and all_gather in the graph)."""
     import importlib.util
 
     from thunder_nb.diagnosis.judge import TRAINED, assert_equal
@@ -140,7 +141,7 @@ def test_the_readme_torchrun_command_trains_every_rank_alike(extra):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # NOTE: the CPU and gloo, whatever the machine has
     torchrun = str(Path(sys.executable).parent / "torchrun")
     if extra:
-        assert "add `--step` for `jit_step`" in README.read_text(encoding="utf-8")
+        assert "`--step`: `jit_step`, `--step --shard`: sharded" in README.read_text(encoding="utf-8")
     out = subprocess.run([torchrun, *command[1:], *extra], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
