@@ -4,6 +4,7 @@
     python bench/fuzz.py --n 1000 --jobs 2 --emulate-capture # CPU: the capture path, CPU stand-ins for graphs
     python bench/fuzz.py --n 200 --device cuda --capture     # GPU: real CUDA-graph capture
     python bench/fuzz.py --seed 1234 --n 1 --show            # replay one program, print it
+    python bench/fuzz.py --n 200 --emulate-capture --collectives  # modules under thunder's ddp/fsdp, gloo, one rank
 
 Program number i is ``generate(RandomChooser(i))`` (`thunder_nb.testing.fuzz`), so every program
 the summary counts can be replayed with ``--seed i --n 1 --show`` (workers run with PYTHONHASHSEED=0,
@@ -12,7 +13,9 @@ oracle's call protocol (three calls with fresh inputs, two parameter sets, two f
 backward, every result kept; `thunder_nb.testing.fuzz.calls`) in eager PyTorch, plain
 ``thunder.jit``, thunder-nb's fixed and legacy transforms and thunder's own ``CUDAGraphTransform``;
 `thunder_nb.testing.fuzz.judge` says which claims hold. Exit status 1 when any program broke a
-claim (known bugs, listed in tests/test_fuzz_regressions.py, are counted apart). The package is
+claim (known bugs, listed in tests/test_fuzz_regressions.py, are counted apart). With ``--collectives`` program i
+is ``generate(RandomChooser(i), collectives=True)``: a module trained under ``thunder.distributed.ddp`` or ``fsdp`` in
+a gloo process group of one rank made in the worker (`thunder_nb.testing.fuzz.collectives`; CPU only). The package is
 imported as installed: from a checkout, run with ``PYTHONPATH=.`` to be sure it is this one.
 """
 
@@ -36,12 +39,13 @@ from thunder_nb.testing import fuzz  # noqa: E402
 from thunder_nb.testing.modes import mode_name  # noqa: E402
 
 
-def judge_one(args: tuple[int, str, bool | str]) -> fuzz.ProgramOutcome:
-    """Generate program ``seed`` and judge it (one unit of work for a worker process)."""
-    seed, device, capture = args
+def judge_one(args: tuple[int, str, bool | str, bool]) -> fuzz.ProgramOutcome:
+    """Generate program ``seed`` (with collectives: a module program) and judge it (one unit of work for a worker
+    process)."""
+    seed, device, capture, collectives = args
     program = fuzz.Program(f"# the generator crashed on program {seed}\n", ())
     try:
-        program = fuzz.generate(fuzz.RandomChooser(seed))
+        program = fuzz.generate(fuzz.RandomChooser(seed), collectives=collectives)
         return fuzz.judge(program, device=device, capture=capture)
     except Exception as e:  # NOTE: a crash of the harness is a finding too, not the end of the run
         return fuzz.ProgramOutcome(program, capture=capture, problems=[f"the harness crashed: {type(e).__name__}: {e}"])
@@ -154,7 +158,8 @@ class Tally:
         self.thunder_differs += o.thunder_differs
         self.known_bugs.update(o.known_bugs)
 
-    def summary(self, *, first: int, device: str, capture: bool | str, seconds: float, jobs: int) -> str:
+    def summary(self, *, first: int, device: str, capture: bool | str, seconds: float, jobs: int,
+                collectives: bool = False) -> str:
         """The summary, one figure per line."""
         import thunder
         import torch
@@ -173,8 +178,10 @@ class Tally:
             f"thunder-nb differential fuzz: programs {first}..{first + self.tried - 1}, device {device}, {mode}; "
             f"thunder {thunder.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
             f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED')}; thunder_nb from {Path(thunder_nb.__file__).parent}",
-            f"calls per program:                   {len(fuzz.PROTOCOL)} with fresh inputs, 2 parameter sets, "
-            f"two forwards before one backward, every result kept",
+            f"calls per program:                   {len(fuzz.PROTOCOL)} with fresh inputs, "
+            + ("the module's parameters (under thunder's ddp or fsdp, a gloo world of one rank), " if collectives
+               else "2 parameter sets, ")
+            + "two forwards before one backward, every result kept",
             f"programs tried:                      {self.tried} ({self.tried - self.backward} forward only, "
             f"{self.backward} with backward; {self.parameters} with nn.Parameter inputs)",
             f"discarded, thunder can't trace:      {thunder_rej} ({_pct(thunder_rej, self.tried)}){': ' + kinds if kinds else ''}",
@@ -219,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emulate-capture", action="store_true",
                     help="CPU: run the runners' capture path with CPU stand-ins for graphs "
                          "(thunder_nb.testing.emulated_capture)")
+    ap.add_argument("--collectives", action="store_true",
+                    help="programs with collectives: modules under thunder's ddp or fsdp, a gloo world of one rank "
+                         "(--device cpu)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1; spawned with PYTHONHASHSEED=0)")
     ap.add_argument("--show", action="store_true", help="print every program that broke a claim or hit a known bug")
     ap.add_argument("--out", type=Path, help="also write the summary to this file (markdown: date, machine, command)")
@@ -227,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--capture needs --device cuda")
     if args.emulate_capture and (args.capture or args.device != "cpu"):
         ap.error("--emulate-capture is for --device cpu without --capture")
+    if args.collectives and args.device != "cpu":
+        ap.error("--collectives runs gloo's collectives on the CPU: --device cpu")
     capture: bool | str = "emulated" if args.emulate_capture else args.capture
     if args.device == "cuda":
         import torch
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             ap.error("--device cuda: torch sees no CUDA device")
 
-    work = [(s, args.device, capture) for s in range(args.seed, args.seed + args.n)]
+    work = [(s, args.device, capture, args.collectives) for s in range(args.seed, args.seed + args.n)]
     tally = Tally()
     start = time.perf_counter()
     # NOTE: thunder's dataflow fusion orders some regions by string hashes, so a program's traces
@@ -244,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     with multiprocessing.get_context("spawn").Pool(max(args.jobs, 1)) as pool:
         _consume(pool.imap(judge_one, work, chunksize=4 if args.jobs > 1 else 1), work, tally, args.show)
     text = tally.summary(first=args.seed, device=args.device, capture=capture,
-                         seconds=time.perf_counter() - start, jobs=args.jobs)
+                         seconds=time.perf_counter() - start, jobs=args.jobs, collectives=args.collectives)
     print(text)
     if args.out:
         args.out.write_text(_markdown(text, argv if argv is not None else sys.argv[1:], args.device, capture))
@@ -294,7 +306,7 @@ def _code_version() -> str:
 
 
 def _consume(outcomes, work, tally: Tally, show: bool) -> None:
-    for (seed, _, _), o in zip(work, outcomes):
+    for (seed, *_), o in zip(work, outcomes):
         tally.add(seed, o)
         if o.problems or (show and (o.known_bugs or o.discarded)):
             print(f"--- program {seed}: {'; '.join(o.known_bugs) or o.discarded or 'PROBLEM'}{o.program!r}")

@@ -15,14 +15,17 @@ before one backward, every result kept; `thunder_nb.testing.fuzz.calls`) in eage
    show did (`thunder_nb.testing.fuzz.SHOWING`);
 3. thunder's transform: ``host-sync-in-region`` is reported exactly when a region's code calls ``.item()``.
 
-A program that PyTorch or plain thunder rejects is discarded (``assume``); each test reports how
-many. Two runs: the generator's programs number 0 to 31 (`FIXED_PROGRAMS`: the same programs every time, in any
-process, which together show every rule, failure and program family of `FIXED_COVERS`) with regions run eagerly, and
-30 programs hypothesis draws from a seed of today's date (new programs every day) through emulated capture
-(`thunder_nb.testing.emulated_capture`: thunder's capture path with CPU stand-ins for graphs whose replays write
-memory in place, so static input copies, overwritten outputs and warm-up calls are real), about half a minute each on
-a 2-core CPU. A failure prints the program's source (and its number: ``fuzz.generate(fuzz.RandomChooser(i))``); replay
-the date run with ``THUNDER_NB_FUZZ_SEED=<seed>`` (the seed is in the failure message).
+A program that PyTorch or plain thunder rejects is discarded (``assume``); each test reports how many. Programs with
+collectives (``fuzz.generate(..., collectives=True)``: a module under thunder's ``ddp`` or ``fsdp`` in a gloo world of
+one rank) are judged apart, two of them (`COLLECTIVE_PROGRAMS`), which show the checker's ``collective-in-region`` and
+``handle-crosses-region`` on thunder's transform and the legacy one. Two runs: the generator's programs number 0 to 31
+(`FIXED_PROGRAMS`: the same programs every time, in any process, which together show every rule, failure and program
+family of `FIXED_COVERS`) with regions run eagerly, and 30 programs hypothesis draws from a seed of today's date (new
+programs every day) through emulated capture (`thunder_nb.testing.emulated_capture`: thunder's capture path with CPU
+stand-ins for graphs whose replays write memory in place, so static input copies, overwritten outputs and warm-up calls
+are real), about half a minute each on a 2-core CPU. A failure prints the program's source (and its number:
+``fuzz.generate(fuzz.RandomChooser(i))``); replay the date run with ``THUNDER_NB_FUZZ_SEED=<seed>`` (the seed is in the
+failure message).
 ``THUNDER_NB_FUZZ_EXAMPLES`` sets the programs per run (hypothesis draws smaller programs than ``bench/fuzz.py``,
 which runs thousands). A failing program is printed as generated, not shrunk (``THUNDER_NB_FUZZ_SHRINK=1`` shrinks
 the date run's, for many minutes). Known bugs are counted, not failed: see tests/test_fuzz_regressions.py.
@@ -238,12 +241,14 @@ def program_families(p: fuzz.Program) -> list[str]:
         "parameters": p.has_parameters,
         "view after an island, returned": _view_after_island_returned(src),
         "outputs alias": _returned_aliases(src),
+        "collectives": p.distributed is not None,
     }
     return [name for name, found in families.items() if found]
 
 
 def test_generated_programs_cover_the_shapes_of_the_issue():
-    """Across 300 programs every family appears, and every program compiles."""
+    """Across 300 programs every family appears, and every program compiles (but "collectives", which the generator
+    draws only when asked: `test_collectives_programs_are_modules_under_ddp_and_fsdp`)."""
     seen: Counter = Counter()
     for i in range(300):
         p = fuzz.generate(fuzz.RandomChooser(i))
@@ -410,3 +415,81 @@ def test_compare_values():
     assert compare_values(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 1.0])).max_abs_error == 2.0
     assert first_difference({"a": 1}, {"a": 1}) is None
     assert first_difference({"a": 1}, {"a": 2}, label="input") == "input['a']: 1, expected 2"
+
+
+# --- programs with collectives (issue 52) ----------------------------------------------------------------------------
+
+#: The module programs the suite judges (``fuzz.generate(fuzz.RandomChooser(i), collectives=True)``), each under
+#: emulated capture, with the wrapper it draws: together they show both collective rules on thunder's transform and the
+#: legacy one (program 7 is fsdp's forward handle: an all-gather at top level, its wait in thunder's region; the
+#: first 60 such programs have no other), never on the fixed one.
+COLLECTIVE_PROGRAMS = {0: "ddp", 7: "fsdp"}
+COLLECTIVE_RULES = ("collective-in-region", "handle-crosses-region")
+
+
+def test_collectives_programs_are_modules_under_ddp_and_fsdp():
+    """Drawn only when asked: a module's input ``x0`` and at least one trained parameter, under ``ddp`` or ``fsdp``."""
+    wrappers = Counter()
+    for i in range(40):
+        p = fuzz.generate(fuzz.RandomChooser(i), collectives=True)
+        p.function()
+        assert "collectives" in program_families(p) and p.backward, p
+        assert not p.inputs[0].parameter and p.inputs[1].parameter and p.inputs[1].requires_grad, p
+        assert f"a module under thunder.distributed.{p.distributed} (one rank)" in repr(p)
+        wrappers[p.distributed] += 1
+    assert set(wrappers) == {"ddp", "fsdp"} and min(wrappers.values()) >= 10, wrappers
+    assert {i: fuzz.generate(fuzz.RandomChooser(i), collectives=True).distributed
+            for i in COLLECTIVE_PROGRAMS} == COLLECTIVE_PROGRAMS
+
+
+@pytest.mark.parametrize("number", sorted(COLLECTIVE_PROGRAMS))
+def test_collectives_in_thunders_regions_are_reported_and_the_fixed_transform_keeps_them_out(number):
+    """A module program under thunder's ``ddp`` or ``fsdp`` in a gloo world of one (made for the judging, gone after):
+    thunder's transform and the legacy one put the collectives and waits in regions and hand handles across them, and
+    the checker says so; neither rule can show in a world of one (`fuzz.SHOWING` says why), so both are may-show and the
+    oracle's claims hold; the fixed transform keeps them out of its regions: no defect, eager's results."""
+    import torch.distributed as dist
+
+    program = fuzz.generate(fuzz.RandomChooser(number), collectives=True)
+    before = dist.is_initialized()
+    outcome = fuzz.judge(program, capture="emulated")
+    assert dist.is_initialized() == before, "the judging's process group outlived it"
+    assert outcome.discarded is None and outcome.problems == [], "\n".join(outcome.problems)
+    assert outcome.fixed_defects == () and outcome.fixed_mismatch is None and outcome.fixed_error is None
+    for side in (outcome.stock, outcome.legacy):
+        assert set(COLLECTIVE_RULES) <= set(side.prediction.errors), side
+        assert set(COLLECTIVE_RULES) <= set(side.prediction.may) and not side.prediction.false_negative, side
+    # NOTE: thunder's transform ran right: nothing for a rule to explain, so neither showed
+    assert outcome.stock.kinds == () and outcome.stock.prediction.may_shown == (), outcome.stock
+
+
+def test_a_handle_a_replay_hands_out_is_the_recordings():
+    """What ``handle-crosses-region`` says of an emulated replay, on thunder's own runner: a region that launches an
+    all-reduce and hands out its handle hands out the recording's at every replay, so a wait after it gives the
+    recording's result, not this call's (in the fuzzer's programs no wait reads such a handle: `fuzz.SHOWING`)."""
+    import torch.distributed as dist
+    from thunder.transforms.cudagraph import CUDAGraphRunner
+
+    from thunder_nb.testing import emulated_capture
+    from thunder_nb.testing.fuzz.collectives import world_of_one
+
+    def region(x):
+        reduced = x.clone()
+        return [(dist.all_reduce(reduced, async_op=True), reduced)]  # NOTE: thunder's handle: (work, tensor)
+
+    def wait(handle):
+        work, tensor = handle
+        work.wait()
+        return tensor.clone()
+
+    before = dist.is_initialized()
+    runner = CUDAGraphRunner()
+    runner.python_callables["CUDAGraph1"] = (region, None)
+    with world_of_one(), emulated_capture():
+        recorded = wait(runner.call_cuda_graph("CUDAGraph1", torch.ones(3))[0])
+        replayed = wait(runner.call_cuda_graph("CUDAGraph1", torch.full((3,), 2.0))[0])
+        eager = wait(region(torch.full((3,), 2.0))[0])
+    assert dist.is_initialized() == before
+    assert len(runner.cuda_graph_cache) == 1  # NOTE: one recording, then a replay
+    assert compare_values(recorded, torch.ones(3)).matches and compare_values(eager, torch.full((3,), 2.0)).matches
+    assert compare_values(replayed, torch.ones(3)).matches  # NOTE: the recording's result, not 2.0

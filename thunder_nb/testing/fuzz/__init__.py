@@ -2,6 +2,7 @@
 oracle."""
 
 from .calls import FAILURE_KINDS, PROTOCOL, Call, CallLog, Difference, differences, execute
+from .collectives import WRAPPERS, world_of_one
 from .oracle import judge, region_sources
 from .programs import Chooser, InputSpec, Program, RandomChooser, generate, programs
 from .rules import (
@@ -33,6 +34,8 @@ __all__ = [
     "Difference",
     "execute",
     "differences",
+    "WRAPPERS",
+    "world_of_one",
     "Showing",
     "SHOWING",
     "shows",

@@ -10,7 +10,8 @@ from ...diagnosis.judge import yardstick_problem as judge_yardstick
 from ...notebook.values import compare_values
 from .programs import Program
 
-__all__ = ["Call", "PROTOCOL", "FAILURE_KINDS", "CallLog", "Difference", "execute", "differences", "yardstick_problem"]
+__all__ = ["Call", "PROTOCOL", "FAILURE_KINDS", "CallLog", "Difference", "parameter_sets", "execute", "differences",
+           "yardstick_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +26,8 @@ class Call:
 #: The calls every version of a program goes through, each with fresh random inputs: call 0 with
 #: parameter set 0 and call 1 with set 1, forward only, then one backward of the sum of both losses
 #: (two forwards before one backward, as when two losses are summed); then call 2 with set 0 again
-#: and its backward. A call's loss is the sum of its outputs that require grad.
+#: and its backward. A call's loss is the sum of its outputs that require grad. A module program's calls all take its
+#: module's parameters (`parameter_sets`).
 PROTOCOL: tuple[Call, ...] = (Call(0, 0), Call(1, 1, backward=(0, 1)), Call(2, 0, backward=(2,)))
 LAYERS = 1 + max(c.layer for c in PROTOCOL)
 
@@ -123,6 +125,13 @@ def _describe_alias(fact: Any) -> str:
     return "its own memory"
 
 
+def parameter_sets(fn: Callable[..., Any], program: Program, device: str) -> list[list[Any]]:
+    """The parameter sets of `PROTOCOL`'s calls: `LAYERS` fresh ones, or a module program's own (``distributed``): one
+    set, the module's, which every call trains (a second set would be a second module, compiled apart)."""
+    own = program.own_parameters(fn)
+    return [own] if own is not None else [program.make_parameters(device, layer) for layer in range(LAYERS)]
+
+
 def execute(fn: Callable[..., Any], program: Program, device: str) -> CallLog:
     """Run `PROTOCOL` on ``fn``; any exception ends the run and is kept in it (the caller judges it).
 
@@ -134,19 +143,19 @@ def execute(fn: Callable[..., Any], program: Program, device: str) -> CallLog:
     """
     import torch
 
-    run = CallLog(parameters=[program.make_parameters(device, layer) for layer in range(LAYERS)])
+    run = CallLog(parameters=parameter_sets(fn, program, device))
     losses: dict[int, Any] = {}
     stage = "start"
     try:
         for call in PROTOCOL:
             stage = f"call {call.index}"
             inputs = program.make_inputs(device, seed=call.index)
-            args = program.arguments(inputs, run.parameters[call.layer])
+            passed = program.passed(program.arguments(inputs, run.parameters[min(call.layer, len(run.parameters) - 1)]))
             run.inputs.append(inputs)
-            out = _flat(fn(*args))
+            out = _flat(fn(*passed))
             run.kept.append(out)
             run.fresh.append([_copy(o) for o in out])
-            run.aliasing.append(aliasing(out, args))
+            run.aliasing.append(aliasing(out, passed))
             grad_outputs = [o.sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad]
             if grad_outputs:
                 losses[call.index] = sum(grad_outputs[1:], grad_outputs[0])

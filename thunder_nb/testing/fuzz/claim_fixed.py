@@ -22,12 +22,10 @@ def judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcome
 
     Returns False when the program is discarded (plain thunder cannot run it either, or is itself wrong).
     """
-    import thunder
-
     from thunder_nb.fix import FixedCUDAGraphTransform
 
     transform = make_transform(FixedCUDAGraphTransform, capture)
-    jfixed = thunder.jit(fn, transforms=[transform], fusion_type=program.fusion_type)
+    jfixed = program.jit(fn, device, transforms=[transform], fusion_type=program.fusion_type)
     run = execute(jfixed, program, device)
     if run.error is not None:
         if ref.plain.error is not None:
@@ -78,8 +76,6 @@ def _known_wrong_results(fn, program: Program, device: str, capture: CaptureMode
 
     Variants are tried one bug at a time, then all together (several bugs at once).
     """
-    import thunder
-
     from thunder_nb.fix import FixedCUDAGraphTransform
 
     default = {"fusion_type": program.fusion_type, "scalar_handoff": True, "capture": capture}
@@ -89,7 +85,7 @@ def _known_wrong_results(fn, program: Program, device: str, capture: CaptureMode
         if opts == default:
             return False  # NOTE: this variant is what already ran
         transform = make_transform(FixedCUDAGraphTransform, opts["capture"], scalar_handoff=opts["scalar_handoff"])
-        run = execute(thunder.jit(fn, transforms=[transform], fusion_type=opts["fusion_type"]), program, device)
+        run = execute(program.jit(fn, device, transforms=[transform], fusion_type=opts["fusion_type"]), program, device)
         return run.error is None and not ref.disagrees(run)
 
     bugs = [b for b in KNOWN_BUGS if b.variant is not None and (b.applies is None or b.applies(program))]

@@ -12,7 +12,7 @@ from typing import Any
 from ...diagnosis.protocols import GraphTransform
 from ...notebook.values import first_difference
 from ..modes import CaptureMode, make_transform, stock_transform
-from .calls import CallLog, execute
+from .calls import CallLog, execute, parameter_sets
 from .programs import Program
 from .reference import Reference, defect_text, describe, first_text, report_of
 from .rules import known_by_values, predict
@@ -27,9 +27,9 @@ def _error_rules_before_run(jfn: Any, program: Program, device: str) -> tuple[tu
 
     from ... import internals
 
-    args = program.arguments(program.make_inputs(device, seed=0), program.make_parameters(device, 0))
+    args = program.arguments(program.make_inputs(device, seed=0), parameter_sets(jfn, program, device)[0])
     try:
-        internals.build_traces(jfn, *args)
+        internals.build_traces(jfn, *program.passed(args))
     except Exception as e:  # NOTE: judged by the caller (thunder asserting on a backward, e.g.)
         return (), e
     # NOTE: a failing analyze() is found again, and reported, after the run
@@ -118,11 +118,9 @@ def _judge_original(kind: str, jfn: Any, program: Program, device: str, capture:
 
 def judge_legacy(fn, program: Program, device: str, capture: CaptureMode, outcome: ProgramOutcome,
                  ref: Reference) -> None:
-    import thunder
-
     from thunder_nb.fix import LegacyCUDAGraphTransform
 
-    jleg = thunder.jit(fn, transforms=[make_transform(LegacyCUDAGraphTransform, capture)])
+    jleg = program.jit(fn, device, transforms=[make_transform(LegacyCUDAGraphTransform, capture)])
     outcome.legacy, _ = _judge_original("legacy", jleg, program, device, capture, outcome, ref)
     crash = outcome.legacy.compile_crash
     if crash is not None and not crash.startswith("dataflow fusion"):
@@ -157,11 +155,9 @@ def judge_stock(fn, program: Program, device: str, capture: CaptureMode, outcome
     A crash of thunder 0.2.6 while compiling (its AssertionError on a backward that saves a number)
     leaves no backward to run and is only counted; the forward traces are still checked for claim 3.
     """
-    import thunder
-
     import thunder_nb
 
-    jstock = thunder.jit(fn, transforms=[stock_transform(capture)], fusion_type=program.fusion_type)
+    jstock = program.jit(fn, device, transforms=[stock_transform(capture)], fusion_type=program.fusion_type)
     outcome.stock, report = _judge_original("stock", jstock, program, device, capture, outcome, ref)
     crash = outcome.stock.compile_crash
     if crash is not None and not crash.startswith(("thunder's backward assertion", "dataflow fusion")):

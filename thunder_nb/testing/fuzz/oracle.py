@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 
 from ..modes import CaptureMode, capturing, check_mode
 from .claim_fixed import judge_fixed
 from .claim_originals import judge_legacy, judge_stock, region_sources
+from .collectives import world_of_one
 from .programs import Program
 from .reference import Reference
 from .verdicts import FixedStats, ProgramOutcome, Verdict
@@ -32,12 +34,14 @@ def judge(program: Program, *, device: str = "cpu", capture: CaptureMode = False
        first call are kept apart from those the runner recorded during the run;
     3. stock: ``host-sync-in-region`` is reported exactly when a region's code calls ``.item()``.
 
-    A program that PyTorch or plain thunder rejects is discarded. Values are judged by the one judge of
-    "equal" (`thunder_nb.diagnosis.judge`): where plain thunder's own results differ from eager PyTorch's, a
-    transform may differ from eager as far as plain thunder does, and no further; where plain thunder is itself
-    wrong (not finite where eager is, far from eager) and the fixed transform differs from eager, the program is
-    discarded as thunder's wrong result ("thunder wrong: ..."), never judged equal. Bugs already found are in
-    `rules.KNOWN_BUGS`: counted, not reported again.
+    A module program (``Program.distributed``: `collectives`) is its module, compiled so and wrapped in thunder's
+    ``ddp`` or ``fsdp``, judged in a gloo process group of one rank made for it and destroyed after
+    (`collectives.world_of_one`). A program that PyTorch or plain thunder rejects is discarded. Values are judged by the
+    one judge of "equal" (`thunder_nb.diagnosis.judge`): where plain thunder's own results differ from eager PyTorch's,
+    a transform may differ from eager as far as plain thunder does, and no further; where plain thunder is itself wrong
+    (not finite where eager is, far from eager) and the fixed transform differs from eager, the program is discarded as
+    thunder's wrong result ("thunder wrong: ..."), never judged equal. Bugs already found are in `rules.KNOWN_BUGS`:
+    counted, not reported again.
 
     Args:
         program: the program.
@@ -51,7 +55,7 @@ def judge(program: Program, *, device: str = "cpu", capture: CaptureMode = False
     """
     outcome = ProgramOutcome(program, capture=check_mode(capture))
     fn = program.function()
-    with warnings.catch_warnings(), capturing(capture):
+    with warnings.catch_warnings(), capturing(capture), world_of_one() if program.distributed else nullcontext():
         warnings.simplefilter("ignore")
         ref = Reference(fn, program, device, outcome)
         if ref.eager.error is not None:

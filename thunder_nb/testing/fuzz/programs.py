@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .choices import Chooser, HypothesisChooser, RandomChooser
+from .collectives import WRAPPERS, data_parallel, module_of
 from .statements import WEIGHTED_KINDS, Builder, TensorVar
 
 __all__ = ["Chooser", "RandomChooser", "InputSpec", "Program", "generate", "programs"]
@@ -40,6 +41,9 @@ class Program:
     inputs: tuple[InputSpec, ...]
     fusion_type: str = "consecutive"  # thunder's compile option for the fixed and the stock transform
     name: str = "prog"
+    # NOTE: "ddp" or "fsdp": the parameters are a module's, trained under thunder.distributed's wrapper of that name in
+    # a process group of one rank (`collectives`); None: a function called with every argument
+    distributed: str | None = None
 
     def __repr__(self) -> str:
         grads = [i.name for i in self.inputs if i.requires_grad]
@@ -48,6 +52,7 @@ class Program:
         head = f"# inputs {shapes}" + (f"; requires_grad: {', '.join(grads)}" if grads else "")
         head += f"; parameters: {', '.join(params)}" if params else ""
         head += f"; fusion_type={self.fusion_type!r}"
+        head += f"; a module under thunder.distributed.{self.distributed} (one rank)" if self.distributed else ""
         return f"\n{head}\n{self.source}"
 
     @property
@@ -104,8 +109,34 @@ class Program:
         fresh, params = iter(inputs), iter(parameters)
         return [next(params) if s.parameter else next(fresh) for s in self.inputs]
 
+    def passed(self, arguments: Sequence[Any]) -> list[Any]:
+        """What a call passes of its `arguments`: all of them, or a module program's (``distributed``) others than its
+        parameters, which are its module's own."""
+        return [a for a, s in zip(arguments, self.inputs) if not (self.distributed and s.parameter)]
 
-def generate(ch: Chooser, *, backward: bool | None = None, max_statements: int = 10) -> Program:
+    def own_parameters(self, callee: Any) -> list[Any] | None:
+        """A module program's parameters, as ``callee`` (its module, compiled or not) holds them, in argument order;
+        None for a function."""
+        if not self.distributed:
+            return None
+        return [callee.get_parameter(s.name) for s in self.inputs if s.parameter]
+
+    def eager(self, fn: Callable[..., Any], device: str = "cpu") -> Callable[..., Any]:
+        """What eager PyTorch calls: ``fn``, or a module program's module (`collectives.module_of`)."""
+        return module_of(self, fn, device) if self.distributed else fn
+
+    def jit(self, fn: Callable[..., Any], device: str = "cpu", **options: Any) -> Any:
+        """``thunder.jit(fn, **options)``; a module program's module (`collectives.module_of`) compiled so and wrapped
+        in thunder's ``ddp`` or ``fsdp`` (`collectives.data_parallel`: inside `collectives.world_of_one`)."""
+        import thunder
+
+        if not self.distributed:
+            return thunder.jit(fn, **options)
+        return data_parallel(self, thunder.jit(module_of(self, fn, device), **options), device)
+
+
+def generate(ch: Chooser, *, backward: bool | None = None, max_statements: int = 10,
+             collectives: bool = False) -> Program:
     """Generate one program from the choices of ``ch``.
 
     A program is Python source text (``def prog(x0, x1): ...``) built from elementwise ops,
@@ -118,20 +149,30 @@ def generate(ch: Chooser, *, backward: bool | None = None, max_statements: int =
     choices give the same program, from `RandomChooser` (program number ``seed``) or from
     hypothesis (`programs`, which shrinks).
 
+    With ``collectives`` the program is a module's (``Program.distributed``, `collectives`): it trains (some inputs
+    require grad), ``x0`` is its input and ``x1`` a parameter (``x2``, where drawn, either), and it goes under
+    ``thunder.distributed.ddp`` or ``fsdp``.
+
     Args:
         ch: where the random choices come from.
         backward: True: some inputs require grad; False: none does; None: chosen.
         max_statements: the most statements besides the ``.item()`` islands and the views right after them.
+        collectives: a module's program, trained under thunder's data parallelism.
     """
-    if backward is None:
+    if collectives:
+        backward = True
+    elif backward is None:
         backward = ch.boolean(0.5)
     b = Builder(ch, backward=backward)
     dims = [ch.integer(4, 16) for _ in range(ch.integer(1, 3))]
     specs: list[InputSpec] = []
-    for i in range(ch.integer(1, 3)):
+    count = ch.integer(1, 3)
+    for i in range(max(count, 2) if collectives else count):
         shape = tuple(ch.choice(dims) for _ in range(ch.integer(1, 2)))
         # NOTE: a parameter of a backward program is a trained weight (requires grad); otherwise frozen
         parameter = ch.boolean(0.35)
+        if collectives:  # NOTE: a module's input and at least one weight, whose gradient the backward reduces
+            parameter = i == 1 or (i > 1 and parameter)
         grad = backward and (i == 0 or parameter or ch.boolean(0.6))
         specs.append(InputSpec(f"x{i}", shape, grad, parameter))
         b.tensors.append(TensorVar(f"x{i}", shape, grad, f"x{i}"))
@@ -154,15 +195,18 @@ def generate(ch: Chooser, *, backward: bool | None = None, max_statements: int =
     ret = outputs[0] if one and ch.boolean(0.5) else ", ".join(outputs) + ("," if one else "")
     params = ", ".join(s.name for s in specs)
     source = f"def prog({params}):\n" + "\n".join(b.lines) + f"\n    return {ret}\n"
-    return Program(source, tuple(specs), fusion_type=ch.choice(("consecutive", "dataflow")))
+    fusion_type = ch.choice(("consecutive", "dataflow"))
+    return Program(source, tuple(specs), fusion_type=fusion_type,
+                   distributed=ch.choice(WRAPPERS) if collectives else None)
 
 
-def programs(*, backward: bool | None = None, max_statements: int = 10):
+def programs(*, backward: bool | None = None, max_statements: int = 10, collectives: bool = False):
     """A hypothesis strategy of `Program` objects (see `generate`)."""
     from hypothesis import strategies as st
 
     @st.composite
     def _programs(draw):
-        return generate(HypothesisChooser(draw), backward=backward, max_statements=max_statements)
+        return generate(HypothesisChooser(draw), backward=backward, max_statements=max_statements,
+                        collectives=collectives)
 
     return _programs()

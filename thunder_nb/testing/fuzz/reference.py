@@ -23,16 +23,14 @@ class Reference:
 
     def __init__(self, fn: Callable[..., Any], program: Program, device: str, outcome: ProgramOutcome):
         self._fn, self._program, self._device, self._outcome = fn, program, device, outcome
-        self.eager = execute(fn, program, device)
+        self.eager = execute(program.eager(fn, device), program, device)
         self._plain: CallLog | None = None
         self.thunder_wrong: str | None = None  # why plain thunder is itself wrong here (not finite, far from eager)
 
     @property
     def plain(self) -> CallLog:
-        import thunder
-
         if self._plain is None:
-            jfn = thunder.jit(self._fn, fusion_type=self._program.fusion_type)
+            jfn = self._program.jit(self._fn, self._device, fusion_type=self._program.fusion_type)
             self._plain = execute(jfn, self._program, self._device)
             self._outcome.thunder_differs = self._plain.error is None and bool(differences(self._plain, self.eager))
             if self._outcome.thunder_differs:

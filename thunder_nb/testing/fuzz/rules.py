@@ -89,14 +89,23 @@ SHOWING: dict[str, Showing] = {s.rule: s for s in (
             "reads the overwritten values; where the saved tensor is a view of the runner's copy of an "
             "input, the copy before call 1's replay bumps its version and call 0's backward raises"),
     Showing("collective-in-region", "never", "may", "may", frozenset({"error"}) | _VALUES,
-            "thunder's ddp and fsdp only (the fuzzer's programs have none): eagerly a region's collective runs at "
-            "each call; recorded, a rank that records again alone (a new shape, a result still held) launches it in "
-            "its warm-up calls alone, so the ranks hang or sum the wrong tensors; gloo's collectives (the CPU's) "
-            "cannot be captured"),
+            "thunder's ddp and fsdp (the fuzzer's module programs, `collectives`): eagerly a region's collective runs "
+            "at each call; recorded, a rank that records again alone (a new shape, a result still held) launches it "
+            "in its warm-up calls alone, so the ranks hang or sum the wrong tensors; gloo's collectives (the CPU's) "
+            "cannot be captured. In the fuzzer it cannot show: an emulated replay reruns the region's Python, "
+            "collective included, on the live process group (as a graph replays an NCCL kernel), and the fuzzer's "
+            "world is one rank, where an all-reduce is the identity (divided by one) and an all-gather or "
+            "reduce-scatter a copy, with no other rank to wait for or to sum with; reported on thunder's "
+            "transform and the legacy one (ddp's backward, fsdp's forward and backward), never on the fixed one"),
     Showing("handle-crosses-region", "never", "may", "may", frozenset({"error"}) | _VALUES,
-            "thunder's ddp and fsdp only (the fuzzer's programs have none): eagerly the handle is each call's own; an "
-            "emulated replay hands out the recording's handle, whose tensor holds the recording's result; real "
-            "capture refuses a wait on work launched outside the capture"),
+            "thunder's ddp and fsdp (the fuzzer's module programs, `collectives`): eagerly the handle is each call's "
+            "own; real capture refuses a wait on work launched outside the capture; an emulated replay hands out the "
+            "recording's handle, whose tensor holds the recording's result (tests/test_fuzz.py shows it on "
+            "thunder's runner). In the fuzzer's programs it cannot show: a handle a region takes (fsdp's forward: "
+            "an all-gather at top level, its wait in a region) is a non-tensor argument, in thunder's cache key by "
+            "identity, so every call records a new graph that waits for that call's own handle; a handle a region "
+            "hands out (its wait inside the same region) only goes to a later region's del, never to a wait; "
+            "reported on thunder's transform and the legacy one, never on the fixed one"),
     Showing("static-input-rebound", "never", "must", "must", frozenset({"error"}) | _VALUES,
             "a static input that is an argument of the function (predicted from the traces), or one the "
             "runner saw receive another tensor: the calls with parameter set 1 copy it into set 0's "
