@@ -302,3 +302,13 @@ def test_private_thunder_and_torch_names_only_in_internals():
     assert sorted(found - set(PRIVATE_THUNDER_TORCH_ALLOWED)) == []
     assert sorted(set(PRIVATE_THUNDER_TORCH_ALLOWED) - found) == [], "allowed but gone: take it off the list"
 
+
+
+#: The most lines a module of the package may have (issue 51): past it, a module holds more than one job.
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
