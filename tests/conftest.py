@@ -10,11 +10,31 @@ sys.path.insert(0, str(Path(__file__).parent))
 warnings.filterwarnings("ignore", message="transformer_engine module not found")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _cpu_kernels() -> str:
+    """``avx2-1a2b3c4d``: the CPU kernels ATen runs here (``ATEN_CPU_CAPABILITY``, else ``native``) and a hash of the
+    CPU's feature flags."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    import hashlib
+    import platform
+
+    digest = hashlib.sha1((flags or platform.processor() or platform.machine()).encode()).hexdigest()[:8]
+    return f"{os.environ.get('ATEN_CPU_CAPABILITY', 'native')}-{digest}"
+
+
 # NOTE: before torch is imported, and inherited by every kernel, notebook and process a test starts. Inductor's compiled
 # kernels are kept in the checkout's git-ignored .cache/ (a fresh clone starts empty, a second run reuses them, and
-# pytest-xdist's workers share them); under pytest-xdist each worker (`bash dev.sh test` starts one more than the cores) keeps to
-# one thread of its own, so that two workers on two cores do not fight over both.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
+# pytest-xdist's workers share them), one folder per CPU and ATEN_CPU_CAPABILITY: torch 2.11's cache key leaves the
+# capability out, and kernels compiled for avx512 read back under ATEN_CPU_CAPABILITY=avx2 gave torch.compile wrong
+# results (0.995 off on tanh(sin(x) * 2 + 1)) and killed workers with a bus error (2026-12-05; a fresh folder: equal).
+# Under pytest-xdist each worker (`bash dev.sh test` starts one more than the cores) keeps to one thread of its own, so
+# that two workers on two cores do not fight over both.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor" / _cpu_kernels()))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
