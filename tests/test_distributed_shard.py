@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from test_distributed import BATCH, IN, OUT, WORLD, close, make_model, mse_of, optimizer
+from test_distributed import BATCH, GPU_TOLERANCE, IN, OUT, WORLD, close, make_model, mse_of, optimizer
 
 STEPS = 4  # NOTE: with warmup=1: uncaptured, recorded (and replayed), replayed, replayed
 
@@ -69,26 +69,27 @@ def single_process(config: ShardConfig, world: int) -> dict:
             "grads": [p.grad.detach().clone() for p in params], "state": state_of(opt, params)}
 
 
-def _train(name: str, shard: bool, rank: int, world: int) -> dict:
+def _train(name: str, shard: bool, rank: int, world: int, device: str = "cpu",
+           capture: bool | str = "emulated") -> dict:
     import thunder_nb
 
     config = CONFIGS[name]
-    model = make_model()
+    model = make_model().to(device)
     opt = optimizer(config.optimizer, model.parameters())
     rows = slice(rank * BATCH, (rank + 1) * BATCH)
-    data = [(x[rows], y[rows]) for x, y in batches(world)]
+    data = [(x[rows].to(device), y[rows].to(device)) for x, y in batches(world)]
     options = {"shard": True} if shard else {"ddp": True}
     report = thunder_nb.capturability(model, mse_of(model), opt, *data[0], accumulate=config.accumulate, **options)
-    step = thunder_nb.jit_step(model, mse_of(model), opt, capture="emulated", warmup=1, max_grad_norm=config.clip,
+    step = thunder_nb.jit_step(model, mse_of(model), opt, capture=capture, warmup=1, max_grad_norm=config.clip,
                                accumulate=config.accumulate, **options)
     losses, norms = [], []
     for x, y in data:
         losses.append(step(x, y).item())
         if config.clip is not None:
-            norms.append(step.last_grad_norm)
+            norms.append(step.last_grad_norm.cpu())
     params = list(model.parameters())
-    return {"losses": losses, "norms": norms, "params": [p.detach().clone() for p in params],
-            "grads": [None if p.grad is None else p.grad.detach().clone() for p in params],
+    return {"losses": losses, "norms": norms, "params": [p.detach().cpu().clone() for p in params],
+            "grads": [None if p.grad is None else p.grad.detach().cpu().clone() for p in params],
             "state": state_of(opt, params), "state_dict_params": len(opt.state_dict()["state"]),
             "owned": [step.ranks.owns(p) for p in params] if shard else [True] * len(params),
             "repr": repr(step), "notes": list(step.notes), "graphs": step.graphs_recorded,
@@ -281,3 +282,49 @@ def test_partition_is_whole_parameters_balanced_by_size():
     loads: dict = {}
     assert partition([torch.zeros(6)], 2, loads) == [0]
     assert partition([torch.zeros(5), torch.zeros(1)], 2, loads) == [1, 1]
+
+
+def _gpu_worker(rank: int, world: int, init: str, out: str) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    torch.cuda.set_device(rank)
+    torch.distributed.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
+                                         timeout=datetime.timedelta(seconds=120))
+    try:
+        results: dict = {}
+        for name in ("adamw", "adamw-clip"):
+            try:
+                results[name, True] = _train(name, True, rank, world, device=f"cuda:{rank}", capture=True)
+            except Exception:
+                results[name, True] = {"error": traceback.format_exc()}
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_sharded_step_on_nccl_with_real_capture():
+    """NCCL, one process per GPU (one at least, two at most), real capture, ``shard=True``: the reduce_scatter, the
+    clipping's all_reduce and the all_gather recorded into the step's one CUDA graph (made uncaptured by the warm-up
+    step, recorded by the capture, launched by the replays), and the training is one process's on all the ranks' rows;
+    every rank ends with the same parameters."""
+    from thunder_nb.diagnosis.judge import EXACT, assert_equal
+
+    world = min(torch.cuda.device_count(), 2)
+    with tempfile.TemporaryDirectory() as out:
+        init = "file://" + os.path.join(out, "init")
+        torch.multiprocessing.spawn(_gpu_worker, args=(world, init, out), nprocs=world)
+        results = [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
+    for name in ("adamw", "adamw-clip"):
+        ranks = trained(results, name)
+        reference = single_process(CONFIGS[name], world)
+        close(torch.tensor([sum(r["losses"][i] for r in ranks) / world for i in range(STEPS)]),
+              torch.tensor(reference["losses"]), GPU_TOLERANCE)
+        for r in ranks:
+            assert r["graphs"] == 1 and r["captured"] > 0, (r["graphs"], r["captured"], r["repr"])
+            close(r["params"], reference["params"], GPU_TOLERANCE)
+            if CONFIGS[name].clip is not None:
+                close(torch.stack(r["norms"]), torch.stack(reference["norms"]), GPU_TOLERANCE)
+            assert_equal(r["params"], ranks[0]["params"], tolerance=EXACT, label="rank's params", reference="rank 0's")
