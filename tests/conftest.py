@@ -1,4 +1,6 @@
+import hashlib
 import os
+import platform
 import shutil
 import sys
 import warnings
@@ -20,9 +22,6 @@ def _cpu_kernels() -> str:
             flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         flags = ""
-    import hashlib
-    import platform
-
     digest = hashlib.sha1((flags or platform.processor() or platform.machine()).encode()).hexdigest()[:8]
     return f"{os.environ.get('ATEN_CPU_CAPABILITY', 'native')}-{digest}"
 

@@ -143,13 +143,18 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+def spawn_ranks(worker, world: int) -> list[dict]:
+    """``worker(rank, world, init, out)`` in ``world`` processes; what each rank saved."""
+    with tempfile.TemporaryDirectory() as out:
+        init = "file://" + os.path.join(out, "init")
+        torch.multiprocessing.spawn(worker, args=(world, init, out), nprocs=world)
+        return [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
+
+
 @pytest.fixture(scope="module")
 def shard_ranks() -> list[dict]:
     """Each rank's results of every configuration, sharded and not, and of the refusals: one spawn of two processes."""
-    with tempfile.TemporaryDirectory() as out:
-        init = "file://" + os.path.join(out, "init")
-        torch.multiprocessing.spawn(_worker, args=(WORLD, init, out), nprocs=WORLD)
-        return [torch.load(Path(out) / f"rank{r}.pt") for r in range(WORLD)]
+    return spawn_ranks(_worker, WORLD)
 
 
 def trained(results: list[dict], name: str, shard: bool = True) -> list[dict]:
@@ -313,10 +318,7 @@ def test_sharded_step_on_nccl_with_real_capture():
     from thunder_nb.diagnosis.judge import EXACT, assert_equal
 
     world = min(torch.cuda.device_count(), 2)
-    with tempfile.TemporaryDirectory() as out:
-        init = "file://" + os.path.join(out, "init")
-        torch.multiprocessing.spawn(_gpu_worker, args=(world, init, out), nprocs=world)
-        results = [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
+    results = spawn_ranks(_gpu_worker, world)
     for name in ("adamw", "adamw-clip"):
         ranks = trained(results, name)
         reference = single_process(CONFIGS[name], world)

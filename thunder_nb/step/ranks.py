@@ -20,6 +20,7 @@ import torch
 
 from .. import internals
 from ..cudagraph.distributed import data_parallel_wrapper
+from .guard import trained_parameters
 
 __all__ = ["BUCKET_BYTES", "GradientAverage", "data_parallel", "ranks_of", "refuse_data_parallel_wrappers",
            "plan_buckets", "same_gradients_on_every_rank"]
@@ -218,7 +219,7 @@ def data_parallel(model: torch.nn.Module, loss_fn: Callable[..., Any], ddp: bool
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             torch.distributed.broadcast(t, group=process_group, group_src=0)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    average = GradientAverage(process_group, world) if shard is None else shard(process_group, world, trained)
+    average = (GradientAverage(process_group, world) if shard is None
+               else shard(process_group, world, trained_parameters(model)))
     return average, [*average.notes(), "rank 0's parameters and buffers broadcast to every rank at jit_step (as "
                      "DistributedDataParallel does when it wraps a model); buffers are not broadcast again"]
