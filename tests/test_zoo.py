@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 
 from thunder_nb.cudagraph.transform import RUNNER_DEFAULTS
-from thunder_nb.testing.zoo import (AMPLIFIED, CONFIGS, DROPOUT_CHECKS, FIRST_STEP, GRAPH_CONFIGS, MODELS, PROTOCOLS, STEP_CONFIGS,
-                                   ZooJudgement, ZooRun, applies, compile_with, judge, missing_package, plain_config,
-                                   run_protocol)
+from thunder_nb.testing.zoo import (AMPLIFIED, CONFIGS, DROPOUT_CHECKS, FIRST_STEP, GRAPH_CONFIGS, MODELS, PROTOCOLS,
+                                   STEP_CONFIGS, ZooJudgement, ZooRun, applies, compile_with, judge, missing_package,
+                                   plain_config, run_protocol)
 from thunder_nb.diagnosis.judge import assert_equal
 
 pytestmark = pytest.mark.slow
@@ -138,7 +138,8 @@ def test_a_difference_training_amplified_is_cleared_only_bit_for_bit_with_thunde
     first_weights_off = run([2.0, 1.6, 1.5], w * 0.7, first_weight=w + 1e-3)
     nan_later = run([2.0, 1.6, float("nan")], w * 0.7)
     for plain in (one_bit, first_off, first_weights_off, nan_later):
-        verdict = judge(amplified if plain is one_bit else plain, eager, lambda: dataclasses.replace(plain, config="thunder"))
+        judged = amplified if plain is one_bit else plain
+        verdict = judge(judged, eager, lambda: dataclasses.replace(plain, config="thunder"))
         assert not verdict.matches and verdict.against == "eager", (plain.values, verdict)
 
 

@@ -25,7 +25,8 @@ from ..diagnosis.judge import AUTOCAST, EXACT, MODEL, TRAINED, Tolerance
 from ..diagnosis.protocols import GraphTransform, RecordingRunner
 from .modes import CaptureMode, capturing, check_mode, emulate_runner, jit_capture
 from .zoo_models import MODELS, ZooModel, missing_package
-from .zoo_protocols import FIRST_STEP, PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer, whole_step_training
+from .zoo_protocols import (FIRST_STEP, PROTOCOLS, TRAINING_OPTIMIZERS, keep_rate, training_optimizer,
+                            whole_step_training)
 
 __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_optimizer", "CONFIGS", "ZooRun",
            "compile_with", "run_protocol", "run_in_child", "missing_package", "keep_rate", "TOLERANCES", "ZooJudgement",
