@@ -34,6 +34,11 @@ def _cpu_kernels() -> str:
 # Under pytest-xdist each worker (`bash dev.sh test` starts one more than the cores) keeps to one thread of its own, so
 # that two workers on two cores do not fight over both.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor" / _cpu_kernels()))
+# NOTE: inductor's first compile in a process checks each vector ISA the CPU's flags name by building a kernel and
+# loading it in a fresh Python (six processes that import torch: 5 s of CPU in every worker, kernel and subprocess that
+# compiles, 2026-12-05). The tests take the CPU's flags at their word: the same ISA is chosen (ATEN_CPU_CAPABILITY still
+# picks one), without the check.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
