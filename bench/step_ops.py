@@ -52,7 +52,8 @@ SKIP_SYMBOLS = frozenset(("unpack_trivial", "python_return", "shape", "python_de
 
 CAVEAT = ("Caveat: on the CPU a kernel count is a proxy for the GPU's kernel launches and memory passes, not for GPU "
           "time (small elementwise kernels cost launches and a pass over memory each; a matmul costs what it "
-          "costs). The GPU profile is owed: `python bench/step_ops.py --device cuda` on the H200 (untested).")
+          "costs): `python bench/step_ops.py --device cuda` gives GPU time "
+          "(bench/results/2026-12-05-ddp-step-ops-h100.md).")
 
 
 # ---------------------------------------------------------------------------------------------------- the models
@@ -343,8 +344,9 @@ def main() -> None:
           f"{'thunder.jit(loss_fn)' if args.jit == 'thunder' else 'thunder_nb.jit(loss_fn, capture=False)'}, "
           f"default executors {[e.name for e in thunder.get_default_executors()]} + always "
           f"{[e.name for e in thunder.get_always_executors()]}, {args.reps} profiled steps.\n")
-    print(CAVEAT + " On the CPU thunder's sdpa executor claims no attention (its row is thunder's decomposition; "
-          "on the GPU sdpa runs it).\n")
+    if args.device == "cpu":
+        print(CAVEAT + " On the CPU thunder's sdpa executor claims no attention (its row is thunder's decomposition; "
+              "on the GPU sdpa runs it).\n")
     for name in args.models.split(","):
         print("\n".join(op_table(name, args.device, args.jit, args.reps)))
 
