@@ -78,7 +78,11 @@ def test_cudagraph_fw_bw(mode):
                                                   "autograd, not reset)"] and backward.stats.replays == 3
     assert t.cuda_graph_runner.lending_stopped
     if mode == "gpu":
+        # NOTE: a segment is new by its address: one an earlier test left (torch.compile's pool in test_magics' peers
+        # test, 2026-12-05 on the H100) changes its blocks when that test's tensors are collected here, and compared
+        # as a whole dict it looked new
         pool = t.cuda_graph_runner.mem_pool[0]
+        known = {segment["address"] for segment in before}
         for segment in after:
-            if segment not in before:
+            if segment["address"] not in known:
                 assert segment["segment_pool_id"] == pool or str(segment["segment_pool_id"]) == "(0, 0)"
