@@ -78,9 +78,9 @@ def test_cudagraph_fw_bw(mode):
                                                   "autograd, not reset)"] and backward.stats.replays == 3
     assert t.cuda_graph_runner.lending_stopped
     if mode == "gpu":
-        # NOTE: a segment is new by its address: one an earlier test left (torch.compile's pool in test_magics' peers
-        # test, 2026-12-05 on the H100) changes its blocks when that test's tensors are collected here, and compared
-        # as a whole dict it looked new
+        # NOTE: a segment is new by its address: one an earlier test in the process left changes its blocks when that
+        # test's tensors are collected here, and compared as a whole dict it looked new (2026-12-05, H100: a segment
+        # of pool (1, 0) after test_magics' and test_comparison's GPU tests)
         pool = t.cuda_graph_runner.mem_pool[0]
         known = {segment["address"] for segment in before}
         for segment in after:
