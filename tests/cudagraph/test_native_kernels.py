@@ -1,13 +1,14 @@
-"""`thunder_nb.jit` runs convolutions' backward and training BatchNorm with PyTorch's own kernels.
+"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm and gelu with PyTorch's own kernels.
 
 `executors.native_convolution`: thunder 0.2.6's own rule computes a strided convolution's input gradient over the
 output gradient padded with zeros (four times the positions at stride 2) and adds pads, flips and permutes.
 `executors.native_batch_norm`: thunder decomposes a training BatchNorm into about ten kernels forward and fifteen
-backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. These tests run real thunder traces on
-the CPU: gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
+backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. `executors.native_layer_norm` and
+`executors.native_gelu`: thunder differentiates their decompositions op by op (on an H100 nanoGPT's step ran 197
+kernels for them where eager runs 26); a fusion executor keeps them. These tests run real thunder traces on the CPU:
+gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
 thunder's rewrites, and a gradient nobody reads is never computed.
 """
-
 from __future__ import annotations
 
 import warnings
@@ -17,9 +18,11 @@ import torch
 
 import thunder
 import thunder_nb
-from thunder_nb.cudagraph.executors import jit_executors, native_batch_norm, native_convolution
+from thunder_nb.cudagraph.executors import (executor_list, jit_executors, native_batch_norm, native_convolution,
+                                            native_gelu, native_layer_norm)
+from thunder_nb.diagnosis.judge import EXACT, assert_equal
 from thunder_nb.fix import EagerFallbackWarning
-from thunder_nb.diagnosis.judge import assert_equal
+from thunder_nb.internals import build_traces
 
 CONVOLUTIONS = {
     "conv1d, stride 2": (lambda: torch.nn.Conv1d(3, 5, 3, stride=2), (2, 3, 11)),
@@ -169,3 +172,175 @@ def test_a_training_batch_norm_under_no_grad_updates_its_running_statistics_as_e
     for (name, b), c in zip(net.named_buffers(), ref.buffers()):
         assert torch.equal(b, c), (name, b, c)
     assert "thunder_nb_batch_norm" in _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+
+
+#: thunder's decomposition of layer_norm and gelu (either approximation), forward and backward
+DECOMPOSED = {"var_mean", "rsqrt", "erf", "tanh", "pow", "exp"}
+
+LAYER_NORMS = {"last dim": ((2, 3, 8), (8,)), "last two dims": ((4, 5, 6), (5, 6))}
+
+
+def _weighted(fn, shape, dtype):
+    """``fn``'s output weighted by a fixed tensor and summed: every gradient non-trivial (a layer norm's plain sum is
+    its bias's)."""
+    weights = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    return lambda x: (fn(x) * weights).sum()
+
+
+def _assert_as_eager(loss, x, params, what):
+    """``loss`` through thunder_nb.jit: its value and the gradients of ``x`` and ``params`` bit for bit eager's; the
+    jitted function."""
+    jfn = _jit(loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = jfn(x)
+        grads = torch.autograd.grad(got, [x, *params])
+    expected = loss(x)
+    assert_equal(got, expected, tolerance=EXACT, label=f"{what}: loss")
+    assert_equal(grads, torch.autograd.grad(expected, [x, *params]), tolerance=EXACT, label=f"{what}: gradients")
+    return jfn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("affine", ["weight and bias", "weight", "neither"])
+@pytest.mark.parametrize("name", list(LAYER_NORMS))
+def test_a_layer_norm_runs_bit_for_bit_as_eager_with_pytorchs_kernels(name, affine, dtype):
+    shape, normalized = LAYER_NORMS[name]
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(normalized, elementwise_affine=affine != "neither", bias=affine == "weight and bias",
+                            dtype=dtype)
+    with torch.no_grad():
+        for p in ln.parameters():
+            p.normal_()
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
+    jfn = _assert_as_eager(_weighted(ln, shape, dtype), x, list(ln.parameters()), f"{name}, {affine}, {dtype}")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_layer_norm") == 1 and not DECOMPOSED & set(forward), forward
+    assert backward.count("thunder_nb_layer_norm_backward") == 1 and not DECOMPOSED & set(backward), backward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_a_layer_norms_statistics_are_typed_as_its_kernel_returns_them_on_the_inputs_device(dtype):
+    """The mean and inverse standard deviation: the input's dtype on the CPU, float32 for a reduced-precision input
+    elsewhere. torch's meta kernel (``torch._refs.native_layer_norm``) types them as CUDA's kernel does."""
+    from thunder.core import devices, dtypes
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import TraceCtx, tracectx
+
+    forward = native_layer_norm().opmap["thunder_nb_layer_norm"]
+    for device, kernel_device in (("cpu", "cpu"), ("cuda:0", "meta")):
+        with tracectx(TraceCtx()):
+            a = TensorProxy(shape=(2, 3, 4), device=devices.to_device(device), dtype=dtypes.to_dtype(dtype))
+            meta = forward.meta(a, (3, 4), None, None, 1e-5)
+        kernel = torch.ops.aten.native_layer_norm(torch.ones(2, 3, 4, dtype=dtype, device=kernel_device), (3, 4), None,
+                                                  None, 1e-5)
+        assert [(tuple(p.shape), dtypes.to_torch_dtype(p.dtype)) for p in meta] == [
+            (tuple(t.shape), t.dtype) for t in kernel], device
+
+
+def test_a_layer_norm_the_kernels_do_not_take_keeps_thunders_decomposition():
+    """A weight of another dtype than the input's: thunder's decomposition, whose result is eager's within bfloat16's
+    rounding."""
+    ln = torch.nn.LayerNorm(8)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    jfn = _jit(ln)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = jfn(x)
+    assert_equal(got, ln(x))
+    forward = _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+    assert "thunder_nb_layer_norm" not in forward and "var_mean" in forward, forward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_runs_bit_for_bit_as_eager_with_pytorchs_kernels(approximate, dtype):
+    x = torch.randn(3, 16, dtype=dtype, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    fn = _weighted(lambda x: torch.nn.functional.gelu(x, approximate=approximate), x.shape, dtype)
+    jfn = _assert_as_eager(fn, x, [], f"gelu {approximate}, {dtype}")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_gelu") == 1 and not DECOMPOSED & set(forward), forward
+    assert backward.count("thunder_nb_gelu_backward") == 1 and not DECOMPOSED & set(backward), backward
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.GELU(approximate="tanh"))
+
+
+@pytest.mark.parametrize("executor", ["torchcompile", "torchcompile_cat", "thunder's torch_compile_ex"])
+def test_a_fusion_executor_keeps_layer_norm_and_gelu(executor):
+    """inductor fuses their decomposition itself, forward and backward: PyTorch's kernels are not in the list, and
+    the traces (built, not run) hold thunder's decomposition."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    executors = [torch_compile_ex] if executor.startswith("thunder") else [executor]
+    names = [e.name for e in jit_executors(executors)]
+    assert native_convolution().name in names and native_batch_norm().name in names, names
+    assert native_layer_norm().name not in names and native_gelu().name not in names, names
+    assert {native_layer_norm().name, native_gelu().name} <= {e.name for e in jit_executors(["no-sdpa"])}
+    net = _mlp()
+    jfn = thunder_nb.jit(lambda x: net(x).sum(), executors=executors, capture=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_traces(jfn, torch.randn(2, 8, requires_grad=True))
+    names = [n for t in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])
+             for n in _all_ops(t.bound_symbols)]
+    assert not any(n.startswith(("thunder_nb_layer_norm", "thunder_nb_gelu")) for n in names), names
+    assert {"var_mean", "rsqrt", "tanh"} <= set(names), names
+
+
+def _all_ops(bsyms) -> list[str]:
+    """The ops' names, those inside regions and fusions included."""
+    names = []
+    for b in bsyms:
+        names += [b.sym.name] + (_all_ops(b.subsymbols) if b.sym.is_fusion or b.sym.name.startswith("CUDAGraph")
+                                 else [])
+    return names
+
+
+def _nanogpt():
+    """thunder's bundled nanoGPT, one layer, and its loss on a batch: (model, loss function, inputs)."""
+    from thunder.tests.nanogpt_model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.0))
+    inputs = tuple(torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(0)))
+
+    def loss(idx, targets):
+        return model(idx, targets)[1]
+
+    return model, loss, inputs
+
+
+def test_a_nanogpt_training_step_equals_eagers_without_the_layer_norm_and_gelu_decompositions():
+    """thunder's bundled nanoGPT: loss and gradients equal eager's (within float32's tolerance: attention, which on
+    the CPU is thunder's decomposition, and cross_entropy's mean round otherwise than eager's kernels), and its 3 layer
+    norms and its gelu run as PyTorch's kernels, forward and backward."""
+    model, loss, inputs = _nanogpt()
+    jfn = _jit(loss)
+    params = list(model.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = jfn(*inputs)
+        grads = torch.autograd.grad(got, params)
+    expected = loss(*inputs)
+    assert_equal(got, expected, label="loss")
+    assert_equal(grads, torch.autograd.grad(expected, params), label="gradients")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_layer_norm") == 3 and forward.count("thunder_nb_gelu") == 1, forward
+    assert backward.count("thunder_nb_layer_norm_backward") == 3 and "thunder_nb_gelu_backward" in backward, backward
+    assert not DECOMPOSED & set(forward + backward), forward + backward
+
+
+@pytest.mark.slow  # NOTE: two nanoGPT traces, one of them with thunder's decompositions: about 7 s on 2 cores
+def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules():
+    """The executors thunder_nb.jit took before (without PyTorch's layer_norm and gelu kernels) left a backward of
+    200 symbols; now it has 86 (bookkeeping included)."""
+    _, loss, inputs = _nanogpt()
+    jfn = thunder.jit(loss, executors=jit_executors(()))
+    rules = thunder.jit(loss, executors=[native_convolution(), native_batch_norm(), *executor_list([], checked=True)])
+    for j in (jfn, rules):
+        build_traces(j, *inputs)
+    assert "rsqrt" in _ops(thunder.last_traces(rules)[-1].bound_symbols)
+    assert len(_backward_ops(jfn)) < len(_backward_ops(rules)) - 50, (_backward_ops(jfn), _backward_ops(rules))

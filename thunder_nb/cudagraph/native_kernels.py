@@ -1,6 +1,8 @@
 """PyTorch's own kernels where thunder's rules are slow: `native_convolution` (a convolution's backward as
-``aten.convolution_backward``) and `native_batch_norm` (a training BatchNorm as ``native_batch_norm`` and its backward).
-`thunder_nb.cudagraph.executors.jit_executors` puts them before every other executor."""
+``aten.convolution_backward``), `native_batch_norm` (a training BatchNorm as ``native_batch_norm`` and its backward),
+`native_layer_norm` and `native_gelu` (``native_layer_norm``, ``gelu`` and their backward kernels).
+`thunder_nb.cudagraph.executors.jit_executors` puts them before every other executor (the last two only where no
+fusion executor is named)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from .. import internals
 
-__all__ = ["native_convolution", "native_batch_norm"]
+__all__ = ["native_convolution", "native_batch_norm", "native_layer_norm", "native_gelu"]
 
 
 @functools.cache  # NOTE: registered with thunder once
@@ -155,4 +157,126 @@ def native_batch_norm() -> Any:
 
     ex.register_implementation(ltorch.batch_norm, checker=checker, execution_transform=execution_transform,
                                grad_transform=grad_transform)
+    return ex
+
+
+def _is_float(t: Any) -> bool:
+    """Whether ``t`` is a tensor proxy of a dtype PyTorch's normalisation and activation kernels take."""
+    import torch
+    from thunder.core.dtypes import to_torch_dtype
+    from thunder.core.proxies import TensorProxy
+
+    return isinstance(t, TensorProxy) and to_torch_dtype(t.dtype) in (torch.float16, torch.bfloat16, torch.float32,
+                                                                        torch.float64)
+
+
+@functools.cache  # NOTE: registered with thunder once
+def native_layer_norm() -> Any:
+    """An executor that runs ``layer_norm`` with PyTorch's own kernels, forward and backward.
+
+    thunder 0.2.6 decomposes ``torch.nn.functional.layer_norm`` into ``var_mean``, ``rsqrt``, the normalisation and the
+    affine step, and differentiates that decomposition op by op: on an H100, nanoGPT's training step ran 145 kernels
+    for its 5 layer norms where eager PyTorch runs 20, 235 µs of GPU time against 37 µs
+    (bench/results/2026-12-05-step-ops-h100.md). This executor claims ``ltorch.layer_norm`` and runs it as eager's
+    autograd does: ``aten.native_layer_norm`` (the output, the mean and the inverse standard deviation), then
+    ``aten.native_layer_norm_backward``, asked only for the gradients that exist (none for a missing weight or bias).
+    A call its kernels cannot take (a ``normalized_shape`` that is not a tuple or list of ints matching the input's
+    last dimensions and the weight's shape, a dtype other than a floating one, a weight of another dtype or device)
+    keeps thunder's decomposition.
+    """
+    import thunder.torch as ltorch
+    import torch
+    from thunder.core import utils
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.transforms import get_grad, put_grad
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor("thunder_nb_layer_norm", version=torch.__version__)
+    register_executor(ex)
+
+    def _forward_meta(a, normalized_shape, weight, bias, eps):
+        # NOTE: the statistics as the kernel returns them on the input's device (torch._refs.native_layer_norm): in the
+        # input's dtype on the CPU, in its computation dtype elsewhere (float32 for a bfloat16 or float16 input)
+        dtype = a.dtype if a.device.type == "cpu" else utils.get_computation_dtype(a.dtype)
+        shape = tuple(a.shape[:a.ndim - len(normalized_shape)]) + (1,) * len(normalized_shape)
+        return TensorProxy(like=a), TensorProxy(like=a, shape=shape, dtype=dtype), TensorProxy(like=a, shape=shape,
+                                                                                                dtype=dtype)
+
+    def _backward(g, a, normalized_shape, mean, rstd, weight, bias):
+        return torch.ops.aten.native_layer_norm_backward(g, a, normalized_shape, mean, rstd, weight, bias,
+                                                         [True, weight is not None, bias is not None])
+
+    def _backward_meta(g, a, normalized_shape, mean, rstd, weight, bias):
+        return (TensorProxy(like=a), None if weight is None else TensorProxy(like=weight),
+                None if bias is None else TensorProxy(like=bias))
+
+    forward = ex.register_operator("thunder_nb_layer_norm", meta=_forward_meta, fn=torch.ops.aten.native_layer_norm)
+    backward = ex.register_operator("thunder_nb_layer_norm_backward", meta=_backward_meta, fn=_backward)
+
+    def execution_transform(a, normalized_shape, weight=None, bias=None, eps=1e-5):
+        return forward(a, normalized_shape, weight, bias, eps)[0]  # NOTE: no_grad
+
+    def grad_transform(a, normalized_shape, weight=None, bias=None, eps=1e-5):
+        out, mean, rstd = forward(a, normalized_shape, weight, bias, eps)
+        ga, gw, gb = backward(get_grad(out), a, normalized_shape, mean, rstd, weight, bias)
+        put_grad(a, ga)
+        if weight is not None:
+            put_grad(weight, gw)
+        if bias is not None:
+            put_grad(bias, gb)
+        return out
+
+    def checker(a, normalized_shape, weight=None, bias=None, eps=1e-5) -> bool:
+        # NOTE: thunder's layer_norm takes the normalised shape from the weight where they differ (a sharded
+        # parameter's); such a call stays thunder's
+        if not (_is_float(a) and isinstance(normalized_shape, (tuple, list)) and 1 <= len(normalized_shape) <= a.ndim
+                and all(type(n) is int for n in normalized_shape) and type(eps) in (int, float)):
+            return False
+        shape = tuple(normalized_shape)
+        return tuple(a.shape[a.ndim - len(shape):]) == shape and all(
+            isinstance(t, TensorProxy) and tuple(t.shape) == shape and t.dtype == a.dtype and t.device == a.device
+            for t in (weight, bias) if t is not None)
+
+    ex.register_implementation(ltorch.layer_norm, checker=checker, execution_transform=execution_transform,
+                               grad_transform=grad_transform)
+    return ex
+
+
+@functools.cache  # NOTE: registered with thunder once
+def native_gelu() -> Any:
+    """An executor that runs ``gelu`` with PyTorch's own kernels, forward and backward.
+
+    thunder 0.2.6 differentiates ``torch.nn.functional.gelu`` through its decomposition (``erf``, or ``tanh`` and a
+    cube for ``approximate="tanh"``), op by op: on an H100, nanoGPT's training step ran 52 kernels for its gelu where
+    eager PyTorch runs 6, 59 µs of GPU time against 7 µs (bench/results/2026-12-05-step-ops-h100.md). This executor
+    claims ``ltorch.gelu`` (``approximate`` "none" or "tanh", a floating dtype) and runs ``torch.nn.functional.gelu``
+    forward and ``aten.gelu_backward`` backward, as eager's autograd does.
+    """
+    import thunder.torch as ltorch
+    import torch
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.transforms import get_grad, put_grad
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor("thunder_nb_gelu", version=torch.__version__)
+    register_executor(ex)
+
+    def _backward(g, a, approximate):
+        return torch.ops.aten.gelu_backward(g, a, approximate=approximate)
+
+    def _backward_meta(g, a, approximate):
+        return TensorProxy(like=a)
+
+    forward = ex.register_operator("thunder_nb_gelu", like=ltorch.gelu, fn=torch.nn.functional.gelu)
+    backward = ex.register_operator("thunder_nb_gelu_backward", meta=_backward_meta, fn=_backward)
+
+    def grad_transform(a, *, approximate="none"):
+        out = forward(a, approximate=approximate)
+        put_grad(a, backward(get_grad(out), a, approximate))
+        return out
+
+    def checker(a, *, approximate="none") -> bool:
+        return _is_float(a) and approximate in ("none", "tanh")
+
+    ex.register_implementation(ltorch.gelu, forward, checker=checker, grad_transform=grad_transform)
     return ex

@@ -40,10 +40,10 @@ __all__ = ["ZooModel", "MODELS", "PROTOCOLS", "TRAINING_OPTIMIZERS", "training_o
 #: transform (and, with an executor choice, the executors `thunder_nb.jit` takes); "jit_step ...": the whole training
 #: step as one graph (`thunder_nb.step.jit_step`, the training protocols only); "thunder fused": thunder with
 #: inductor's fusions (its torchcompile executor) and no graphs, the numerics "fused" has; "thunder nb-executors":
-#: thunder with the executors `thunder_nb.jit` chooses (`jit_executors`: PyTorch's own convolution backward and
-#: training BatchNorm, the checked sdpa) and no graphs, the numerics "thunder_nb.jit" and ``jit_step`` have. These three
-#: "thunder ..." configurations take their executors as thunder_nb.jit does (`jit_executors`); "thunder" is thunder.jit
-#: as a user calls it.
+#: thunder with the executors `thunder_nb.jit` chooses (`jit_executors`: PyTorch's own convolution backward,
+#: training BatchNorm, layer_norm and gelu, the checked sdpa) and no graphs, the numerics "thunder_nb.jit" and
+#: ``jit_step`` have. These three "thunder ..." configurations take their executors as thunder_nb.jit does
+#: (`jit_executors`); "thunder" is thunder.jit as a user calls it.
 CONFIGS = ("eager", "thunder", "stock", "fixed", "thunder_nb.jit", "fused", "reduce-overhead", "thunder no-sdpa",
            "thunder_nb.jit no-sdpa", "thunder fused", "thunder nb-executors", "fixed fused", "fixed no-sdpa",
            "jit_step", "jit_step fused")
