@@ -143,11 +143,15 @@ def executors_of(jfn: Callable) -> set[str]:
     if backward:
         traces.append(backward[-1])
     names = set()
-    for trace in traces:
-        for bsym in trace.bound_symbols:
-            ex = getattr(bsym.sym, "executor", None)
-            if ex is not None and bsym.sym.name not in SKIP_SYMBOLS:
-                names.add(ex.name)
+    bsyms = [b for trace in traces for b in trace.bound_symbols]
+    while bsyms:
+        bsym = bsyms.pop()
+        if bsym.sym.name.startswith("CUDAGraph"):  # NOTE: thunder_nb.jit's regions: the executors of the ops inside
+            bsyms += bsym.subsymbols
+            continue
+        name = getattr(getattr(bsym.sym, "executor", None), "name", None)  # NOTE: the fixed transform's have none
+        if name is not None and bsym.sym.name not in SKIP_SYMBOLS:
+            names.add(name)
     return names
 
 
