@@ -177,7 +177,7 @@ def native_layer_norm() -> Any:
     thunder 0.2.6 decomposes ``torch.nn.functional.layer_norm`` into ``var_mean``, ``rsqrt``, the normalisation and the
     affine step, and differentiates that decomposition op by op: on an H100, nanoGPT's training step ran 145 kernels
     for its 5 layer norms where eager PyTorch runs 20, 235 µs of GPU time against 37 µs
-    (bench/results/2026-12-05-step-ops-h100.md). This executor claims ``ltorch.layer_norm`` and runs it as eager's
+    (bench/results/2026-12-05-ddp-step-ops-h100.md). This executor claims ``ltorch.layer_norm`` and runs it as eager's
     autograd does: ``aten.native_layer_norm`` (the output, the mean and the inverse standard deviation), then
     ``aten.native_layer_norm_backward``, asked only for the gradients that exist (none for a missing weight or bias).
     A call its kernels cannot take (a ``normalized_shape`` that is not a tuple or list of ints matching the input's
@@ -248,9 +248,9 @@ def native_gelu() -> Any:
 
     thunder 0.2.6 differentiates ``torch.nn.functional.gelu`` through its decomposition (``erf``, or ``tanh`` and a
     cube for ``approximate="tanh"``), op by op: on an H100, nanoGPT's training step ran 52 kernels for its gelu where
-    eager PyTorch runs 6, 59 µs of GPU time against 7 µs (bench/results/2026-12-05-step-ops-h100.md). This executor
-    claims ``ltorch.gelu`` (``approximate`` "none" or "tanh", a floating dtype) and runs ``torch.nn.functional.gelu``
-    forward and ``aten.gelu_backward`` backward, as eager's autograd does.
+    eager PyTorch runs 6, 59 µs of GPU time against 7 µs (bench/results/2026-12-05-ddp-step-ops-h100.md). This
+    executor claims ``ltorch.gelu`` (``approximate`` "none" or "tanh", a floating dtype) and runs
+    ``torch.nn.functional.gelu`` forward and ``aten.gelu_backward`` backward, as eager's autograd does.
     """
     import thunder.torch as ltorch
     import torch
