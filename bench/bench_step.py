@@ -2,6 +2,7 @@
 
     python bench/bench_step.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--pt2] [--configs ...]
                                [--out FILE.md]
+    python bench/bench_step.py --models gpt2-small --rounds 3 --steps 10   # a size where the GPU bounds the step
     python bench/bench_step.py --capturability [--device cpu]  # what stops each zoo training case
     python bench/bench_step.py --device cpu --steps 2     # checks the script (CPU stand-in; no inductor)
 
@@ -13,6 +14,13 @@ turns. Reported: the median over rounds of ms/step and the ratio to torch.compil
 spread (min-max of the per-round ratios). In the same run, torch.profiler's sum of GPU kernel time per step of the
 whole step (the graph's kernels), and the GPU time of back-to-back replays (CUDA events). ``--pt2`` adds PT2's
 closest: torch.compile(mode="reduce-overhead") of the whole step function with compiled autograd.
+
+The two recipes an expert writes by hand (`HandCapture`): PyTorch's whole-network capture of forward, backward and a
+capturable AdamW over eager's kernels, and the same over torch.compile's (inductor's) kernels; and thunder-nb's whole
+step with inductor's fusions (``whole step fused``). ``--models gpt2-small,llama-1b`` times the sizes where the GPU
+bounds the step (`sized_models`: GPT-2 small at 8x256 tokens; a Llama-3.2-1B-shaped model at 4x512 under bfloat16
+autocast). Each configuration holds its own model and optimizer: the 1B model's float32 weights, gradients and AdamW
+state take about 24 GB a configuration, so time it a few configurations a run (``--configs``; eager always runs).
 """
 
 from __future__ import annotations
@@ -33,30 +41,89 @@ import torch  # noqa: E402
 from rounds import (add_ratios, add_round_arguments, kernel_us, machine, recover, run_rows, sync,  # noqa: E402
                     time_rounds, write_markdown)
 
+import sized_models  # noqa: E402
 from thunder_nb.step import jit_step  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
 
-CONFIGS = ("eager", "reduce-overhead", "thunder_nb.jit", "whole step", "pt2 whole step")
+CONFIGS = ("eager", "reduce-overhead", "thunder_nb.jit", "whole step", "whole step fused", "capture by hand",
+           "inductor + capture by hand", "pt2 whole step")
+#: The configurations the CPU stand-in leaves out: CUDA graphs written by hand, and inductor's (not the stand-in's).
+CUDA_ONLY = ("reduce-overhead", "whole step fused", "capture by hand", "inductor + capture by hand", "pt2 whole step")
 LABELS = {"eager": "eager", "reduce-overhead": "torch.compile reduce-overhead (RO)", "thunder_nb.jit": "thunder_nb.jit",
           "whole step": "thunder_nb.jit_step (whole step)",
+          "whole step fused": 'thunder_nb.jit_step (whole step), executors=["torchcompile"]',
+          "capture by hand": "eager kernels + PyTorch's whole-network capture, by hand",
+          "inductor + capture by hand": "torch.compile (inductor) + PyTorch's whole-network capture, by hand",
           "pt2 whole step": "torch.compile RO of the whole step + compiled autograd"}
 CHECKED = 5
 
 
+class HandCapture:
+    """PyTorch's whole-network capture as its CUDA-graphs documentation writes it: warm-up steps on a side stream, then
+    one ``torch.cuda.graph`` of forward, backward and a capturable AdamW step over static inputs; a call copies the
+    batch in and replays. ``fn`` as it is (eager's kernels) or compiled by torch.compile (inductor's kernels, no
+    graphs of its own), captured the same way. The warm-up trains: the parameters and the optimizer's state are put
+    back afterwards, so that the first replay is the first step from the initial weights (the bench checks its loss
+    against eager's)."""
+
+    def __init__(self, net: torch.nn.Module, fn, batch, around, warmup: int = 3):
+        self.opt = torch.optim.AdamW(net.parameters(), lr=1e-3, capturable=True)
+        (idx,), targets = batch
+        self.idx, self.targets = idx.clone(), targets.clone()
+        initial = [p.detach().clone() for p in net.parameters()]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self.opt.zero_grad(set_to_none=True)
+                with around():
+                    loss = fn(self.idx, self.targets)
+                loss.backward()
+                self.opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(self.graph):
+            with around():
+                self.loss = fn(self.idx, self.targets)
+            self.loss.backward()
+            self.opt.step()
+        with torch.no_grad():
+            for p, p0 in zip(net.parameters(), initial):
+                p.copy_(p0)
+            for state in self.opt.state.values():
+                for value in state.values():
+                    value.zero_()  # NOTE: exp_avg, exp_avg_sq and (capturable) the step count, in place
+        self.graphs_recorded = 1
+
+    def __call__(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.idx.copy_(idx)
+        self.targets.copy_(targets)
+        self.graph.replay()
+        return self.loss
+
+
 class TrainLoop:
-    """One configuration's AdamW loop on its own copy of a zoo model; ``step(i)`` returns the loss (not read)."""
+    """One configuration's AdamW loop on its own copy of a zoo (or sized) model; ``step(i)`` returns the loss (not
+    read). A model in `sized_models.AUTOCAST` runs its forward under bfloat16 autocast, in every configuration."""
 
     def __init__(self, name: str, config: str, device: str):
-        self.model = zoo.MODELS[name]
+        self.model = sized_models.model(name)
         self.config, self.device = config, device
+        self.autocast = name in sized_models.AUTOCAST
         self.net = self.model.build(device).train()
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
         fn = self.model.loss(self.net)
         self.batches = [self.model.batch(i, device) for i in range(3)]
         self.whole = None
         self.graphs = None
-        if config == "whole step":
-            self.whole = jit_step(self.net, fn, self.opt)
+        if config in ("whole step", "whole step fused"):
+            with self.around():
+                self.whole = jit_step(self.net, fn, self.opt,
+                                      executors=["torchcompile"] if config == "whole step fused" else ())
+        elif config in ("capture by hand", "inductor + capture by hand"):
+            compiled = torch.compile(fn) if config.startswith("inductor") else fn
+            self.whole = HandCapture(self.net, compiled, self.batches[0], self.around)
         elif config == "pt2 whole step":
             opt = self.opt
 
@@ -72,18 +139,27 @@ class TrainLoop:
             capture = True if device == "cuda" else "emulated"
             self.fn, self.transform = zoo.compile_with(config, fn, capture)
 
-    def context(self) -> contextlib.AbstractContextManager:
-        if self.config == "pt2 whole step":
-            return torch._dynamo.config.patch(compiled_autograd=True)
-        if self.device == "cpu" and self.config == "thunder_nb.jit":
-            return zoo.capturing("emulated")
+    def around(self) -> contextlib.AbstractContextManager:
+        """bfloat16 autocast for a model in `sized_models.AUTOCAST`, else nothing."""
+        if self.autocast:
+            return torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def context(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.around())
+        if self.config == "pt2 whole step":
+            stack.enter_context(torch._dynamo.config.patch(compiled_autograd=True))
+        if self.device == "cpu" and self.config == "thunder_nb.jit":
+            stack.enter_context(zoo.capturing("emulated"))
+        return stack
 
     def step(self, i: int) -> torch.Tensor:
         (idx,), targets = self.batches[i % 3]
         if self.whole is not None:
             loss = self.whole(idx, targets)
-            return loss.clone() if self.config == "pt2 whole step" else loss  # NOTE: RO's output is its buffer
+            # NOTE: RO's output is its buffer; the hand capture's is its static loss, read before the next replay
+            return loss.clone() if self.config == "pt2 whole step" else loss
         self.opt.zero_grad()
         loss = self.fn(idx, targets)
         loss.backward()
@@ -214,7 +290,7 @@ def main() -> int:
         return 0
     chosen = set(args.configs.split(",")) | {"eager"} if args.configs else set(CONFIGS)
     configs = [c for c in CONFIGS if c in chosen and (c != "pt2 whole step" or args.pt2)
-               and not (args.device == "cpu" and c in ("reduce-overhead", "pt2 whole step"))]
+               and not (args.device == "cpu" and c in CUDA_ONLY)]
     run_rows(args.models.split(","), lambda name: bench_model(name, args.rounds, args.steps, args.device, configs),
              str, lambda res: table(res, args.rounds, args.steps), args.out, "Whole-step capture",
              time_limit=args.time_limit, rest=("--models", str))

@@ -1,0 +1,102 @@
+"""Models at the sizes where the GPU, not the host, bounds a training step (issue 55): GPT-2 small and a 1B-class llama.
+
+The zoo's models (`thunder_nb.testing.zoo`) are 2-layer toys, every configuration of the GPU zoo runs each of them,
+and their step is bound by the host. These two are for the benches alone (`bench_step.py --models gpt2-small,llama-1b`),
+at random init (nothing is downloaded), in the zoo's `ZooModel` form so that the benches take them by name:
+
+- ``gpt2-small``: thunder's nanoGPT at GPT-2 small's shape (12 layers, 12 heads, 768 wide, 124M parameters with
+  nanoGPT's padded vocabulary of 50304), batches of 8x256 tokens, float32;
+- ``llama-1b``: litgpt's Llama-3.2-1B configuration (16 layers, 2048 wide, grouped-query attention; 1.5B parameters,
+  the embedding and the head untied) at a 512-token context, batches of 4x512 tokens, trained under bfloat16 autocast
+  (`AUTOCAST`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from thunder_nb.testing.zoo import ZooModel
+
+__all__ = ["SIZED", "AUTOCAST", "model"]
+
+#: The sized models whose steps run under ``torch.autocast(dtype=torch.bfloat16)``.
+AUTOCAST = frozenset({"llama-1b"})
+
+
+def _seeded(make: Callable[[], Any]) -> Callable[[Any], Any]:
+    def build(device: Any) -> Any:
+        import torch
+
+        torch.manual_seed(0)
+        return make().to(device)
+
+    return build
+
+
+def _tokens(vocab: int, batch: int, seq: int) -> Callable[[int, Any], tuple[tuple, Any]]:
+    def make(seed: int, device: Any) -> tuple[tuple, Any]:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.randint(0, vocab, (batch, seq), generator=g)
+        targets = torch.randint(0, vocab, (batch, seq), generator=g)
+        return (idx.to(device),), targets.to(device)
+
+    return make
+
+
+def _gpt2_small() -> Any:
+    from thunder.tests.nanogpt_model import GPT, GPTConfig
+
+    return GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True))
+
+
+def _nanogpt_loss(model: Any) -> Callable[..., Any]:
+    def step(idx, targets):
+        _, loss = model(idx, targets)
+        return loss
+
+    return step
+
+
+def _llama_1b() -> Any:
+    from thunder.tests import litgpt_model
+
+    return litgpt_model.GPT(litgpt_model.Config.from_name("Llama-3.2-1B", block_size=512))
+
+
+def _cross_entropy(model: Any) -> Callable[..., Any]:
+    import torch.nn.functional as F
+
+    def step(idx, targets):
+        logits = model(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    return step
+
+
+def _called(model: Any) -> Callable[..., Any]:
+    return lambda *args: model(*args)
+
+
+SIZED: dict[str, ZooModel] = {m.name: m for m in (
+    ZooModel("gpt2-small", "thunder.tests.nanogpt_model", _seeded(_gpt2_small), _tokens(50304, 8, 256),
+             _nanogpt_loss, _called, ("train",)),
+    ZooModel("llama-1b", "litgpt.Config.from_name('Llama-3.2-1B', block_size=512)", _seeded(_llama_1b),
+             _tokens(128256, 4, 512), _cross_entropy, _called, ("autocast",), needs="litgpt"),
+)}
+
+
+def model(name: str) -> ZooModel:
+    """The zoo's model ``name``, or a sized one.
+
+    Raises:
+        KeyError: neither has it (the message lists both).
+    """
+    from thunder_nb.testing.zoo import MODELS
+
+    found = MODELS.get(name) or SIZED.get(name)
+    if found is None:
+        raise KeyError(f"no model {name!r}: the zoo has {sorted(MODELS)}, the sized ones {sorted(SIZED)}")
+    return found
