@@ -344,3 +344,28 @@ def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules()
         build_traces(j, *inputs)
     assert "rsqrt" in _ops(thunder.last_traces(rules)[-1].bound_symbols)
     assert len(_backward_ops(jfn)) < len(_backward_ops(rules)) - 50, (_backward_ops(jfn), _backward_ops(rules))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` on the GPU machine)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_a_captured_layer_norm_and_gelu_replay_bit_for_bit_as_eager(dtype):
+    """On the GPU, under real capture: a layer norm, a tanh gelu and a linear layer, three calls (the recording and two
+    replays, each with new inputs) give eager's loss and gradients bit for bit; the mean and inverse standard deviation
+    the backward reads are float32 for a bfloat16 input there (the meta's rule, which the CPU cannot run)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(64, 64))
+    net = net.to("cuda", dtype)
+    jfn = thunder_nb.jit(lambda x: net(x).float().square().mean())
+    for seed in range(3):
+        x = torch.randn(8, 64, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(seed))
+        x.requires_grad_(True)
+        got = jfn(x)
+        grads = torch.autograd.grad(got, [x, *net.parameters()])
+        expected = net(x).float().square().mean()
+        assert_equal(got, expected, tolerance=EXACT, label=f"call {seed}: loss")
+        assert_equal(grads, torch.autograd.grad(expected, [x, *net.parameters()]), tolerance=EXACT,
+                     label=f"call {seed}: gradients")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert "thunder_nb_layer_norm" in forward and "thunder_nb_gelu" in forward, forward
+    assert "thunder_nb_layer_norm_backward" in backward and "thunder_nb_gelu_backward" in backward, backward
