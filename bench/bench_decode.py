@@ -15,6 +15,11 @@ time per token is near it waits for the GPU: fewer, fused kernels help it; one f
 thunder's sdpa executor refuses the decode step (a batch-broadcast mask), so plain thunder runs without it ("thunder
 no-sdpa"); `thunder_nb.jit` chooses its executors itself. ``k=8`` and ``k=8 fused``: `thunder_nb.jit_decode`, eight
 tokens a replay (time per token: pass ``--steps`` a multiple of 8).
+
+``--model llama2-7b --dtypes bfloat16`` (`sized_models`: Llama-2-7b's shape at random init, 13.5 GB of weights a copy,
+one copy per configuration: a few configurations a run) decodes where the GPU's memory bandwidth is the bound; the
+table gives the time to read the weights once at the GPU's nominal bandwidth and its share of each row's time per
+token.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 import rounds  # noqa: E402
+import sized_models  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
 
 CONFIGS = ("eager", "thunder no-sdpa", "stock", "thunder_nb.jit", "fused", "reduce-overhead", "k=8", "k=8 fused")
@@ -53,7 +59,7 @@ class Decoder:
     """One configuration's model, KV cache and compiled step, from the zoo's initial state."""
 
     def __init__(self, model_name: str, config: str, dtype: torch.dtype, device: str):
-        model = zoo.MODELS[model_name]
+        model = sized_models.model(model_name)
         self.net = model.build(device).to(dtype).eval()
         self.net.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
         self.fn, self.transform = zoo.compile_with(config, model.infer(self.net), capture=device == "cuda")
@@ -99,7 +105,7 @@ class ReplayDecoder(Decoder):
     def __init__(self, model_name: str, config: str, dtype: torch.dtype, device: str):
         import thunder_nb
 
-        model = zoo.MODELS[model_name]
+        model = sized_models.model(model_name)
         self.net = model.build(device).to(dtype).eval()
         self.net.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
         self.k, executors = REPLAYS[config]
@@ -162,6 +168,7 @@ def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, config
                 dec.step(i)
     rounds.time_rounds(decoders, rows, n_rounds, steps, device)
     for config, dec in decoders.items():
+        rows[config]["weight_bytes"] = sum(p.numel() * p.element_size() for p in dec.net.parameters())
         if rows[config]["ms"]:
             rows[config]["kernel_us"] = rounds.kernel_us(dec, steps, device)
         if dec.transform is not None:
@@ -170,12 +177,26 @@ def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, config
     return rows
 
 
+def peak_bandwidth() -> float | None:
+    """The GPU's nominal memory bandwidth in bytes/s (2 x the memory clock x the bus width: an H100 SXM's 3.35 TB/s, an
+    H200's 4.8 TB/s), or None without one."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8
+
+
 def table(results: dict, n_rounds: int, steps: int) -> str:
+    peak = peak_bandwidth()
     lines = [f"Machine: {rounds.machine()}. {n_rounds} rounds of {steps} one-token decode calls per "
-             "configuration, taking turns; the first columns are medians over rounds.", "",
+             "configuration, taking turns; the first columns are medians over rounds. Bandwidth bound: the time to "
+             "read the weights once at the GPU's nominal bandwidth"
+             + (f" ({peak / 1e12:.2f} TB/s)" if peak else " (no GPU: none)")
+             + ", as a share of the measured time per token.", "",
              "| model, dtype | configuration | tokens/s | ms/token | vs reduce-overhead (min-max) | equal to eager "
-             "(24 greedy tokens) | GPU kernel time per token, µs | graphs (regions) | first 24 tokens, s | note |",
-             "|---|---|---:|---:|---:|---|---:|---|---:|---|"]
+             "(24 greedy tokens) | GPU kernel time per token, µs | bandwidth bound: ms (share) | graphs (regions) | "
+             "first 24 tokens, s | note |",
+             "|---|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
     for (model, dtype), rows in results.items():
         for row in rows.values():
             ms = statistics.median(row["ms"]) if row["ms"] else None
@@ -184,15 +205,25 @@ def table(results: dict, n_rounds: int, steps: int) -> str:
                      f"{1e3 / ms:,.0f}" if ms else "-", f"{ms:.3f}" if ms else "-",
                      f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-", row.get("equal", "-"),
                      f"{row['kernel_us']:.0f}" if row.get("kernel_us") else "-",
+                     _bound(row.get("weight_bytes"), ms, peak),
                      f"{row['graphs']} ({row['regions']})" if row.get("graphs") is not None else "",
                      f"{row['first_s']:.1f}" if row.get("first_s") else "-", row["note"]]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _bound(weight_bytes: int | None, ms: float | None, peak: float | None) -> str:
+    """The weights' read time at ``peak`` bytes/s, and its share of ``ms`` (1.0: at the bandwidth limit)."""
+    if not (weight_bytes and ms and peak):
+        return "-"
+    limit = weight_bytes / peak * 1e3
+    return f"{limit:.3f} ({limit / ms:.0%})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="litgpt-pythia-14m", help="a zoo model with the decode protocol")
+    parser.add_argument("--model", default="litgpt-pythia-14m",
+                        help="a zoo model with the decode protocol, or llama2-7b (bench/sized_models.py)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     rounds.add_round_arguments(parser)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="configuration,... (zoo.CONFIGS names)")
@@ -200,10 +231,10 @@ def main() -> int:
                         help="cpu: checks the script (no capture; inductor's configuration is left out)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
     args = parser.parse_args()
-    model = zoo.MODELS[args.model]
-    if "decode" not in model.protocols:
-        parser.error(f"{args.model} has no decode protocol (zoo models with one: "
-                     f"{[n for n, m in zoo.MODELS.items() if 'decode' in m.protocols]})")
+    decoding = [n for n, m in {**zoo.MODELS, **sized_models.SIZED}.items() if "decode" in m.protocols]
+    if args.model not in decoding:
+        parser.error(f"{args.model} has no decode protocol (models with one: {decoding})")
+    model = sized_models.model(args.model)
     if zoo.missing_package(model):
         print(f"skipped: {args.model} needs the {zoo.missing_package(model)} package")
         return 0

@@ -8,7 +8,10 @@ at random init (nothing is downloaded), in the zoo's `ZooModel` form so that the
   nanoGPT's padded vocabulary of 50304), batches of 8x256 tokens, float32;
 - ``llama-1b``: litgpt's Llama-3.2-1B configuration (16 layers, 2048 wide, grouped-query attention; 1.5B parameters,
   the embedding and the head untied) at a 512-token context, batches of 4x512 tokens, trained under bfloat16 autocast
-  (`AUTOCAST`).
+  (`AUTOCAST`);
+- ``llama2-7b``: litgpt's Llama-2-7b-hf configuration (32 layers, 4096 wide, 6.7B parameters: 13.5 GB in bfloat16)
+  with a 256-token cache, for decoding (`bench_decode.py --model llama2-7b --dtypes bfloat16`): built on the device
+  in bfloat16 (float32 first would take 27 GB a copy), each configuration its own copy.
 """
 
 from __future__ import annotations
@@ -66,6 +69,20 @@ def _llama_1b() -> Any:
     return litgpt_model.GPT(litgpt_model.Config.from_name("Llama-3.2-1B", block_size=512))
 
 
+def _llama2_7b(device: Any) -> Any:
+    import torch
+    from thunder.tests import litgpt_model
+
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            return litgpt_model.GPT(litgpt_model.Config.from_name("Llama-2-7b-hf", block_size=256))
+    finally:
+        torch.set_default_dtype(default)
+
+
 def _cross_entropy(model: Any) -> Callable[..., Any]:
     import torch.nn.functional as F
 
@@ -85,6 +102,8 @@ SIZED: dict[str, ZooModel] = {m.name: m for m in (
              _nanogpt_loss, _called, ("train",)),
     ZooModel("llama-1b", "litgpt.Config.from_name('Llama-3.2-1B', block_size=512)", _seeded(_llama_1b),
              _tokens(128256, 4, 512), _cross_entropy, _called, ("autocast",), needs="litgpt"),
+    ZooModel("llama2-7b", "litgpt.Config.from_name('Llama-2-7b-hf', block_size=256)", _llama2_7b,
+             _tokens(32000, 1, 8), _cross_entropy, _called, ("decode",), needs="litgpt"),
 )}
 
 
