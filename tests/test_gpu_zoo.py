@@ -107,14 +107,18 @@ def test_gpu_llama2_inference_with_a_list_index_captures_and_thunders_transform_
 
 
 def _graph_cases():
-    """Every model, protocol and documented configuration with graphs (`GRAPH_CONFIGS`) that applies to it."""
+    """Every model, protocol and documented configuration with graphs (`GRAPH_CONFIGS`) that applies to it. The cases
+    of one model and protocol share their eager and plain runs (`_shared_run`), and one ``xdist_group``: under
+    pytest-xdist, ``--dist loadgroup`` keeps them on one worker (about 30 s a case alone: the whole zoo does not fit a
+    ten-minute device call on one process)."""
     for name, model in MODELS.items():
         for protocol in model.protocols:
             if protocol == "dropout":
                 continue
             for config in GRAPH_CONFIGS:
                 if applies(config, protocol):
-                    yield pytest.param(name, protocol, config, id=f"{name}-{protocol}-{config}")
+                    yield pytest.param(name, protocol, config, id=f"{name}-{protocol}-{config}",
+                                       marks=pytest.mark.xdist_group(f"{name}-{protocol}"))
 
 
 #: Runs shared by the cases of one model and protocol: eager's reference and each thunder without graphs.
