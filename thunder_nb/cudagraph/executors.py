@@ -262,10 +262,11 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """``thunder.jit``'s ``executors=`` list for a user's mix of names (`EXECUTOR_NAMES`) and thunder executors.
 
     `native_convolution` and `native_batch_norm` (PyTorch's own kernels) first, then `native_layer_norm` and
-    `native_gelu` where no fusion executor is given or named, then the given executors, then the named ones, then
-    thunder's defaults (less sdpa for ``no-sdpa``), each once; thunder's sdpa executor, given or default, is
-    `checked_sdpa`, and thunder's torchcompile executors, given, are thunder-nb's (the same fusions, with
-    `native_batch_norm`'s running statistics kept and the torch executor's backward for pooling). PyTorch's kernels
+    `native_gelu` where no fusion executor is given, named or among thunder's defaults (nvFuser, where it is
+    installed), then the given executors, then the named ones, then thunder's defaults (less sdpa for ``no-sdpa``),
+    each once; thunder's sdpa executor, given or default, is `checked_sdpa`, and thunder's torchcompile executors,
+    given, are thunder-nb's (the same fusions, with `native_batch_norm`'s running statistics kept and the torch
+    executor's backward for pooling). PyTorch's kernels
     come before every other: thunder asks the first executor that claims an op for its backward, and the fusion
     executors and thunder's torch executor claim ``prims.convolution``, ``batch_norm``, ``layer_norm`` and ``gelu``
     with none of their own (thunder then differentiates its decomposition, op by op: on an H100 nanoGPT's layer
@@ -281,6 +282,8 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """
     given = [_thunder_nb_executor(e) for e in executors if not isinstance(e, str)]
     named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
-    fused = any((e if isinstance(e, str) else getattr(e, "name", None)) in _FUSING for e in [*executors, *given])
+    # NOTE: thunder's defaults count too: with nvFuser installed they hold it
+    fused = any((e if isinstance(e, str) else getattr(e, "name", None)) in _FUSING
+                for e in [*executors, *given, *named])
     native = [native_convolution(), native_batch_norm()] + ([] if fused else [native_layer_norm(), native_gelu()])
     return list(dict.fromkeys(native + given + named))
