@@ -13,7 +13,10 @@ and optimizer from the same initial state and each rank on its own batches. Per 
 (the loss read after each, held against eager DDP's), then rounds: in each round every configuration runs
 ``--steps`` consecutive steps (zero_grad, forward, backward, gradient all-reduce, optimizer step; no sync inside),
 synchronised at the round's ends, taking turns. Reported: the median over rounds of ms/step and the ratio to torch
-DDP + torch.compile reduce-overhead's (RO DDP), with its spread (min-max of the per-round ratios).
+DDP + torch.compile reduce-overhead's (RO DDP), with its spread (min-max of the per-round ratios). "capture by hand":
+the expert's peer, DDP's all-reduce, the forward, the backward and a capturable AdamW in one ``torch.cuda.graph`` as
+PyTorch's CUDA-graphs documentation writes it (`hand_capture`; torchtitan captures forward and backward with the
+collectives inside and leaves the optimizer eager, Megatron records the optimizer as a second graph).
 """
 
 from __future__ import annotations
@@ -32,14 +35,17 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from hand_capture import HandCapture  # noqa: E402
 from rounds import add_ratios, add_round_arguments, machine, recover, run_rows, sync, time_rounds  # noqa: E402
 
 from thunder_nb.testing import zoo  # noqa: E402
 
-CONFIGS = ("eager DDP", "reduce-overhead", "thunder DDP", "thunder_nb.jit DDP", "jit_step DDP", "jit_step ddp+shard")
+CONFIGS = ("eager DDP", "reduce-overhead", "capture by hand", "thunder DDP", "thunder_nb.jit DDP", "jit_step DDP",
+           "jit_step ddp+shard")
 LABELS = {
     "eager DDP": "torch DistributedDataParallel, eager",
     "reduce-overhead": "torch DDP + torch.compile reduce-overhead (RO DDP)",
+    "capture by hand": "torch DDP + the whole step captured by hand (forward, backward, all-reduce, capturable AdamW)",
     "thunder DDP": "thunder.distributed.ddp(thunder.jit(m)), no graphs",
     "thunder_nb.jit DDP": "thunder.distributed.ddp(thunder_nb.jit(m))",
     "jit_step DDP": "thunder_nb.jit_step(m, ..., ddp=True): the all-reduce inside the step's graph",
@@ -68,6 +74,16 @@ class DDPLoop:
         if config in ("jit_step DDP", "jit_step ddp+shard"):
             self.whole = thunder_nb.jit_step(self.net, model.loss(self.net), self.opt, ddp=True, capture=capture,
                                              shard=config == "jit_step ddp+shard")
+            return
+        if config == "capture by hand":
+            # NOTE: PyTorch's recipe for DDP under a full-step capture: DDP made on a side stream, 11 eager warm-up
+            # steps before the capture, NCCL's asynchronous error handling off (`main`, before the process group)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                module = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=[torch.device(device).index])
+            torch.cuda.current_stream().wait_stream(side)
+            self.whole = HandCapture(self.net, model.loss(module), self.batches[0], contextlib.nullcontext, warmup=11)
             return
         if config in ("eager DDP", "reduce-overhead"):
             ids = [torch.device(device).index] if device.startswith("cuda") else None
@@ -165,6 +181,8 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
+    # NOTE: PyTorch's CUDA-graphs documentation: a captured all-reduce needs NCCL's asynchronous error handling off
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = args.device
     if device == "cuda":
@@ -174,7 +192,8 @@ def main() -> int:
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
         chosen = set(args.configs.split(",")) | {"eager DDP"} if args.configs else set(CONFIGS)
-        configs = [c for c in CONFIGS if c in chosen and not (args.device == "cpu" and c == "reduce-overhead")]
+        configs = [c for c in CONFIGS if c in chosen
+                   and not (args.device == "cpu" and c in ("reduce-overhead", "capture by hand"))]
         if rank:  # NOTE: every rank runs every step; rank 0 prints and writes the table
             sys.stdout = open(os.devnull, "w")
         # NOTE: a time limit is judged by each rank on its own clock: with several ranks, one could stop while another
