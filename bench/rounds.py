@@ -39,16 +39,23 @@ def add_round_arguments(parser: argparse.ArgumentParser) -> None:
                              "line names the rest, to run next (a GPU machine that lends a command ten minutes)")
 
 
+def on_gpu(device: str) -> bool:
+    """Whether ``device`` ("cuda", "cuda:1", "cpu") names a CUDA device. bench_ddp's ranks name theirs "cuda:N", which
+    ``device == "cuda"`` took for the CPU: its rounds never waited for the GPU (its 2026-12-05 H100 table timed the
+    host's launches alone: jit_step at 0.03x RO DDP)."""
+    return torch.device(device).type == "cuda"
+
+
 def sync(device: str) -> None:
     """Wait for the GPU (nothing on the CPU)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
+    if on_gpu(device):
+        torch.cuda.synchronize(device)
 
 
 def recover(device: str) -> None:
     """After a configuration failed: CUDA usable as before for the next one (a failed capture leaves the generators
     capturing and its own stream current: `thunder_nb.recover_from_failed_capture`)."""
-    if device == "cuda":
+    if on_gpu(device):
         import thunder_nb
 
         thunder_nb.recover_from_failed_capture()
@@ -91,7 +98,7 @@ def time_rounds(loops: dict[str, Loop], rows: Mapping[str, dict], rounds: int, s
 def kernel_us(loop: Loop, steps: int, device: str) -> float | None:
     """torch.profiler's GPU kernel time per step of ``loop`` (the sum of every kernel's own device time), in µs; None
     on the CPU. A step whose time is far above it waits for the host (launches, Python), not for the GPU."""
-    if device != "cuda":
+    if not on_gpu(device):
         return None
     from torch.profiler import ProfilerActivity, profile
 

@@ -49,3 +49,10 @@ def test_the_first_row_always_runs(limit):
     results = rounds.run_rows(keys, _bench(dict.fromkeys(keys, 0.01)), str, _table, None, "t", time_limit=limit)
     assert ("a", "run") in results
     assert (("b", "run") in results) == (limit == 10.0)
+
+
+def test_a_gpu_named_with_its_index_is_a_gpu():
+    """bench_ddp's ranks name their device "cuda:N": the rounds' synchronisation took it for the CPU and never waited
+    for the GPU (the 2026-12-05 H100 table timed the launches alone)."""
+    assert rounds.on_gpu("cuda") and rounds.on_gpu("cuda:0") and rounds.on_gpu("cuda:3")
+    assert not rounds.on_gpu("cpu")
