@@ -239,8 +239,10 @@ class _DiagramBuilder:
         attrs = {"fillcolor": ISLAND_FILL.get(first.reason, "white"), "shape": "box", "style": "rounded,filled"}
         self.node(g, nid, lines, tips, attrs)
 
-    def edge(self, g: graphviz.Digraph, src: str, dst: str, names: Sequence[str], handoff: str | None = None) -> None:
-        """Draw the values ``names`` flowing from ``src`` to ``dst`` (one summary edge for many)."""
+    def edge(self, g: graphviz.Digraph, src: str, dst: str, names: Sequence[str], handoff: str | None = None,
+             **extra: str) -> None:
+        """Draw the values ``names`` flowing from ``src`` to ``dst`` (one summary edge for many); ``extra``: more
+        edge attributes (``lhead``)."""
         vals = [self.values.get(n) for n in names]
         if len(names) == 1:
             v = vals[0]
@@ -263,7 +265,7 @@ class _DiagramBuilder:
             label = [f"{len(names)} values", head]
             tips = [f"{n} {type_label(v)}".rstrip() for n, v in zip(names, vals)]
             attrs = {"fontsize": "9", "tooltip": dot_text(*tip_lines(tips))}
-        g.edge(src, dst, dot_text(*label) if label else None, **attrs)
+        g.edge(src, dst, dot_text(*label) if label else None, **attrs, **extra)
 
     def draw_flows(self, g: graphviz.Digraph) -> None:
         """Draw the values that cross statements at top level; many values between two nodes share one edge."""
@@ -287,12 +289,29 @@ class _DiagramBuilder:
                 h = handoff.get((v.name, site.position))
                 own = v.name if v.is_scalar or h else None
                 flows.setdefault((src, dst, own), []).append((v.name, h))
-        for (src, dst, _), items in flows.items():
+        # NOTE: many values from one node into a full region's input nodes (the grouped inputs, a backward's unpacked
+        # saved values) enter it by one edge to its border, as many values between two nodes share one edge: one edge
+        # each ran from the top of the drawing to each input's first use, and dot spent 7-10 s laying out one region of
+        # a 2-layer nanoGPT (17,000 nodes in its positioning graph), 0.7 s with one edge (2026-12-05)
+        in_nodes = {node_id(r.name, "in", n): r.name for r in self.regions.values() if r.name in self.full
+                    for n in r.inputs}
+        order = {node: i for i, node in enumerate(in_nodes)}  # NOTE: a region's inputs in the order of first use
+        into: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for (src, dst, own), items in flows.items():
+            if own is None and dst in in_nodes:
+                into.setdefault((src, in_nodes[dst]), []).extend((dst, n) for n, _ in items)
+        into = {key: entered for key, entered in into.items() if len(entered) > _EDGE_GROUP}
+        for (src, dst, own), items in flows.items():
+            if own is None and (src, in_nodes.get(dst)) in into:
+                continue
             if len(items) > _EDGE_GROUP:
                 self.edge(g, src, dst, [n for n, _ in items])
                 continue
             for n, h in items:
                 self.edge(g, src, dst, [n], h)
+        for (src, region), entered in into.items():
+            anchor = min((node for node, _ in entered), key=order.__getitem__)  # NOTE: the edge ends at the top
+            self.edge(g, src, anchor, [n for _, n in entered], lhead=node_id("cluster", region))
 
     def build(self) -> graphviz.Digraph:
         import graphviz
