@@ -295,7 +295,7 @@ class _DiagramBuilder:
         # a 2-layer nanoGPT (17,000 nodes in its positioning graph), 0.7 s with one edge (2026-12-05)
         in_nodes = {node_id(r.name, "in", n): r.name for r in self.regions.values() if r.name in self.full
                     for n in r.inputs}
-        order = {node: i for i, node in enumerate(in_nodes)}  # NOTE: a region's inputs in the order of first use
+        order = {node: i for i, node in enumerate(in_nodes)}  # NOTE: each region's inputs in its signature's order
         into: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for (src, dst, own), items in flows.items():
             if own is None and dst in in_nodes:
@@ -310,7 +310,7 @@ class _DiagramBuilder:
             for n, h in items:
                 self.edge(g, src, dst, [n], h)
         for (src, region), entered in into.items():
-            anchor = min((node for node, _ in entered), key=order.__getitem__)  # NOTE: the edge ends at the top
+            anchor = min((node for node, _ in entered), key=order.__getitem__)  # NOTE: at the first of them
             self.edge(g, src, anchor, [n for _, n in entered], lhead=node_id("cluster", region))
 
     def build(self) -> graphviz.Digraph:
