@@ -16,37 +16,14 @@ at random init (nothing is downloaded), in the zoo's `ZooModel` form so that the
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from thunder_nb.testing.zoo import ZooModel
+from thunder_nb.testing.zoo_models import ZooModel, called, cross_entropy, litgpt, nanogpt_loss, seeded, tokens
 
 __all__ = ["SIZED", "AUTOCAST", "model"]
 
 #: The sized models whose steps run under ``torch.autocast(dtype=torch.bfloat16)``.
 AUTOCAST = frozenset({"llama-1b"})
-
-
-def _seeded(make: Callable[[], Any]) -> Callable[[Any], Any]:
-    def build(device: Any) -> Any:
-        import torch
-
-        torch.manual_seed(0)
-        return make().to(device)
-
-    return build
-
-
-def _tokens(vocab: int, batch: int, seq: int) -> Callable[[int, Any], tuple[tuple, Any]]:
-    def make(seed: int, device: Any) -> tuple[tuple, Any]:
-        import torch
-
-        g = torch.Generator().manual_seed(seed)
-        idx = torch.randint(0, vocab, (batch, seq), generator=g)
-        targets = torch.randint(0, vocab, (batch, seq), generator=g)
-        return (idx.to(device),), targets.to(device)
-
-    return make
 
 
 def _gpt2_small() -> Any:
@@ -55,55 +32,28 @@ def _gpt2_small() -> Any:
     return GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True))
 
 
-def _nanogpt_loss(model: Any) -> Callable[..., Any]:
-    def step(idx, targets):
-        _, loss = model(idx, targets)
-        return loss
-
-    return step
-
-
-def _llama_1b() -> Any:
-    from thunder.tests import litgpt_model
-
-    return litgpt_model.GPT(litgpt_model.Config.from_name("Llama-3.2-1B", block_size=512))
-
-
 def _llama2_7b(device: Any) -> Any:
+    """`seeded`'s build, but made on the device in bfloat16 (float32 on the host first would take 27 GB)."""
     import torch
-    from thunder.tests import litgpt_model
 
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device(device):
-            return litgpt_model.GPT(litgpt_model.Config.from_name("Llama-2-7b-hf", block_size=256))
+            return litgpt("Llama-2-7b-hf", block_size=256)()
     finally:
         torch.set_default_dtype(default)
 
 
-def _cross_entropy(model: Any) -> Callable[..., Any]:
-    import torch.nn.functional as F
-
-    def step(idx, targets):
-        logits = model(idx)
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-
-    return step
-
-
-def _called(model: Any) -> Callable[..., Any]:
-    return lambda *args: model(*args)
-
-
 SIZED: dict[str, ZooModel] = {m.name: m for m in (
-    ZooModel("gpt2-small", "thunder.tests.nanogpt_model", _seeded(_gpt2_small), _tokens(50304, 8, 256),
-             _nanogpt_loss, _called, ("train",)),
-    ZooModel("llama-1b", "litgpt.Config.from_name('Llama-3.2-1B', block_size=512)", _seeded(_llama_1b),
-             _tokens(128256, 4, 512), _cross_entropy, _called, ("autocast",), needs="litgpt"),
+    ZooModel("gpt2-small", "thunder.tests.nanogpt_model", seeded(_gpt2_small), tokens(50304, 8, 256), nanogpt_loss,
+             called, ("train",)),
+    ZooModel("llama-1b", "litgpt.Config.from_name('Llama-3.2-1B', block_size=512)",
+             seeded(litgpt("Llama-3.2-1B", block_size=512)), tokens(128256, 4, 512), cross_entropy, called,
+             ("autocast",), needs="litgpt"),
     ZooModel("llama2-7b", "litgpt.Config.from_name('Llama-2-7b-hf', block_size=256)", _llama2_7b,
-             _tokens(32000, 1, 8), _cross_entropy, _called, ("decode",), needs="litgpt"),
+             tokens(32000, 1, 8), cross_entropy, called, ("decode",), needs="litgpt"),
 )}
 
 

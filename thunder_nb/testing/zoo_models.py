@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ZooModel", "MODELS", "missing_package"]
+__all__ = ["ZooModel", "MODELS", "missing_package", "seeded", "tokens", "cross_entropy", "called", "nanogpt_loss",
+           "litgpt"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ def missing_package(model: ZooModel) -> str | None:
     return None
 
 
-def _seeded(make: Callable[[], Any]) -> Callable[[Any], Any]:
+def seeded(make: Callable[[], Any]) -> Callable[[Any], Any]:
+    """A `ZooModel.build`: torch seeded with 0, then ``make()`` moved to the device (the same weights every time)."""
+
     def build(device: Any) -> Any:
         import torch
 
@@ -52,7 +55,9 @@ def _seeded(make: Callable[[], Any]) -> Callable[[Any], Any]:
     return build
 
 
-def _tokens(vocab: int, batch: int, seq: int) -> Callable[[int, Any], tuple[tuple, Any]]:
+def tokens(vocab: int, batch: int, seq: int) -> Callable[[int, Any], tuple[tuple, Any]]:
+    """A `ZooModel.batch` of ``batch`` x ``seq`` token ids below ``vocab`` and as many targets, seeded per batch."""
+
     def make(seed: int, device: Any) -> tuple[tuple, Any]:
         import torch
 
@@ -75,7 +80,8 @@ def _images(batch: int, size: int, classes: int) -> Callable[[int, Any], tuple[t
     return make
 
 
-def _cross_entropy(model: Any) -> Callable[..., Any]:
+def cross_entropy(model: Any) -> Callable[..., Any]:
+    """A `ZooModel.loss`: the cross-entropy of ``model(idx)``'s logits against the targets."""
     import torch.nn.functional as F
 
     def step(idx, targets):
@@ -85,7 +91,9 @@ def _cross_entropy(model: Any) -> Callable[..., Any]:
     return step
 
 
-def _called(model: Any) -> Callable[..., Any]:
+def called(model: Any) -> Callable[..., Any]:
+    """A `ZooModel.infer`: the model called on the batch's arguments."""
+
     def infer(*args):
         return model(*args)
 
@@ -101,7 +109,9 @@ def _nanogpt(dropout: float) -> Callable[[], Any]:
     return make
 
 
-def _nanogpt_loss(model: Any) -> Callable[..., Any]:
+def nanogpt_loss(model: Any) -> Callable[..., Any]:
+    """A `ZooModel.loss` for thunder's nanoGPT, which computes its loss itself (``model(idx, targets)``)."""
+
     def step(idx, targets):
         _, loss = model(idx, targets)
         return loss
@@ -129,7 +139,9 @@ def _llama2_loss(model: Any) -> Callable[..., Any]:
     return step
 
 
-def _litgpt(name: str, **overrides: Any) -> Callable[[], Any]:
+def litgpt(name: str, **overrides: Any) -> Callable[[], Any]:
+    """A maker of litgpt's GPT (through thunder's copy) for the configuration ``name`` with ``overrides``."""
+
     def make() -> Any:
         from thunder.tests import litgpt_model
 
@@ -151,23 +163,23 @@ _LM = ("train", "logged", "kept", "inference", "autocast")
 
 #: The zoo, by name.
 MODELS: dict[str, ZooModel] = {m.name: m for m in (
-    ZooModel("nanogpt-dropout", "thunder.tests.nanogpt_model", _seeded(_nanogpt(0.1)), _tokens(128, 1, 64),
-             _nanogpt_loss, _called, ("dropout",), dropout=0.1),
-    ZooModel("nanogpt", "thunder.tests.nanogpt_model", _seeded(_nanogpt(0.0)), _tokens(128, 2, 64),
-             _nanogpt_loss, _called, _LM + ("zero-grad",)),
-    ZooModel("llama2", "thunder.tests.llama2_model", _seeded(_llama2(0.0)), _tokens(128, 2, 32),
-             _llama2_loss, _called, _LM),
-    ZooModel("llama2-dropout", "thunder.tests.llama2_model", _seeded(_llama2(0.1)), _tokens(128, 2, 32),
-             _llama2_loss, _called, ("dropout",), dropout=0.1),
-    ZooModel("litgpt-falcon-7b-like", "thunder.tests.litgpt_model", _seeded(_litgpt("falcon-7b-like")),
-             _tokens(128, 2, 32), _cross_entropy, _called, ("train", "kept", "inference"), needs="litgpt"),
-    ZooModel("litgpt-llama2-like", "thunder.tests.litgpt_model", _seeded(_litgpt("llama2-like")),
-             _tokens(128, 2, 32), _cross_entropy, _called, ("train", "logged", "inference"), needs="litgpt"),
+    ZooModel("nanogpt-dropout", "thunder.tests.nanogpt_model", seeded(_nanogpt(0.1)), tokens(128, 1, 64),
+             nanogpt_loss, called, ("dropout",), dropout=0.1),
+    ZooModel("nanogpt", "thunder.tests.nanogpt_model", seeded(_nanogpt(0.0)), tokens(128, 2, 64),
+             nanogpt_loss, called, _LM + ("zero-grad",)),
+    ZooModel("llama2", "thunder.tests.llama2_model", seeded(_llama2(0.0)), tokens(128, 2, 32),
+             _llama2_loss, called, _LM),
+    ZooModel("llama2-dropout", "thunder.tests.llama2_model", seeded(_llama2(0.1)), tokens(128, 2, 32),
+             _llama2_loss, called, ("dropout",), dropout=0.1),
+    ZooModel("litgpt-falcon-7b-like", "thunder.tests.litgpt_model", seeded(litgpt("falcon-7b-like")),
+             tokens(128, 2, 32), cross_entropy, called, ("train", "kept", "inference"), needs="litgpt"),
+    ZooModel("litgpt-llama2-like", "thunder.tests.litgpt_model", seeded(litgpt("llama2-like")),
+             tokens(128, 2, 32), cross_entropy, called, ("train", "logged", "inference"), needs="litgpt"),
     ZooModel("litgpt-pythia-14m", "litgpt.Config.from_name('pythia-14m', n_layer=2)",
-             _seeded(_litgpt("pythia-14m", n_layer=2, block_size=64)), _tokens(128, 2, 32), _cross_entropy,
-             _called, ("train", "inference", "decode"), needs="litgpt"),
-    ZooModel("resnet18", "torchvision.models.resnet18", _seeded(_torchvision("resnet18")), _images(4, 32, 10),
-             _cross_entropy, _called, ("inference", "batchnorm"), needs="torchvision"),
-    ZooModel("mobilenet_v3_small", "torchvision.models.mobilenet_v3_small", _seeded(_torchvision("mobilenet_v3_small")),
-             _images(4, 32, 10), _cross_entropy, _called, ("batchnorm",), needs="torchvision"),
+             seeded(litgpt("pythia-14m", n_layer=2, block_size=64)), tokens(128, 2, 32), cross_entropy,
+             called, ("train", "inference", "decode"), needs="litgpt"),
+    ZooModel("resnet18", "torchvision.models.resnet18", seeded(_torchvision("resnet18")), _images(4, 32, 10),
+             cross_entropy, called, ("inference", "batchnorm"), needs="torchvision"),
+    ZooModel("mobilenet_v3_small", "torchvision.models.mobilenet_v3_small", seeded(_torchvision("mobilenet_v3_small")),
+             _images(4, 32, 10), cross_entropy, called, ("batchnorm",), needs="torchvision"),
 )}
