@@ -2,7 +2,7 @@
 
     python bench/step_ops.py [--models nanogpt,llama2] [--device cpu|cuda] [--jit thunder|thunder_nb] [--reps 3]
 
-For thunder's bundled nanoGPT and llama2 (2 layers, width 64, the zoo's sizes) the training step without the
+For the zoo's nanoGPT and llama2 (`thunder_nb.testing.zoo`: 2 layers, width 64) the training step without the
 optimizer (forward + cross-entropy loss + backward) runs under torch.profiler, eagerly and through thunder
 (``thunder.jit(loss_fn)``: thunder's default executors; ``--jit thunder_nb``: ``thunder_nb.jit(loss_fn,
 capture=False)``). What is counted as a kernel:
@@ -32,12 +32,17 @@ import argparse
 import collections
 import datetime
 import platform
+import sys
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+from thunder_nb.testing import zoo  # noqa: E402
 
 NO_KERNEL = frozenset(
     "aten::" + n for n in (
@@ -54,38 +59,6 @@ CAVEAT = ("Caveat: on the CPU a kernel count is a proxy for the GPU's kernel lau
           "time (small elementwise kernels cost launches and a pass over memory each; a matmul costs what it "
           "costs): `python bench/step_ops.py --device cuda` gives GPU time "
           "(bench/results/2026-12-05-ddp-step-ops-h100.md).")
-
-
-# ---------------------------------------------------------------------------------------------------- the models
-
-
-def nanogpt() -> tuple[Any, Callable, tuple]:
-    from thunder.tests.nanogpt_model import GPT, GPTConfig
-
-    model = GPT(GPTConfig(block_size=64, vocab_size=128, n_layer=2, n_head=4, n_embd=64, dropout=0.0, bias=True))
-
-    def loss_fn(idx, targets):
-        _, loss = model(idx, targets)
-        return loss
-
-    return model, loss_fn, (2, 64)
-
-
-def llama2() -> tuple[Any, Callable, tuple]:
-    import torch.nn.functional as F
-    from thunder.tests.llama2_model import ModelArgs, Transformer
-
-    model = Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, multiple_of=32,
-                                  max_seq_len=64, dropout=0.0))
-
-    def loss_fn(idx, targets):
-        logits = model(idx, targets)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-    return model, loss_fn, (2, 32)
-
-
-MODELS = {"nanogpt": nanogpt, "llama2": llama2}
 
 
 # ---------------------------------------------------------------------------------------------------- counting
@@ -200,7 +173,7 @@ def materialise(x: Any, device: str, seed: list[int]) -> Any:
         if isinstance(p, TensorProxy):
             seed[0] += 1
             g = torch.Generator().manual_seed(seed[0])
-            dtype = thunder_dtype(p.dtype)
+            dtype = dtypes.to_torch_dtype(p.dtype)
             if dtype.is_floating_point or dtype.is_complex:
                 t = torch.randn(tuple(p.shape), dtype=dtype, generator=g)
                 return t.to(device).requires_grad_(True)
@@ -218,20 +191,13 @@ def materialise(x: Any, device: str, seed: list[int]) -> Any:
     return tree_map(one, x)
 
 
-def thunder_dtype(d: Any) -> torch.dtype:
-    from thunder.core.dtypes import to_torch_dtype
-
-    return to_torch_dtype(d)
-
-
 def alone(torch_fn: Callable, args: Any, kwargs: Any, device: str, how: str, reps: int) -> dict:
     """Kernels of one torch-level call, forward + backward, eagerly and through thunder."""
     seed = [0]
     args, kwargs = materialise(args, device, seed), materialise(kwargs, device, seed)
-    flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    positions = [i for i, a in enumerate(torch.utils._pytree.tree_leaves((args, kwargs))) if isinstance(a, torch.Tensor)]
-    spec = torch.utils._pytree.tree_structure((args, kwargs))
-    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    positions = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
+    flat = [leaves[i] for i in positions]
 
     def call(*tensors):
         filled = list(leaves)
@@ -260,12 +226,10 @@ def alone(torch_fn: Callable, args: Any, kwargs: Any, device: str, how: str, rep
 def op_table(model_name: str, device: str, how: str, reps: int) -> list[str]:
     import thunder
 
-    torch.manual_seed(0)
-    model, loss_fn, (batch, seq) = MODELS[model_name]()
-    model.to(device)
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, 128, (batch, seq), generator=g).to(device)
-    targets = torch.randint(0, 128, (batch, seq), generator=g).to(device)
+    zoo_model = zoo.MODELS[model_name]
+    model = zoo_model.build(device)
+    loss_fn = zoo_model.loss(model)
+    (idx,), targets = zoo_model.batch(0, device)
 
     def step(f):
         def run():
