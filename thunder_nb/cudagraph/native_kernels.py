@@ -14,6 +14,15 @@ from .. import internals
 __all__ = ["native_convolution", "native_batch_norm", "native_layer_norm", "native_gelu"]
 
 
+def _put_grads(*pairs: tuple[Any, Any]) -> None:
+    """thunder's ``put_grad`` of each gradient whose tensor is there (a layer without a weight or a bias has none)."""
+    from thunder.core.transforms import put_grad
+
+    for tensor, grad in pairs:
+        if tensor is not None:
+            put_grad(tensor, grad)
+
+
 @functools.cache  # NOTE: registered with thunder once
 def native_convolution() -> Any:
     """An executor that gives thunder's convolutions PyTorch's own backward: ``aten.convolution_backward``.
@@ -68,9 +77,7 @@ def native_convolution() -> Any:
         g = get_grad(out)
         put_grad(a, input_grad(g, a, weight, stride, padding, dilation, groups))
         gw, gb = weight_grad(g, a, weight, bias is not None, stride, padding, dilation, groups)
-        put_grad(weight, gw)
-        if bias is not None:
-            put_grad(bias, gb)
+        _put_grads((weight, gw), (bias, gb))
         return out
 
     def checker(a, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> bool:
@@ -98,7 +105,7 @@ def native_batch_norm() -> Any:
     import torch
     from thunder.core import prims, utils
     from thunder.core.proxies import TensorProxy
-    from thunder.core.transforms import get_grad, put_grad
+    from thunder.core.transforms import get_grad
     from thunder.extend import OperatorExecutor, register_executor
 
     ex = OperatorExecutor("thunder_nb_batch_norm", version=torch.__version__)
@@ -143,11 +150,7 @@ def native_batch_norm() -> Any:
     def grad_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
         out, save_mean, save_invstd = normalised(a, running_mean, running_var, weight, bias, momentum, eps)
         ga, gw, gb = backward(get_grad(out), a, weight, save_mean, save_invstd, eps, weight is not None)
-        put_grad(a, ga)
-        if weight is not None:
-            put_grad(weight, gw)
-        if bias is not None:
-            put_grad(bias, gb)
+        _put_grads((a, ga), (weight, gw), (bias, gb))
         return out
 
     def checker(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5) -> bool:
@@ -188,7 +191,7 @@ def native_layer_norm() -> Any:
     import torch
     from thunder.core import utils
     from thunder.core.proxies import TensorProxy
-    from thunder.core.transforms import get_grad, put_grad
+    from thunder.core.transforms import get_grad
     from thunder.extend import OperatorExecutor, register_executor
 
     ex = OperatorExecutor("thunder_nb_layer_norm", version=torch.__version__)
@@ -219,11 +222,7 @@ def native_layer_norm() -> Any:
     def grad_transform(a, normalized_shape, weight=None, bias=None, eps=1e-5):
         out, mean, rstd = forward(a, normalized_shape, weight, bias, eps)
         ga, gw, gb = backward(get_grad(out), a, normalized_shape, mean, rstd, weight, bias)
-        put_grad(a, ga)
-        if weight is not None:
-            put_grad(weight, gw)
-        if bias is not None:
-            put_grad(bias, gb)
+        _put_grads((a, ga), (weight, gw), (bias, gb))
         return out
 
     def checker(a, normalized_shape, weight=None, bias=None, eps=1e-5) -> bool:
