@@ -31,6 +31,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,17 +56,23 @@ LABELS = {"eager": "eager", "thunder no-sdpa": "thunder without sdpa (no graphs)
 PROMPT = 8
 
 
+def _model_and_prompt(model_name: str, dtype: torch.dtype, device: str) -> tuple[Any, torch.nn.Module, torch.Tensor]:
+    """The zoo (or sized) model, its network from the initial state in ``dtype`` and eval mode with its KV cache for
+    one sequence, and the prompt every configuration decodes from."""
+    model = sized_models.model(model_name)
+    net = model.build(device).to(dtype).eval()
+    net.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    return model, net, torch.randint(0, 128, (1, PROMPT), generator=g).to(device)
+
+
 class Decoder:
     """One configuration's model, KV cache and compiled step, from the zoo's initial state."""
 
     def __init__(self, model_name: str, config: str, dtype: torch.dtype, device: str):
-        model = sized_models.model(model_name)
-        self.net = model.build(device).to(dtype).eval()
-        self.net.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
+        model, self.net, self.prompt = _model_and_prompt(model_name, dtype, device)
         self.fn, self.transform = zoo.compile_with(config, model.infer(self.net), capture=device == "cuda")
         self.length = self.net.max_seq_length
-        g = torch.Generator().manual_seed(0)
-        self.prompt = torch.randint(0, 128, (1, PROMPT), generator=g).to(device)
         self.positions = [torch.tensor([p], device=device) for p in range(PROMPT, self.length)]
         self.device = device
         self.token: torch.Tensor | None = None  # the timed loop's next input token
@@ -105,14 +112,10 @@ class ReplayDecoder(Decoder):
     def __init__(self, model_name: str, config: str, dtype: torch.dtype, device: str):
         import thunder_nb
 
-        model = sized_models.model(model_name)
-        self.net = model.build(device).to(dtype).eval()
-        self.net.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
+        _, self.net, self.prompt = _model_and_prompt(model_name, dtype, device)
         self.k, executors = REPLAYS[config]
         self.decoder = thunder_nb.jit_decode(self.net, tokens=self.k, executors=list(executors))
         self.transform, self.length, self.device, self.token = None, self.net.max_seq_length, device, None
-        g = torch.Generator().manual_seed(0)
-        self.prompt = torch.randint(0, 128, (1, PROMPT), generator=g).to(device)
         self.start_pos = torch.tensor([PROMPT], device=device)
         self.pos = PROMPT
 
