@@ -1,4 +1,4 @@
-"""Data-parallel training steps, one process per GPU: thunder-nb's DDP against torch's and thunder's.
+"""Data-parallel training steps, one process per GPU: thunder-nb under DDP and FSDP against torch's and thunder's.
 
     python bench/bench_ddp.py [--rounds 5] [--steps 30] [--models nanogpt,llama2] [--configs ...] [--out FILE.md]
     torchrun --nproc-per-node 2 bench/bench_ddp.py ...       # several GPUs: one process each, rank 0 prints
@@ -17,6 +17,23 @@ DDP + torch.compile reduce-overhead's (RO DDP), with its spread (min-max of the 
 the expert's peer, DDP's all-reduce, the forward, the backward and a capturable AdamW in one ``torch.cuda.graph`` as
 PyTorch's CUDA-graphs documentation writes it (`hand_capture`; torchtitan captures forward and backward with the
 collectives inside and leaves the optimizer eager, Megatron records the optimizer as a second graph).
+
+FSDP rows, checked against eager DDP too (the same math on the same batches): torch's FSDP2 (``fully_shard`` on each
+transformer block, then on the root, as torchtitan applies it; its defaults: a block frees its gathered parameters after
+the forward and gathers them again for the backward, ZeRO-3), eager and under torch.compile reduce-overhead (the whole
+loss compiled, as the RO DDP row; dynamo runs FSDP2's hooks eagerly, ``skip_fsdp_hooks``, so the graphs break at each
+sharded module); thunder's ``fsdp`` (its default ZeRO-2: parameters gathered in the forward and kept for the backward)
+around ``thunder.jit`` and around ``thunder_nb.jit`` (its graphs counted, as the DDP row's; on the CPU its runner
+captures emulated graphs, as tests/test_distributed.py's). For the reduce-overhead rows the graphs column counts the
+CUDA graphs torch's cudagraph trees recorded over the checked steps and every round (a number that grows with
+``--steps`` and ``--rounds`` means graphs recorded again) and the note gives the first message of any graph they
+skipped: FSDP2 gathers its parameters into memory it frees and allocates again every step, and the trees take parameters
+for static inputs, recording again where an address changed (pytorch/pytorch#183451 measures those re-records with FSDP2
+and reduce-overhead). No FSDP capture by hand: FSDP2's hooks allocate the all-gather and reduce-scatter buffers and free
+them each step, on FSDP's own streams, so a ``torch.cuda.graph`` of the step needs those buffers kept alive and the
+streams joined into the capture; ``make_graphed_callables`` refuses modules with hooks and FSDP2's ``chunk_cat``
+allocated pinned host memory during capture (pytorch/pytorch#164264). That is FSDP2 rewritten, not a recipe a user
+writes in a few lines, so no honest "by hand" peer exists yet.
 """
 
 from __future__ import annotations
@@ -41,7 +58,9 @@ from rounds import add_ratios, add_round_arguments, machine, recover, run_rows, 
 from thunder_nb.testing import zoo  # noqa: E402
 
 CONFIGS = ("eager DDP", "reduce-overhead", "capture by hand", "thunder DDP", "thunder_nb.jit DDP", "jit_step DDP",
-           "jit_step ddp+shard")
+           "jit_step ddp+shard", "eager FSDP", "reduce-overhead FSDP", "thunder FSDP", "thunder_nb.jit FSDP")
+#: The rows that need CUDA (left out with ``--device cpu``).
+CUDA_ONLY = ("reduce-overhead", "capture by hand", "reduce-overhead FSDP")
 LABELS = {
     "eager DDP": "torch DistributedDataParallel, eager",
     "reduce-overhead": "torch DDP + torch.compile reduce-overhead (RO DDP)",
@@ -50,8 +69,62 @@ LABELS = {
     "thunder_nb.jit DDP": "thunder.distributed.ddp(thunder_nb.jit(m))",
     "jit_step DDP": "thunder_nb.jit_step(m, ..., ddp=True): the all-reduce inside the step's graph",
     "jit_step ddp+shard": "thunder_nb.jit_step(m, ..., shard=True): reduce_scatter + all_gather in the step's graph",
+    "eager FSDP": "torch FSDP2 fully_shard (each block, then the root; ZeRO-3), eager",
+    "reduce-overhead FSDP": "torch FSDP2 + torch.compile reduce-overhead (FSDP2's hooks run eagerly between graphs)",
+    "thunder FSDP": "thunder.distributed.fsdp(thunder.jit(m)) (ZeRO-2), no graphs",
+    "thunder_nb.jit FSDP": "thunder.distributed.fsdp(thunder_nb.jit(m)) (ZeRO-2)",
 }
 CHECKED = 5
+
+
+class TreeWatch:
+    """What torch.compile's cudagraph trees do while a reduce-overhead row runs (``watching()``): the CUDA graphs they
+    record and the messages of the graphs they skip (their ``cudagraphs`` log, which torch prints as warnings too)."""
+
+    def __init__(self):
+        self.recorded = 0
+        self.skipped: list[str] = []
+
+    @contextlib.contextmanager
+    def watching(self):
+        import logging
+
+        from torch._dynamo.callback import CallbackTrigger, callback_handler
+        from torch._inductor.cudagraph_utils import cudagraphs_log
+
+        watch = self
+
+        def started(args) -> None:
+            if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
+                watch.recorded += 1
+
+        class Skips(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                watch.skipped.append(record.getMessage())
+
+        skips = Skips(logging.WARNING)
+        callback_handler.register_start_callback(started)
+        cudagraphs_log.addHandler(skips)
+        try:
+            yield
+        finally:
+            cudagraphs_log.removeHandler(skips)
+            callback_handler.remove_start_callback(started)
+
+
+def _fully_shard(net: torch.nn.Module, device: str) -> None:
+    """torchtitan's FSDP2: ``fully_shard`` on each transformer block (the model's one ``ModuleList``), then on the root
+    (the embeddings, the final norm, the head: nanoGPT's tied embedding and head stay in one group), over a 1-D mesh of
+    every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    lists = [m for m in net.modules() if isinstance(m, torch.nn.ModuleList)]
+    assert len(lists) == 1, f"{type(net).__name__}: {len(lists)} ModuleLists, expected one of transformer blocks"
+    for block in lists[0]:
+        fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh)
 
 
 class DDPLoop:
@@ -59,7 +132,7 @@ class DDPLoop:
 
     def __init__(self, name: str, config: str, device: str):
         import thunder
-        from thunder.distributed import ddp
+        from thunder.distributed import ddp, fsdp
 
         import thunder_nb
 
@@ -69,7 +142,7 @@ class DDPLoop:
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
         rank = dist.get_rank()
         self.batches = [model.batch(rank * 3 + i, device) for i in range(3)]
-        self.whole = None
+        self.whole = self.transform = self.trees = None
         capture = True if device.startswith("cuda") else "emulated"
         if config in ("jit_step DDP", "jit_step ddp+shard"):
             self.whole = thunder_nb.jit_step(self.net, model.loss(self.net), self.opt, ddp=True, capture=capture,
@@ -85,21 +158,37 @@ class DDPLoop:
             torch.cuda.current_stream().wait_stream(side)
             self.whole = HandCapture(self.net, model.loss(module), self.batches[0], contextlib.nullcontext, warmup=11)
             return
-        if config in ("eager DDP", "reduce-overhead"):
-            ids = [torch.device(device).index] if device.startswith("cuda") else None
-            module = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
+        if config in ("eager DDP", "reduce-overhead", "eager FSDP", "reduce-overhead FSDP"):
+            if config.endswith("FSDP"):
+                _fully_shard(self.net, device)
+                module = self.net
+                # NOTE: fully_shard replaces the parameters with DTensor shards: the optimizer steps those
+                self.opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+            else:
+                ids = [torch.device(device).index] if device.startswith("cuda") else None
+                module = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
             fn = model.loss(module)
-            self.fn = torch.compile(fn, mode="reduce-overhead") if config == "reduce-overhead" else fn
+            if config.startswith("reduce-overhead"):
+                self.fn, self.trees = torch.compile(fn, mode="reduce-overhead"), TreeWatch()
+            else:
+                self.fn = fn
         else:
-            jitted = thunder.jit(self.net) if config == "thunder DDP" else thunder_nb.jit(self.net, capture=capture is True)
-            module = ddp(jitted)
-            # NOTE: thunder's ddp gives the module parameters of its own: an optimizer over the plain model's would
-            # step tensors that never get a gradient
+            if config.startswith("thunder_nb.jit"):
+                jitted = thunder_nb.jit(self.net, capture=capture is True)
+                # NOTE: on the CPU the runner's capture path on emulated graphs (tests/test_distributed.py's way)
+                self.transform = zoo.emulate_runner(jitted._lc_transforms[0], capture)
+            else:
+                jitted = thunder.jit(self.net)
+            module = fsdp(jitted, device=torch.device(device)) if config.endswith("FSDP") else ddp(jitted)
+            # NOTE: thunder's ddp and fsdp give the module parameters of their own (fsdp: each rank's shards): an
+            # optimizer over the plain model's would step tensors that never get a gradient
             self.opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
             self.fn = model.loss(module)
 
     def context(self) -> contextlib.AbstractContextManager:
-        if not self.device.startswith("cuda") and self.config == "thunder_nb.jit DDP":
+        if self.trees is not None:
+            return self.trees.watching()
+        if not self.device.startswith("cuda") and self.transform is not None:
             return zoo.capturing("emulated")
         return contextlib.nullcontext()
 
@@ -108,7 +197,7 @@ class DDPLoop:
         if self.whole is not None:
             return self.whole(idx, targets)
         self.opt.zero_grad()
-        if self.config == "reduce-overhead":
+        if self.trees is not None:
             torch.compiler.cudagraph_mark_step_begin()  # NOTE: a new step: its earlier outputs may be overwritten
         loss = self.fn(idx, targets)
         loss.backward()
@@ -139,6 +228,14 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
             row["matches"] = f"yes ({worst:.1e})" if worst <= 1e-4 + 1e-4 * abs(reference[-1]) else f"no ({worst:.1e})"
     time_rounds(loops, rows, rounds, steps, device)
     add_ratios(rows)
+    for config, loop in loops.items():
+        if loop.transform is not None:
+            rows[config]["graphs"] = loop.transform.graphs_captured
+        if loop.trees is not None:
+            rows[config]["graphs"] = loop.trees.recorded
+            if loop.trees.skipped:
+                first = loop.trees.skipped[0][:120]
+                rows[config]["note"] += f"cudagraphs skipped {len(loop.trees.skipped)}x: {first}"
     for config in ("jit_step DDP", "jit_step ddp+shard"):
         whole = loops.get(config)
         if whole is not None:
@@ -176,7 +273,8 @@ def main() -> int:
     parser.add_argument("--configs", default="", help="only these configurations, comma-separated (eager DDP always "
                                                       "runs: the losses are checked against it)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                        help="cpu: gloo and the CPU stand-in, without reduce-overhead (checks the script only)")
+                        help="cpu: gloo and the CPU stand-in, without the rows that need CUDA (CUDA_ONLY; checks "
+                             "the script only)")
     parser.add_argument("--out", help="also write the table into this Markdown file (rank 0)")
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -192,8 +290,7 @@ def main() -> int:
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world)
     try:
         chosen = set(args.configs.split(",")) | {"eager DDP"} if args.configs else set(CONFIGS)
-        configs = [c for c in CONFIGS if c in chosen
-                   and not (args.device == "cpu" and c in ("reduce-overhead", "capture by hand"))]
+        configs = [c for c in CONFIGS if c in chosen and not (args.device == "cpu" and c in CUDA_ONLY)]
         if rank:  # NOTE: every rank runs every step; rank 0 prints and writes the table
             sys.stdout = open(os.devnull, "w")
         # NOTE: a time limit is judged by each rank on its own clock: with several ranks, one could stop while another
