@@ -137,17 +137,19 @@ def check_record_again(nb):
 def check_timings(nb):
     """On a GPU: the conditions, then a row for each configuration with its time and launches; on the CPU: says that the
     timings need a GPU."""
-    text = _shown(_code_cell(nb, "def timed("))
+    text = _shown(_code_cell(nb, "def training(row)"))
     if not _on_gpu(nb):
         assert text.strip() == ("timings need a GPU: without one, no CUDA graph runs (the stored outputs come from the "
                                 "H200)")
         return
     assert re.search(r"NVIDIA .*, torch .*; nanoGPT [\d.]+M parameters, float32, batch \d+x\d+ tokens; AdamW; \d+ "
-                     r"warm-up steps, median of 3 rounds of \d+ consecutive steps", text), text
+                     r"warm-up steps, then \d+ rounds of \d+ consecutive steps, the rows taking turns; the median "
+                     r"round", text), text
     for name in ROWS:
         assert re.search(rf"^{re.escape(name)} +\d+ +\d+ +\d+$", text, re.M), f"no row for {name}: {text}"
         if name != "thunder_nb.jit_step":
-            assert re.search(rf"thunder_nb\.jit_step against {re.escape(name)}: [\d.]+x (faster|slower)", text)
+            assert re.search(rf"thunder_nb\.jit_step against {re.escape(name)}: [\d.]+x (faster|slower) \(rounds: "
+                             r"[\d.]+-[\d.]+\)$", text, re.M), text
     whole = re.search(r"^thunder_nb\.jit_step +\d+ +\d+ +(\d+)$", text, re.M)
     assert whole.group(1) == "1", "the prose says jit_step launches one graph a step"
 
