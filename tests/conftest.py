@@ -1,3 +1,4 @@
+import gc
 import hashlib
 import os
 import platform
@@ -75,6 +76,11 @@ def _inductor_isa_checks_once() -> None:
 
 def pytest_collection_finish(session):
     _inductor_isa_checks_once()  # NOTE: after collection (which imports torch), in the processes that run tests
+    # NOTE: what the collection made (torch, thunder, every test module: about 360,000 objects) lives for the session;
+    # frozen, the collector's full passes, which thunder's tracing sets off hundreds of times a model, leave it alone
+    # (a zoo case's collections: 0.89 -> 0.27 s of CPU, 2026-12-05). What the tests make is collected as before.
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
