@@ -302,25 +302,19 @@ def _training_cases():
 
 
 def _whole_step_case(name, protocol, steps, executors=()):
-    """`thunder_nb.testing.zoo_protocols._train`'s loop with `jit_step` in place of the compiled loss and the optimizer,
-    under the cuDNN settings of the zoo's judged runs (`judged_numerics`), which its eager reference ran with."""
-    import contextlib
-
+    """The zoo's whole-step training loop (`zoo_protocols.whole_step_training`, what the zoo's "jit_step" configuration
+    runs: its values hold the first step too, which the judge reads) on a `jit_step` of ``executors``, under the cuDNN
+    settings of the zoo's judged runs (`judged_numerics`), which its eager reference ran with."""
     from thunder_nb.testing.zoo import judged_numerics
+    from thunder_nb.testing.zoo_protocols import whole_step_training
 
     model = MODELS[name]
     net = model.build("cuda").train()
     opt = training_optimizer(TRAINING_OPTIMIZERS[protocol], net.parameters())
     step = jit_step(net, model.loss(net), opt, executors=executors)
-    losses = []
     with judged_numerics():
-        for i in range(steps):
-            args, targets = model.batch(i, "cuda")
-            with (torch.autocast("cuda", dtype=torch.bfloat16) if protocol == "autocast" else contextlib.nullcontext()):
-                loss = step(*args, targets)
-            losses.append(loss.item() if protocol == "logged" else loss.detach().float().clone())
-    state = {n: t.detach().clone() for n, t in [*net.named_parameters(), *net.named_buffers()]}
-    return {"losses": losses, "state": state}, step
+        values = whole_step_training(model, step, "cuda", steps, protocol)
+    return values, step
 
 
 @pytest.mark.parametrize("name,protocol", list(_training_cases()))
