@@ -83,6 +83,15 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+def pytest_runtest_logreport(report):
+    """With ``THUNDER_NB_FAILURE_LOG`` set (bench/device/pytest.sh sets it), each failure's name and traceback are
+    appended to that file as it happens: a GPU run cut short by its time limit never prints pytest's summary."""
+    path = os.environ.get("THUNDER_NB_FAILURE_LOG")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
