@@ -282,8 +282,8 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """
     given = [_thunder_nb_executor(e) for e in executors if not isinstance(e, str)]
     named = executor_list([e for e in executors if isinstance(e, str)], checked=True)
-    # NOTE: thunder's defaults count too: with nvFuser installed they hold it
-    fused = any((e if isinstance(e, str) else getattr(e, "name", None)) in _FUSING
-                for e in [*executors, *given, *named])
+    # NOTE: every name is in ``named`` as its executor, and thunder's defaults count too: with nvFuser installed they
+    # hold it
+    fused = any(getattr(e, "name", None) in _FUSING for e in (*given, *named))
     native = [native_convolution(), native_batch_norm()] + ([] if fused else [native_layer_norm(), native_gelu()])
     return list(dict.fromkeys(native + given + named))
