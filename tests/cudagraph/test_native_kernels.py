@@ -9,6 +9,7 @@ kernels for them where eager runs 26); a fusion executor keeps them. These tests
 gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
 thunder's rewrites, and a gradient nobody reads is never computed.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -36,11 +37,13 @@ CONVOLUTIONS = {
 }
 
 
-def _ops(bsyms) -> list[str]:
-    """The ops' names, those inside the fixed transform's regions (``CUDAGraphN``) included."""
+def _ops(bsyms, *, fusions: bool = False) -> list[str]:
+    """The ops' names, those inside the fixed transform's regions (``CUDAGraphN``) included, and with ``fusions`` those
+    inside a fusion executor's groups too."""
     names = []
     for b in bsyms:
-        names += _ops(b.subsymbols) if b.sym.name.startswith("CUDAGraph") else [b.sym.name]
+        inside = b.sym.name.startswith("CUDAGraph") or (fusions and b.sym.is_fusion)
+        names += _ops(b.subsymbols, fusions=fusions) if inside else [b.sym.name]
     return [n for n in names if n != "python_del"]
 
 
@@ -285,18 +288,9 @@ def test_a_fusion_executor_keeps_layer_norm_and_gelu(executor):
         warnings.simplefilter("ignore")
         build_traces(jfn, torch.randn(2, 8, requires_grad=True))
     names = [n for t in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])
-             for n in _all_ops(t.bound_symbols)]
+             for n in _ops(t.bound_symbols, fusions=True)]
     assert not any(n.startswith(("thunder_nb_layer_norm", "thunder_nb_gelu")) for n in names), names
     assert {"var_mean", "rsqrt", "tanh"} <= set(names), names
-
-
-def _all_ops(bsyms) -> list[str]:
-    """The ops' names, those inside regions and fusions included."""
-    names = []
-    for b in bsyms:
-        names += [b.sym.name] + (_all_ops(b.subsymbols) if b.sym.is_fusion or b.sym.name.startswith("CUDAGraph")
-                                 else [])
-    return names
 
 
 def _nanogpt():
