@@ -47,15 +47,15 @@ GPU_ONLY = "On a GPU"
 #: the fallback is the text/html of the widget's output, which nbconvert's default page of a notebook with widget state
 #: drops. Tests that need the new format xfail on them, strictly, until the next GPU run (``python -m thunder_nb
 #: notebooks --in-place``) stores it; then the entries go.
-FALLBACK_INSIDE_WIDGET = {"01_del_bug", "04_training_step", "05_nanogpt_training", "06_real_model"}
+FALLBACK_INSIDE_WIDGET = {"05_nanogpt_training"}
 #: Stored notebooks whose cells drew the lifetime chart as a raw ``image/svg+xml`` output (``display(SVG(...))``), which
 #: JupyterLab does not render in an untrusted notebook; their source now shows it as HTML (`svg_img`), their stored
 #: outputs await the GPU re-run as above.
-RAW_SVG_OUTPUTS = {"02_islands", "03_lifetimes_and_memory"}
+RAW_SVG_OUTPUTS: set[str] = set()
 #: Stored notebooks committed with the outputs of a CPU run, their GPU run still to come (notebooks 07 and 08, issue 54):
 #: the tests that need the stored outputs from a GPU xfail on them, strictly, with `GPU_RUN_OWED_REASON`, until the H200
 #: run (``python -m thunder_nb notebooks --in-place 07 08``) stores its outputs; then the entry goes.
-GPU_RUN_OWED = {"07_whole_step", "08_kv_cache_decoding"}
+GPU_RUN_OWED: set[str] = set()
 GPU_RUN_OWED_REASON = ("GPU re-run owed: the stored outputs come from a CPU run (python -m thunder_nb notebooks "
                        "--in-place on the GPU machine), then its entry in nbcheck.GPU_RUN_OWED goes")
 #: Why a test xfails on a notebook of `FALLBACK_INSIDE_WIDGET` or `RAW_SVG_OUTPUTS`.

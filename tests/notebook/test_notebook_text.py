@@ -244,21 +244,12 @@ _RETIRED_SHOWN = "stored outputs from before the RETIRED changes"
 #: 54). The tests that read what changed xfail on it, strictly, so that the run which fixes them fails here until the
 #: entry goes (and the prose is read again against the new figures).
 STALE: dict[str, str] = {
-    "01_del_bug": _RETIRED_SHOWN,
-    "02_islands": "code changed after the H200 run (issue 54.9): cell 13 times a fresh function without the hand-off "
-                  "on new values (recording) and on the same values again (replays)",
-    "03_lifetimes_and_memory": "code changed after the H200 run (issue 54): the lifetime chart's key names a red name "
-                               "(render/lifetimes.py, 54.7); cell 17 prints the defaults of instance_memory and "
-                               "max_instances (54.9)",
-    "04_training_step": _RETIRED_SHOWN + "; code changed after the H200 run (issue 54.8): cell 4 prints the cause read "
-                        "from the exception and the backward trace",
     "05_nanogpt_training": _RETIRED_SHOWN + "; code changed after the H200 run (issue 54): cell 8 counts ops as the "
-                           "diagram does (54.6), cell 14 prints the first step's time (54.9)",
-    "06_real_model": _RETIRED_SHOWN + "; code changed after the H200 run (issue 54.9): cell 12 counts the distinct kept "
-                     "losses, cell 14 prints each configuration's first step's time",
+                           "diagram does (54.6), cell 14 prints the first step's time (54.9) and times the rows in rounds, "
+                           "taking turns",
 }
 #: The `STALE` notebooks whose stored outputs show a `RETIRED` phrase.
-SHOWS_RETIRED = {"01_del_bug", "04_training_step", "05_nanogpt_training", "06_real_model"}
+SHOWS_RETIRED = {"05_nanogpt_training"}
 
 
 def _owed(request, stem: str, among=None) -> None:
