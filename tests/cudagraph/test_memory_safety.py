@@ -247,6 +247,51 @@ def test_a_view_of_a_strided_input_is_a_view_of_the_callers_tensor(mode):
         assert_equal(v, x.t())
 
 
+def update_then_read_a_view(x):
+    v = x[3, 1]  # a view of x, which the island reads
+    s = v.item()  # an island: the region after it gets x and v, two inputs over one storage
+    x.add_(0.25)  # updates v too
+    return x.flatten(), v * s, v + 1
+
+
+def fuzz_20261205(x0, x1):
+    # NOTE: the program fuzzer's find, as it printed it: x1 and its view x1[7, 1] enter the region of x1.add_
+    s1 = x1[7, 1].item()
+    t2 = x1.clamp(max=0.25)
+    t3 = x1 @ t2.t()
+    s4 = t3.amax().item()
+    t3.relu_()
+    t5 = t2.t()
+    x1.add_(0.25)
+    t5.mul_(s1)
+    t6 = t2 + 0.5
+    t9 = x1.flatten()
+    return t9, t5, t6, s4
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fn", [update_then_read_a_view, fuzz_20261205])
+def test_an_update_of_an_input_reaches_a_view_of_it_that_the_region_also_gets(mode, fn):
+    """A region whose inputs are a tensor and a view of it (``x`` and ``x[3, 1]``, which an island read) updates the
+    tensor in place: the view the region reads after the update, and the caller's tensor after the call, are eager's.
+    The runner copied the two into separate buffers: the view kept its old value inside the graph, and one written
+    back after the other undid it (the program fuzzer's seed 20261205, in processes whose string hashing ordered the
+    view last)."""
+    device = device_of(mode)
+    with capturing(mode):
+        jfn = thunder.jit(fn, transforms=[fixed(mode)])
+        for i in range(3):  # NOTE: the recording call, then replays
+            args = [randn(12, seed=i, device=device), randn(12, 12, seed=10 + i, device=device)]
+            if fn is update_then_read_a_view:
+                args = [randn(6, 4, seed=i, device=device)]
+            eager_args = [a.clone() for a in args]
+            got, want = jfn(*args), fn(*eager_args)
+            for g, w in zip(got, want):
+                assert_equal(g, w) if isinstance(w, torch.Tensor) else assert_equal(torch.tensor(g), torch.tensor(w))
+            for a, e in zip(args, eager_args):
+                assert_equal(a, e)
+
+
 # --- 5. gradients kept by the caller ------------------------------------------------------------------
 
 

@@ -18,6 +18,9 @@ __all__ = [
     "StorageEntry",
     "ObjectEntry",
     "replay",
+    "SharedCopy",
+    "byte_span",
+    "shared_storages",
     "storage",
     "storage_use_count",
     "object_counts",
@@ -98,6 +101,13 @@ class Instance:
     pool: Any = None  # its graph's memory pool (a later instance of a rotating region records into it)
     nbytes: int = 0  # the memory it costs (`Recording`): its storages, or its graph pool's reservation
     cuda: bool = False  # recorded on a CUDA device (its cost is then weighed against the device's free memory)
+    # NOTE: copied inputs recorded sharing one storage (`shared_storages`), copied into one storage shared the same way:
+    # each replay checks that the caller's still do
+    together: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # NOTE: the copied inputs the replay copies one by one (`copy_targets` in this order); those of `together` are
+    # copied in (and back, where the region writes them) as each group's bytes whole: `SharedCopy`
+    copy_from: tuple[int, ...] = ()
+    shared: tuple[SharedCopy, ...] = ()
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
@@ -147,15 +157,39 @@ class Instance:
                 or _use_counts(objects) != use_bases)
 
 
+@dataclass
+class SharedCopy:
+    """The runner's one copy of copied inputs that share a storage (`copy_together`): the bytes ``raw`` holds are those
+    at ``delta`` bytes from input ``first``'s first byte in the caller's storage; ``write_back``: copied back after each
+    replay (the region writes one of them). Bytes, not each tensor: a copy into an expanded view (stride 0) raises."""
+
+    first: int
+    delta: int
+    raw: torch.Tensor
+    write_back: bool
+
+    def caller_bytes(self, args: tuple[Any, ...]) -> torch.Tensor:
+        a = args[self.first]
+        return torch.empty(0, dtype=torch.uint8, device=a.device).set_(
+            a.untyped_storage(), a.storage_offset() * a.element_size() + self.delta, (self.raw.numel(),), (1,))
+
+
 def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
     """Replay ``inst`` on ``args`` (the key already matched): copy the copied inputs in, write back, re-make views."""
     static_inputs = inst.static_inputs
-    if inst.copied:
-        internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copied])
+    if inst.together:
+        _check_shared(inst, args)
+        for c in inst.shared:
+            c.raw.copy_(c.caller_bytes(args))
+    if inst.copy_from:
+        internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copy_from])
     inst.graph.replay()
     for pos in inst.write_back:
         # NOTE: the replay updated the runner's copy of this input; the caller's tensor must see it
         args[pos].copy_(static_inputs[pos])
+    for c in inst.shared:
+        if c.write_back:
+            c.caller_bytes(args).copy_(c.raw)
     outputs = list(inst.static_outputs)
     for out_pos, in_pos, size, stride, delta in inst.views:
         # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
@@ -195,6 +229,40 @@ def rebase(before: list[tuple[Instance, StorageEntry | ObjectEntry, tuple[int, .
         owner.compiled = None
 
 
+def shared_storages(args: Sequence[Any], positions: Sequence[int]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The tensors at ``positions`` of ``args`` that share a storage with another of them, by storage: each group's
+    ``(position, byte offset from the group's first)``."""
+    groups: dict[int, list[int]] = {}
+    for i in positions:
+        a = args[i]
+        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
+            groups.setdefault(storage(a), []).append(i)
+    out = []
+    for members in groups.values():
+        if len(members) > 1:
+            first = _byte_offset(args[members[0]])
+            out.append(tuple((i, _byte_offset(args[i]) - first) for i in members))
+    return tuple(out)
+
+
+def _byte_offset(t: torch.Tensor) -> int:
+    return t.storage_offset() * t.element_size()
+
+
+def _check_shared(inst: Instance, args: tuple[Any, ...]) -> None:
+    """Refuse a replay whose copied inputs no longer share a storage as they did when ``inst`` was recorded: its copies
+    share one storage that way, and would give the caller other values than eager PyTorch."""
+    for group in inst.together:
+        (first, _), rest = group[0], group[1:]
+        ptr, base = storage(args[first]), _byte_offset(args[first])
+        for i, delta in rest:
+            if storage(args[i]) != ptr or _byte_offset(args[i]) - base != delta:
+                raise RuntimeError(
+                    f"thunder-nb: inputs {first} and {i} of a region shared one storage when its CUDA graph was "
+                    f"recorded ({delta} bytes apart) and do not now: the graph's copies of them share that storage, "
+                    "so a replay would be wrong; pass tensors laid out as in the first call (or copies: .clone())")
+
+
 def storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -216,13 +284,18 @@ def non_overlapping(t: torch.Tensor) -> bool:
     return True
 
 
+def byte_span(ts: Sequence[torch.Tensor]) -> tuple[int, int]:
+    """The bytes [lo, hi) of their one storage that tensors ``ts`` cover, ``lo`` rounded down to 16 (every dtype's
+    alignment)."""
+    spans = [(t.storage_offset() * t.element_size(), span(t)[1] * t.element_size()) for t in ts]
+    return min(a for a, _ in spans) // 16 * 16, max(b for _, b in spans)
+
+
 def copy_together(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Copies of tensors that share one storage, sharing one new storage the same way."""
     if len(ts) == 1 or any(t.numel() == 0 for t in ts):
         return [t.clone() for t in ts]
-    spans = [(t.storage_offset() * t.element_size(), span(t)[1] * t.element_size()) for t in ts]
-    lo = min(a for a, _ in spans) // 16 * 16
-    hi = max(b for _, b in spans)
+    lo, hi = byte_span(ts)
     raw = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
     chunk = raw[lo:hi].clone()
     out = []

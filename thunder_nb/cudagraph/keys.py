@@ -156,6 +156,16 @@ def recapture_cause(old: Any, new: Any, inputs: Sequence[Any], args: Sequence[An
     return "cache key changed"
 
 
+def _reads_copied_memory(args: tuple[Any, ...], mask: tuple[bool, ...]) -> list[int]:
+    """The static inputs (``mask``) that share a storage with a copied tensor input: a graph that read them where they
+    lie and the other in its copy would not see an update of one in the other (a view demoted to copied after taking
+    many addresses, its base read in place: 2026-12-05, the test of the program fuzzer's seed 20261205)."""
+    copied = {a.untyped_storage().data_ptr() for a, m in zip(args, mask)
+              if not m and isinstance(a, torch.Tensor) and a.untyped_storage().nbytes()}
+    return [i for i, (a, m) in enumerate(zip(args, mask))
+            if m and isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in copied]
+
+
 class Keys:
     """`ThunderNBRunner`'s cache keys: made per call, proved again in C, and what a new one says.
 
@@ -294,5 +304,12 @@ class Keys:
                 demote.append(i)
         if demote:
             mask, key = self._key(fn_name, counts, args)
+        if not all(mask) and any(mask):
+            shared = _reads_copied_memory(args, mask)
+            if shared:
+                names = self.trace_symbols[fn_name][1]
+                for i in shared:
+                    counts.demoted[i] = StaticInputChange(input_name(names, i), i, "shares-memory")
+                mask, key = self._key(fn_name, counts, args)
         counts.keys.add(key[3])
         return mask, key

@@ -11,7 +11,8 @@ from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from .. import internals
 from ..diagnosis.plans import GraphRecord, rotates
-from .instances import Instance, non_overlapping, span, storage, view_plan
+from .instances import (Instance, SharedCopy, byte_span, copy_together, non_overlapping, shared_storages, span,
+                        storage, view_plan)
 from .notices import HeldOutputsWarning
 
 __all__ = ["record_graph", "RECORDERS", "Recording", "check_instance_budget"]
@@ -155,6 +156,37 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
     return tuple(out)
 
 
+def _static_inputs(args: tuple[Any, ...], mask: tuple[bool, ...], copy: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """A new instance's inputs: a static one (``mask``) as a fresh alias of itself, a copied tensor as the runner's
+    ``copy`` of it, and copied tensors that share a storage (a tensor and a view of it, ``x`` and ``x[7, 1]``) as
+    copies that share one storage the same way (`copy_together`). Separate copies would let the graph update one
+    without the other, and the last written back would undo the first on the caller's tensor (2026-12-05: the
+    program fuzzer's ``x1.add_(0.25)`` left ``x1[7, 1]``, read by an ``.item()`` before it, at its old value, in
+    the processes whose string hashing ordered the two inputs view last)."""
+    out = [a.detach() if isinstance(a, torch.Tensor) and m else a for a, m in zip(args, mask)]
+    by_storage: dict[Any, list[int]] = {}
+    for i, (a, m) in enumerate(zip(args, mask)):
+        if isinstance(a, torch.Tensor) and not m:
+            by_storage.setdefault(storage(a) if a.untyped_storage().nbytes() else ("empty", i), []).append(i)
+    for members in by_storage.values():
+        copies = [copy(args[members[0]])] if len(members) == 1 else copy_together([args[i] for i in members])
+        for i, c in zip(members, copies):
+            out[i] = c
+    return tuple(out)
+
+
+def _shared_copy(group: tuple[tuple[int, int], ...], args: tuple[Any, ...], static_inputs: tuple[Any, ...],
+                 written: tuple[int, ...]) -> SharedCopy:
+    """The `SharedCopy` of a group of `shared_storages`: the bytes of the runner's one copy (`copy_together`)."""
+    members = [args[i] for i, _ in group]
+    lo, hi = byte_span(members)
+    first = group[0][0]
+    copy = static_inputs[first]
+    raw = torch.empty(0, dtype=torch.uint8, device=copy.device).set_(copy.untyped_storage(), 0, (hi - lo,), (1,))
+    offset = args[first].storage_offset() * args[first].element_size()
+    return SharedCopy(first, lo - offset, raw, any(i in written for i, _ in group))
+
+
 class Recording:
     """`ThunderNBRunner`'s recording: a new graph instance for a key, its memory registered with the runner's
     `GraphMemory` (``memory``), what it cost noted in the region's `RegionCounts` (``counts``).
@@ -186,17 +218,18 @@ class Recording:
         # NOTE: a static input is held as a fresh alias: it keeps the memory the graph reads alive, and
         # not the caller's tensor object (a guarded hand-out is watched by its identity)
         if share is None:
-            static_inputs = tuple(
-                a if not isinstance(a, torch.Tensor) else (a.detach() if m else self.get_static_buffer(a))
-                for a, m in zip(args, mask)
-            )
+            static_inputs = _static_inputs(args, mask, self.get_static_buffer)
             buffers = []
         else:
             # NOTE: the first instance's input buffers: each replay copies its inputs in first, and replays never overlap
+            grouped = {i for group in share.together for i, _ in group}
             static_inputs = tuple(
-                a if not isinstance(a, torch.Tensor) else (a.detach() if m else share.static_inputs[i].copy_(a))
+                a if not isinstance(a, torch.Tensor) else (
+                    a.detach() if m else share.static_inputs[i] if i in grouped else share.static_inputs[i].copy_(a))
                 for i, (a, m) in enumerate(zip(args, mask))
             )
+            for c in share.shared:
+                c.raw.copy_(c.caller_bytes(args))
             buffers = _out_buffers(share)
             fn = _copying_out(fn, buffers)
         cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
@@ -223,10 +256,15 @@ class Recording:
         memory = self.memory
         static_outputs = _unviewed(static_outputs, memory.owned(inputs_memory))
         copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
+        together = shared_storages(args, copied)
+        grouped = {i for group in together for i, _ in group}
+        written = tuple(i for i in self.write_back.get(fn_name, ()) if i in copied)
+        alone = tuple(i for i in copied if i not in grouped)
         inst = Instance(graph, static_inputs, tuple(static_outputs),
                          view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
-                         tuple(i for i in self.write_back.get(fn_name, ()) if i in copied),
-                         self.passthrough.get(fn_name, ()), tuple(static_inputs[i] for i in copied))
+                         tuple(i for i in written if i not in grouped), self.passthrough.get(fn_name, ()),
+                         tuple(static_inputs[i] for i in alone), together=together, copy_from=alone,
+                         shared=tuple(_shared_copy(group, args, static_inputs, written) for group in together))
         # NOTE: shared buffers stay the first's
         copies = [s for s, m in zip(static_inputs, mask) if isinstance(s, torch.Tensor) and not m] if share is None else []
         memory.register(inst, copies, inputs_memory)
@@ -235,7 +273,8 @@ class Recording:
         pool_segments = internals.graph_pool_bytes(graph) if cuda else None
         outputs = {id(o): o for o in inst.static_outputs if isinstance(o, torch.Tensor) and id(o) in inst.objects}
         if share is None:
-            inst.nbytes = (sum(static_inputs[i].untyped_storage().nbytes() for i in copied)
+            inst.nbytes = (sum({storage(static_inputs[i]): static_inputs[i].untyped_storage().nbytes()
+                                for i in copied}.values())
                            + (pool_segments if pool_segments is not None
                               else sum(o.untyped_storage().nbytes() for o in outputs.values())))
         else:

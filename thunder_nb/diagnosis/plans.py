@@ -96,6 +96,8 @@ _ACTION_WORDS: dict[str, tuple[str, str, str]] = {
 STATIC_INPUT_CHANGES: dict[str, str] = {
     "demoted": "took more than {limit} addresses, copied into the graph's buffer from now on",
     "rebound": "static input received another tensor; thunder's runner copies it into the captured tensor's memory",
+    "shares-memory": "shares its memory with an input the graph copies, copied with it from now on (one memory in the "
+                     "graph, so that an update of either reaches the other)",
 }
 
 
@@ -196,7 +198,7 @@ class StaticInputChange:
 
     name: str  # the input's name in the region's trace ("w2", "t_0")
     position: int  # its position among the region's inputs
-    reason: str  # a `STATIC_INPUT_CHANGES` key: "demoted" (copied from now on) or "rebound"
+    reason: str  # a `STATIC_INPUT_CHANGES` key: "demoted", "shares-memory" (both copied from now on) or "rebound"
     limit: int | None = None  # "demoted": the number of addresses it took more than
 
     @property
