@@ -181,7 +181,7 @@ case "${1:-}" in
         jobs=${THUNDER_NB_TEST_JOBS:-$cores}
         [ "$jobs" -gt 5 ] && jobs=5
         workers=()
-        [ "$jobs" -gt 1 ] && workers=(-n "$jobs" --dist loadfile)
+        [ "$jobs" -gt 1 ] && workers=(-n "$jobs" --dist loadfile --no-loadscope-reorder)  # LONGEST_FILES first (tests/conftest.py)
         if [ "${1:-}" = "--fast" ]; then
             # NOTE: the inner loop's tier: what runs in seconds (no kernel, notebook, browser, GPU or long training)
             shift

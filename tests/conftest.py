@@ -113,18 +113,22 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: (first.get(item.nodeid.split("::")[0], len(first)), order[id(item)]))
 
 
-#: The test files that take longest on a 2-core CPU, longest first (`--durations=0` of a full run, 2026-12-05; those
-#: that read the session's executed notebooks last, after test_notebooks has made them): under
-#: pytest-xdist (`--dist loadfile` hands out files in collection order) they start first, so that the run does not end
-#: with one worker on the zoo, which sorts last, while the others wait (the last 40 s of a 10m54 run, 2 cores idle).
+#: The test files that take longest on a 2-core CPU, longest first (their CPU seconds with inductor's cache cold, from
+#: `bench/suite_cpu.py`, 2026-12-05; those that read the session's executed notebooks last, after test_notebooks has
+#: made them). Under pytest-xdist, with ``--dist loadfile --no-loadscope-reorder`` (`bash dev.sh test`), files are handed
+#: out in collection order: these start first, so that the run does not end with one worker on a long file while the
+#: others wait. (Without ``--no-loadscope-reorder``, xdist 3.8 hands out the files with most tests first, whatever
+#: their cost, and this list did nothing; with it the warm run took as long, 10:01 both, 2026-12-05: the workers were
+#: balanced already, 346-402 CPU-s each, and the suite is bound by its 18.5 CPU-minutes.)
 LONGEST_FILES = (
     "tests/notebook/test_notebooks.py", "tests/test_zoo.py", "tests/test_fuzz_loops.py",
-    "tests/cudagraph/test_torchcompile_numerics.py", "tests/test_setup.py", "tests/render/test_render_scale.py",
-    "tests/test_lab_legibility.py", "tests/cudagraph/test_prologue.py", "tests/cudagraph/test_runner.py",
-    "tests/test_fuzz.py", "tests/test_magics.py", "tests/notebook/test_comparison.py", "tests/cudagraph/test_fusion.py",
-    "tests/test_step.py", "tests/test_readme.py", "tests/test_browser.py", "tests/cudagraph/test_memory_safety.py",
-    "tests/notebook/test_export_cli.py", "tests/test_step_structure.py", "tests/diagnosis/test_capture_hazards.py",
-    "tests/test_magic_kernel.py", "tests/test_distributed.py", "tests/test_distributed_shard.py",
+    "tests/render/test_render_scale.py", "tests/cudagraph/test_torchcompile_numerics.py", "tests/test_readme.py",
+    "tests/test_lab_legibility.py", "tests/cudagraph/test_prologue.py", "tests/cudagraph/test_fusion.py",
+    "tests/test_setup.py", "tests/test_fuzz.py", "tests/cudagraph/test_runner.py", "tests/notebook/test_comparison.py",
+    "tests/test_step.py", "tests/test_browser.py", "tests/notebook/test_export_cli.py",
+    "tests/test_distributed_shard.py", "tests/test_distributed.py", "tests/cudagraph/test_memory_safety.py",
+    "tests/cudagraph/test_native_kernels.py", "tests/test_step_structure.py", "tests/test_magics.py",
+    "tests/diagnosis/test_capture_hazards.py", "tests/test_magic_kernel.py",
     "tests/notebook/test_browser_pages.py", "tests/notebook/test_untrusted.py",
 )
 
