@@ -229,9 +229,11 @@ def rebase(before: list[tuple[Instance, StorageEntry | ObjectEntry, tuple[int, .
         owner.compiled = None
 
 
-def shared_storages(args: Sequence[Any], positions: Sequence[int]) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """The tensors at ``positions`` of ``args`` that share a storage with another of them, by storage: each group's
-    ``(position, byte offset from the group's first)``."""
+def shared_storages(args: Sequence[Any], positions: Sequence[int],
+                    written: Sequence[int]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The tensors at ``positions`` of ``args`` that share a storage with another of them, one of them among ``written``
+    (the inputs the region updates in place), by storage: each group's ``(position, byte offset from the group's
+    first)``."""
     groups: dict[int, list[int]] = {}
     for i in positions:
         a = args[i]
@@ -239,7 +241,7 @@ def shared_storages(args: Sequence[Any], positions: Sequence[int]) -> tuple[tupl
             groups.setdefault(storage(a), []).append(i)
     out = []
     for members in groups.values():
-        if len(members) > 1:
+        if len(members) > 1 and any(i in written for i in members):
             first = _byte_offset(args[members[0]])
             out.append(tuple((i, _byte_offset(args[i]) - first) for i in members))
     return tuple(out)

@@ -156,14 +156,17 @@ def recapture_cause(old: Any, new: Any, inputs: Sequence[Any], args: Sequence[An
     return "cache key changed"
 
 
-def _reads_copied_memory(args: tuple[Any, ...], mask: tuple[bool, ...]) -> list[int]:
-    """The static inputs (``mask``) that share a storage with a copied tensor input: a graph that read them where they
-    lie and the other in its copy would not see an update of one in the other (a view demoted to copied after taking
-    many addresses, its base read in place: 2026-12-05, the test of the program fuzzer's seed 20261205)."""
-    copied = {a.untyped_storage().data_ptr() for a, m in zip(args, mask)
-              if not m and isinstance(a, torch.Tensor) and a.untyped_storage().nbytes()}
-    return [i for i, (a, m) in enumerate(zip(args, mask))
-            if m and isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in copied]
+def _reads_copied_memory(args: tuple[Any, ...], mask: tuple[bool, ...], written: Sequence[int]) -> list[int]:
+    """The static inputs (``mask``) that share a storage with a copied tensor input, where the region updates one of
+    them in place (``written``): a graph that read them where they lie and the other in its copy would not see the
+    update in the other (a view demoted to copied after taking many addresses, its base read in place: 2026-12-05,
+    the test of the program fuzzer's seed 20261205). Inputs that are only read may lie apart."""
+    def ptr(a: Any) -> int | None:
+        return a.untyped_storage().data_ptr() if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes() else None
+
+    copied = {ptr(a) for a, m in zip(args, mask) if not m} - {None}
+    hit = {ptr(args[i]) for i in written} & copied
+    return [i for i, (a, m) in enumerate(zip(args, mask)) if m and ptr(a) in hit]
 
 
 class Keys:
@@ -171,7 +174,8 @@ class Keys:
 
     A part of `thunder_nb.cudagraph.runner.ThunderNBRunner`: it asks the runner's `GraphMemory` (``memory``) what is
     read in place, and keeps what it counts in the region's `RegionCounts` (``counts``); it reads the runner's options
-    (``max_addresses``, ``max_values``) and what the transform told it (``stable_inputs``, thunder's ``trace_symbols``).
+    (``max_addresses``, ``max_values``) and what the transform told it (``stable_inputs``, ``write_back``, thunder's
+    ``trace_symbols``).
     """
 
     def key(self, fn_name: str, args: tuple[Any, ...]) -> tuple[tuple[bool, ...], tuple]:
@@ -304,8 +308,9 @@ class Keys:
                 demote.append(i)
         if demote:
             mask, key = self._key(fn_name, counts, args)
-        if not all(mask) and any(mask):
-            shared = _reads_copied_memory(args, mask)
+        written = self.write_back.get(fn_name)
+        if written and not all(mask) and any(mask):
+            shared = _reads_copied_memory(args, mask, written)
             if shared:
                 names = self.trace_symbols[fn_name][1]
                 for i in shared:

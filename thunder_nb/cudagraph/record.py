@@ -156,23 +156,22 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
     return tuple(out)
 
 
-def _static_inputs(args: tuple[Any, ...], mask: tuple[bool, ...], copy: Callable[[Any], Any]) -> tuple[Any, ...]:
+def _static_inputs(args: tuple[Any, ...], mask: tuple[bool, ...], copy: Callable[[Any], Any],
+                   written: Sequence[int]) -> tuple[Any, ...]:
     """A new instance's inputs: a static one (``mask``) as a fresh alias of itself, a copied tensor as the runner's
-    ``copy`` of it, and copied tensors that share a storage (a tensor and a view of it, ``x`` and ``x[7, 1]``) as
-    copies that share one storage the same way (`copy_together`). Separate copies would let the graph update one
-    without the other, and the last written back would undo the first on the caller's tensor (2026-12-05: the
-    program fuzzer's ``x1.add_(0.25)`` left ``x1[7, 1]``, read by an ``.item()`` before it, at its old value, in
-    the processes whose string hashing ordered the two inputs view last)."""
-    out = [a.detach() if isinstance(a, torch.Tensor) and m else a for a, m in zip(args, mask)]
-    by_storage: dict[Any, list[int]] = {}
-    for i, (a, m) in enumerate(zip(args, mask)):
-        if isinstance(a, torch.Tensor) and not m:
-            by_storage.setdefault(storage(a) if a.untyped_storage().nbytes() else ("empty", i), []).append(i)
-    for members in by_storage.values():
-        copies = [copy(args[members[0]])] if len(members) == 1 else copy_together([args[i] for i in members])
-        for i, c in zip(members, copies):
-            out[i] = c
-    return tuple(out)
+    ``copy`` of it, and copied tensors that share a storage one of which the region updates in place (``written``; a
+    tensor and a view of it, ``x`` and ``x[7, 1]``) as copies that share one storage the same way (`copy_together`,
+    `shared_storages`). Separate copies would let the graph update one without the other, and the last written back
+    would undo the first on the caller's tensor (2026-12-05: the program fuzzer's ``x1.add_(0.25)`` left ``x1[7, 1]``,
+    read by an ``.item()`` before it, at its old value, in the processes whose string hashing ordered the two inputs
+    view last). Copies of inputs that are only read may lie apart."""
+    copied = [i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m]
+    together = {}
+    for group in shared_storages(args, copied, written):
+        members = [i for i, _ in group]
+        together.update(zip(members, copy_together([args[i] for i in members])))
+    return tuple(a if not isinstance(a, torch.Tensor) else a.detach() if m else together[i] if i in together
+                 else copy(a) for i, (a, m) in enumerate(zip(args, mask)))
 
 
 def _shared_copy(group: tuple[tuple[int, int], ...], args: tuple[Any, ...], static_inputs: tuple[Any, ...],
@@ -218,7 +217,7 @@ class Recording:
         # NOTE: a static input is held as a fresh alias: it keeps the memory the graph reads alive, and
         # not the caller's tensor object (a guarded hand-out is watched by its identity)
         if share is None:
-            static_inputs = _static_inputs(args, mask, self.get_static_buffer)
+            static_inputs = _static_inputs(args, mask, self.get_static_buffer, self.write_back.get(fn_name, ()))
             buffers = []
         else:
             # NOTE: the first instance's input buffers: each replay copies its inputs in first, and replays never overlap
@@ -256,7 +255,7 @@ class Recording:
         memory = self.memory
         static_outputs = _unviewed(static_outputs, memory.owned(inputs_memory))
         copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
-        together = shared_storages(args, copied)
+        together = shared_storages(args, copied, self.write_back.get(fn_name, ()))
         grouped = {i for group in together for i, _ in group}
         written = tuple(i for i in self.write_back.get(fn_name, ()) if i in copied)
         alone = tuple(i for i in copied if i not in grouped)
