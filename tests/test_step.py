@@ -226,6 +226,48 @@ def test_gradient_accumulation_and_clipping_run_inside_the_step_equal_to_eager()
         step(*_batch(0, n=6))
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_batch_the_loss_function_updates_in_place_is_updated_for_the_caller_as_in_eager(accumulate):
+    """A loss function that updates its batch in place (``x.mul_(0.5)``, an augmentation written in place) leaves the
+    caller's batch as eager PyTorch does after every step, the replayed ones too, and trains as eager does. Before,
+    only the warm-up steps reached the caller's batch: a replay updated the graph's copy of it."""
+
+    def run(make_step):
+        net = _mlp()
+        opt = _adamw(net)
+
+        def loss_fn(x, y):
+            x.mul_(0.5)
+            return F.cross_entropy(net(x), y)
+
+        step = make_step(net, loss_fn, opt)
+        seen = []
+        for i in range(6):
+            x, y = _batch(i)
+            seen.append((float(step(x, y)), x.clone()))
+        return seen, _state(net)
+
+    def eager(net, loss_fn, opt):
+        def step(x, y):
+            opt.zero_grad()
+            total = 0.0
+            for xs, ys in zip(x.chunk(accumulate), y.chunk(accumulate)):
+                loss = loss_fn(xs, ys) / accumulate
+                loss.backward()
+                total += float(loss.detach())
+            opt.step()
+            return total
+        return step
+
+    want, want_state = run(eager)
+    got, got_state = run(lambda net, fn, opt: jit_step(net, fn, opt, warmup=2, accumulate=accumulate))
+    for i, ((loss, x), (ref_loss, ref_x)) in enumerate(zip(got, want)):
+        assert torch.equal(x, ref_x), f"step {i}: the caller's batch is not eager's"
+    c = _same({"losses": [loss for loss, _ in got], "state": got_state},
+              {"losses": [loss for loss, _ in want], "state": want_state})
+    assert c.matches, c.difference
+
+
 def test_grad_between_steps_zero_grad_and_the_loss_buffer():
     net = _mlp()
     opt = _adamw(net)

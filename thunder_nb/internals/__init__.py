@@ -28,7 +28,7 @@ from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now,
                      set_module_forward, thunder_module_class, thunder_modules_of)
 from .memory import (clear_cublas_workspaces, copy_all, copy_into, current_stream, data_ptrs_equal, graph_pool_bytes,
                      is_view, recover_capture, recover_generators, recover_stream, storage_handle, storage_use_count,
-                     use_counters)
+                     use_counters, version_counter)
 from .traces import (bound_call, build_traces, compile_option, del_last_used, drop_signature_args, flat_output, flatten,
                      fusion_symbol, has_traces, is_joint_trace, is_tensor_proxy, saved_for_backward, signature_info,
                      source_line)
@@ -50,7 +50,7 @@ __all__ = [
     # memory
     "copy_all", "copy_into", "clear_cublas_workspaces", "storage_use_count", "data_ptrs_equal", "recover_generators",
     "current_stream", "recover_stream", "recover_capture", "graph_pool_bytes", "use_counters", "storage_handle",
-    "is_view",
+    "is_view", "version_counter",
     # guards
     "metadata_guard", "ObjectGuard", "guard_dict_keys",
     # executors

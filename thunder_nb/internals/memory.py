@@ -11,7 +11,7 @@ from .version import supported
 
 __all__ = ["copy_all", "copy_into", "clear_cublas_workspaces", "storage_use_count", "data_ptrs_equal",
            "recover_generators", "current_stream", "recover_stream", "recover_capture", "graph_pool_bytes",
-           "use_counters", "storage_handle", "is_view"]
+           "use_counters", "storage_handle", "is_view", "version_counter"]
 
 
 def copy_all(tensors: Sequence[Any]) -> list[Any]:
@@ -165,4 +165,9 @@ def storage_handle(t: Any) -> int:
 def is_view(t: Any) -> bool:
     """Whether the tensor ``t`` is a view of another (``t._base``)."""
     return t._base is not None
+
+
+def version_counter(t: Any) -> int:
+    """The tensor ``t``'s version counter (``t._version``): an in-place update of it, or of a view of it, moves it."""
+    return t._version
 

@@ -17,7 +17,7 @@ from .blockers import (StepRefused, loss_blocker, refuse_blockers, refuse_fp16, 
 from .guard import Snapshot, autocast_key, batch_key, key_difference, not_recorded_words, trained_parameters
 from .optimizer import TENSOR_LR, lr_to_tensor, make_capturable, optimizer_plan, without_state
 from .ranks import data_parallel
-from .recording import CudaRecording, EmulatedRecording, record_cuda
+from .recording import CudaRecording, EmulatedRecording, record_cuda, replay_on, updated, versions
 from .shard import GradientShard
 
 __all__ = ["jit_step", "Step", "RecordAgainWarning"]
@@ -174,6 +174,7 @@ class Step:
         self._recorded_key: tuple | None = None  # the key of the newest recording
         self._checked: set[tuple] = set()  # the batch keys whose traces were checked for blockers
         self._short: set[tuple] = set()  # the keys already said to have been left before their recording
+        self._written: dict[tuple, frozenset[int]] = {}  # batch key -> positions its steps update in place
         self._stateless: frozenset[int] | None = None  # `_without_state()` after the last uncaptured step
         self._warm: dict[tuple, int] = {}  # uncaptured steps of each key since its trace last changed
         self._grad_norm: torch.Tensor | None = None
@@ -200,10 +201,7 @@ class Step:
     def _replay(self, rec: Any, batch: Sequence[Any]) -> torch.Tensor:
         if self._tensor_lr:
             lr_to_tensor(self.optimizer, self._lrs)  # NOTE: a scheduler's number into the graph's lr
-        pairs = [(s, b) for s, b in zip(rec.static, batch) if isinstance(b, torch.Tensor) and b is not s]
-        if pairs:
-            internals.copy_into([s for s, _ in pairs], [b for _, b in pairs])
-        rec.replay()
+        replay_on(rec, batch, self._written.get(self._key, frozenset()))  # NOTE: batch in, replay, updates back
         for p, g in zip(self._params, rec.grads):
             if p.grad is not g:
                 p.grad = g
@@ -278,11 +276,10 @@ class Step:
             if k > 1:
                 loss = loss / k
             if capturing:
-                # NOTE: torch keys cuBLAS's workspace by (handle, stream) and each thread has its own handle: the
-                # forward's matmuls run on this thread, the backward's on autograd's device thread, so one capture
-                # would hold two workspaces at once (32 MiB each on Hopper). Freed here, inside the capture, the
-                # forward's goes back to the graph's pool and the backward's takes the same block: the stream orders
-                # them, and the per-region transform's peak holds one workspace at a time as well (#34)
+                # NOTE: torch keys cuBLAS's workspace by (handle, stream), a handle per thread: the forward's matmuls
+                # run on this thread, the backward's on autograd's, so one capture would hold two workspaces (32 MiB
+                # each on Hopper). Freed here, inside the capture, the forward's goes back to the graph's pool and the
+                # backward's takes it, in stream order: one at a time, as in the per-region transform's peak (#34)
                 internals.clear_cublas_workspaces()
             loss.backward()
             if capturing:
@@ -310,14 +307,17 @@ class Step:
 
     def _uncaptured(self, batch: Sequence[Any]) -> torch.Tensor:
         self._zero_grad()
+        before = versions(batch)
         if self._stream is None:
-            return self._iteration(batch)
-        current = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
             loss = self._iteration(batch)
-        current.wait_stream(self._stream)
-        loss.record_stream(current)
+        else:
+            current = torch.cuda.current_stream(self.device)
+            self._stream.wait_stream(current)
+            with torch.cuda.stream(self._stream):
+                loss = self._iteration(batch)
+            current.wait_stream(self._stream)
+            loss.record_stream(current)
+        self._written[self._key] = self._written.get(self._key, frozenset()) | updated(batch, before)
         return loss
 
     def _record(self, batch: Sequence[Any], key: tuple) -> torch.Tensor:

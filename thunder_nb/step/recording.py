@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ from .. import internals
 from .blockers import StepRefused, where_from_traceback
 from .report import Blocker
 
-__all__ = ["record_cuda", "CudaRecording", "EmulatedRecording"]
+__all__ = ["record_cuda", "CudaRecording", "EmulatedRecording", "versions", "updated", "replay_on"]
 
 
 class CudaRecording:
@@ -74,3 +74,27 @@ def record_cuda(iteration: Callable[..., torch.Tensor], static: list[Any], param
     finally:
         internals.clear_cublas_workspaces()
     return CudaRecording(graph, static, loss, [p.grad for p in params])
+
+
+def versions(batch: Sequence[Any]) -> list[int | None]:
+    """The version counters of ``batch``'s tensors (None for anything else): an in-place update moves a tensor's."""
+    return [internals.version_counter(b) if isinstance(b, torch.Tensor) else None for b in batch]
+
+
+def updated(batch: Sequence[Any], before: Sequence[int | None]) -> frozenset[int]:
+    """The positions of ``batch``'s tensors that an in-place update reached since `versions` gave ``before``."""
+    return frozenset(i for i, (b, v) in enumerate(zip(batch, before))
+                     if v is not None and internals.version_counter(b) != v)
+
+
+def replay_on(rec: Any, batch: Sequence[Any], written: frozenset[int]) -> None:
+    """Copy ``batch`` into ``rec``'s input buffers, replay it, and copy back the batch tensors that the step updates in
+    place (``written``, `updated` in its uncaptured steps), so that the caller's see the update as in eager PyTorch
+    (2026-12-05: a loss function's ``x.mul_(2.0)`` reached the caller's batch in the warm-up steps, and never after
+    the recording)."""
+    pairs = [(s, b) for s, b in zip(rec.static, batch) if isinstance(b, torch.Tensor) and b is not s]
+    if pairs:
+        internals.copy_into([s for s, _ in pairs], [b for _, b in pairs])
+    rec.replay()
+    for i in written:
+        batch[i].copy_(rec.static[i])
