@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(_missing
 #: The stored notebooks whose outputs come from before diagrams were images (the H200 run): the test fails on them,
 #: strictly, until the next GPU run (``python -m thunder_nb notebooks --in-place``) stores the new outputs; then the
 #: entry goes.
-STALE = set() | nbcheck.RAW_SVG_OUTPUTS
+STALE = set(nbcheck.RAW_SVG_OUTPUTS)
 #: The stored notebooks opened untrusted: 01 and 06 (the magic's toggle), 02 and 03 (lifetime charts of their own).
 STORED = ["01_del_bug", "02_islands", "03_lifetimes_and_memory", "06_real_model"]
 #: Notebook 01 executed here on the CPU (never committed): what the code shows now, opened untrusted the same way.

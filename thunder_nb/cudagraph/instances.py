@@ -101,11 +101,8 @@ class Instance:
     pool: Any = None  # its graph's memory pool (a later instance of a rotating region records into it)
     nbytes: int = 0  # the memory it costs (`Recording`): its storages, or its graph pool's reservation
     cuda: bool = False  # recorded on a CUDA device (its cost is then weighed against the device's free memory)
-    # NOTE: copied inputs recorded sharing one storage (`shared_storages`), copied into one storage shared the same way:
-    # each replay checks that the caller's still do
-    together: tuple[tuple[tuple[int, int], ...], ...] = ()
-    # NOTE: the copied inputs the replay copies one by one (`copy_targets` in this order); those of `together` are
-    # copied in (and back, where the region writes them) as each group's bytes whole: `SharedCopy`
+    # NOTE: the copied inputs the replay copies one by one (`copy_targets` in this order); those that share a storage,
+    # one of them updated in place, are copied in (and back) as each group's bytes whole: `shared`
     copy_from: tuple[int, ...] = ()
     shared: tuple[SharedCopy, ...] = ()
 
@@ -159,28 +156,40 @@ class Instance:
 
 @dataclass
 class SharedCopy:
-    """The runner's one copy of copied inputs that share a storage (`copy_together`): the bytes ``raw`` holds are those
-    at ``delta`` bytes from input ``first``'s first byte in the caller's storage; ``write_back``: copied back after each
+    """The runner's one copy of copied inputs that share a storage (`shared_storages`, `copy_together`): ``members``,
+    each ``(input position, byte offset from the first's)`` when recorded; ``raw``, the copy's bytes, those at
+    ``delta`` bytes from the first member's first byte in the caller's storage; ``write_back``: copied back after each
     replay (the region writes one of them). Bytes, not each tensor: a copy into an expanded view (stride 0) raises."""
 
-    first: int
+    members: tuple[tuple[int, int], ...]
     delta: int
     raw: torch.Tensor
     write_back: bool
 
     def caller_bytes(self, args: tuple[Any, ...]) -> torch.Tensor:
-        a = args[self.first]
+        a = args[self.members[0][0]]
         return torch.empty(0, dtype=torch.uint8, device=a.device).set_(
-            a.untyped_storage(), a.storage_offset() * a.element_size() + self.delta, (self.raw.numel(),), (1,))
+            a.untyped_storage(), _byte_offset(a) + self.delta, (self.raw.numel(),), (1,))
+
+    def check(self, args: tuple[Any, ...]) -> None:
+        """Refuse a call whose members no longer share a storage as they did when recorded: their copies share one
+        storage that way, and would give the caller other values than eager PyTorch."""
+        (first, _), rest = self.members[0], self.members[1:]
+        ptr, base = storage(args[first]), _byte_offset(args[first])
+        for i, delta in rest:
+            if storage(args[i]) != ptr or _byte_offset(args[i]) - base != delta:
+                raise RuntimeError(
+                    f"thunder-nb: inputs {first} and {i} of a region shared one storage when its CUDA graph was "
+                    f"recorded ({delta} bytes apart) and do not now: the graph's copies of them share that storage, "
+                    "so a replay would be wrong; pass tensors laid out as in the first call (or copies: .clone())")
 
 
 def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
     """Replay ``inst`` on ``args`` (the key already matched): copy the copied inputs in, write back, re-make views."""
     static_inputs = inst.static_inputs
-    if inst.together:
-        _check_shared(inst, args)
-        for c in inst.shared:
-            c.raw.copy_(c.caller_bytes(args))
+    for c in inst.shared:
+        c.check(args)
+        c.raw.copy_(c.caller_bytes(args))
     if inst.copy_from:
         internals.copy_into(inst.copy_targets, [args[pos] for pos in inst.copy_from])
     inst.graph.replay()
@@ -249,20 +258,6 @@ def shared_storages(args: Sequence[Any], positions: Sequence[int],
 
 def _byte_offset(t: torch.Tensor) -> int:
     return t.storage_offset() * t.element_size()
-
-
-def _check_shared(inst: Instance, args: tuple[Any, ...]) -> None:
-    """Refuse a replay whose copied inputs no longer share a storage as they did when ``inst`` was recorded: its copies
-    share one storage that way, and would give the caller other values than eager PyTorch."""
-    for group in inst.together:
-        (first, _), rest = group[0], group[1:]
-        ptr, base = storage(args[first]), _byte_offset(args[first])
-        for i, delta in rest:
-            if storage(args[i]) != ptr or _byte_offset(args[i]) - base != delta:
-                raise RuntimeError(
-                    f"thunder-nb: inputs {first} and {i} of a region shared one storage when its CUDA graph was "
-                    f"recorded ({delta} bytes apart) and do not now: the graph's copies of them share that storage, "
-                    "so a replay would be wrong; pass tensors laid out as in the first call (or copies: .clone())")
 
 
 def storage(t: torch.Tensor) -> int:

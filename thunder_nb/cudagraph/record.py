@@ -157,33 +157,31 @@ def _unviewed(outputs: Sequence[Any], graph_inputs: set[int]) -> tuple[Any, ...]
 
 
 def _static_inputs(args: tuple[Any, ...], mask: tuple[bool, ...], copy: Callable[[Any], Any],
-                   written: Sequence[int]) -> tuple[Any, ...]:
+                   together: tuple[tuple[tuple[int, int], ...], ...]) -> tuple[Any, ...]:
     """A new instance's inputs: a static one (``mask``) as a fresh alias of itself, a copied tensor as the runner's
-    ``copy`` of it, and copied tensors that share a storage one of which the region updates in place (``written``; a
-    tensor and a view of it, ``x`` and ``x[7, 1]``) as copies that share one storage the same way (`copy_together`,
-    `shared_storages`). Separate copies would let the graph update one without the other, and the last written back
+    ``copy`` of it, and copied tensors that share a storage one of which the region updates in place (``together``,
+    `shared_storages`; a tensor and a view of it, ``x`` and ``x[7, 1]``) as copies that share one storage the same way
+    (`copy_together`). Separate copies would let the graph update one without the other, and the last written back
     would undo the first on the caller's tensor (2026-12-05: the program fuzzer's ``x1.add_(0.25)`` left ``x1[7, 1]``,
     read by an ``.item()`` before it, at its old value, in the processes whose string hashing ordered the two inputs
     view last). Copies of inputs that are only read may lie apart."""
-    copied = [i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m]
-    together = {}
-    for group in shared_storages(args, copied, written):
+    shared = {}
+    for group in together:
         members = [i for i, _ in group]
-        together.update(zip(members, copy_together([args[i] for i in members])))
-    return tuple(a if not isinstance(a, torch.Tensor) else a.detach() if m else together[i] if i in together
+        shared.update(zip(members, copy_together([args[i] for i in members])))
+    return tuple(a if not isinstance(a, torch.Tensor) else a.detach() if m else shared[i] if i in shared
                  else copy(a) for i, (a, m) in enumerate(zip(args, mask)))
 
 
 def _shared_copy(group: tuple[tuple[int, int], ...], args: tuple[Any, ...], static_inputs: tuple[Any, ...],
-                 written: tuple[int, ...]) -> SharedCopy:
+                 written: Sequence[int]) -> SharedCopy:
     """The `SharedCopy` of a group of `shared_storages`: the bytes of the runner's one copy (`copy_together`)."""
-    members = [args[i] for i, _ in group]
-    lo, hi = byte_span(members)
+    lo, hi = byte_span([args[i] for i, _ in group])
     first = group[0][0]
     copy = static_inputs[first]
     raw = torch.empty(0, dtype=torch.uint8, device=copy.device).set_(copy.untyped_storage(), 0, (hi - lo,), (1,))
     offset = args[first].storage_offset() * args[first].element_size()
-    return SharedCopy(first, lo - offset, raw, any(i in written for i, _ in group))
+    return SharedCopy(group, lo - offset, raw, any(i in written for i, _ in group))
 
 
 class Recording:
@@ -216,12 +214,15 @@ class Recording:
                     cause: str, index: int, share: Instance | None) -> Instance:
         # NOTE: a static input is held as a fresh alias: it keeps the memory the graph reads alive, and
         # not the caller's tensor object (a guarded hand-out is watched by its identity)
+        writes = self.write_back.get(fn_name, ())
+        copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
+        together = shared_storages(args, copied, writes)
+        grouped = {i for group in together for i, _ in group}
         if share is None:
-            static_inputs = _static_inputs(args, mask, self.get_static_buffer, self.write_back.get(fn_name, ()))
+            static_inputs = _static_inputs(args, mask, self.get_static_buffer, together)
             buffers = []
         else:
             # NOTE: the first instance's input buffers: each replay copies its inputs in first, and replays never overlap
-            grouped = {i for group in share.together for i, _ in group}
             static_inputs = tuple(
                 a if not isinstance(a, torch.Tensor) else (
                     a.detach() if m else share.static_inputs[i] if i in grouped else share.static_inputs[i].copy_(a))
@@ -254,16 +255,12 @@ class Recording:
         inputs_memory = {storage(a) for a in static_inputs if isinstance(a, torch.Tensor)}
         memory = self.memory
         static_outputs = _unviewed(static_outputs, memory.owned(inputs_memory))
-        copied = tuple(i for i, (a, m) in enumerate(zip(args, mask)) if isinstance(a, torch.Tensor) and not m)
-        together = shared_storages(args, copied, self.write_back.get(fn_name, ()))
-        grouped = {i for group in together for i, _ in group}
-        written = tuple(i for i in self.write_back.get(fn_name, ()) if i in copied)
         alone = tuple(i for i in copied if i not in grouped)
         inst = Instance(graph, static_inputs, tuple(static_outputs),
                          view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
-                         tuple(i for i in written if i not in grouped), self.passthrough.get(fn_name, ()),
-                         tuple(static_inputs[i] for i in alone), together=together, copy_from=alone,
-                         shared=tuple(_shared_copy(group, args, static_inputs, written) for group in together))
+                         tuple(i for i in writes if i in alone), self.passthrough.get(fn_name, ()),
+                         tuple(static_inputs[i] for i in alone), copy_from=alone,
+                         shared=tuple(_shared_copy(group, args, static_inputs, writes) for group in together))
         # NOTE: shared buffers stay the first's
         copies = [s for s, m in zip(static_inputs, mask) if isinstance(s, torch.Tensor) and not m] if share is None else []
         memory.register(inst, copies, inputs_memory)
