@@ -229,6 +229,7 @@ class Recording:
                 for i, (a, m) in enumerate(zip(args, mask))
             )
             for c in share.shared:
+                c.check(args)  # NOTE: as a replay of the first instance would
                 c.raw.copy_(c.caller_bytes(args))
             buffers = _out_buffers(share)
             fn = _copying_out(fn, buffers)
