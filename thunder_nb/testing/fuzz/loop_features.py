@@ -36,7 +36,7 @@ PRECISIONS = ("fp32", "bf16", "fp16-scaler")
 EVENTS = ("eval", "freeze", "unfreeze", "add-head", "save", "load")
 #: Each feature a loop can have, by name, for `generate`'s ``require``.
 FEATURES = (*EVENTS, *SCHEDULERS[1:], "clip", "accumulate", "bf16", "fp16-scaler", "logged", "ragged", "conv-bn",
-            "embed")
+            "embed", "inplace-batch")
 #: The size of a ragged loop's last batch.
 RAGGED_BATCH = 4
 
@@ -53,6 +53,7 @@ class Loop:
     precision: str = "fp32"
     logged: bool = False
     ragged: bool = False
+    inplace: bool = False  # the loss function updates its batch in place (scales the inputs, clamps the token ids)
     steps: int = 6
     events: tuple[tuple[int, str], ...] = ()
     seed: int = 0
@@ -61,7 +62,8 @@ class Loop:
         """The names (`FEATURES`) of what this loop does."""
         out = {e for _, e in self.events} | {self.scheduler, self.model}
         out |= {name for name, on in (("clip", self.clip), ("accumulate", self.accumulate > 1),
-                                      ("logged", self.logged), ("ragged", self.ragged)) if on}
+                                      ("logged", self.logged), ("ragged", self.ragged),
+                                      ("inplace-batch", self.inplace)) if on}
         return (out | ({"bf16", "fp16-scaler"} & {self.precision})) & set(FEATURES)
 
     def __str__(self) -> str:
@@ -72,6 +74,7 @@ class Loop:
         parts += [self.precision] if self.precision != "fp32" else []
         parts += ["loss.item() logged"] if self.logged else []
         parts += [f"last batch of {RAGGED_BATCH}"] if self.ragged else []
+        parts += ["the loss function updates its batch in place"] if self.inplace else []
         parts += [f"{e} before step {i}" for i, e in self.events]
         return f"Loop(seed {self.seed}: " + "; ".join(parts) + ")"
 
@@ -120,6 +123,8 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
         precision=chooser.choice(precisions) if (chooser.boolean(0.25) or need & set(precisions)) else "fp32",
         logged=chooser.boolean(0.5) or "logged" in need,
         ragged=chooser.boolean(0.25) or "ragged" in need,
+        # NOTE: drawn last, so the loops of earlier seeds are drawn as before
+        inplace=chooser.boolean(0.2) or "inplace-batch" in need,
         steps=steps, events=tuple(sorted(events, key=lambda e: (e[0], EVENTS.index(e[1])))), seed=seed)
 
 

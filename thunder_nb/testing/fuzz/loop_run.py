@@ -70,10 +70,12 @@ def _batch(kind: str, seed: int, step: int, n: int, device: Any) -> tuple[Any, A
     return x.to(device), torch.randint(0, 4, (n,), generator=g).to(device)
 
 
-def _loss_fn(model: Any) -> Callable[..., Any]:
+def _loss_fn(model: Any, loop: Loop) -> Callable[..., Any]:
     import torch.nn.functional as F
 
     def loss_fn(x, y):
+        if loop.inplace:  # NOTE: the caller's batch changes too, in eager PyTorch: every configuration must do the same
+            x = x.clamp_(max=15) if loop.model == "embed" else x.mul_(0.5)
         h = model.features(x)
         loss = F.cross_entropy(model.head(h), y)
         if hasattr(model, "head2"):  # NOTE: a head added mid-run: the trace branches on the name's presence
@@ -155,7 +157,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     compiled_mode = config in ("thunder_nb.jit", "fused")
     torch.manual_seed(loop.seed)
     model = _net(loop.model).to(device)
-    loss_fn = _loss_fn(model)
+    loss_fn = _loss_fn(model, loop)
     opt = _optimizer(loop.optimizer, model.parameters())
     sched = _scheduler(loop.scheduler, opt, loop.steps)
     scaler = None
@@ -196,6 +198,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
                 if sched is not None:
                     sched.step()
                 record["loss"] = loss.item() if loop.logged else loss.detach().float().clone()
+                record["batch"] = x.detach().clone()  # NOTE: as the caller sees it after the step
                 record.update(_state(model, opt))
                 out.steps.append(record)
         out.warnings = [f"{w.category.__name__}: {w.message}" for w in caught
