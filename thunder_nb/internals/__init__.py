@@ -14,6 +14,8 @@ any of them):
 - `guards`: torch.compile's C guards (a tensor's metadata, objects reached from a root);
 - `executors`: a fusion's callable, an executor's implementations, thunder's backward rules and sdpa functions;
 - `errors`: where torch raised an error, thunder's message naming an op it cannot trace, thunder's own limits.
+- `tracing`: thunder's interpreter made to trace faster with the same traces (`tracing.install`, from
+  `check_versions`).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ UNSUPPORTED_VARIABLE = "THUNDER_NB_UNSUPPORTED"
 #: What thunder-nb does instead of its fast paths where `supported` is False: the warning says it.
 FALLBACK = (
     "it takes thunder's own paths where its fast ones read private parts, which is slower: thunder's call path on "
-    "every call (no fast_call), thunder's prologue (no module walks), thunder's torchcompile executors as they are "
-    "(their islands and pooling backward unfixed), a region's key made afresh on every call (no C guard), and no "
-    "graph memory handed out unguarded (no use counts: returned tensors, gradients and the tensors saved for the "
-    "backward are copied out of graph memory, and nothing rotates)")
+    "every call (no fast_call), thunder's interpreter as it is (slower tracing), thunder's prologue (no module walks), "
+    "thunder's torchcompile executors as they are (their islands and pooling backward unfixed), a region's key made "
+    "afresh on every call (no C guard), and no graph memory handed out unguarded (no use counts: returned tensors, "
+    "gradients and the tensors saved for the backward are copied out of graph memory, and nothing rotates)")
 
 
 class VersionWarning(UserWarning):
@@ -58,7 +58,8 @@ def supported() -> bool:
     """Whether the installed lightning-thunder is 0.2.6 and torch 2.11.x, whose private API thunder-nb was written
     against, and `UNSUPPORTED_VARIABLE` is not set; asked once per process (the answer is kept).
 
-    It gates the fast paths that read thunder's and torch's private parts: `thunder_nb.cudagraph.call.fast_call`
+    It gates the fast paths that read thunder's and torch's private parts: the faster tracing
+    (`thunder_nb.internals.tracing`), `thunder_nb.cudagraph.call.fast_call`
     (`thunder_nb.internals.call_path` is None), the prologue's module walks (`thunder_nb.cudagraph.prologue`), the
     held-guard's use counts (`thunder_nb.internals.use_counters`), thunder-nb's torchcompile executor's implementations
     (`thunder_nb.internals.set_implementations`), and torch.compile's C guards (`thunder_nb.internals.metadata_guard`,
@@ -75,10 +76,16 @@ def supported() -> bool:
 
 def check_versions() -> bool:
     """`supported`; where it is False, one `VersionWarning` per process, naming the versions found and expected and
-    what is slower. Every entry point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
+    what is slower; where it is True, thunder's interpreter is made faster (`thunder_nb.internals.tracing.install`,
+    once). Every entry point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
-    if supported() or _warned:
-        return supported()
+    if supported():
+        from .tracing import install
+
+        install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
+        return True
+    if _warned:
+        return False
     _warned = True
     found = found_versions()
     forced = f" ({UNSUPPORTED_VARIABLE} is set)" if _forced() else ""

@@ -1,0 +1,121 @@
+"""thunder's interpreter as `thunder_nb.internals.tracing` changes it: the same traces, the same tracebacks, faster.
+
+Every entry point installs the change (`thunder_nb.internals.check_versions`); these tests put thunder's own back
+(`tracing.uninstall`) to trace the same functions both ways in one process. How much faster: ``bench/tracing.py``.
+(The fallback, where nothing is changed: tests/test_unsupported_versions.py.)
+"""
+
+from __future__ import annotations
+
+import dis
+import re
+import traceback
+
+import pytest
+import thunder
+import torch
+from thunder.core import interpreter
+from torch import nn
+
+from thunder_nb import internals
+from thunder_nb.internals import tracing
+
+pytestmark = pytest.mark.skipif(not internals.supported(), reason="thunder-nb changes thunder's interpreter only where "
+                                "internals.supported() (lightning-thunder 0.2.6, torch 2.11)")
+
+
+@pytest.fixture
+def both_ways():
+    """Run the test's body with thunder's own interpreter, then with thunder-nb's change: ``both_ways(fn)`` returns
+    ``[fn() with thunder's, fn() with the change]``; the change stays installed after, as every entry point leaves it."""
+
+    def run(fn):
+        tracing.uninstall()
+        try:
+            own = fn()
+        finally:
+            assert tracing.install()
+        return [own, fn()]
+
+    yield run
+    assert tracing.install()
+
+
+class _Net(nn.Module):
+    """A loop over a ModuleList, a ``hasattr`` that fails (an exception inside the interpreter, caught), a
+    ``try``/``except`` and a method of a nested module: the frames and exceptions a model's trace goes through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(2)])
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        if hasattr(self, "extra"):
+            x = self.extra(x)
+        try:
+            scale = self.missing_scale
+        except AttributeError:
+            scale = 0.5
+        return self.head(x * scale).logsumexp(-1).mean()
+
+
+def _traced(net: nn.Module, x: torch.Tensor) -> tuple[str, str, torch.Tensor, list[torch.Tensor]]:
+    """(the forward trace, the backward trace, the loss, the gradients) of one jitted call and its backward."""
+    net.zero_grad(set_to_none=True)
+    jfn = thunder.jit(net)
+    loss = jfn(x)
+    loss.backward()
+    texts = [re.sub(r"\(took \d+ millisec\w*\)", "", str(trace))  # NOTE: how long each pass took, left out
+             for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])]
+    return (*texts, loss.detach(), [p.grad.clone() for p in net.parameters()])
+
+
+def test_a_models_traces_and_gradients_are_the_same_both_ways(both_ways):
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(4, 8)
+    (fw, bw, loss, grads), (fw2, bw2, loss2, grads2) = both_ways(lambda: _traced(net, x))
+    assert fw2 == fw and bw2 == bw
+    assert torch.equal(loss2, loss) and all(torch.equal(a, b) for a, b in zip(grads2, grads))
+    assert interpreter.dis.kept, "no instructions kept: the change did not run"
+
+
+def _raises(x: torch.Tensor) -> torch.Tensor:
+    x = x * 2
+    raise ValueError("the user's own error")
+
+
+def _calls_raises(x: torch.Tensor) -> torch.Tensor:
+    return _raises(x + 1)
+
+
+def test_an_error_inside_the_traced_code_has_the_users_frames_both_ways(both_ways):
+    """thunder makes a Python frame for each interpreted frame an exception leaves (`tracing._python_frame` with the
+    change): the traceback names the user's functions and lines, the same both ways."""
+
+    def frames():
+        with pytest.raises(ValueError, match="the user's own error") as caught:
+            thunder.jit(_calls_raises)(torch.randn(3))
+        return [(f.name, f.lineno) for f in traceback.extract_tb(caught.value.__traceback__)
+                if f.filename == __file__]
+
+    own, changed = both_ways(frames)
+    assert changed == own
+    names = [name for name, _ in changed]
+    assert "_calls_raises" in names and "_raises" in names, changed
+    line = _raises.__code__.co_firstlineno + 2  # NOTE: the raise
+    assert ("_raises", line) in changed, changed
+
+
+def test_the_instructions_kept_are_diss_and_every_other_name_is_diss_own():
+    assert tracing.install()
+    copy = interpreter.dis
+    assert copy is not dis and copy.Instruction is dis.Instruction
+    assert copy._parse_exception_table is dis._parse_exception_table and copy.opmap is dis.opmap
+    for code in (_Net.forward.__code__, _traced.__code__, (lambda d, k: d[k]).__code__):
+        first = list(copy.get_instructions(code))
+        assert first == list(dis.get_instructions(code))
+        assert code in copy.kept and list(copy.get_instructions(code)) == first
+    assert list(copy.get_instructions(_raises)) == list(dis.get_instructions(_raises))  # NOTE: not a code object

@@ -1,0 +1,130 @@
+"""thunder's bytecode interpreter made to trace faster, with the same traces: two changes to
+``thunder.core.interpreter`` (lightning-thunder 0.2.6), installed once per process by `install` where
+`thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`, which every entry point calls).
+
+- **Each frame's instructions, kept.** thunder disassembles a code object every time it runs a frame of it
+  (``tuple(dis.get_instructions(code))`` in ``_run_frame``): tens of thousands of times for one training step of a
+  2-layer model, most of them the same few code objects (thunder's own lookasides, the model's methods). The
+  interpreter module's ``dis`` becomes a copy (`_dis_keeping_instructions`) whose ``get_instructions`` keeps each code object's instructions: equal
+  code objects (code objects compare by their bytecode, constants, names, line table and first line) have equal
+  instructions, and an `Instruction` is an immutable named tuple.
+- **No spinning for an exception's frame.** When an exception leaves an interpreted frame (a failed ``getattr`` under
+  ``hasattr``, the ``StopIteration`` ending a loop), thunder makes a Python frame for its traceback in a new thread,
+  so that the frame has no caller, and waits for it with ``while not result_container: pass``: the waiting thread
+  holds the GIL until the interpreter's switch interval (5 ms) hands it over, every time. `_python_frame` makes the
+  same frame the same way and waits on a lock, which lets the thread run at once.
+
+What each saves is measured in ``bench/tracing.py`` (its results in ``bench/results``). `uninstall` puts thunder's own
+back (for the tests that compare the two).
+"""
+
+from __future__ import annotations
+
+import dis
+import types
+from typing import Any
+
+__all__ = ["install", "uninstall", "installed"]
+
+#: the most code objects whose instructions are kept (a model's methods, thunder's lookasides: a few thousand)
+_KEPT = 16384
+
+_originals: dict[str, Any] = {}
+
+
+def _dis_keeping_instructions() -> types.ModuleType:
+    """A copy of the ``dis`` module whose ``get_instructions`` keeps each code object's instructions. (Every name is
+    in the copy's own namespace: thunder reads ``dis.Instruction`` in an ``isinstance`` about a million times a trace,
+    and a module ``__getattr__`` that forwarded it made tracing slower than without the copy.)"""
+    kept: dict[types.CodeType, tuple[dis.Instruction, ...]] = {}
+
+    def get_instructions(x: Any, **options: Any) -> Any:
+        if options or not isinstance(x, types.CodeType):
+            return dis.get_instructions(x, **options)
+        instructions = kept.get(x)
+        if instructions is None:
+            if len(kept) >= _KEPT:
+                kept.clear()
+            instructions = kept[x] = tuple(dis.get_instructions(x))
+        return iter(instructions)
+
+    copy = types.ModuleType(dis.__name__, dis.__doc__)
+    copy.__dict__.update(dis.__dict__)
+    copy.get_instructions = get_instructions
+    copy.kept = kept  # NOTE: for the tests
+    return copy
+
+
+def _python_frame(self: Any) -> types.FrameType:
+    """A Python frame at this interpreted frame's current line, with no caller: thunder's
+    ``InterpreterFrame.get_or_make_python_frame``, waiting on a lock instead of spinning."""
+    import _thread
+
+    assert self.positions is not None
+    lineno = self.positions.lineno if self.positions.lineno is not None else self.code.co_firstlineno
+    replace = {"co_filename": self.code.co_filename, "co_firstlineno": self.code.co_firstlineno,
+               "co_name": self.code.co_name}
+    if hasattr(self.code, "co_qualname"):  # NOTE: Python 3.11 and later
+        replace["co_qualname"] = self.qualname
+    # NOTE: as many empty lines as put the raise on the frame's current line, relative to its first line
+    code = compile((lineno - self.code.co_firstlineno) * "\n" + "raise ValueError()", self.code.co_filename, "exec")
+    made: list[types.FrameType] = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def make() -> None:
+        def fn() -> None:
+            pass
+
+        try:
+            fn.__code__ = code.replace(**replace)
+            try:
+                fn()
+            except ValueError as e:
+                tb = e.__traceback__
+                while tb.tb_next is not None:
+                    tb = tb.tb_next
+                made.append(tb.tb_frame)
+        finally:
+            done.release()
+
+    # NOTE: in a thread of its own, as thunder does, so that the frame's f_back is not the code handling the error
+    _thread.start_new_thread(make, ())
+    done.acquire()
+    if not made:
+        raise RuntimeError(f"thunder-nb could not make a Python frame for {self.qualname} at line {lineno}")
+    return made[0]
+
+
+def installed() -> bool:
+    """Whether `install` has changed thunder's interpreter in this process."""
+    return bool(_originals)
+
+
+def install() -> bool:
+    """Change thunder's interpreter as this module's docstring says, once per process. Call it only where
+    `thunder_nb.internals.supported` (the names changed are thunder 0.2.6's): `thunder_nb.internals.check_versions`
+    does. Returns whether it is installed."""
+    if _originals:
+        return True
+    from thunder.core import interpreter
+
+    frame_class = interpreter.InterpreterFrame
+    if not (isinstance(getattr(interpreter, "dis", None), types.ModuleType)
+            and callable(getattr(frame_class, "get_or_make_python_frame", None))):
+        return False  # NOTE: not the interpreter this was written for: thunder's own stays
+    _originals.update(dis=interpreter.dis, frame=frame_class.__dict__["get_or_make_python_frame"])
+    interpreter.dis = _dis_keeping_instructions()
+    frame_class.get_or_make_python_frame = _python_frame
+    return True
+
+
+def uninstall() -> None:
+    """Put thunder's own interpreter parts back."""
+    if not _originals:
+        return
+    from thunder.core import interpreter
+
+    interpreter.dis = _originals["dis"]
+    interpreter.InterpreterFrame.get_or_make_python_frame = _originals["frame"]
+    _originals.clear()
