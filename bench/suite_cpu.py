@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,18 +37,28 @@ def pytest_runtest_protocol(item, nextitem):
         Path(folder).mkdir(parents=True, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(Path(folder) / f"{worker}.tsv", "a", encoding="utf-8") as f:
-            f.write(f"{_cpu() - start:.2f}\t{item.nodeid}\n")
+            f.write(f"{_cpu() - start:.2f}\t{item.nodeid}\t{time.time():.1f}\n")
 
 
 def summarize(folder: Path, top: int = 25) -> str:
     per_file: collections.Counter[str] = collections.Counter()
     tests = []
+    workers = {}  # worker: (its CPU seconds in tests, the wall time its last test ended)
     for path in sorted(folder.glob("*.tsv")):
+        cpu, end = 0.0, 0.0
         for line in path.read_text(encoding="utf-8").splitlines():
-            seconds, nodeid = line.split("\t", 1)
+            seconds, nodeid, *ended = line.split("\t")
             per_file[nodeid.split("::")[0]] += float(seconds)
             tests.append((float(seconds), nodeid))
-    lines = [f"CPU seconds in tests: {sum(per_file.values()):.0f}", "", "by file:"]
+            cpu, end = cpu + float(seconds), max([end, *map(float, ended)])
+        workers[path.stem] = (cpu, end)
+    lines = [f"CPU seconds in tests: {sum(per_file.values()):.0f}", ""]
+    last = max(end for _, end in workers.values())
+    # NOTE: how balanced the workers were: a worker that ends long before the last leaves a core idle
+    lines += ["by worker (CPU seconds in tests; ended, seconds before the last):"]
+    lines += [f"{w:>8}  {cpu:7.1f}  {last - end:6.1f}" + ("" if end else " (no end times)")
+              for w, (cpu, end) in sorted(workers.items())]
+    lines += ["", "by file:"]
     lines += [f"{s:8.1f}  {name}" for name, s in per_file.most_common(top)]
     lines += ["", "by test:"]
     lines += [f"{s:8.1f}  {name}" for s, name in sorted(tests, reverse=True)[:top]]

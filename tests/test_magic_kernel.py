@@ -9,12 +9,10 @@ import re
 import textwrap
 import time
 
-import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
 
 from test_readme import notebook_cells
-from thunder_nb.notebook import export
 
 SLOW = textwrap.dedent(
     """
@@ -50,6 +48,21 @@ def run(kc, code: str, timeout: float = 120.0, until=None) -> list[dict]:
 def texts(msgs: list[dict]) -> list[str]:
     return [m["content"].get("data", {}).get("text/plain", "") for m in msgs
             if m["msg_type"] in ("display_data", "update_display_data", "execute_result")]
+
+
+def displayed(msgs: list[dict]) -> list[dict]:
+    """The cell's display outputs as a notebook keeps them: each ``update_display_data`` replaces the output of its
+    display id (the magic's progress line, replaced by its verdict)."""
+    outputs, where = [], {}
+    for m in msgs:
+        display_id = m["content"].get("transient", {}).get("display_id")
+        if m["msg_type"] == "display_data":
+            if display_id is not None:
+                where[display_id] = len(outputs)
+            outputs.append(m["content"]["data"])
+        elif m["msg_type"] == "update_display_data" and display_id in where:
+            outputs[where[display_id]] = m["content"]["data"]
+    return outputs
 
 
 @pytest.mark.slow
@@ -97,29 +110,36 @@ def test_ctrl_c_during_the_magic_is_one_line_and_the_kernel_and_namespace_surviv
 
 @pytest.mark.slow
 def test_the_readme_train_example_has_no_red_line_and_its_next_step_runs(tmp_path):
-    """The README's ``--train`` cell in a fresh kernel: its verdict has no red phrase (thunder's transform's graph
-    memory hazards did not show in this run: amber, saying when they would), the next line names the README's own
-    ``model`` and ``step``, and that code, run as the next cell, trains."""
+    """The README's ``--train`` cell in a fresh kernel, after only its ``%load_ext`` cell: the module defined in the
+    cell trains as eager (every parameter's gradient, the parameters after SGD steps); its verdict has no red phrase
+    (thunder's transform's graph memory hazards did not show in this run: amber, saying when they would), the next
+    line names the README's own ``model`` and ``step``, and that code, run as the next cell of the same kernel,
+    trains. (`test_readme.test_each_magic_cell_runs_on_its_own_in_a_real_kernel` runs the README's other cells.)"""
     (train,) = [c for c in notebook_cells() if "--train" in c.splitlines()[0]]
-    cells = [notebook_cells()[0], train]
-    path = tmp_path / "readme_train.ipynb"
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.rstrip("\n")) for c in cells])
-    nbformat.write(nb, path)
-    nb = export.execute_notebook(path, timeout=600)
-    assert not export.error_outputs(nb)
-    outputs = [o for o in nb.cells[1].outputs if o.get("output_type") == "display_data"]
-    verdict, following = outputs[0]["data"], outputs[1]["data"]
-    assert verdict["text/plain"].startswith("original (stock): "), verdict["text/plain"]
-    assert "tnb-bad" not in verdict["text/html"] and "#e03131" not in verdict["text/html"], verdict["text/html"]
-    assert '<span class="tnb-warn"' in verdict["text/html"]
-    assert " would be wrong when " in verdict["text/plain"] and "in this run: matches eager" in verdict["text/plain"]
-    head, _, code = following["text/plain"].partition("\n")
-    assert head.startswith("next: train with the whole iteration as one CUDA graph"), head
-    code = textwrap.dedent(code)
-    assert "thunder_nb.jit_step(model, step, opt)" in code and "loss = train_step(xb)" in code
-    nb.cells.append(nbformat.v4.new_code_cell(code + "\nprint(f'trained: {loss.item():.4f}')"))
-    nbformat.write(nb, path)
-    nb = export.execute_notebook(path, timeout=600)
-    assert not export.error_outputs(nb), export.error_outputs(nb)
-    printed = "".join(o.get("text", "") for o in nb.cells[2].outputs if o.get("output_type") == "stream")
-    assert re.search(r"trained: \d+\.\d{4}", printed), printed
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        for cell in (notebook_cells()[0], train):
+            msgs = run(kc, cell.rstrip("\n"), timeout=600)
+            assert not [m for m in msgs if m["msg_type"] == "error"], msgs
+        shown = displayed(msgs)
+        verdict, following = shown[0], shown[1]
+        assert verdict["text/plain"].startswith("original (stock): "), verdict["text/plain"]
+        fixed = verdict["text/plain"][verdict["text/plain"].index("fixed:"):]
+        assert "matches eager" in fixed and "grads match" in fixed and "params match" in fixed, verdict["text/plain"]
+        assert any(t.startswith("device") and "gradients of" in t and
+                   "model.0.weight, model.0.bias, model.2.weight, model.2.bias (4 tensors)" in t for t in texts(msgs))
+        assert "tnb-bad" not in verdict["text/html"] and "#e03131" not in verdict["text/html"], verdict["text/html"]
+        assert '<span class="tnb-warn"' in verdict["text/html"]
+        assert " would be wrong when " in verdict["text/plain"] and "in this run: matches eager" in verdict["text/plain"]
+        head, _, code = following["text/plain"].partition("\n")
+        assert head.startswith("next: train with the whole iteration as one CUDA graph"), head
+        code = textwrap.dedent(code)
+        assert "thunder_nb.jit_step(model, step, opt)" in code and "loss = train_step(xb)" in code
+        msgs = run(kc, code + "\nprint(f'trained: {loss.item():.4f}')", timeout=600)
+        assert not [m for m in msgs if m["msg_type"] == "error"], msgs
+        printed = "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream" and
+                          m["content"]["name"] == "stdout")
+        assert re.search(r"trained: \d+\.\d{4}", printed), printed
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -90,10 +90,11 @@ def test_every_expected_output_belongs_to_a_snippet():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cell", notebook_cells()[1:], ids=lambda c: c.splitlines()[0])
+@pytest.mark.parametrize("cell", [c for c in notebook_cells()[1:] if "--train" not in c.splitlines()[0]],
+                         ids=lambda c: c.splitlines()[0])
 def test_each_magic_cell_runs_on_its_own_in_a_real_kernel(cell, tmp_path):
     """Each ``%%thunder_cudagraph`` cell in a fresh kernel, after only the README's ``%load_ext`` cell: no error,
-    and its verdict."""
+    and its verdict. (The ``--train`` cell: `test_magic_kernel`, which also runs the next step it shows.)"""
     cells = [nbformat.v4.new_code_cell(source.rstrip("\n")) for source in (notebook_cells()[0], cell)]
     path = tmp_path / "readme.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
@@ -109,11 +110,6 @@ def test_each_magic_cell_runs_on_its_own_in_a_real_kernel(cell, tmp_path):
     assert "matches eager" in fixed, verdict
     if "--original legacy" in cell:
         assert verdict.startswith("original (legacy): crashes (UnboundLocalError)"), verdict
-    if "--train" in cell:
-        # the module defined in the cell trains: every parameter's gradient, and the parameters after SGD steps
-        assert "grads match" in fixed and "params match" in fixed, verdict
-        run = next(t for t in texts if t.startswith("device") and "gradients of" in t)
-        assert "model.0.weight, model.0.bias, model.2.weight, model.2.bias (4 tensors)" in run
 
 
 def torchrun_command() -> list[str]:
