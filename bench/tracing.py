@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> str:
                 seconds[(name, on)].append(s)
             if texts[False] != texts[True]:
                 sys.exit(f"{name}: the traces differ with thunder-nb's change: it must not change them")
+    thunder_version = internals.found_versions()["lightning-thunder"]
     lines = [f"CPU seconds of one first call (thunder.jit, traced and run once, backward included where it trains), "
              f"{args.rounds} rounds taking turns, the median round; one torch thread; Python "
-             f"{sys.version.split()[0]}, torch {torch.__version__}, lightning-thunder {internals.found_versions()['lightning-thunder']}",
+             f"{sys.version.split()[0]}, torch {torch.__version__}, lightning-thunder {thunder_version}",
              "", "| model | thunder's interpreter, s | with thunder-nb's change, s | change / thunder's (rounds) | "
              "traces equal |", "|---|---:|---:|---:|---|"]
     for name in cases:

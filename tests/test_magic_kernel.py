@@ -130,7 +130,8 @@ def test_the_readme_train_example_has_no_red_line_and_its_next_step_runs(tmp_pat
                    "model.0.weight, model.0.bias, model.2.weight, model.2.bias (4 tensors)" in t for t in texts(msgs))
         assert "tnb-bad" not in verdict["text/html"] and "#e03131" not in verdict["text/html"], verdict["text/html"]
         assert '<span class="tnb-warn"' in verdict["text/html"]
-        assert " would be wrong when " in verdict["text/plain"] and "in this run: matches eager" in verdict["text/plain"]
+        text = verdict["text/plain"]
+        assert " would be wrong when " in text and "in this run: matches eager" in text, text
         head, _, code = following["text/plain"].partition("\n")
         assert head.startswith("next: train with the whole iteration as one CUDA graph"), head
         code = textwrap.dedent(code)

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(not internals.supported(), reason="thunder-nb ch
 @pytest.fixture
 def both_ways():
     """Run the test's body with thunder's own interpreter, then with thunder-nb's change: ``both_ways(fn)`` returns
-    ``[fn() with thunder's, fn() with the change]``; the change stays installed after, as every entry point leaves it."""
+    ``[fn() with thunder's, fn() with the change]``; the change stays installed after, as every entry point leaves
+    it."""
 
     def run(fn):
         tracing.uninstall()

@@ -5,9 +5,9 @@
 - **Each frame's instructions, kept.** thunder disassembles a code object every time it runs a frame of it
   (``tuple(dis.get_instructions(code))`` in ``_run_frame``): tens of thousands of times for one training step of a
   2-layer model, most of them the same few code objects (thunder's own lookasides, the model's methods). The
-  interpreter module's ``dis`` becomes a copy (`_dis_keeping_instructions`) whose ``get_instructions`` keeps each code object's instructions: equal
-  code objects (code objects compare by their bytecode, constants, names, line table and first line) have equal
-  instructions, and an `Instruction` is an immutable named tuple.
+  interpreter module's ``dis`` becomes a copy (`_dis_keeping_instructions`) whose ``get_instructions`` keeps each
+  code object's instructions: equal code objects (they compare by their bytecode, constants, names, line table and
+  first line) have equal instructions, and an ``Instruction`` is an immutable named tuple.
 - **No spinning for an exception's frame.** When an exception leaves an interpreted frame (a failed ``getattr`` under
   ``hasattr``, the ``StopIteration`` ending a loop), thunder makes a Python frame for its traceback in a new thread,
   so that the frame has no caller, and waits for it with ``while not result_container: pass``: the waiting thread
