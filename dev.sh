@@ -153,10 +153,13 @@ setup() {
     else
         say ".venv: creating it with the locked versions of uv.lock (uv sync; the first time downloads torch, minutes)"
     fi
-    # NOTE: --compile-bytecode writes every module's .pyc once, here: where PYTHONDONTWRITEBYTECODE is set (as on these
-    # machines) no process writes them, and each one that imports thunder compiled its sources again, about 5 s of
-    # CPU (the suite starts dozens: kernels, notebooks, ranks, the CLI)
-    "$UV" sync --frozen --extra test --extra zoo --extra browser --quiet --compile-bytecode
+    "$UV" sync --frozen --extra test --extra zoo --extra browser --quiet
+    # NOTE: every Python this script starts (and the kernels, ranks and commands they start) writes the .pyc of what it
+    # imports. Where PYTHONDONTWRITEBYTECODE is set (as on these machines) no process wrote them, and each one that
+    # imported thunder compiled its sources again, about 5 s of CPU (the suite starts dozens). uv's --compile-bytecode
+    # wrote them for the whole environment instead, at every fresh .venv: 26 s of CPU and 13 s before anything ran
+    # (a clean clone's set-up, and the clone test_setup makes), for modules most of which nothing imports (2026-12-05)
+    unset PYTHONDONTWRITEBYTECODE
     apt_install "Graphviz" dot graphviz
     widget_js
 }
