@@ -53,7 +53,7 @@ def summarize(folder: Path, top: int = 25) -> str:
             cpu, end = cpu + float(seconds), max([end, *map(float, ended)])
         workers[path.stem] = (cpu, end)
     lines = [f"CPU seconds in tests: {sum(per_file.values()):.0f}", ""]
-    last = max(end for _, end in workers.values())
+    last = max((end for _, end in workers.values()), default=0.0)
     # NOTE: how balanced the workers were: a worker that ends long before the last leaves a core idle
     lines += ["by worker (CPU seconds in tests; ended, seconds before the last):"]
     lines += [f"{w:>8}  {cpu:7.1f}  {last - end:6.1f}" + ("" if end else " (no end times)")
