@@ -382,6 +382,37 @@ def test_a_saved_view_of_another_graphs_memory_holds_that_graph_until_the_backwa
         assert_equal(g, e)
 
 
+def saves_another_regions_output_as_it_is(x):
+    t1 = x + -1.0
+    s = t1.amax().item()
+    t3 = t1.amax(1)
+    return torch.where(t3 > s * 0.5, t3, t3 * 0.5)
+
+
+def test_a_saved_alias_of_another_graphs_output_holds_that_graph_until_the_backward():
+    """Found by ``bench/fuzz.py --seed 20000 --n 300 --emulate-capture`` (program 20108), 2026-12-05.
+
+    The ``.item()`` splits two regions: the first returns ``t1``, the second reads it in place and saves it for
+    ``amax``'s backward as it is (``shallow_copy(t1)``: the same memory, not a view). Two forwards run before one
+    backward. Was: the second graph's output was its static output object, which the graph itself keeps for good,
+    so autograd saving it raised no count the first region's instance watches; the second call replayed the first
+    region over the first call's ``t1``, and its gradient came out NaN (amax's backward found no maximum in it).
+    Fixed: an output lying in an input's memory goes out as a fresh alias each call (`Instance.in_inputs`).
+    """
+    def two_forwards_one_backward(fn):
+        g = torch.Generator().manual_seed(0)
+        xs = [torch.randn(15, 5, generator=g).requires_grad_() for _ in range(2)]
+        sum(fn(x).sum() for x in xs).backward()
+        return [x.grad for x in xs]
+
+    expected = two_forwards_one_backward(saves_another_regions_output_as_it_is)
+    with emulated_capture():
+        t = make_transform(FixedCUDAGraphTransform, "emulated")
+        got = two_forwards_one_backward(thunder.jit(saves_another_regions_output_as_it_is, transforms=[t]))
+    for g, e in zip(got, expected):
+        assert_equal(g, e)
+
+
 @pytest.mark.gpu
 def test_returned_view_sees_an_update_thunder_applies_in_the_backward_on_gpu():
     """The same under real capture (found with emulated capture, whose replays write memory as real ones do)."""

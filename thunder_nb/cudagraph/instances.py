@@ -105,6 +105,9 @@ class Instance:
     # one of them updated in place, are copied in (and back) as each group's bytes whole: `shared`
     copy_from: tuple[int, ...] = ()
     shared: tuple[SharedCopy, ...] = ()
+    # NOTE: outputs that lie in the memory of an input read in place (another graph's output, say): each call hands out
+    # a fresh alias of each, so that whoever keeps one raises that storage's use count, which its writer watches
+    in_inputs: tuple[int, ...] = ()
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
@@ -200,6 +203,11 @@ def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
         if c.write_back:
             c.caller_bytes(args).copy_(c.raw)
     outputs = list(inst.static_outputs)
+    for pos in inst.in_inputs:
+        # NOTE: the static output object is the graph's own and lives as long as it: a caller's reference to it (a
+        # tensor saved for the backward) would raise no count that the instance writing its memory reads
+        o = outputs[pos]
+        outputs[pos] = o.as_strided(o.size(), o.stride(), o.storage_offset())
     for out_pos, in_pos, size, stride, delta in inst.views:
         # NOTE: an output that is a view of a copied input is a view of the runner's copy; the caller
         # must get the same view of its own tensor (in-place updates through it must reach the caller)

@@ -121,6 +121,8 @@ class GraphMemory:
             ptr = storage(s)
             self.own(ptr, inst)
             inst.storages[ptr] = StorageEntry(internals.storage_handle(s))
+        inst.in_inputs = tuple(i for i, o in enumerate(inst.static_outputs) if isinstance(o, _Tensor)
+                               and o.untyped_storage().nbytes() and storage(o) in inputs_memory)
         for i, o in enumerate(inst.static_outputs):
             if isinstance(o, _Tensor) and o.untyped_storage().nbytes() and (ptr := storage(o)) not in inputs_memory:
                 self.own(ptr, inst)
