@@ -21,6 +21,7 @@ back (for the tests that compare the two).
 from __future__ import annotations
 
 import dis
+import threading
 import types
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = ["install", "uninstall", "installed"]
 _KEPT = 16384
 
 _originals: dict[str, Any] = {}
+_lock = threading.Lock()  # NOTE: two threads' first entry points at once change it once
 
 
 def _dis_keeping_instructions() -> types.ModuleType:
@@ -109,22 +111,26 @@ def install() -> bool:
         return True
     from thunder.core import interpreter
 
-    frame_class = interpreter.InterpreterFrame
-    if not (isinstance(getattr(interpreter, "dis", None), types.ModuleType)
-            and callable(getattr(frame_class, "get_or_make_python_frame", None))):
-        return False  # NOTE: not the interpreter this was written for: thunder's own stays
-    _originals.update(dis=interpreter.dis, frame=frame_class.__dict__["get_or_make_python_frame"])
-    interpreter.dis = _dis_keeping_instructions()
-    frame_class.get_or_make_python_frame = _python_frame
+    with _lock:
+        if _originals:
+            return True
+        frame_class = interpreter.InterpreterFrame
+        if not (isinstance(getattr(interpreter, "dis", None), types.ModuleType)
+                and callable(getattr(frame_class, "get_or_make_python_frame", None))):
+            return False  # NOTE: not the interpreter this was written for: thunder's own stays
+        _originals.update(dis=interpreter.dis, frame=frame_class.__dict__["get_or_make_python_frame"])
+        interpreter.dis = _dis_keeping_instructions()
+        frame_class.get_or_make_python_frame = _python_frame
     return True
 
 
 def uninstall() -> None:
     """Put thunder's own interpreter parts back."""
-    if not _originals:
-        return
     from thunder.core import interpreter
 
-    interpreter.dis = _originals["dis"]
-    interpreter.InterpreterFrame.get_or_make_python_frame = _originals["frame"]
-    _originals.clear()
+    with _lock:
+        if not _originals:
+            return
+        interpreter.dis = _originals["dis"]
+        interpreter.InterpreterFrame.get_or_make_python_frame = _originals["frame"]
+        _originals.clear()
