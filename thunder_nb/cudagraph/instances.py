@@ -20,6 +20,8 @@ __all__ = [
     "replay",
     "SharedCopy",
     "byte_span",
+    "byte_offset",
+    "nonempty_storage",
     "shared_storages",
     "storage",
     "storage_use_count",
@@ -172,15 +174,15 @@ class SharedCopy:
     def caller_bytes(self, args: tuple[Any, ...]) -> torch.Tensor:
         a = args[self.members[0][0]]
         return torch.empty(0, dtype=torch.uint8, device=a.device).set_(
-            a.untyped_storage(), _byte_offset(a) + self.delta, (self.raw.numel(),), (1,))
+            a.untyped_storage(), byte_offset(a) + self.delta, (self.raw.numel(),), (1,))
 
     def check(self, args: tuple[Any, ...]) -> None:
         """Refuse a call whose members no longer share a storage as they did when recorded: their copies share one
         storage that way, and would give the caller other values than eager PyTorch."""
         (first, _), rest = self.members[0], self.members[1:]
-        ptr, base = storage(args[first]), _byte_offset(args[first])
+        ptr, base = storage(args[first]), byte_offset(args[first])
         for i, delta in rest:
-            if storage(args[i]) != ptr or _byte_offset(args[i]) - base != delta:
+            if storage(args[i]) != ptr or byte_offset(args[i]) - base != delta:
                 raise RuntimeError(
                     f"thunder-nb: inputs {first} and {i} of a region shared one storage when its CUDA graph was "
                     f"recorded ({delta} bytes apart) and do not now: the graph's copies of them share that storage, "
@@ -253,19 +255,25 @@ def shared_storages(args: Sequence[Any], positions: Sequence[int],
     first)``."""
     groups: dict[int, list[int]] = {}
     for i in positions:
-        a = args[i]
-        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
-            groups.setdefault(storage(a), []).append(i)
+        ptr = nonempty_storage(args[i])
+        if ptr is not None:
+            groups.setdefault(ptr, []).append(i)
     out = []
     for members in groups.values():
         if len(members) > 1 and any(i in written for i in members):
-            first = _byte_offset(args[members[0]])
-            out.append(tuple((i, _byte_offset(args[i]) - first) for i in members))
+            first = byte_offset(args[members[0]])
+            out.append(tuple((i, byte_offset(args[i]) - first) for i in members))
     return tuple(out)
 
 
-def _byte_offset(t: torch.Tensor) -> int:
+def byte_offset(t: torch.Tensor) -> int:
+    """Where ``t`` starts in its storage, in bytes."""
     return t.storage_offset() * t.element_size()
+
+
+def nonempty_storage(a: Any) -> int | None:
+    """The storage address of tensor ``a``, None for anything else or a tensor with no bytes (nothing to share)."""
+    return storage(a) if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes() else None
 
 
 def storage(t: torch.Tensor) -> int:
@@ -292,7 +300,7 @@ def non_overlapping(t: torch.Tensor) -> bool:
 def byte_span(ts: Sequence[torch.Tensor]) -> tuple[int, int]:
     """The bytes [lo, hi) of their one storage that tensors ``ts`` cover, ``lo`` rounded down to 16 (every dtype's
     alignment)."""
-    spans = [(t.storage_offset() * t.element_size(), span(t)[1] * t.element_size()) for t in ts]
+    spans = [(byte_offset(t), span(t)[1] * t.element_size()) for t in ts]
     return min(a for a, _ in spans) // 16 * 16, max(b for _, b in spans)
 
 

@@ -14,6 +14,7 @@ from thunder.transforms.cudagraph import ArgsDescriptor
 
 from .. import internals
 from ..diagnosis.plans import GraphRecord, StaticInputChange
+from .instances import nonempty_storage
 from .memory import GraphMemory
 from .notices import RecaptureWarning
 
@@ -161,12 +162,9 @@ def _reads_copied_memory(args: tuple[Any, ...], mask: tuple[bool, ...], written:
     them in place (``written``): a graph that read them where they lie and the other in its copy would not see the
     update in the other (a view demoted to copied after taking many addresses, its base read in place: 2026-12-05,
     the test of the program fuzzer's seed 20261205). Inputs that are only read may lie apart."""
-    def ptr(a: Any) -> int | None:
-        return a.untyped_storage().data_ptr() if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes() else None
-
-    copied = {ptr(a) for a, m in zip(args, mask) if not m} - {None}
-    hit = {ptr(args[i]) for i in written} & copied
-    return [i for i, (a, m) in enumerate(zip(args, mask)) if m and ptr(a) in hit]
+    copied = {nonempty_storage(a) for a, m in zip(args, mask) if not m} - {None}
+    hit = {nonempty_storage(args[i]) for i in written} & copied
+    return [i for i, (a, m) in enumerate(zip(args, mask)) if m and nonempty_storage(a) in hit]
 
 
 class Keys:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .. import internals
-from .instances import Instance, ObjectEntry, StorageEntry, storage
+from .instances import Instance, ObjectEntry, StorageEntry, nonempty_storage, storage
 
 __all__ = ["GraphMemory", "OwnOutput"]
 
@@ -116,21 +116,27 @@ class GraphMemory:
 
     def register(self, inst: Instance, copies: Iterable[torch.Tensor], inputs_memory: set[int]) -> None:
         """A recorded instance's memory: ``copies``, its buffers of copied inputs, and its outputs that lie outside
-        ``inputs_memory`` (its inputs' storages), each watched by its reference counts (`Instance.settle`)."""
+        ``inputs_memory`` (its inputs' storages), each watched by its reference counts (`Instance.settle`); the
+        positions of those that lie inside are its `Instance.in_inputs`."""
         for s in copies:
             ptr = storage(s)
             self.own(ptr, inst)
             inst.storages[ptr] = StorageEntry(internals.storage_handle(s))
-        inst.in_inputs = tuple(i for i, o in enumerate(inst.static_outputs) if isinstance(o, _Tensor)
-                               and o.untyped_storage().nbytes() and storage(o) in inputs_memory)
+        in_inputs = []
         for i, o in enumerate(inst.static_outputs):
-            if isinstance(o, _Tensor) and o.untyped_storage().nbytes() and (ptr := storage(o)) not in inputs_memory:
-                self.own(ptr, inst)
-                self.own_outputs[id(o)] = OwnOutput(o, ptr, inst, (o.dtype, o.size(), o.stride()), o.data_ptr())
-                if ptr not in inst.storages:
-                    inst.storages[ptr] = StorageEntry(internals.storage_handle(o))
-                if id(o) not in inst.objects:
-                    inst.objects[id(o)] = ObjectEntry(i)
+            ptr = nonempty_storage(o)
+            if ptr is None:
+                continue
+            if ptr in inputs_memory:
+                in_inputs.append(i)  # NOTE: another's memory: handed out as a fresh alias at each replay
+                continue
+            self.own(ptr, inst)
+            self.own_outputs[id(o)] = OwnOutput(o, ptr, inst, (o.dtype, o.size(), o.stride()), o.data_ptr())
+            if ptr not in inst.storages:
+                inst.storages[ptr] = StorageEntry(internals.storage_handle(o))
+            if id(o) not in inst.objects:
+                inst.objects[id(o)] = ObjectEntry(i)
+        inst.in_inputs = tuple(in_inputs)
         self.recordings += 1
 
     def rotate(self, ptr: int, inst: Instance) -> None:

@@ -11,8 +11,8 @@ from thunder.transforms.cudagraph import CUDAGraphRunner
 
 from .. import internals
 from ..diagnosis.plans import GraphRecord, rotates
-from .instances import (Instance, SharedCopy, byte_span, copy_together, non_overlapping, shared_storages, span,
-                        storage, view_plan)
+from .instances import (Instance, SharedCopy, byte_offset, byte_span, copy_together, non_overlapping, shared_storages,
+                        span, storage, view_plan)
 from .notices import HeldOutputsWarning
 
 __all__ = ["record_graph", "RECORDERS", "Recording", "check_instance_budget"]
@@ -180,8 +180,7 @@ def _shared_copy(group: tuple[tuple[int, int], ...], args: tuple[Any, ...], stat
     first = group[0][0]
     copy = static_inputs[first]
     raw = torch.empty(0, dtype=torch.uint8, device=copy.device).set_(copy.untyped_storage(), 0, (hi - lo,), (1,))
-    offset = args[first].storage_offset() * args[first].element_size()
-    return SharedCopy(group, lo - offset, raw, any(i in written for i, _ in group))
+    return SharedCopy(group, lo - byte_offset(args[first]), raw, any(i in written for i, _ in group))
 
 
 class Recording:
