@@ -77,7 +77,19 @@ def widget_state(nb) -> dict:
 
 
 def outputs(nb) -> list:
-    return [o for cell in nb.cells for o in cell.get("outputs", [])]
+    """Every output of every cell, in order, each run of one stream's pieces joined as Jupyter shows it
+    (`thunder_nb.notebook.export.merge_streams`: a notebook stored before it may hold a line in two pieces)."""
+    return [o for cell in nb.cells for o in export.joined_streams(cell.get("outputs", []))]
+
+
+def printed(cell) -> str:
+    """What a code cell shows as text: what it printed (each stream's pieces joined) and each display's text/plain."""
+    parts = []
+    for o in export.joined_streams(cell.get("outputs", [])):
+        parts.append(o.get("text", ""))
+        plain = o.get("data", {}).get("text/plain", "")
+        parts.append(plain if isinstance(plain, str) else "".join(plain))
+    return "\n".join(parts)
 
 
 def output_text(nb) -> str:

@@ -27,16 +27,6 @@ def _code_cell(nb, marker: str):
     return cells[0]
 
 
-def _shown(cell) -> str:
-    """What a code cell's outputs show as text: its streams and each display's text/plain (the magic's report)."""
-    parts = []
-    for o in cell.get("outputs", []):
-        parts.append(o.get("text", ""))
-        plain = o.get("data", {}).get("text/plain", "")
-        parts.append(plain if isinstance(plain, str) else "".join(plain))
-    return "\n".join(parts)
-
-
 def _markdown_after(nb, cell) -> str:
     i = nb.cells.index(cell)
     return next(c.source for c in nb.cells[i + 1:] if c.cell_type == "markdown")
@@ -48,7 +38,7 @@ def _on_gpu(nb) -> bool:
 
 def check_blockers(nb):
     """"Under 100%": the logged loss's report names a host sync and a loss of the wrong form, at the user's line."""
-    text = _shown(_code_cell(nb, "thunder_nb.capturability(model, logged_loss"))
+    text = nbcheck.printed(_code_cell(nb, "thunder_nb.capturability(model, logged_loss"))
     share = re.search(r"logged_loss: ([\d.]+)% of the iteration in one graph", text)
     assert share and float(share.group(1)) < 100, text
     assert re.search(r"1\. host sync: item at cell .*`return loss, loss\.item\(\)", text), text
@@ -59,7 +49,7 @@ def check_blockers(nb):
 def check_fixed_in_the_magic(nb):
     """The fixed loss: 100% in one graph; six steps against eager from the same state, equal; put back; one recording
     (what "without a schedule, SGD records once: see the magic's run above" points at)."""
-    text = _shown(_code_cell(nb, "%thunder_cudagraph --whole-step model,opt loss_fn(idx, targets)"))
+    text = nbcheck.printed(_code_cell(nb, "%thunder_cudagraph --whole-step model,opt loss_fn(idx, targets)"))
     assert re.search(r"loss_fn: 100% of the iteration in one graph \((\d+) of \1 ops; optimizer: SGD", text), text
     assert "matches eager over 6 steps" in text and "your model and optimizer are as they were" in text
     assert re.search(r"^(graphs recorded +1|recordings +1 by capture's CPU stand-in)", text, re.M), text
@@ -70,7 +60,7 @@ def check_fixed_in_the_magic(nb):
 def check_per_call(nb):
     """thunder_nb.jit(loss_fn): regions in the forward and the backward trace, each drawn as an <img> (untrusted-safe)."""
     cell = _code_cell(nb, "per_call = thunder_nb.jit(loss_fn)")
-    text = _shown(cell)
+    text = nbcheck.printed(cell)
     for kind in ("forward", "backward"):
         m = re.search(rf"thunder_nb\.jit\(loss_fn\), {kind}: (\d+) region\(s\) of \d+ ops, (\d+) CUDA graph", text)
         assert m and int(m.group(1)) >= 1, text
@@ -93,11 +83,11 @@ def _loop(text: str, optimizer: str) -> dict:
 def check_schedule(nb):
     """SGD with the schedule records at every call after the warm-up, one warning naming lr and the fix; AdamW records
     once and replays, the lr still following the schedule; both equal to eager."""
-    sgd = _loop(_shown(_code_cell(nb, "sgd_losses, _ = step_loop(sgd)")), "SGD")
+    sgd = _loop(nbcheck.printed(_code_cell(nb, "sgd_losses, _ = step_loop(sgd)")), "SGD")
     assert sgd["did"] == ["no graph"] * 3 + ["recorded"] * 3 and sgd["recordings"] == 3
     assert len(sgd["warned"]) == 1, sgd["warned"]  # "said once, not at every step"
     assert "'lr' changed" in sgd["warned"][0] and "Python number" in sgd["warned"][0] and "AdamW" in sgd["warned"][0]
-    adamw = _loop(_shown(_code_cell(nb, "adamw_losses, step = step_loop(adamw)")), "AdamW")
+    adamw = _loop(nbcheck.printed(_code_cell(nb, "adamw_losses, step = step_loop(adamw)")), "AdamW")
     assert adamw["did"] == ["no graph"] * 3 + ["recorded", "replayed", "replayed"] and adamw["recordings"] == 1
     assert adamw["warned"] == []
     for run in (sgd, adamw):
@@ -108,7 +98,7 @@ def check_schedule(nb):
 def check_grad(nb):
     """.grad: the graph's tensor, overwritten by the next replay, equal to eager's gradient of that one step; None after
     zero_grad, the graph's tensor again after the next step."""
-    text = _shown(_code_cell(nb, "p = model.transformer.h[0].mlp.c_fc.weight"))
+    text = nbcheck.printed(_code_cell(nb, "p = model.transformer.h[0].mlp.c_fc.weight"))
     for line in ("p.grad is the same tensor as before the step: True",
                  "and its values changed (the replay wrote over them): True",
                  "p.grad equals eager PyTorch's gradient of this one step: True",
@@ -121,7 +111,7 @@ def check_record_again(nb):
     """weight_decay: recorded at once, then replayed; another batch shape: three calls without a graph, recorded at the
     fourth, replayed from the fifth; back at the full batch: replayed, no new recording, no warning."""
     cell = _code_cell(nb, 'step.optimizer.param_groups[0]["weight_decay"] = 0.0')
-    text = _shown(cell)
+    text = nbcheck.printed(cell)
     parts = re.split(r"^(?=weight_decay 0\.01|a batch of|back to the full batch)", text, flags=re.M)[1:]
     assert len(parts) == 3, text
     decay, half, back = parts
@@ -137,7 +127,7 @@ def check_record_again(nb):
 def check_timings(nb):
     """On a GPU: the conditions, then a row for each configuration with its time and launches; on the CPU: says that the
     timings need a GPU."""
-    text = _shown(_code_cell(nb, "def training(row)"))
+    text = nbcheck.printed(_code_cell(nb, "def training(row)"))
     if not _on_gpu(nb):
         assert text.strip() == ("timings need a GPU: without one, no CUDA graph runs (the stored outputs come from the "
                                 "H200)")

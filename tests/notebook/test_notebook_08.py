@@ -8,6 +8,7 @@ notebook at hand.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -31,16 +32,6 @@ def _code_cell(nb, marker: str):
     return cells[0]
 
 
-def _shown(cell) -> str:
-    """What a code cell's outputs show as text: its streams and each display's text/plain."""
-    parts = []
-    for o in cell.get("outputs", []):
-        parts.append(o.get("text", ""))
-        plain = o.get("data", {}).get("text/plain", "")
-        parts.append(plain if isinstance(plain, str) else "".join(plain))
-    return "\n".join(parts)
-
-
 def _on_gpu(nb) -> bool:
     return not nbcheck.device_lines(nb)[0].startswith("CPU")
 
@@ -56,7 +47,7 @@ def _tokens(text: str, who: str) -> list[int]:
 def check_model(nb):
     """litgpt's pythia-14m at 2 layers, a key and a value cache per layer of 64 positions, buffers of the model: what
     the prose says."""
-    text = _shown(_code_cell(nb, "net.set_kv_cache("))
+    text = nbcheck.printed(_code_cell(nb, "net.set_kv_cache("))
     assert re.search(r"^litgpt GPT, config 'pythia-14m': 2 layers, width 128, [\d.]+M parameters, torch\.float32$",
                      text, re.M), text
     assert ("KV cache: a key tensor and a value tensor in each of the 2 layers, each of shape (1, 4, 64, 32) "
@@ -68,9 +59,9 @@ def check_model(nb):
 
 def check_tokens(nb):
     """thunder_nb.jit decodes eager PyTorch's greedy tokens, every one (24 steps on a GPU, 6 on the CPU)."""
-    eager = _tokens(_shown(_code_cell(nb, "eager_tokens = decode(net, prefill(net), steps)")), "eager PyTorch")
+    eager = _tokens(nbcheck.printed(_code_cell(nb, "eager_tokens = decode(net, prefill(net), steps)")), "eager PyTorch")
     assert len(eager) == (25 if _on_gpu(nb) else 7)
-    text = _shown(_code_cell(nb, "decoder = thunder_nb.jit(fresh())"))
+    text = nbcheck.printed(_code_cell(nb, "decoder = thunder_nb.jit(fresh())"))
     assert _tokens(text, "thunder_nb.jit") == eager
     assert f"tokens: equal to eager PyTorch's ({len(eager)} of {len(eager)})" in text
 
@@ -79,9 +70,9 @@ def check_graphs_per_shape(nb):
     """Two traces (one per input shape), one region each; on a GPU one graph each, recorded at the first call and
     replayed at every call, that one included (a region's replays count its calls); on the CPU no graph, the regions
     run eagerly; the position a copied input, no new trace; each trace's region drawn as an <img>."""
-    steps = len(_tokens(_shown(_code_cell(nb, "eager_tokens = decode(")), "eager PyTorch")) - 1
+    steps = len(_tokens(nbcheck.printed(_code_cell(nb, "eager_tokens = decode(")), "eager PyTorch")) - 1
     cell = _code_cell(nb, "thunder.cache_misses(decoder)")
-    text = _shown(cell)
+    text = nbcheck.printed(cell)
     assert (f"thunder's traces of the model: 2 (cache misses); calls that reused one: {steps - 1} (cache hits)"
             in text), text
     shapes = {}
@@ -109,7 +100,7 @@ def check_cache_update(nb):
     out-of-place index_copy of the whole cache and a copy_ of it back; the fixed transform's region holds one
     thunder_nb_index_copy_ of the same cache and values instead, and neither of thunder's two; the report counts them
     and names the four caches as updated where they lie."""
-    text = _shown(_code_cell(nb, "def cache_updates(trace)"))
+    text = nbcheck.printed(_code_cell(nb, "def cache_updates(trace)"))
     thunders, fixed, report = re.split(r"^(?=the fixed transform's region|the report of the decode step says)", text,
                                        flags=re.M)
     made_by = re.match(r"thunder's trace \(Constructed by ([^)]*)\):", thunders)
@@ -138,7 +129,7 @@ def check_timings(nb):
     """On a GPU: the conditions (device, dtype, model, rounds), a row for each version with its time, its ratio to
     reduce-overhead, its GPU time and its tokens against eager's (thunder_nb.jit's all equal), then each thunder_nb.jit
     version's executors; on the CPU: says that the timings need a GPU."""
-    text = _shown(_code_cell(nb, "class Loop"))
+    text = nbcheck.printed(_code_cell(nb, "class Loop"))
     if not _on_gpu(nb):
         assert text.strip() == ("timings need a GPU: without one, no CUDA graph runs (the stored outputs come from the "
                                 "H200)")
@@ -146,7 +137,7 @@ def check_timings(nb):
     assert re.search(r"NVIDIA .*, torch .*, lightning-thunder .*; litgpt 'pythia-14m', 2 layers, torch\.float32, "
                      r"batch 1, a cache of 64 positions; \d+ warm-up calls, then \d+ rounds of \d+ one-token calls per "
                      r"version, taking turns", text), text
-    total = len(_tokens(_shown(_code_cell(nb, "eager_tokens = decode(")), "eager PyTorch"))
+    total = len(_tokens(nbcheck.printed(_code_cell(nb, "eager_tokens = decode(")), "eager PyTorch"))
     for name in ROWS:
         row = re.search(rf"^{re.escape(name)} +[\d.]+ +[\d,]+ +[\d.]+x +\d+  (\d+) of {total}$", text, re.M)
         assert row, f"no row for {name}: {text}"
@@ -207,3 +198,18 @@ def test_no_magic_cell(stored):
     """The notebook decodes with thunder_nb.jit, not the magic: no toggle, so the toggle checks do not apply."""
     assert not any(nbcheck.is_magic_cell(c) for c in stored.cells)
     assert nbcheck.widget_bundles(stored) == []
+
+
+def test_a_line_the_kernel_sent_in_two_pieces_reads_as_one(stored):
+    """The kernel sends printed text in pieces (a flush on its timer can fall mid-line, under load): the checks read a
+    cell as Jupyter shows it. CI once found a cache update missing, its line stored as two outputs ("    ", then the
+    rest) and read as two lines."""
+    nb = copy.deepcopy(stored)
+    cell = _code_cell(nb, "def cache_updates(trace)")
+    first = next(i for i, o in enumerate(cell.outputs) if "thunder_nb_index_copy_(" in o.get("text", ""))
+    text = cell.outputs[first].text
+    at = text.index("thunder_nb_index_copy_(")
+    at = text.rindex("\n", 0, at) + 5  # NOTE: after the line's four spaces, before its name
+    cell.outputs[first:first + 1] = [nbformat.v4.new_output("stream", name="stdout", text=text[:at]),
+                                     nbformat.v4.new_output("stream", name="stdout", text=text[at:])]
+    check_cache_update(nb)

@@ -40,10 +40,6 @@ def executed(request, tmp_path_factory):
     return request.param.name, nb
 
 
-def _outputs(nb):
-    return [o for cell in nb.cells for o in cell.get("outputs", [])]
-
-
 def _widget_state(nb) -> dict:
     return nb.metadata.get("widgets", {}).get(STATE, {}).get("state", {})
 
@@ -55,7 +51,7 @@ def test_runs_without_errors(executed):
     assert not errors, f"{name}: " + "\n".join(f"{e}\n" + "\n".join(e.traceback) for e in errors)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), f"{name}: a cell did not run"
-    stderr = "".join(o.get("text", "") for o in _outputs(nb) if o.get("name") == "stderr")
+    stderr = "".join(o.get("text", "") for o in nbcheck.outputs(nb) if o.get("name") == "stderr")
     assert "Traceback" not in stderr, f"{name}: {stderr}"
 
 
@@ -64,9 +60,9 @@ def test_draws_svg(executed):
     """A diagram or a lifetime view is drawn: an SVG (or an <img> of one) in an HTML output or a widget pane, and never
     a bare image/svg+xml output, which JupyterLab leaves blank in an untrusted notebook."""
     name, nb = executed
-    raw = [o for o in _outputs(nb) if "image/svg+xml" in o.get("data", {})]
+    raw = [o for o in nbcheck.outputs(nb) if "image/svg+xml" in o.get("data", {})]
     assert raw == [], f"{name}: {len(raw)} image/svg+xml output(s): show a picture as HTML (svg_img)"
-    texts = [str(o.get("data", {}).get("text/html", "")) for o in _outputs(nb)]
+    texts = [str(o.get("data", {}).get("text/html", "")) for o in nbcheck.outputs(nb)]
     texts += [str(m["state"].get("value", "")) for m in _widget_state(nb).values()]
     assert any("<svg" in t or 'src="data:image/svg+xml;base64,' in t for t in texts), f"{name}: no SVG in its outputs"
 
@@ -75,7 +71,7 @@ def test_draws_svg(executed):
 def test_toggle_view_and_state(executed):
     """01, 04, 05 and 06 show the toggle: per magic cell a widget view whose saved state has the buttons jslinked to the panes."""
     name, nb = executed
-    views = [o["data"][VIEW]["model_id"] for o in _outputs(nb) if VIEW in o.get("data", {})]
+    views = [o["data"][VIEW]["model_id"] for o in nbcheck.outputs(nb) if VIEW in o.get("data", {})]
     if name not in WITH_TOGGLE:
         assert views == []
         return

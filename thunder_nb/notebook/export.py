@@ -20,6 +20,8 @@ __all__ = [
     "CellError",
     "OfflineWidgetWarning",
     "find_notebooks",
+    "merge_streams",
+    "joined_streams",
     "default_assets_dir",
     "widget_assets",
     "execute_notebook",
@@ -189,7 +191,36 @@ def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None):
         client.execute(env=kernel_env())
     except CellExecutionError:
         pass  # NOTE: the error is in the failing cell's outputs; error_outputs reports it
+    return merge_streams(nb)
+
+
+def merge_streams(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with each cell's outputs `joined_streams`, as Jupyter shows them, and returned.
+
+    The kernel sends what a cell prints in pieces, one each time its buffer is flushed (on a timer, or when the code
+    flushes): under load a piece can end mid-line. nbclient stores each piece as an output of its own, which a reader
+    of the file (a test splitting the text into lines, nbconvert's HTML: a block per output) sees as a line broken in
+    two; JupyterLab joins them. (nbclient's own ``coalesce_streams`` moves every stdout piece up to the first, past
+    the displays between them.)
+    """
+    for cell in nb.cells:
+        if "outputs" in cell:
+            cell.outputs = joined_streams(cell.outputs)
     return nb
+
+
+def joined_streams(outputs: list) -> list:
+    """``outputs`` with each run of consecutive stream outputs of one name (stdout, stderr) made one; the order of
+    streams and displays kept. The outputs it joins are copied, the rest returned as they are."""
+    joined: list = []
+    for o in outputs:
+        last = joined[-1] if joined else None
+        if (o.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream"
+                and last.get("name") == o.get("name")):
+            joined[-1] = type(last)(last, text="".join(last.get("text", "")) + "".join(o.get("text", "")))
+        else:
+            joined.append(o)
+    return joined
 
 
 def kernel_env() -> dict[str, str]:
