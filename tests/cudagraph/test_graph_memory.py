@@ -41,3 +41,23 @@ def test_a_parameter_seen_at_a_new_address_makes_its_storage_stable():
     assert memory.params == {id(p): p.data_ptr()} and memory.reads_in_place(p.untyped_storage().data_ptr())
     t = torch.randn(3)
     assert memory.where(t) == (t.untyped_storage().data_ptr(), None) and memory.foreign([t, 2.0]) == []
+
+
+def test_an_output_in_memory_another_instance_writes_goes_out_as_a_fresh_alias_and_a_weights_view_as_it_is():
+    """register: an output lying in an input's memory that another instance writes is one of `Instance.in_inputs` (a
+    fresh alias each replay, so that keeping it raises the count its writer watches: tests/test_fuzz_regressions); one
+    lying in a parameter's memory (a transposed weight saved for the backward) is not: no instance writes there, and
+    an alias a call cost a llama2 step of 6 layers ~80 µs of host time (bench/host_profile.py, 2026-12-06)."""
+    memory, writer = GraphMemory(), instance()
+    weight, other = torch.nn.Parameter(torch.randn(4, 3)), torch.randn(5)
+    memory.add_parameter(weight, weight.data_ptr())
+    memory.own(other.untyped_storage().data_ptr(), writer)
+    inputs_memory = {t.untyped_storage().data_ptr() for t in (weight, other)}
+    own = torch.randn(2)
+    inst = Instance(graph=None, static_inputs=(weight, other), static_outputs=(weight.t(), other[1:], own, 3.0),
+                    views=(), index=0)
+    memory.register(inst, [], inputs_memory)
+    assert inst.in_inputs == (1,)
+    assert memory.owner_of(weight.untyped_storage().data_ptr()) is None
+    assert memory.owner_of(other.untyped_storage().data_ptr()) is writer
+    assert memory.owner_of(own.untyped_storage().data_ptr()) is inst

@@ -107,8 +107,9 @@ class Instance:
     # one of them updated in place, are copied in (and back) as each group's bytes whole: `shared`
     copy_from: tuple[int, ...] = ()
     shared: tuple[SharedCopy, ...] = ()
-    # NOTE: outputs that lie in the memory of an input read in place (another graph's output, say): each call hands out
-    # a fresh alias of each, so that whoever keeps one raises that storage's use count, which its writer watches
+    # NOTE: outputs that lie in the memory of an input read in place that an instance writes (another graph's output,
+    # say): each call hands out a fresh alias of each, so that whoever keeps one raises that storage's use count, which
+    # its writer watches
     in_inputs: tuple[int, ...] = ()
 
     def settle(self) -> None:
