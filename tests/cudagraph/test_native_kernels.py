@@ -307,17 +307,25 @@ def _nanogpt():
     return model, loss, inputs
 
 
-def test_a_nanogpt_training_step_equals_eagers_without_the_layer_norm_and_gelu_decompositions():
-    """thunder's bundled nanoGPT: loss and gradients equal eager's (within float32's tolerance: attention, which on
-    the CPU is thunder's decomposition, and cross_entropy's mean round otherwise than eager's kernels), and its 3 layer
-    norms and its gelu run as PyTorch's kernels, forward and backward."""
+@pytest.fixture(scope="module")
+def nanogpt_step():
+    """`_nanogpt`'s training step under thunder_nb.jit, traced and run once for the module's two nanoGPT tests:
+    (model, loss function, inputs, the jitted loss, its loss, its gradients)."""
     model, loss, inputs = _nanogpt()
     jfn = _jit(loss)
-    params = list(model.parameters())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EagerFallbackWarning)
         got = jfn(*inputs)
-        grads = torch.autograd.grad(got, params)
+        grads = torch.autograd.grad(got, list(model.parameters()))
+    return model, loss, inputs, jfn, got, grads
+
+
+def test_a_nanogpt_training_step_equals_eagers_without_the_layer_norm_and_gelu_decompositions(nanogpt_step):
+    """thunder's bundled nanoGPT: loss and gradients equal eager's (within float32's tolerance: attention, which on
+    the CPU is thunder's decomposition, and cross_entropy's mean round otherwise than eager's kernels), and its 3 layer
+    norms and its gelu run as PyTorch's kernels, forward and backward."""
+    model, loss, inputs, jfn, got, grads = nanogpt_step
+    params = list(model.parameters())
     expected = loss(*inputs)
     assert_equal(got, expected, label="loss")
     assert_equal(grads, torch.autograd.grad(expected, params), label="gradients")
@@ -327,15 +335,14 @@ def test_a_nanogpt_training_step_equals_eagers_without_the_layer_norm_and_gelu_d
     assert not DECOMPOSED & set(forward + backward), forward + backward
 
 
-@pytest.mark.slow  # NOTE: two nanoGPT traces, one of them with thunder's decompositions: about 7 s on 2 cores
-def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules():
+@pytest.mark.slow  # NOTE: a nanoGPT trace with thunder's decompositions (the module's other is shared): seconds
+def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules(nanogpt_step):
     """The executors thunder_nb.jit took before (without PyTorch's layer_norm and gelu kernels) left a backward of
-    200 symbols; now it has 86 (bookkeeping included)."""
-    _, loss, inputs = _nanogpt()
-    jfn = thunder.jit(loss, executors=jit_executors(()))
+    200 symbols; now it has 88 (bookkeeping included: thunder_nb.jit's trace, the module's shared one, which has the
+    region's hand-out and return besides the 86 of thunder.jit with the same executors)."""
+    _, loss, inputs, jfn, _, _ = nanogpt_step
     rules = thunder.jit(loss, executors=[native_convolution(), native_batch_norm(), *executor_list([], checked=True)])
-    for j in (jfn, rules):
-        build_traces(j, *inputs)
+    build_traces(rules, *inputs)
     assert "rsqrt" in _ops(thunder.last_traces(rules)[-1].bound_symbols)
     assert len(_backward_ops(jfn)) < len(_backward_ops(rules)) - 50, (_backward_ops(jfn), _backward_ops(rules))
 
