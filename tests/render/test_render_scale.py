@@ -307,6 +307,10 @@ def test_a_memory_plan_row_of_a_models_parameters_lists_a_few_and_folds_the_rest
 @pytest.mark.dot
 @needs_dot
 def test_the_default_views_of_a_6_layer_nanogpt_fit_a_notebook(nanogpt, capsys):
+    """Its default views fit a notebook's bytes and column; and, folded in here to share this module's trace (it was
+    tests/render/test_render_views.py's ``test_a_real_models_default_views_fit`` on a 2-layer nanoGPT traced for it
+    alone), each trace's diagram fits `render.html.FIT`, its 79 inputs drawn as one node, and the backward's lifetime
+    chart is no wider than its width."""
     sizes = {views: len(render.html.side_html(nanogpt, views).encode()) for views in
              (*NOTEBOOK_05_VIEWS, render.html.SIDE_VIEWS)}
     notebook = sum(PANES_PER_CELL * sizes[v] for v in NOTEBOOK_05_VIEWS)
@@ -321,6 +325,11 @@ def test_the_default_views_of_a_6_layer_nanogpt_fit_a_notebook(nanogpt, capsys):
         for image in re.findall(r"<svg.*?</svg>", markup, re.S):
             w, h = render.backend.svg_size(image)
             assert w <= 2 * render.html.COLUMN, (trace.kind, w)
+        w, h = render.backend.svg_size(markup)
+        assert 0 < w <= render.html.FIT[0] and 0 < h <= render.html.FIT[1], (trace.kind, w, h)
+    assert "79 inputs" in render.region_diagram(nanogpt.forward).source
+    root = ET.fromstring(render.lifetime_svg(nanogpt.backward))
+    assert float(root.get("width")) <= render.lifetimes.SVG_WIDTH
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -341,25 +341,3 @@ def test_many_inputs_are_drawn_as_one_node():
     assert '_inputs [label="12 inputs\\na0, a1, a2, …" shape=ellipse tooltip="input a0 f32[2]\\ninput a1 f32[2]' in source
     assert '_inputs -> CUDAGraph1 [label="12 values\\na0, a1, a2, …"' in source
     assert "a5 [" not in source
-
-
-@pytest.mark.slow
-@pytest.mark.dot
-@needs_dot
-def test_a_real_models_default_views_fit():
-    """nanoGPT's training step (thunder's bundled model, 2 layers): 31 inputs, hundreds of ops, still one column."""
-    from thunder_nb.testing.models import model_case
-
-    case = model_case("nanoGPT", layers=2, width=64, heads=2, vocab=128, batch=2, seq=16)
-
-    def train(jfn, args):
-        jfn(*args).backward()
-
-    report = _fixed(case.step, case.make_batch(0), train)
-    for trace in report.traces:
-        markup, drawn = render.html.diagram_html(trace)
-        w, h = render.backend.svg_size(markup)
-        assert drawn and 0 < w <= render.html.FIT[0] and 0 < h <= render.html.FIT[1], (trace.kind, w, h)
-    assert "31 inputs" in render.region_diagram(report.forward).source
-    root = ET.fromstring(render.lifetime_svg(report.backward))
-    assert float(root.get("width")) <= render.lifetimes.SVG_WIDTH
