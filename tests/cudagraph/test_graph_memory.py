@@ -47,7 +47,7 @@ def test_an_output_in_memory_another_instance_writes_goes_out_as_a_fresh_alias_a
     """register: an output lying in an input's memory that another instance writes is one of `Instance.in_inputs` (a
     fresh alias each replay, so that keeping it raises the count its writer watches: tests/test_fuzz_regressions); one
     lying in a parameter's memory (a transposed weight saved for the backward) is not: no instance writes there, and
-    an alias a call cost a llama2 step of 6 layers ~80 µs of host time (bench/host_profile.py, 2026-12-06)."""
+    an alias each call was host time on every forward (bench/results/2026-12-06-host-profile-cpu.md)."""
     memory, writer = GraphMemory(), instance()
     weight, other = torch.nn.Parameter(torch.randn(4, 3)), torch.randn(5)
     memory.add_parameter(weight, weight.data_ptr())

@@ -119,8 +119,8 @@ class GraphMemory:
         ``inputs_memory`` (its inputs' storages), each watched by its reference counts (`Instance.settle`); the
         positions of those that lie inside memory an instance writes (another graph's output read in place, or a copy
         of its own) are its `Instance.in_inputs`. An output in memory no instance writes (a parameter's: a transposed
-        weight saved for the backward) goes out as it is: no count needs raising there, and an alias a call costs
-        ~2 µs of host time (a llama2 step of 6 layers hands out ~40 such views)."""
+        weight saved for the backward) goes out as it is: no count needs raising there, and a transformer's forward
+        hands out one such view per weight, where an alias each call is host time (2026-12-06-host-profile-cpu.md)."""
         for s in copies:
             ptr = storage(s)
             self.own(ptr, inst)
