@@ -207,7 +207,7 @@ def test_a_training_step_replays_both_regions_with_the_same_hand_outs_every_step
     gradients go to autograd as aliases of the backward graph's memory, which become the parameters'
     ``.grad``; once reset, the backward instance replays again (one instance).
     """
-    case = model_case("nanoGPT", "cpu", batch=2, seq=16, width=32)
+    case = model_case("nanoGPT", "cpu", batch=2, seq=16, width=32, layers=1)  # NOTE: one block: as with two
     t = emulated()
     jfn = thunder.jit(case.step, transforms=[t])
     with emulated_capture():
@@ -250,7 +250,7 @@ def test_a_graphs_outputs_that_are_views_are_kept_as_plain_aliases_and_saved_as_
     object), or a transposed weight. Views of another graph's memory stay views (test_fuzz_regressions'
     test_a_saved_view_of_another_graphs_memory_holds_that_graph_until_the_backward says why).
     """
-    case = model_case("nanoGPT", "cpu", batch=2, seq=16, width=32)
+    case = model_case("nanoGPT", "cpu", batch=2, seq=16, width=32, layers=1)  # NOTE: one block: as with two
     t = emulated()
     jfn = thunder.jit(case.step, transforms=[t], **thunder_nb.fix.ONE_AUTOGRAD_FUNCTION)
     with emulated_capture():
