@@ -55,7 +55,8 @@ def test_cudagraph_empty_inputs():
 def test_cudagraph_fw_bw(mode):
     """The backward reads the tensors saved for it where the forward's graph left them: it copies only the rest."""
     device = "cuda" if mode == "gpu" else "cpu"
-    case = model_case("llama2", device, batch=1, seq=32, width=64)
+    # NOTE: one block under the emulated capture (what is saved and copied is each block's: as with two, at 2/3 the CPU)
+    case = model_case("llama2", device, batch=1, seq=32, width=64, layers=1 if mode == "emulated" else 2)
     t = FixedCUDAGraphTransform(capture=mode == "gpu", share_mem_pool=mode == "gpu")
     t.cuda_graph_runner.capture = True
     jfn = thunder.jit(case.step, transforms=[t])
