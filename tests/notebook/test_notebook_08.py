@@ -111,7 +111,7 @@ def check_cache_update(nb):
     assert len(pairs) == 4, thunders
     folded = re.findall(rf"^    (t\d+) = thunder_nb_index_copy_\((t\d+), -2, input_pos, (t\d+)\)  # \1: {CACHE_TYPE}$",
                         fixed, re.M)
-    # NOTE: the whole of what the cell printed on failure: a fold missing on one machine (CI, 2026-12-05) said only which
+    # NOTE: on failure, all the cell printed (CI once missed a fold: a line stored in two pieces, read as two)
     assert [(cache, values) for _, cache, values in folded] == [(cache, values) for _, cache, values, _ in pairs], text
     assert "torch.index_copy" not in fixed and "copy_(" not in fixed.replace("thunder_nb_index_copy_(", ""), text
     assert ("note: 4 partial updates that thunder made out of place (a copy of the whole tensor, then a copy_ back) "
