@@ -32,6 +32,7 @@ def _cpu_kernels() -> str:
 # pytest-xdist's workers share them), one folder per CPU and ATEN_CPU_CAPABILITY: torch 2.11's cache key leaves the
 # capability out, and kernels compiled for avx512 read back under ATEN_CPU_CAPABILITY=avx2 gave torch.compile wrong
 # results (0.995 off on tanh(sin(x) * 2 + 1)) and killed workers with a bus error (2026-12-05; a fresh folder: equal).
+# The capability alone is no AVX2 CPU for inductor, which compiles with -march=native: see CONTRIBUTING.md.
 # Under pytest-xdist each worker (`bash dev.sh test` starts one more than the cores) keeps to one thread of its own, so
 # that two workers on two cores do not fight over both.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor" / _cpu_kernels()))
