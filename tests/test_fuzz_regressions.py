@@ -402,7 +402,8 @@ def test_a_saved_alias_of_another_graphs_output_holds_that_graph_until_the_backw
     backward. Was: the second graph's output was its static output object, which the graph itself keeps for good,
     so autograd saving it raised no count the first region's instance watches; the second call replayed the first
     region over the first call's ``t1``, and its gradient came out NaN (amax's backward found no maximum in it).
-    Fixed: an output lying in an input's memory goes out as a fresh alias each call (`Instance.in_inputs`).
+    Fixed: an output lying in memory another instance writes goes out as a fresh alias each call
+    (`Instance.in_inputs`).
     """
     def two_forwards_one_backward(fn):
         g = torch.Generator().manual_seed(0)

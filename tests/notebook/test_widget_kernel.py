@@ -13,6 +13,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import nbcheck
 from thunder_nb.notebook.widget import toggle
 
 pytestmark = pytest.mark.slow  # NOTE: a real kernel, started once for the module (about 16 s)
@@ -50,12 +51,8 @@ def executed(tmp_path_factory):
     return nb
 
 
-def outputs(nb):
-    return [o for cell in nb.cells for o in cell.get("outputs", [])]
-
-
 def test_no_errors(executed):
-    errors = [o for o in outputs(executed) if o["output_type"] == "error"]
+    errors = [o for o in nbcheck.outputs(executed) if o["output_type"] == "error"]
     assert errors == []
     verdict = "".join(o.get("text", "") for o in executed.cells[2].outputs)
     assert verdict.startswith("original (stock): item inside CUDAGraph1")
