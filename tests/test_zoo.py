@@ -8,6 +8,7 @@ capture replays write the recorded outputs in place, as real ones do (`thunder_n
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -84,6 +85,11 @@ def test_zoo_case_equals_eager_under_emulated_capture(model, protocol, config, m
     if model in SMALLER:
         monkeypatch.setitem(MODELS, model, dataclasses.replace(MODELS[model], build=SMALLER[model]))
     reference = run_protocol(model, protocol, "eager", device="cpu", capture="emulated", steps=3)
+    forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    if forced and reference.error and "pack_vnni2" in reference.error:
+        # NOTE: eager PyTorch's bfloat16 attention chooses its kernel by the CPU itself, not by the forced capability:
+        # on an AVX-512 machine told it is not one, eager fails before thunder runs (no real CPU of that kind does)
+        pytest.skip(f"eager PyTorch itself fails under ATEN_CPU_CAPABILITY={forced} on this CPU: {reference.error.strip()}")
     assert reference.error is None, reference.traceback
     run = run_protocol(model, protocol, config, device="cpu", capture="emulated", steps=3)
     assert run.error is None, run.traceback
