@@ -331,6 +331,10 @@ def _worker(rank: int, world: int, init: str, out: str, configs: list[str], devi
             results["refusals"] = _refusals()
             results["step_refusals"] = _step_refusals()
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        # NOTE: no rank leaves before every rank is done: a rank that made a group (thunder's fsdp copies the default
+        # one) and left at once closed its sockets while the other was still connecting it under load: 'Gloo
+        # connectFullMesh failed ... Connection closed by peer' on the slower rank (once in 60 tries with it niced)
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 

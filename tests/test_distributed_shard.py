@@ -139,6 +139,10 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         except Exception:
             results["refusals"] = {"error": traceback.format_exc()}
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        # NOTE: no rank leaves before every rank is done: a rank that made a group (thunder's fsdp copies the default
+        # one) and left at once closed its sockets while the other was still connecting it under load: 'Gloo
+        # connectFullMesh failed ... Connection closed by peer' on the slower rank (once in 60 tries with it niced)
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
