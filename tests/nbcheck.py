@@ -531,3 +531,33 @@ FUSING_REGIONS = re.compile(r"\bfused into (?:a |one )?regions?\b|\b(?:after|bef
 def fusing_regions(nb) -> list[str]:
     """The sentences that call the forming of regions fusing."""
     return [s for s in sentences(markdown(nb)) if FUSING_REGIONS.search(s)]
+
+
+_COUNT_WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def series_counts(nb) -> list[int]:
+    """How many notebooks the prose says the series has (``these eight notebooks``); -1 for a word not a number."""
+    found = re.findall(r"\bthese (\w+) notebooks\b", _flat(markdown(nb)), re.I)
+    return [int(w) if w.isdigit() else _COUNT_WORDS.get(w.lower(), -1) for w in found]
+
+
+def warnings_not_shown_above(nb) -> list[str]:
+    """Warnings the prose points at above it (``the `UserWarning` above``) that no output above that cell shows."""
+    problems, shown = [], []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            shown.append(cell_text(cell))
+            continue
+        for name in re.findall(r"`(\w+Warning)` above", re.sub(r"\s+", " ", cell.source)):
+            if not any(name in text for text in shown):
+                problems.append(f"cell {i}: `{name}` above")
+    return problems
+
+
+def copied_inputs_unexplained(nb) -> list[str]:
+    """Region inputs an output prints as ``copied in before each call: a, b`` that no markdown cell names."""
+    text = markdown(nb)
+    names = {n.strip() for m in re.findall(r"copied in before each call: ([\w, ]+)", output_text(nb))
+             for n in m.split(",") if n.strip()}
+    return sorted(n for n in names if not re.search(rf"`{re.escape(n)}`", text))

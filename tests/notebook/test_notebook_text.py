@@ -585,3 +585,38 @@ def test_fusing_regions_check():
                 "And the fixed transform, with its top-level `del`s regenerated after fusion: every value it makes."):
         assert nbcheck.fusing_regions(_notebook(old, "")) == [old]
     assert nbcheck.fusing_regions(_notebook("Inductor fuses the ops inside each region into fewer kernels.", "")) == []
+
+
+# --- a newcomer's reading (2026-12-06): what the prose says of the series, the warnings above, the copied inputs -----
+
+
+def test_the_series_is_as_many_notebooks_as_the_text_says(stored):
+    path, nb = stored
+    wrong = [n for n in nbcheck.series_counts(nb) if n != len(NOTEBOOKS)]
+    assert not wrong, f"{path.name}: the text counts {wrong} notebooks; notebooks/ holds {len(NOTEBOOKS)}"
+
+
+def test_a_warning_the_text_points_at_is_shown_above_it(stored):
+    path, nb = stored
+    missing = nbcheck.warnings_not_shown_above(nb)
+    assert not missing, f"{path.name}: the text points at {missing}, which no output above it shows"
+
+
+def test_each_input_copied_into_a_graph_is_named_in_the_text(stored):
+    """Notebook 08 prints which region inputs are copied in before each replay; the prose says what each one is."""
+    path, nb = stored
+    unexplained = nbcheck.copied_inputs_unexplained(nb)
+    assert not unexplained, f"{path.name}: the outputs copy {unexplained} into the graph; the text never names them"
+
+
+def test_series_warning_and_copied_input_checks():
+    assert nbcheck.series_counts(_notebook("The words these six notebooks use.", "")) == [6]
+    above_nothing = _notebook("The `UserWarning` above is inductor's.", "")
+    assert nbcheck.warnings_not_shown_above(above_nothing) == ["cell 0: `UserWarning` above"]
+    nb = _notebook("Some words.", "done")
+    nb.cells.append(nbformat.v4.new_markdown_cell("The `UserWarning` above is inductor's."))
+    assert nbcheck.warnings_not_shown_above(nb) == ["cell 2: `UserWarning` above"]
+    nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stderr", text="UserWarning: TF32"))
+    assert nbcheck.warnings_not_shown_above(nb) == []
+    nb = _notebook("`idx` is the token.", "copied in before each call: input_pos, idx")
+    assert nbcheck.copied_inputs_unexplained(nb) == ["input_pos"]
