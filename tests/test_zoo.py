@@ -89,7 +89,8 @@ def test_zoo_case_equals_eager_under_emulated_capture(model, protocol, config, m
     if forced and reference.error and "pack_vnni2" in reference.error:
         # NOTE: eager PyTorch's bfloat16 attention chooses its kernel by the CPU itself, not by the forced capability:
         # on an AVX-512 machine told it is not one, eager fails before thunder runs (no real CPU of that kind does)
-        pytest.skip(f"eager PyTorch itself fails under ATEN_CPU_CAPABILITY={forced} on this CPU: {reference.error.strip()}")
+        pytest.skip(f"eager PyTorch itself fails under ATEN_CPU_CAPABILITY={forced} on this CPU: "
+                    f"{reference.error.strip()}")
     assert reference.error is None, reference.traceback
     run = run_protocol(model, protocol, config, device="cpu", capture="emulated", steps=3)
     assert run.error is None, run.traceback
