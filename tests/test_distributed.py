@@ -14,6 +14,7 @@ thunder) and thunder's compilations are most of the time; the tests read what th
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import tempfile
@@ -309,6 +310,22 @@ def _refusals() -> dict:
     return found
 
 
+@contextlib.contextmanager
+def rank_group(backend: str, init: str, rank: int, world: int):
+    """This rank's default process group for a test worker: made with a timeout, so that a rank whose configuration
+    raised does not leave the other waiting in a collective for good; left only when every rank is done."""
+    torch.distributed.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                         timeout=datetime.timedelta(seconds=120))
+    try:
+        yield
+        # NOTE: no rank leaves before every rank is done: a rank that made a group (thunder's fsdp copies the default
+        # one) and left at once closed its sockets while the other was still connecting it under load: 'Gloo
+        # connectFullMesh failed ... Connection closed by peer' on the slower rank (once in 60 tries with it niced)
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def _worker(rank: int, world: int, init: str, out: str, configs: list[str], device: str, backend: str) -> None:
     import warnings
 
@@ -317,10 +334,7 @@ def _worker(rank: int, world: int, init: str, out: str, configs: list[str], devi
     if device == "cuda":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    # NOTE: a rank whose configuration raised leaves the other waiting in a collective: the timeout ends it
-    torch.distributed.init_process_group(backend, init_method=init, rank=rank, world_size=world,
-                                         timeout=datetime.timedelta(seconds=120))
-    try:
+    with rank_group(backend, init, rank, world):
         results = {}
         for name in configs:
             try:
@@ -331,12 +345,6 @@ def _worker(rank: int, world: int, init: str, out: str, configs: list[str], devi
             results["refusals"] = _refusals()
             results["step_refusals"] = _step_refusals()
         torch.save(results, Path(out) / f"rank{rank}.pt")
-        # NOTE: no rank leaves before every rank is done: a rank that made a group (thunder's fsdp copies the default
-        # one) and left at once closed its sockets while the other was still connecting it under load: 'Gloo
-        # connectFullMesh failed ... Connection closed by peer' on the slower rank (once in 60 tries with it niced)
-        torch.distributed.barrier()
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def run_ranks(configs: list[str], world: int, device: str, backend: str) -> list[dict]:

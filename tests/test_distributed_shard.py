@@ -10,7 +10,6 @@ side; the tests read what the ranks wrote and judge it with the one judge of "eq
 
 from __future__ import annotations
 
-import datetime
 import os
 import tempfile
 import traceback
@@ -19,7 +18,8 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from test_distributed import BATCH, GPU_TOLERANCE, IN, OUT, WORLD, close, make_model, mse_of, optimizer
+from test_distributed import (BATCH, GPU_TOLERANCE, IN, OUT, WORLD, close, make_model, mse_of, optimizer,
+                              rank_group)
 
 STEPS = 4  # NOTE: with warmup=1: uncaptured, recorded (and replayed), replayed, replayed
 
@@ -124,9 +124,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                                         timeout=datetime.timedelta(seconds=120))
-    try:
+    with rank_group("gloo", init, rank, world):
         results: dict = {}
         for name in CONFIGS:
             for shard in (True, False):
@@ -139,12 +137,6 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         except Exception:
             results["refusals"] = {"error": traceback.format_exc()}
         torch.save(results, Path(out) / f"rank{rank}.pt")
-        # NOTE: no rank leaves before every rank is done: a rank that made a group (thunder's fsdp copies the default
-        # one) and left at once closed its sockets while the other was still connecting it under load: 'Gloo
-        # connectFullMesh failed ... Connection closed by peer' on the slower rank (once in 60 tries with it niced)
-        torch.distributed.barrier()
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def spawn_ranks(worker, world: int) -> list[dict]:
@@ -302,9 +294,7 @@ def _gpu_worker(rank: int, world: int, init: str, out: str) -> None:
 
     warnings.filterwarnings("ignore")
     torch.cuda.set_device(rank)
-    torch.distributed.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
-                                         timeout=datetime.timedelta(seconds=120))
-    try:
+    with rank_group("nccl", init, rank, world):
         results: dict = {}
         for name in ("adamw", "adamw-clip"):
             try:
@@ -312,8 +302,6 @@ def _gpu_worker(rank: int, world: int, init: str, out: str) -> None:
             except Exception:
                 results[name, True] = {"error": traceback.format_exc()}
         torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.gpu
