@@ -76,7 +76,10 @@ def _run(path: Path, timeout: int):
 
     print(f"thunder-nb: running {path.name} ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    nb = export.execute_notebook(path, timeout=timeout)
+    def progress(number: int, count: int, seconds: float) -> None:
+        print(f"thunder-nb: {path.name}: cell {number} of {count} done ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    nb = export.execute_notebook(path, timeout=timeout, progress=progress)
     errors = export.error_outputs(nb)
     status = "ok" if not errors else f"{len(errors)} error(s)"
     print(f"thunder-nb: {path.name}: {status} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)

@@ -58,6 +58,8 @@ def test_export_runs_the_notebook_and_writes_the_page_next_to_it(exported):
     assert run.returncode == 0, run.stderr
     assert f"HTML page: {page.resolve()}  " in run.stdout
     assert "thunder-nb: running mine.ipynb ..." in run.stderr and "mine.ipynb: ok" in run.stderr
+    cells = sum(c.cell_type == "code" for c in nbformat.read(notebook, as_version=4).cells)
+    assert re.search(rf"mine\.ipynb: cell {cells} of {cells} done \(\d+\.\d s\)", run.stderr)  # each cell as it ends
     assert "without encryption" not in run.stderr  # the kernel talks over a Unix socket, not TCP
     html = page.read_text(encoding="utf-8")
     assert "original (legacy): crashes (UnboundLocalError)" in html  # the magic's verdict, executed here

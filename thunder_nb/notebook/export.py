@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # NOTE: nbformat, nbclient and nbconvert are imported only when used
+    from collections.abc import Callable
+
     import nbformat
 
 __all__ = [
@@ -135,7 +138,8 @@ def widget_assets(assets_dir: str | os.PathLike[str] | None = None) -> dict[str,
 
 
 def execute_notebook(
-    path: str | os.PathLike[str], *, timeout: int = 600, cwd: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str], *, timeout: int = 600, cwd: str | os.PathLike[str] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> nbformat.NotebookNode:
     """Run a notebook top to bottom in a fresh kernel and return it with its outputs and widget state.
 
@@ -146,6 +150,8 @@ def execute_notebook(
         path: the ``.ipynb`` file (it is not modified).
         timeout: seconds a single cell may run.
         cwd: the kernel's working folder (default: the notebook's folder).
+        progress: called after each code cell with (its number among the code cells, their count, its seconds):
+            a long notebook says where it is, and a run cut short says where its time went.
 
     Returns:
         The executed notebook; ``nb.metadata.widgets`` holds the widget state an HTML export needs.
@@ -156,16 +162,19 @@ def execute_notebook(
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="thunder-nb-kernel-") as sockets:
         try:
-            return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, sockets if os.name == "posix" else None)
+            ipc = sockets if os.name == "posix" else None
+            return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, ipc, progress)
         except CellExecutionError:
             raise
-        except Exception:  # NOTE: a kernel that cannot bind a Unix socket here (seen on a GPU machine): TCP then
+        except Exception as e:  # NOTE: a kernel that cannot bind a Unix socket here (seen on a GPU machine): TCP then
             if os.name != "posix":
                 raise
-    return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, None)
+            warnings.warn(f"the kernel could not run over Unix sockets ({type(e).__name__}: {e}); running the notebook "
+                          "again from its first cell over TCP", RuntimeWarning, stacklevel=2)
+    return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, None, progress)
 
 
-def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None):
+def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None, progress=None):
     """Run ``nb`` in a fresh kernel: over Unix sockets in ``sockets`` (no network, no TCP warning), or over TCP."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -187,6 +196,12 @@ def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None):
         record_timing=False,
         config=config,
     )
+    if progress is not None:
+        code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+        started = {}
+        client.on_cell_start = lambda cell, cell_index: started.update(t=time.perf_counter())
+        client.on_cell_executed = lambda cell, cell_index, execute_reply: progress(
+            code.index(cell_index) + 1, len(code), time.perf_counter() - started["t"])
     try:
         client.execute(env=kernel_env())
     except CellExecutionError:
