@@ -72,14 +72,29 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(path: Path, timeout: int):
+    """Run the notebook at ``path``, saying each code cell as it ends; (the executed notebook, its errors), or (None,
+    [why]) where the kernel died or a cell ran past ``timeout`` (nothing of the run is kept then)."""
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
     from .notebook import export
 
     print(f"thunder-nb: running {path.name} ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    def progress(number: int, count: int, seconds: float) -> None:
-        print(f"thunder-nb: {path.name}: cell {number} of {count} done ({seconds:.1f} s)", file=sys.stderr, flush=True)
+    done = [0]
 
-    nb = export.execute_notebook(path, timeout=timeout, progress=progress)
+    def progress(number: int, count: int, seconds: float) -> None:
+        done[0] = number
+        print(f"thunder-nb: {path.name}: code cell {number} of {count} done ({seconds:.1f} s)", file=sys.stderr,
+              flush=True)
+
+    try:
+        nb = export.execute_notebook(path, timeout=timeout, progress=progress)
+    except (DeadKernelError, CellTimeoutError) as e:
+        what = ("the kernel died" if isinstance(e, DeadKernelError)
+                else f"a cell ran past --timeout {timeout} s")
+        why = f"{what} in code cell {done[0] + 1}, after {time.perf_counter() - t0:.1f} s: nothing of this run is kept"
+        print(f"thunder-nb: {path.name}: {why}", file=sys.stderr, flush=True)
+        return None, [why]
     errors = export.error_outputs(nb)
     status = "ok" if not errors else f"{len(errors)} error(s)"
     print(f"thunder-nb: {path.name}: {status} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
@@ -125,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"thunder-nb: the example notebook {path} is missing", file=sys.stderr)
             return 2
         nb, errors = _run(path, args.timeout)
+        if nb is None:
+            return 1
         args.out.mkdir(parents=True, exist_ok=True)
         executed = args.out / path.name
         nbformat.write(nb, executed)
@@ -151,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         nb, errors = _run(path, args.timeout)
         if errors:
             failed.append(path.name)
+        if nb is None:
+            continue
         if args.in_place:
             if not errors:
                 nbformat.write(nb, path)
@@ -161,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         page = _export(nb, args.out / path.with_suffix(".html").name)
         print(f"{args.out / path.name}  {page}")
     if failed:
-        print(f"thunder-nb: a cell raised in: {', '.join(failed)}", file=sys.stderr)
+        print(f"thunder-nb: failed (a cell raised, or the run stopped): {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 
@@ -193,6 +212,8 @@ def _export_one(args: argparse.Namespace) -> int:
             )
     else:
         nb, errors = _run(path, args.timeout)
+        if nb is None:
+            return 1
     dest = (args.out if args.out is not None else path.parent) / path.with_suffix(".html").name
     page = _export(nb, dest)
     print(f"HTML page: {page.resolve()}  (open it in a browser; no kernel or network needed)")

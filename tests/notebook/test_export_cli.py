@@ -59,7 +59,8 @@ def test_export_runs_the_notebook_and_writes_the_page_next_to_it(exported):
     assert f"HTML page: {page.resolve()}  " in run.stdout
     assert "thunder-nb: running mine.ipynb ..." in run.stderr and "mine.ipynb: ok" in run.stderr
     cells = sum(c.cell_type == "code" for c in nbformat.read(notebook, as_version=4).cells)
-    assert re.search(rf"mine\.ipynb: cell {cells} of {cells} done \(\d+\.\d s\)", run.stderr)  # each cell as it ends
+    # NOTE: each code cell as it ends
+    assert re.search(rf"mine\.ipynb: code cell {cells} of {cells} done \(\d+\.\d s\)", run.stderr)
     assert "without encryption" not in run.stderr  # the kernel talks over a Unix socket, not TCP
     html = page.read_text(encoding="utf-8")
     assert "original (legacy): crashes (UnboundLocalError)" in html  # the magic's verdict, executed here
@@ -139,6 +140,25 @@ def test_exported_page_switches_offline(exported, browser, screenshots):  # noqa
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_kernel_that_dies_is_said_with_its_cell_and_the_notebook_is_not_run_again(tmp_path):
+    """The kernel dies in the second cell: the command says so and where, in a line, and stops. Before, the failure
+    (like an interrupted run's) was taken for a kernel that could not use Unix sockets, and the whole notebook ran
+    again from its first cell over TCP: notebook 05 on a GPU machine ran twice in one device call (2026-12-06)."""
+    ran = tmp_path / "ran.txt"
+    notebook = write_notebook(tmp_path / "dies.ipynb", [
+        f"open({str(ran)!r}, 'a').write('cell 1\\n')",
+        "import os\nos._exit(1)",
+        "print('never')",
+    ])
+    run = export_cli(str(notebook), cwd=tmp_path)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "dies.ipynb: code cell 1 of 3 done" in run.stderr
+    assert "dies.ipynb: the kernel died in code cell 2, after " in run.stderr, run.stderr[-3000:]
+    assert ran.read_text() == "cell 1\n"  # NOTE: once: not run again over TCP
+    assert "TCP" not in run.stderr and not notebook.with_suffix(".html").exists()
+
+
 def test_notebooks_runs_only_those_named_and_refuses_a_name_that_is_not_one(tmp_path):
     """``notebooks NAME ...``: the GPU machine lends a command ten minutes, so the notebooks run a few at a time."""
 

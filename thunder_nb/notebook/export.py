@@ -160,22 +160,27 @@ def execute_notebook(
     from nbclient.exceptions import CellExecutionError
 
     path = Path(path)
+    ready: list[bool] = []  # NOTE: the kernel answered (nbclient's on_notebook_start), so it could use the sockets
     with tempfile.TemporaryDirectory(prefix="thunder-nb-kernel-") as sockets:
         try:
             ipc = sockets if os.name == "posix" else None
-            return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, ipc, progress)
+            return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, ipc, progress, ready)
         except CellExecutionError:
             raise
-        except Exception as e:  # NOTE: a kernel that cannot bind a Unix socket here (seen on a GPU machine): TCP then
-            if os.name != "posix":
+        except Exception as e:
+            # NOTE: a kernel that cannot start over a Unix socket here: TCP then. A kernel that started and failed
+            # later (it died, or the run was interrupted, whose clean-up then raises) is not run again: a notebook
+            # interrupted on a GPU machine at cell 8 ran again from its first cell over TCP (2026-12-06)
+            if os.name != "posix" or ready:
                 raise
-            warnings.warn(f"the kernel could not run over Unix sockets ({type(e).__name__}: {e}); running the notebook "
-                          "again from its first cell over TCP", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"the kernel could not start over Unix sockets ({type(e).__name__}: {e}); running over TCP",
+                          RuntimeWarning, stacklevel=2)
     return _execute(nbformat.read(path, as_version=4), path, timeout, cwd, None, progress)
 
 
-def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None, progress=None):
-    """Run ``nb`` in a fresh kernel: over Unix sockets in ``sockets`` (no network, no TCP warning), or over TCP."""
+def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None, progress=None, ready=None):
+    """Run ``nb`` in a fresh kernel: over Unix sockets in ``sockets`` (no network, no TCP warning), or over TCP.
+    ``ready``, a list, gets an item once the kernel answers."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
     from traitlets.config import Config
@@ -196,6 +201,8 @@ def _execute(nb, path: Path, timeout: int, cwd, sockets: str | None, progress=No
         record_timing=False,
         config=config,
     )
+    if ready is not None:
+        client.on_notebook_start = lambda notebook: ready.append(True)
     if progress is not None:
         code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
         started = {}
