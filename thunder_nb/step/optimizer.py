@@ -4,7 +4,6 @@ and why a change of its hyperparameters records the step again."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 

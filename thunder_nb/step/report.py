@@ -292,8 +292,8 @@ class StepComparison:
             magic = f"%%thunder_cudagraph --whole-step {model},{optimizer} {call}"
             return _code("next: fix what stops it (above) in the cell, then run it again:", [magic])
         if self.error is not None or self.matches is False:
-            head = (f"next: the whole step went wrong here: train with thunder_nb.jit per call (CUDA graphs inside "
-                    f"the forward and the backward) and report this output to thunder-nb:")
+            head = ("next: the whole step went wrong here: train with thunder_nb.jit per call (CUDA graphs inside "
+                    "the forward and the backward) and report this output to thunder-nb:")
             return _code(head, per_call)
         if not self.ran:
             return _code(f"next: run it against eager PyTorch (without --no-run), or train with it: each call of "
