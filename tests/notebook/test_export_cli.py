@@ -140,7 +140,6 @@ def test_exported_page_switches_offline(exported, browser, screenshots):  # noqa
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_kernel_that_dies_is_said_with_its_cell_and_the_notebook_is_not_run_again(tmp_path):
     """The kernel dies in the second cell: the command says so and where, in a line, and stops. Before, the failure
     (like an interrupted run's) was taken for a kernel that could not use Unix sockets, and the whole notebook ran
@@ -159,6 +158,7 @@ def test_a_kernel_that_dies_is_said_with_its_cell_and_the_notebook_is_not_run_ag
     assert "TCP" not in run.stderr and not notebook.with_suffix(".html").exists()
 
 
+@pytest.mark.slow
 def test_notebooks_runs_only_those_named_and_refuses_a_name_that_is_not_one(tmp_path):
     """``notebooks NAME ...``: the GPU machine lends a command ten minutes, so the notebooks run a few at a time."""
 
