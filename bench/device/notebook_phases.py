@@ -54,12 +54,32 @@ class Sampler:
         return "\n".join(f"    {c / samples:6.1%}  {name}" for name, c in counts.most_common(n))
 
 
+def log_dot(folder: Path) -> None:
+    """Each diagram the magic draws: its DOT source written to ``folder`` before ``dot`` runs, its seconds printed."""
+    from thunder_nb.render import html_diagram
+
+    folder.mkdir(parents=True, exist_ok=True)
+    drawn, n = html_diagram.svg, [0]
+
+    def timed(graph):
+        n[0] += 1
+        (folder / f"{n[0]:02d}.dot").write_text(graph.source)
+        print(f"    dot {n[0]:02d}: {len(graph.source)} bytes …", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        image = drawn(graph)
+        print(f"    dot {n[0]:02d}: {time.perf_counter() - t:.2f} s", file=sys.stderr, flush=True)
+        return image
+
+    html_diagram.svg = timed  # NOTE: html_diagram calls it by this name
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("notebook", type=Path)
     p.add_argument("--cells", type=int, default=0, help="run the first N code cells (default: all)")
     p.add_argument("--skip", default="", help="code cells (from 1) not to run, comma-separated")
     p.add_argument("--sample", type=float, default=0, help="read the main thread's stack every S seconds (0: never)")
+    p.add_argument("--dot-log", type=Path, help="write each diagram's DOT source here (NN.dot) and time its drawing")
     p.add_argument("--gpu-model", action="store_true", help='take the notebook\'s `if device == "cuda":` branches')
     args = p.parse_args()
 
@@ -83,6 +103,8 @@ def main() -> int:
 
     progress.Progress.__call__ = timed  # NOTE: the magic's progress line, with the time it was shown
     sampler = Sampler(args.sample) if args.sample else None
+    if args.dot_log:
+        log_dot(args.dot_log)
     total = time.perf_counter()
     for i, source in enumerate(sources, 1):
         if i in skipped:
