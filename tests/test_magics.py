@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -469,6 +470,18 @@ def test_without_dot_shows_dot_source_and_text_with_one_warning(ip, monkeypatch,
     for pane in (original, fixed):
         assert "digraph" in pane and "tnb-text" in pane and "thunder-nb report: g" in pane
         assert "<svg" in pane  # the lifetime view needs no Graphviz
+
+
+@pytest.mark.dot
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
+def test_a_diagram_dot_cannot_lay_out_in_time_is_said_and_the_rest_shows(ip, monkeypatch):
+    monkeypatch.setattr(render.backend, "DOT_SECONDS", 1e-4)  # NOTE: every layout runs past it
+    outs, _ = run_magic(ip, "--repeats 2 -o slow_drawing g(x)", ISLAND)
+    original, fixed = (pane.value for pane in widget_of(outs[1]).children[1].children)
+    for pane in (original, fixed):
+        assert "not drawn: Graphviz&#x27;s dot took more than 0.0001 s to lay out the diagram and was stopped" in pane
+        assert "tnb-text" in pane and "thunder-nb report: g" in pane and "tnb-lifetime" in pane
+    assert ip.user_ns["slow_drawing"].results["fixed"].ok  # NOTE: the run and the namespace are there
 
 
 # --- GPU: real capture ----------------------------------------------------------------------------

@@ -54,21 +54,28 @@ class Sampler:
         return "\n".join(f"    {c / samples:6.1%}  {name}" for name, c in counts.most_common(n))
 
 
-def log_dot(folder: Path) -> None:
-    """Each diagram the magic draws: its DOT source written to ``folder`` before ``dot`` runs, its seconds printed."""
-    from thunder_nb.render import html_diagram
+def log_dot(folder: Path, limit: float) -> None:
+    """Each diagram the magic draws: its DOT source written to ``folder`` before ``dot`` runs, its seconds printed, and
+    whether ``dot`` was stopped (`thunder_nb.render.backend.DOT_SECONDS`, set to ``limit`` where given)."""
+    from thunder_nb.render import backend, html_diagram
 
     folder.mkdir(parents=True, exist_ok=True)
+    if limit:
+        backend.DOT_SECONDS = limit
     drawn, n = html_diagram.svg, [0]
 
-    def timed(graph):
+    def timed(graph, **how):
         n[0] += 1
         (folder / f"{n[0]:02d}.dot").write_text(graph.source)
         print(f"    dot {n[0]:02d}: {len(graph.source)} bytes …", file=sys.stderr, flush=True)
         t = time.perf_counter()
-        image = drawn(graph)
-        print(f"    dot {n[0]:02d}: {time.perf_counter() - t:.2f} s", file=sys.stderr, flush=True)
-        return image
+        try:
+            return drawn(graph, **how)
+        except backend.DrawingTooSlow:
+            print(f"    dot {n[0]:02d}: stopped", file=sys.stderr, flush=True)
+            raise
+        finally:
+            print(f"    dot {n[0]:02d}: {time.perf_counter() - t:.2f} s", file=sys.stderr, flush=True)
 
     html_diagram.svg = timed  # NOTE: html_diagram calls it by this name
 
@@ -80,6 +87,7 @@ def main() -> int:
     p.add_argument("--skip", default="", help="code cells (from 1) not to run, comma-separated")
     p.add_argument("--sample", type=float, default=0, help="read the main thread's stack every S seconds (0: never)")
     p.add_argument("--dot-log", type=Path, help="write each diagram's DOT source here (NN.dot) and time its drawing")
+    p.add_argument("--dot-limit", type=float, default=0, help="with --dot-log: stop a dot after S seconds (default: thunder-nb's limit)")
     p.add_argument("--gpu-model", action="store_true", help='take the notebook\'s `if device == "cuda":` branches')
     args = p.parse_args()
 
@@ -104,7 +112,7 @@ def main() -> int:
     progress.Progress.__call__ = timed  # NOTE: the magic's progress line, with the time it was shown
     sampler = Sampler(args.sample) if args.sample else None
     if args.dot_log:
-        log_dot(args.dot_log)
+        log_dot(args.dot_log, args.dot_limit)
     total = time.perf_counter()
     for i, source in enumerate(sources, 1):
         if i in skipped:

@@ -20,6 +20,7 @@ from thunder_nb import render
 from thunder_nb.diagnosis import analysis
 from thunder_nb.diagnosis.model import Report
 from thunder_nb.diagnosis.plans import StaticInputChange
+from thunder_nb.render import html_diagram
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not on PATH")
 SVG = "{http://www.w3.org/2000/svg}"
@@ -300,6 +301,63 @@ def test_a_big_diagram_shows_collapsed_with_the_full_one_behind_details(held_mlp
 def test_a_small_diagram_stays_in_full():
     markup, _ = render.html.diagram_html(analysis.analyze_source(USE_AFTER_DEL, kind="forward"))
     assert "<details" not in markup and "<title>cluster_CUDAGraph1</title>" in markup
+
+
+@pytest.mark.dot
+@needs_dot
+def test_dot_past_its_time_limit_is_stopped_with_the_limit_said():
+    graph = render.region_diagram(analysis.analyze_source(USE_AFTER_DEL, kind="forward"))
+    assert render.svg(graph).startswith("<svg")  # NOTE: the same drawing, given its time
+    with pytest.raises(render.backend.DrawingTooSlow, match=r"^Graphviz's dot took more than 0.0001 s to lay out the "
+                                                            r"diagram and was stopped$"):
+        render.svg(graph, timeout=1e-4)
+
+
+def _dot_runs(monkeypatch, limit=lambda source: None) -> list[str]:
+    """The source of every drawing `html_diagram` asks of (the real) ``dot`` from now on; ``limit(source)``: its
+    seconds."""
+    real, runs = render.backend.svg, []
+
+    def counted(graph, **_):
+        runs.append(graph.source)
+        return real(graph, timeout=limit(graph.source))
+
+    monkeypatch.setattr(html_diagram, "svg", counted)
+    return runs
+
+
+@pytest.mark.dot
+@needs_dot
+def test_the_narrow_layout_is_tried_only_after_a_quick_first_one(held_mlp, monkeypatch):
+    runs = _dot_runs(monkeypatch)
+    html_diagram._draw(held_mlp.forward)  # NOTE: 787 px wide, over NARROW_AT: a narrow layout is worth a try
+    assert len(runs) == 2 and 'rank=source' not in runs[1].split("subgraph inputs", 1)[1].split("}", 1)[0]
+    monkeypatch.setattr(html_diagram, "NARROW_IF_UNDER", 0.0)  # NOTE: as if the first layout had taken long
+    runs.clear()
+    html_diagram._draw(held_mlp.forward)
+    assert len(runs) == 1
+
+
+@pytest.mark.dot
+@needs_dot
+def test_a_full_drawing_past_the_time_limit_gives_way_to_the_collapsed_one(held_mlp, monkeypatch):
+    runs = _dot_runs(monkeypatch, lambda source: 1e-4 if "subgraph cluster_" in source else None)
+    markup, drawn = render.html.diagram_html(held_mlp.forward)
+    assert drawn and [("subgraph cluster_" in r) for r in runs] == [True, False]  # NOTE: no narrow try after it
+    assert_in_order(markup, '<div class="tnb-diagram">', "<title>CUDAGraph1</title>", "</svg>",
+                    "<p class=\"tnb-full\">full diagram not drawn: Graphviz&#x27;s dot took more than 0.0001 s")
+    assert "cluster_" not in markup
+
+
+@pytest.mark.dot
+@needs_dot
+def test_a_trace_too_slow_to_draw_at_all_says_so_and_keeps_its_text_view(held_mlp, monkeypatch):
+    monkeypatch.setattr(render.backend, "DOT_SECONDS", 1e-4)
+    pane = render.html.side_html(held_mlp, ("diagram",))
+    assert pane.count("not drawn: Graphviz&#x27;s dot took more than 0.0001 s to lay out the diagram and was stopped"
+                      " (5 ops in 1 region); the text view below lists them.") == 1
+    assert_in_order(pane, "forward trace", "not drawn:", "backward trace", "not drawn:",
+                    '<div class="tnb-h">text view</div><pre class="tnb-text">', "forward trace", "CUDAGraph1")
 
 
 @pytest.mark.dot

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 from ..diagnosis.model import TraceReport
-from .backend import svg, svg_size
+from .backend import DrawingTooSlow, svg, svg_size
 from .common import esc, plural
 from .dot import region_diagram
 from .html_style import COLUMN, FIT, MIN_TEXT_PX
@@ -20,6 +21,10 @@ __all__ = ["NARROW_AT", "FULL_MAX_BYTES", "diagram_html", "diagram_parts", "box"
 #: under the other), and that layout is shown where it is narrower: JupyterLab's column in a 1,024-px window is 592 px,
 #: which shows 640 px of drawing with its 12-px labels at 11 px.
 NARROW_AT = 640
+#: Seconds the usual layout may have taken for the narrow one to be tried: a bigger drawing's second layout takes
+#: longer still (a 1-layer nanoGPT's full forward: 2 s, then 6 s for the narrow one) and is rarely narrower, its
+#: width coming from the region's ops, not from its inputs side by side.
+NARROW_IF_UNDER = 1.0
 #: Bytes a drawing behind "full diagram" may take (a model's full drawing is megabytes: its module tree replaces it).
 FULL_MAX_BYTES = 150_000
 
@@ -51,20 +56,45 @@ def _too_big(trace: TraceReport, trees: str) -> str:
 
 def _draw(trace: TraceReport, **how) -> tuple[str | None, str]:
     """(the SVG of `region_diagram` with ``how``, its DOT source): laid out for a narrow column where the usual layout
-    is wider than `NARROW_AT` and the narrow one is narrower; (None, source) without ``dot``."""
+    is wider than `NARROW_AT`, took under `NARROW_IF_UNDER` seconds, and the narrow one is narrower; (None, source)
+    without ``dot``. Raises `DrawingTooSlow` where the usual layout ran past ``dot``'s time limit."""
     graph = region_diagram(trace, **how)
+    began = time.perf_counter()
     image = svg(graph)
-    if image is not None and svg_size(image)[0] > NARROW_AT:
-        narrow = svg(region_diagram(trace, narrow=True, **how))
+    took = time.perf_counter() - began
+    if image is not None and svg_size(image)[0] > NARROW_AT and took < NARROW_IF_UNDER:
+        try:
+            narrow = svg(region_diagram(trace, narrow=True, **how))
+        except DrawingTooSlow:
+            narrow = None
         if narrow is not None and svg_size(narrow)[0] < svg_size(image)[0]:
             return narrow, graph.source
     return image, graph.source
 
 
+def _not_drawn(trace: TraceReport, slow: DrawingTooSlow) -> tuple[str, str, bool]:
+    """`diagram_parts` where even the collapsed drawing was too slow for ``dot``: a line that says so (the pane's text
+    view follows, as without ``dot``)."""
+    ops = sum(len(r.every_op) for r in trace.regions)
+    return (f'<div class="tnb-diagram"><p>not drawn: {esc(str(slow))} ({esc(plural(ops, "op"))} in '
+            f'{esc(plural(len(trace.regions), "region"))}); the text view below lists them.</p></div>', "", False)
+
+
 def diagram_parts(trace: TraceReport, trees: str = "below") -> tuple[str, str, bool]:
     """(the diagram shown, the full one in a closed ``<details>`` or "", drawn by ``dot``); ``trees``: where the
     module trees (`trees_html`) are from the second part, "below" or "above"."""
-    image, source = _draw(trace)
+    try:
+        image, source = _draw(trace)
+    except DrawingTooSlow as slow:
+        if "subgraph cluster_" not in region_diagram(trace).source:
+            return _not_drawn(trace, slow)  # NOTE: already collapsed: nothing smaller to draw
+        try:
+            small, _ = _draw(trace, collapse=True)
+        except DrawingTooSlow as slower:
+            return _not_drawn(trace, slower)
+        if small is not None:
+            return box(small), f'<p class="tnb-full">full diagram not drawn: {esc(str(slow))}</p>', True
+        image, source = None, region_diagram(trace).source
     if image is None:
         return (
             '<div class="tnb-diagram"><p>Graphviz <code>dot</code> is not installed '
@@ -76,7 +106,10 @@ def diagram_parts(trace: TraceReport, trees: str = "below") -> tuple[str, str, b
     w, h = svg_size(image)
     full = "subgraph cluster_" in source
     if full and (w > FIT[0] or h > FIT[1]):
-        small, _ = _draw(trace, collapse=True)
+        try:
+            small, _ = _draw(trace, collapse=True)
+        except DrawingTooSlow:
+            small = None  # NOTE: the full drawing is shown as it is
         if small is not None:
             what = _full_what(trace, w, h)
             if w > 2 * COLUMN or len(image) > FULL_MAX_BYTES:
