@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import os
 import re
 import subprocess
+import symtable
 import sys
 from html import unescape
 from html.parser import HTMLParser
@@ -561,3 +563,31 @@ def copied_inputs_unexplained(nb) -> list[str]:
     names = {n.strip() for m in re.findall(r"copied in before each call: ([\w, ]+)", output_text(nb))
              for n in m.split(",") if n.strip()}
     return sorted(n for n in names if not re.search(rf"`{re.escape(n)}`", text))
+
+
+#: Names IPython puts in a kernel's namespace.
+IPYTHON_NAMES = frozenset({"get_ipython", "display", "In", "Out", "exit", "quit"})
+
+
+def _as_python(cell) -> str:
+    """A code cell as Python: IPython's line magics and shell lines left out; a cell magic's body, with the name its
+    ``-o`` binds bound."""
+    lines = cell.source.splitlines()
+    if lines and lines[0].startswith("%%"):
+        out = re.search(r"(?:^|\s)-o\s+(\w+)", lines[0])
+        return "\n".join(([f"{out.group(1)} = None"] if out else []) + lines[1:])
+    return "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
+
+
+def names_never_bound(nb) -> list[str]:
+    """Names the notebook's code reads (at top level, or as a function's global) that no code cell binds and that are
+    no builtin: a cell that raises NameError on a branch no run took (a GPU branch on the CPU), found without a run."""
+    top = symtable.symtable("\n".join(_as_python(c) for c in nb.cells if c.cell_type == "code"), "notebook", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    read: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        read |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and (table is top or s.is_global())}
+        tables += table.get_children()
+    return sorted(read - bound - set(dir(builtins)) - IPYTHON_NAMES)

@@ -93,6 +93,23 @@ def test_all_stored_outputs_come_from_one_gpu():
     assert len({tuple(d) for d in devices.values()}) == 1, f"the notebooks' outputs come from different devices: {devices}"
 
 
+def test_every_name_the_code_reads_is_bound_by_a_cell(stored):
+    """Both branches of a ``device == "cuda"`` cell are read: the CPU run takes one, the GPU run the other."""
+    path, nb = stored
+    unbound = nbcheck.names_never_bound(nb)
+    assert not unbound, f"{path.name}: the code reads {unbound}, which no cell binds"
+
+
+def test_unbound_names_check():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import statistics\n%load_ext thunder_nb\ntimings = {}\ndef f(x):\n    return x + y"),
+        nbformat.v4.new_code_cell("%%thunder_cudagraph -o diag f(x)\ndef f(x):\n    return x"),
+        nbformat.v4.new_code_cell("if False:\n    print(eager_us, diag, statistics.median(timings['a']), len(In))"),
+        nbformat.v4.new_code_cell("[z for z in range(3)]\ny = 1"),
+    ])
+    assert nbcheck.names_never_bound(nb) == ["eager_us"]
+
+
 def test_small_enough_for_github(stored):
     """GitHub shows a notebook up to about 1 MB: diagrams must stay compact (issue #32's hierarchy, `--views`)."""
     path, _ = stored
@@ -246,7 +263,8 @@ _RETIRED_SHOWN = "stored outputs from before the RETIRED changes"
 STALE: dict[str, str] = {
     "05_nanogpt_training": _RETIRED_SHOWN + "; code changed after the H200 run (issue 54): cell 8 counts ops as the "
                            "diagram does (54.6), cell 14 prints the first step's time (54.9) and times the rows in rounds, "
-                           "taking turns",
+                           "taking turns; its last code cell read eager_us and fixed_us, which that change removed (a "
+                           "NameError in the H100 run of 2026-12-06, fixed since)",
 }
 #: The `STALE` notebooks whose stored outputs show a `RETIRED` phrase.
 SHOWS_RETIRED = {"05_nanogpt_training"}
