@@ -61,8 +61,8 @@ def test_a_region_draws_new_numbers_at_every_replay_and_the_same_after_the_same_
     assert all(torch.equal(a, b) for a, b in zip(first, again)), "the same seed drew other numbers"
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_jit_step_applies_a_new_dropout_mask_at_every_step(mode):
+def _train_with_dropout(mode: str) -> tuple[list[float], int, int]:
+    """(the losses of 8 steps, graphs recorded, warm-up steps) of `jit_step` on a model with dropout, from seed 1."""
     device = device_of(mode)
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Dropout(0.5), torch.nn.Linear(256, 1)).to(device)
@@ -76,6 +76,13 @@ def test_jit_step_applies_a_new_dropout_mask_at_every_step(mode):
         warnings.simplefilter("error", RecordAgainWarning)  # NOTE: one recording for every step
         step = thunder_nb.jit_step(model, loss_fn, optimizer, capture=CAPTURE[mode])
         losses = [float(step(x)) for _ in range(8)]
-    assert step.graphs_recorded == 1
-    after_recording = losses[step.warmup + 1:]  # NOTE: replays only
-    assert len(after_recording) >= 3 and len(set(after_recording)) == len(after_recording), losses
+    return losses, step.graphs_recorded, step.warmup
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_jit_step_applies_a_new_dropout_mask_at_every_step_and_a_seeded_run_again_gives_the_same(mode):
+    losses, graphs, warmup = _train_with_dropout(mode)
+    assert graphs == 1
+    replays = losses[warmup + 1:]
+    assert len(replays) >= 3 and len(set(replays)) == len(replays), losses
+    assert _train_with_dropout(mode)[0] == losses  # NOTE: a seeded run is reproducible, replays and all
