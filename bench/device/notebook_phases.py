@@ -1,13 +1,13 @@
 """Where a teaching notebook's time goes, cell by cell and, inside a ``%%thunder_cudagraph`` cell, phase by phase.
 
-Notebook 05's first magic cell took 341 s on an H100 (2026-12-06; 32 s on the CPU with the same 6-layer model): a
-kernel run says only which cell (this script found it in Graphviz's ``dot``: bench/results/2026-12-06-ddp-notebook05-
-h100.md). It runs the notebook's code cells in one IPython shell, as a kernel would, prints each cell's seconds, each of the magic's progress messages with the seconds since the cell began (its phases:
-tracing each side, running, timing), and, with ``--sample``, where the main thread spent each cell: its stack read
-every S seconds (``sys._current_frames``, under the GIL: ``faulthandler``'s dumps from a watchdog thread crashed the
-process on the H100), each function counted once per sample it was on the stack, the most frequent printed after the
-cell; with ``--dot-log``, each drawing's DOT source and seconds. ``--cells`` cuts the run short; ``--skip`` leaves out
-cells the later ones do not need.
+Notebook 05's first magic cell took 341 s on an H100 (2026-12-06; 32 s on the CPU with the same 6-layer model): a kernel
+run says only which cell (this script found it in Graphviz's ``dot``: bench/results/2026-12-06-ddp-notebook05- h100.md).
+It runs the notebook's code cells in one IPython shell, as a kernel would, prints each cell's seconds, each of the
+magic's progress messages with the seconds since the cell began (its phases: tracing each side, running, timing), and,
+with ``--sample``, where the main thread spent each cell: its stack read every S seconds (``sys._current_frames``, under
+the GIL: ``faulthandler``'s dumps from a watchdog thread crashed the process on the H100), each function counted once
+per sample it was on the stack, the most frequent printed after the cell; with ``--dot-log``, each drawing's DOT source
+and seconds. ``--cells`` cuts the run short; ``--skip`` leaves out cells the later ones do not need.
 
     bash .gpu/on-device.sh python3 bench/device/notebook_phases.py notebooks/05_nanogpt_training.ipynb \\
         --cells 7 --skip 4,5 --sample 0.5 --dot-log /tmp/dot > $OUT/phases.log 2>&1
