@@ -1,7 +1,7 @@
 """Where a teaching notebook's time goes, cell by cell and, inside a ``%%thunder_cudagraph`` cell, phase by phase.
 
 Notebook 05's first magic cell took 341 s on an H100 (2026-12-06; 32 s on the CPU with the same 6-layer model): a kernel
-run says only which cell (this script found it in Graphviz's ``dot``: bench/results/2026-12-06-ddp-notebook05- h100.md).
+run says only which cell (this script found it in Graphviz's ``dot``: bench/results/2026-12-06-ddp-notebook05-h100.md).
 It runs the notebook's code cells in one IPython shell, as a kernel would, prints each cell's seconds, each of the
 magic's progress messages with the seconds since the cell began (its phases: tracing each side, running, timing), and,
 with ``--sample``, where the main thread spent each cell: its stack read every S seconds (``sys._current_frames``, under
