@@ -570,13 +570,20 @@ IPYTHON_NAMES = frozenset({"get_ipython", "display", "In", "Out", "exit", "quit"
 
 
 def _as_python(cell) -> str:
-    """A code cell as Python: IPython's line magics and shell lines left out; a cell magic's body, with the name its
-    ``-o`` binds bound."""
+    """A code cell as Python: IPython's line magics and shell lines left out, a cell magic's body kept; the name a
+    ``%%thunder_cudagraph`` (or ``%thunder_cudagraph``) line binds with ``-o`` bound, as the magic's parser reads it."""
+    from thunder_nb.magics import ThunderCUDAGraphMagics
+    from thunder_nb.notebook.magic_line import parse_line
+
     lines = cell.source.splitlines()
+    head = []
+    magic = MAGIC_LINE.match(lines[0]) if lines else None
+    if magic:
+        args, _ = parse_line(ThunderCUDAGraphMagics.thunder_cudagraph, magic["options"])
+        head = [f"{args.output} = None"] if args.output else []
     if lines and lines[0].startswith("%%"):
-        out = re.search(r"(?:^|\s)-o\s+(\w+)", lines[0])
-        return "\n".join(([f"{out.group(1)} = None"] if out else []) + lines[1:])
-    return "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
+        return "\n".join(head + lines[1:])
+    return "\n".join(head + [line for line in lines if not line.lstrip().startswith(("%", "!"))])
 
 
 def names_never_bound(nb) -> list[str]:
