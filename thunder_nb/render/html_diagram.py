@@ -80,29 +80,40 @@ def _not_drawn(trace: TraceReport, slow: DrawingTooSlow) -> tuple[str, str, bool
             f'{esc(plural(len(trace.regions), "region"))}); the text view below lists them.</p></div>', "", False)
 
 
+def _collapsed_instead(trace: TraceReport, slow: DrawingTooSlow) -> tuple[str, str, bool] | None:
+    """`diagram_parts` where the usual drawing ran past ``dot``'s limit: the collapsed drawing where the usual one drew
+    its regions in full, else `_not_drawn`; None where ``dot`` is gone (the DOT source is shown then)."""
+    if "subgraph cluster_" not in region_diagram(trace).source:
+        return _not_drawn(trace, slow)  # NOTE: already collapsed: nothing smaller to draw
+    try:
+        small, _ = _draw(trace, collapse=True)
+    except DrawingTooSlow as slower:
+        return _not_drawn(trace, slower)
+    if small is None:
+        return None
+    return box(small), f'<p class="tnb-full">full diagram not drawn: {esc(str(slow))}</p>', True
+
+
+def _dot_source_only(source: str) -> tuple[str, str, bool]:
+    """`diagram_parts` without ``dot``: the diagram as DOT source."""
+    return (
+        '<div class="tnb-diagram"><p>Graphviz <code>dot</code> is not installed '
+        "(<code>apt-get install graphviz</code>): the diagram as DOT source.</p>"
+        f'<pre class="tnb-dot">{esc(source)}</pre></div>',
+        "",
+        False,
+    )
+
+
 def diagram_parts(trace: TraceReport, trees: str = "below") -> tuple[str, str, bool]:
     """(the diagram shown, the full one in a closed ``<details>`` or "", drawn by ``dot``); ``trees``: where the
     module trees (`trees_html`) are from the second part, "below" or "above"."""
     try:
         image, source = _draw(trace)
     except DrawingTooSlow as slow:
-        if "subgraph cluster_" not in region_diagram(trace).source:
-            return _not_drawn(trace, slow)  # NOTE: already collapsed: nothing smaller to draw
-        try:
-            small, _ = _draw(trace, collapse=True)
-        except DrawingTooSlow as slower:
-            return _not_drawn(trace, slower)
-        if small is not None:
-            return box(small), f'<p class="tnb-full">full diagram not drawn: {esc(str(slow))}</p>', True
-        image, source = None, region_diagram(trace).source
+        return _collapsed_instead(trace, slow) or _dot_source_only(region_diagram(trace).source)
     if image is None:
-        return (
-            '<div class="tnb-diagram"><p>Graphviz <code>dot</code> is not installed '
-            "(<code>apt-get install graphviz</code>): the diagram as DOT source.</p>"
-            f'<pre class="tnb-dot">{esc(source)}</pre></div>',
-            "",
-            False,
-        )
+        return _dot_source_only(source)
     w, h = svg_size(image)
     full = "subgraph cluster_" in source
     if full and (w > FIT[0] or h > FIT[1]):
