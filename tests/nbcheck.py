@@ -49,7 +49,7 @@ GPU_ONLY = "On a GPU"
 #: the fallback is the text/html of the widget's output, which nbconvert's default page of a notebook with widget state
 #: drops. Tests that need the new format xfail on them, strictly, until the next GPU run (``python -m thunder_nb
 #: notebooks --in-place``) stores it; then the entries go.
-FALLBACK_INSIDE_WIDGET = {"05_nanogpt_training"}
+FALLBACK_INSIDE_WIDGET: set[str] = set()
 #: Stored notebooks whose cells drew the lifetime chart as a raw ``image/svg+xml`` output (``display(SVG(...))``), which
 #: JupyterLab does not render in an untrusted notebook; their source now shows it as HTML (`svg_img`), their stored
 #: outputs await the GPU re-run as above.
@@ -598,3 +598,23 @@ def names_never_bound(nb) -> list[str]:
         read |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and (table is top or s.is_global())}
         tables += table.get_children()
     return sorted(read - bound - set(dir(builtins)) - IPYTHON_NAMES)
+
+
+def op_counts_unmatched(nb) -> list[str]:
+    """Notebook 05's op counts against its first magic's diagrams: the cell that prints ``forward: 1 region(s) of N
+    ops`` (``thunder.jit`` with the fixed transform and thunder's executors) counts what the original side's regions
+    hold, its forward one op more (the ``.item()`` thunder captures); the fixed side (`thunder_nb.jit`, whose
+    executors run layer norm and GELU as one op each) holds fewer in each. What does not hold, one line each."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "region(s) of" in c.source)
+    counted = dict(re.findall(r"(forward|backward): 1 region\(s\) of (\d+) ops", printed(cell)))
+    if set(counted) != {"forward", "backward"}:
+        return [f"the counting cell printed {counted}, not one forward and one backward region"]
+    magic = next(c for c in nb.cells if is_toggle_cell(c))
+    drawn = [int(n) for n in re.findall(r"CUDAGraph\d+ (\d+) ops ·", cell_text(magic))]
+    forward, backward = int(counted["forward"]), int(counted["backward"])
+    original = [forward + 1, backward]
+    if len(drawn) != 4 or sorted(drawn[2:]) != sorted(original):
+        return [f"the diagrams count {drawn}: the original side's regions should hold {original} ops (fixed side "
+                f"first, then the original)"]
+    return [f"the fixed side's region of {n} ops is no smaller than the original's {m}"
+            for n, m in zip(drawn[:2], original) if n >= m]

@@ -130,6 +130,7 @@ def test_nanogpt_step_equals_eager(executed):
     text = nbcheck.output_text(nb)
     assert text.count(": equal to eager") == 2 and "DIFFERS" not in text
     assert "FixedCUDAGraphTransform against eager PyTorch" in text
+    assert not nbcheck.op_counts_unmatched(nb), nbcheck.op_counts_unmatched(nb)
 
 
 @pytest.mark.slow
