@@ -53,7 +53,8 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from hand_capture import HandCapture  # noqa: E402
-from rounds import add_ratios, add_round_arguments, machine, recover, run_rows, sync, time_rounds  # noqa: E402
+from rounds import (add_ratios, add_round_arguments, machine, matches, recover, run_rows, sync,  # noqa: E402
+                    time_rounds)
 
 from thunder_nb.testing import zoo  # noqa: E402
 
@@ -224,8 +225,7 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
     reference = rows["eager DDP"]["losses"]
     for row in rows.values():
         if row["losses"] and reference:
-            worst = max(abs(a - b) for a, b in zip(row["losses"], reference))
-            row["matches"] = f"yes ({worst:.1e})" if worst <= 1e-4 + 1e-4 * abs(reference[-1]) else f"no ({worst:.1e})"
+            row["matches"] = matches(row["losses"], reference, autocast=False)
     time_rounds(loops, rows, rounds, steps, device)
     add_ratios(rows)
     for config, loop in loops.items():

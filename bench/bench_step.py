@@ -8,7 +8,7 @@
 
 The zoo's 2-layer nanoGPT and llama2 AdamW training loops (`thunder_nb.testing.zoo`), each configuration with its
 own model and optimizer from the same initial state. Per configuration: 5 checked steps (the loss read after each
-and held against eager's by the one judge, `matches`), then rounds: in each round every configuration runs ``--steps`` consecutive steps
+and held against eager's by the one judge, `rounds.matches`), then rounds: in each round every configuration runs ``--steps`` consecutive steps
 (zero_grad, forward, backward, optimizer step; no sync inside), synchronised only at the round's ends, taking
 turns. Reported: the median over rounds of ms/step and the ratio to torch.compile reduce-overhead's (RO) with its
 spread (min-max of the per-round ratios). In the same run, torch.profiler's sum of GPU kernel time per step of the
@@ -38,12 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import (add_ratios, add_round_arguments, kernel_us, machine, recover, run_rows, sync,  # noqa: E402
+from rounds import (add_ratios, add_round_arguments, kernel_us, machine, matches, recover, run_rows, sync,  # noqa: E402
                     time_rounds, write_markdown)
 
 import sized_models  # noqa: E402
 from hand_capture import HandCapture  # noqa: E402
-from thunder_nb import judge  # noqa: E402
 from thunder_nb.step import jit_step  # noqa: E402
 from thunder_nb.testing import zoo  # noqa: E402
 
@@ -145,15 +144,6 @@ def replay_us(loop: TrainLoop, steps: int) -> float | None:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / steps
-
-
-def matches(losses: list[float], eager: list[float], autocast: bool) -> str:
-    """The first losses against eager's, by the one judge (`thunder_nb.judge`) with the zoo's base tolerance of the
-    protocol (`zoo.TOLERANCES`: bfloat16's under autocast, AdamW-trained float32's otherwise): ``yes (largest
-    difference)`` or ``no (largest difference: the judge's words)``."""
-    judged = judge(losses, eager, tolerance=zoo.TOLERANCES["autocast" if autocast else "train"], label="loss")
-    worst = max(abs(a - b) for a, b in zip(losses, eager))
-    return f"yes ({worst:.1e})" if judged.equal else f"no ({worst:.1e}: {judged.difference})"
 
 
 def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[str]) -> dict:

@@ -1,5 +1,6 @@
-"""What bench_zoo.py and bench_step.py share: configurations taking turns in rounds of consecutive steps, their
-ratios to torch.compile reduce-overhead's, the machine line, and the run over a script's rows with its tables."""
+"""What bench_zoo.py, bench_step.py and bench_ddp.py share: configurations taking turns in rounds of consecutive
+steps, their ratios to torch.compile reduce-overhead's, their first losses judged against eager's, the machine line,
+and the run over a script's rows with its tables."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 __all__ = ["Loop", "add_round_arguments", "sync", "recover", "machine", "time_rounds", "add_ratios", "kernel_us",
-           "run_rows", "write_markdown"]
+           "matches", "run_rows", "write_markdown"]
 
 
 class Loop(Protocol):
@@ -109,6 +110,18 @@ def kernel_us(loop: Loop, steps: int, device: str) -> float | None:
         sync(device)
     total = sum(e.self_device_time_total for e in prof.key_averages())
     return total / steps if total else None
+
+
+def matches(losses: list[float], eager: list[float], autocast: bool) -> str:
+    """The first losses against eager's, by the one judge (`thunder_nb.judge`) with the zoo's base tolerance of the
+    protocol (`zoo.TOLERANCES`: bfloat16's under autocast, AdamW-trained float32's otherwise): ``yes (largest
+    difference)`` or ``no (largest difference: the judge's words)``."""
+    from thunder_nb import judge
+    from thunder_nb.testing import zoo
+
+    judged = judge(losses, eager, tolerance=zoo.TOLERANCES["autocast" if autocast else "train"], label="loss")
+    worst = max(abs(a - b) for a, b in zip(losses, eager))
+    return f"yes ({worst:.1e})" if judged.equal else f"no ({worst:.1e}: {judged.difference})"
 
 
 def add_ratios(rows: Mapping[str, dict], reference: str = "reduce-overhead", key: str = "ratio") -> None:
