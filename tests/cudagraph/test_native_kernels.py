@@ -1,11 +1,11 @@
-"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm and gelu with PyTorch's own kernels.
+"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm, gelu and silu with PyTorch's kernels.
 
 `executors.native_convolution`: thunder 0.2.6's own rule computes a strided convolution's input gradient over the
 output gradient padded with zeros (four times the positions at stride 2) and adds pads, flips and permutes.
 `executors.native_batch_norm`: thunder decomposes a training BatchNorm into about ten kernels forward and fifteen
 backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. `executors.native_layer_norm` and
-`executors.native_gelu`: thunder differentiates their decompositions op by op (on an H100 nanoGPT's step ran 197
-kernels for them where eager runs 26); a fusion executor keeps them. These tests run real thunder traces on the CPU:
+`executors.native_gelu` (and `executors.native_silu`, a llama MLP's): thunder differentiates their decompositions op
+by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them. These tests run real thunder traces on the CPU:
 gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
 thunder's rewrites, and a gradient nobody reads is never computed.
 """
@@ -20,7 +20,7 @@ import torch
 import thunder
 import thunder_nb
 from thunder_nb.cudagraph.executors import (executor_list, jit_executors, native_batch_norm, native_convolution,
-                                            native_gelu, native_layer_norm)
+                                            native_gelu, native_layer_norm, native_silu)
 from thunder_nb.diagnosis.judge import EXACT, assert_equal
 from thunder_nb.fix import EagerFallbackWarning
 from thunder_nb.internals import build_traces
@@ -177,8 +177,8 @@ def test_a_training_batch_norm_under_no_grad_updates_its_running_statistics_as_e
     assert "thunder_nb_batch_norm" in _ops(thunder.last_traces(jfn)[-1].bound_symbols)
 
 
-#: thunder's decomposition of layer_norm and gelu (either approximation), forward and backward
-DECOMPOSED = {"var_mean", "rsqrt", "erf", "tanh", "pow", "exp"}
+#: thunder's decomposition of layer_norm, gelu (either approximation) and silu, forward and backward
+DECOMPOSED = {"var_mean", "rsqrt", "erf", "tanh", "pow", "exp", "sigmoid", "reciprocal"}
 
 LAYER_NORMS = {"last dim": ((2, 3, 8), (8,)), "last two dims": ((4, 5, 6), (5, 6))}
 
@@ -266,6 +266,28 @@ def test_gelu_runs_bit_for_bit_as_eager_with_pytorchs_kernels(approximate, dtype
     assert backward.count("thunder_nb_gelu_backward") == 1 and not DECOMPOSED & set(backward), backward
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_silu_runs_bit_for_bit_as_eager_with_pytorchs_kernels(dtype):
+    x = torch.randn(3, 16, dtype=dtype, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    jfn = _assert_as_eager(_weighted(torch.nn.functional.silu, x.shape, dtype), x, [], f"silu, {dtype}")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_silu") == 1 and not DECOMPOSED & set(forward), forward
+    assert backward.count("thunder_nb_silu_backward") == 1 and not DECOMPOSED & set(backward), backward
+
+
+def test_an_in_place_silu_keeps_thunders_path():
+    """``silu(x, inplace=True)`` writes its input: thunder's own path (an out-of-place silu and a copy), eager's
+    values."""
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.SiLU(inplace=True))
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    jfn = _jit(lambda x: net(x).sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = jfn(x)
+    assert_equal(got, net(x).sum())
+    assert "thunder_nb_silu" not in _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+
+
 def _mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.GELU(approximate="tanh"))
@@ -280,8 +302,9 @@ def test_a_fusion_executor_keeps_layer_norm_and_gelu(executor):
     executors = [torch_compile_ex] if executor.startswith("thunder") else [executor]
     names = [e.name for e in jit_executors(executors)]
     assert native_convolution().name in names and native_batch_norm().name in names, names
-    assert native_layer_norm().name not in names and native_gelu().name not in names, names
-    assert {native_layer_norm().name, native_gelu().name} <= {e.name for e in jit_executors(["no-sdpa"])}
+    assert not {native_layer_norm().name, native_gelu().name, native_silu().name} & set(names), names
+    assert {native_layer_norm().name, native_gelu().name, native_silu().name} <= {
+        e.name for e in jit_executors(["no-sdpa"])}
     net = _mlp()
     jfn = thunder_nb.jit(lambda x: net(x).sum(), executors=executors, capture=False)
     with warnings.catch_warnings():
@@ -335,6 +358,31 @@ def test_a_nanogpt_training_step_equals_eagers_without_the_layer_norm_and_gelu_d
     assert not DECOMPOSED & set(forward + backward), forward + backward
 
 
+@pytest.mark.slow  # NOTE: a llama2 trace: seconds
+def test_a_llama2_training_step_equals_eagers_with_pytorchs_silu():
+    """The zoo's 2-layer llama2 (thunder's bundled llama2, a SwiGLU MLP): loss and gradients equal eager's (within
+    float32's tolerance, as nanoGPT's above), and each layer's silu runs as PyTorch's kernels, forward and backward."""
+    from thunder_nb.testing import zoo
+
+    case = zoo.MODELS["llama2"]
+    net = case.build("cpu").train()
+    loss = case.loss(net)
+    (idx,), targets = case.batch(0, "cpu")
+    jfn = _jit(loss)
+    params = list(net.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = jfn(idx, targets)
+        grads = torch.autograd.grad(got, params)
+    expected = loss(idx, targets)
+    assert_equal(got, expected, label="loss")
+    assert_equal(grads, torch.autograd.grad(expected, params), label="gradients")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_silu") == 2 and backward.count("thunder_nb_silu_backward") == 2, (forward,
+                                                                                                      backward)
+    assert not {"sigmoid", "reciprocal"} & set(forward + backward), forward + backward
+
+
 @pytest.mark.slow  # NOTE: a nanoGPT trace with thunder's decompositions (the module's other is shared): seconds
 def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules(nanogpt_step):
     """The executors thunder_nb.jit took before (without PyTorch's layer_norm and gelu kernels) left a backward of
@@ -350,12 +398,14 @@ def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules(n
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` on the GPU machine)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gpu_a_captured_layer_norm_and_gelu_replay_bit_for_bit_as_eager(dtype):
-    """On the GPU, under real capture: a layer norm, a tanh gelu and a linear layer, three calls (the recording and two
-    replays, each with new inputs) give eager's loss and gradients bit for bit; the mean and inverse standard deviation
-    the backward reads are float32 for a bfloat16 input there (the meta's rule, which the CPU cannot run)."""
+def test_gpu_a_captured_layer_norm_gelu_and_silu_replay_bit_for_bit_as_eager(dtype):
+    """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu and another linear layer,
+    three calls (the recording and two replays, each with new inputs) give eager's loss and gradients bit for bit; the
+    mean and inverse standard deviation the backward reads are float32 for a bfloat16 input there (the meta's rule,
+    which the CPU cannot run)."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(64, 64))
+    net = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(64, 64),
+                              torch.nn.SiLU(), torch.nn.Linear(64, 64))
     net = net.to("cuda", dtype)
     jfn = thunder_nb.jit(lambda x: net(x).float().square().mean())
     for seed in range(3):
@@ -368,5 +418,6 @@ def test_gpu_a_captured_layer_norm_and_gelu_replay_bit_for_bit_as_eager(dtype):
         assert_equal(grads, torch.autograd.grad(expected, [x, *net.parameters()]), tolerance=EXACT,
                      label=f"call {seed}: gradients")
     forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
-    assert "thunder_nb_layer_norm" in forward and "thunder_nb_gelu" in forward, forward
-    assert "thunder_nb_layer_norm_backward" in backward and "thunder_nb_gelu_backward" in backward, backward
+    assert {"thunder_nb_layer_norm", "thunder_nb_gelu", "thunder_nb_silu"} <= set(forward), forward
+    assert {"thunder_nb_layer_norm_backward", "thunder_nb_gelu_backward", "thunder_nb_silu_backward"} <= set(
+        backward), backward

@@ -1,8 +1,9 @@
 """PyTorch's own kernels where thunder's rules are slow: `native_convolution` (a convolution's backward as
 ``aten.convolution_backward``), `native_batch_norm` (a training BatchNorm as ``native_batch_norm`` and its backward),
-`native_layer_norm` and `native_gelu` (``native_layer_norm``, ``gelu`` and their backward kernels).
-`thunder_nb.cudagraph.executors.jit_executors` puts them before every other executor (the last two only where no
-fusion executor is named)."""
+`native_layer_norm`, `native_gelu` and `native_silu` (``native_layer_norm``, ``gelu``, ``silu`` and their backward
+kernels).
+`thunder_nb.cudagraph.executors.jit_executors` puts them before every other executor (the last three only where
+no fusion executor is named)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from .. import internals
 
-__all__ = ["native_convolution", "native_batch_norm", "native_layer_norm", "native_gelu"]
+__all__ = ["native_convolution", "native_batch_norm", "native_layer_norm", "native_gelu", "native_silu"]
 
 
 def _put_grads(*pairs: tuple[Any, Any]) -> None:
@@ -278,4 +279,42 @@ def native_gelu() -> Any:
         return _is_float(a) and approximate in ("none", "tanh")
 
     ex.register_implementation(ltorch.gelu, forward, checker=checker, grad_transform=grad_transform)
+    return ex
+
+
+@functools.cache  # NOTE: registered with thunder once
+def native_silu() -> Any:
+    """An executor that runs ``silu`` with PyTorch's own kernels, forward and backward.
+
+    thunder 0.2.6 differentiates ``torch.nn.functional.silu`` (a llama MLP's activation) through its decomposition,
+    ``a * sigmoid(a)`` with ``sigmoid`` an ``exp``, an add and a reciprocal, op by op: a kernel each, forward and
+    backward, where eager PyTorch runs ``silu`` and ``silu_backward`` (on the CPU, the zoo's 2-layer llama2 step ran
+    26 kernels for its two silu calls against eager's 6: bench/results/2026-12-05-step-ops-cpu.md). This executor
+    claims ``ltorch.silu`` (out of place, a floating dtype) and runs ``torch.nn.functional.silu`` forward and
+    ``aten.silu_backward`` backward, as eager's autograd does.
+    """
+    import thunder.torch as ltorch
+    import torch
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.transforms import get_grad, put_grad
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor("thunder_nb_silu", version=torch.__version__)
+    register_executor(ex)
+
+    def _backward_meta(g, a):
+        return TensorProxy(like=a)
+
+    forward = ex.register_operator("thunder_nb_silu", like=ltorch.silu, fn=torch.nn.functional.silu)
+    backward = ex.register_operator("thunder_nb_silu_backward", meta=_backward_meta, fn=torch.ops.aten.silu_backward)
+
+    def grad_transform(a, inplace=False):
+        out = forward(a)
+        put_grad(a, backward(get_grad(out), a))
+        return out
+
+    def checker(a, inplace=False) -> bool:
+        return _is_float(a) and inplace is False
+
+    ex.register_implementation(ltorch.silu, forward, checker=checker, grad_transform=grad_transform)
     return ex
