@@ -20,7 +20,9 @@ capturable AdamW over eager's kernels, and the same over torch.compile's (induct
 step with inductor's fusions (``whole step fused``). ``--models gpt2-small,llama-1b`` times the sizes where the GPU
 bounds the step (`sized_models`: GPT-2 small at 8x256 tokens; a Llama-3.2-1B-shaped model at 4x512 under bfloat16
 autocast). Each configuration holds its own model and optimizer: the 1B model's float32 weights, gradients and AdamW
-state take about 24 GB a configuration, so time it a few configurations a run (``--configs``; eager always runs).
+state take about 24 GB a configuration, so time it one configuration a run beside eager (``--configs``; eager
+always runs; three did not fit an 80 GB H100). On a GPU each row also gives its configuration's own peak memory: the
+most allocated while it was built and ran its checked steps, above what the configurations before it held.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import (add_ratios, add_round_arguments, kernel_us, machine, matches, recover, run_rows, sync,  # noqa: E402
-                    time_rounds, write_markdown)
+from rounds import (add_ratios, add_round_arguments, kernel_us, machine, matches, on_gpu, recover, run_rows,  # noqa: E402
+                    sync, time_rounds, write_markdown)
 
 import sized_models  # noqa: E402
 from hand_capture import HandCapture  # noqa: E402
@@ -146,6 +148,24 @@ def replay_us(loop: TrainLoop, steps: int) -> float | None:
     return start.elapsed_time(end) * 1e3 / steps
 
 
+def own_memory_start(device: str) -> int | None:
+    """What is allocated on the GPU before a configuration is built (the configurations before it, held), with the
+    peak counter reset; None on the CPU."""
+    if not on_gpu(device):
+        return None
+    sync(device)
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def own_memory_peak(device: str, below: int | None) -> float | None:
+    """A configuration's own peak, MiB: the most allocated while it was built and ran its checked steps (compiling,
+    warming up and recording included: what decides an out-of-memory error), above what was held before it."""
+    if below is None:
+        return None
+    return (torch.cuda.max_memory_allocated() - below) / 2**20
+
+
 def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[str]) -> dict:
     rows: dict[str, dict] = {}
     loops: dict[str, TrainLoop] = {}
@@ -153,11 +173,13 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
         row = rows[config] = {"ms": [], "note": "", "losses": []}
         try:
             started = time.perf_counter()
+            below = own_memory_start(device)
             loop = TrainLoop(name, config, device)
             with loop.context():
                 row["losses"] = [float(loop.step(i)) for i in range(CHECKED)]  # NOTE: compile, warm up, record
             sync(device)
             row["first_s"] = time.perf_counter() - started
+            row["peak_mib"] = own_memory_peak(device, below)
             loops[config] = loop
         except Exception as e:
             recover(device)
@@ -212,15 +234,16 @@ def zoo_capturability(device: str) -> str:
 def table(results: dict, rounds: int, steps: int) -> str:
     lines = [f"Machine: {machine()}. {rounds} rounds of {steps} consecutive AdamW steps per configuration, taking "
              "turns.", "",
-             "| model | configuration | ms/step (median of rounds) | vs RO (min-max) | first 5 losses equal to eager "
-             "(max abs diff) | graphs | first 5 steps, s | note |", "|---|---|---:|---:|---|---:|---:|---|"]
+             "| model | configuration | ms/step (median of rounds) | vs RO (min-max) | peak MiB (its own) | first 5 losses "
+             "equal to eager (max abs diff) | graphs | first 5 steps, s | note |", "|---|---|---:|---:|---:|---|---:|---:|---|"]
     for name, res in results.items():
         for config, row in res["rows"].items():
             ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"
             r = row.get("ratio")
             rtext = f"{r[0]:.3f}x ({r[1]:.3f}-{r[2]:.3f})" if r else "-"
             first = f"{row['first_s']:.1f}" if row.get("first_s") else "-"
-            lines.append(f"| {name} | {LABELS[config]} | {ms} | {rtext} | {row.get('matches', '-')} | "
+            peak = f"{row['peak_mib']:,.0f}" if row.get("peak_mib") is not None else "-"
+            lines.append(f"| {name} | {LABELS[config]} | {ms} | {rtext} | {peak} | {row.get('matches', '-')} | "
                          f"{row.get('graphs', '')} | {first} | {row['note']} |")
     lines.append("")
     for name, res in results.items():
