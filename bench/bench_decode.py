@@ -5,8 +5,8 @@
 
 The zoo's litgpt model at random init (`thunder_nb.testing.zoo`), its KV cache set up for one sequence
 (``GPT.set_kv_cache``), greedy decoding: a prefill of 8 tokens, then one-token calls with ``input_pos`` advancing.
-Each configuration first decodes 24 tokens from the same prompt as eager, and its tokens are compared with eager's,
-token for token. The timed loop then decodes as a generation loop does: each call's argmax is the next call's token
+Each configuration first decodes 24 tokens (``--tokens``) from the same prompt as eager, and its tokens are compared
+with eager's, token for token (``--model litgpt-pythia-14m-128 --tokens 64``: 64 tokens, in a 128-token cache). The timed loop then decodes as a generation loop does: each call's argmax is the next call's token
 (on the device, no host sync), the positions are device tensors made beforehand, and the position wraps inside the
 cache. Configurations take turns in rounds of ``--steps`` tokens, synchronised only at the rounds' ends; reported:
 the median over rounds of tokens per second and of ms per token, and the ratio of ms per token to torch.compile
@@ -140,8 +140,8 @@ class ReplayDecoder(Decoder):
 
 
 def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, configs: tuple[str, ...],
-          device: str = "cuda") -> dict[str, dict]:
-    n = 24
+          device: str = "cuda", n: int = 24) -> dict[str, dict]:
+    """Every configuration's rows for one model and dtype; ``n`` greedy tokens compared with eager's first."""
     rows: dict[str, dict] = {}
     decoders: dict[str, Decoder] = {}
     reference: tuple[list[int], list[torch.Tensor]] | None = None
@@ -189,7 +189,7 @@ def peak_bandwidth() -> float | None:
     return 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8
 
 
-def table(results: dict, n_rounds: int, steps: int) -> str:
+def table(results: dict, n_rounds: int, steps: int, n: int = 24) -> str:
     peak = peak_bandwidth()
     lines = [f"Machine: {rounds.machine()}. {n_rounds} rounds of {steps} one-token decode calls per "
              "configuration, taking turns; the first columns are medians over rounds. Bandwidth bound: the time to "
@@ -197,8 +197,8 @@ def table(results: dict, n_rounds: int, steps: int) -> str:
              + (f" ({peak / 1e12:.2f} TB/s)" if peak else " (no GPU: none)")
              + ", as a share of the measured time per token.", "",
              "| model, dtype | configuration | tokens/s | ms/token | vs reduce-overhead (min-max) | equal to eager "
-             "(24 greedy tokens) | GPU kernel time per token, µs | bandwidth bound: ms (share) | graphs (regions) | "
-             "first 24 tokens, s | note |",
+             f"({n} greedy tokens) | GPU kernel time per token, µs | bandwidth bound: ms (share) | graphs (regions) | "
+             f"first {n} tokens, s | note |",
              "|---|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
     for (model, dtype), rows in results.items():
         for row in rows.values():
@@ -233,6 +233,8 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: checks the script (no capture; inductor's configuration is left out)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
+    parser.add_argument("--tokens", type=int, default=24,
+                        help="greedy tokens compared with eager's (the prompt's 8 and these fit the model's cache)")
     args = parser.parse_args()
     decoding = [n for n, m in {**zoo.MODELS, **sized_models.SIZED}.items() if "decode" in m.protocols]
     if args.model not in decoding:
@@ -245,8 +247,9 @@ def main() -> int:
     if args.device == "cpu":
         configs = tuple(c for c in configs if c not in ("reduce-overhead", "stock", "fused", "k=8 fused"))
     rounds.run_rows([(args.model, getattr(torch, d)) for d in args.dtypes.split(",")],
-                    lambda key: bench(key[0], key[1], args.rounds, args.steps, configs, args.device),
-                    lambda key: f"{key[0]} {key[1]}", lambda results: table(results, args.rounds, args.steps),
+                    lambda key: bench(key[0], key[1], args.rounds, args.steps, configs, args.device, args.tokens),
+                    lambda key: f"{key[0]} {key[1]}", lambda results: table(results, args.rounds, args.steps,
+                                                                            args.tokens),
                     args.out, "KV-cache decoding", time_limit=args.time_limit,
                     rest=("--dtypes", lambda key: str(key[1]).removeprefix("torch.")))
     return 0

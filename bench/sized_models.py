@@ -9,6 +9,8 @@ at random init (nothing is downloaded), in the zoo's `ZooModel` form so that the
 - ``llama-1b``: litgpt's Llama-3.2-1B configuration (16 layers, 2048 wide, grouped-query attention; 1.5B parameters,
   the embedding and the head untied) at a 512-token context, batches of 4x512 tokens, trained under bfloat16 autocast
   (`AUTOCAST`);
+- ``litgpt-pythia-14m-128``: the zoo's 2-layer ``litgpt-pythia-14m`` with a 128-token cache, so that decoding compares
+  64 tokens with eager's (`bench_decode.py --model litgpt-pythia-14m-128 --tokens 64`; the zoo's holds 64 in all);
 - ``llama2-7b``: litgpt's Llama-2-7b-hf configuration (32 layers, 4096 wide, 6.7B parameters: 13.5 GB in bfloat16)
   with a 256-token cache, for decoding (`bench_decode.py --model llama2-7b --dtypes bfloat16`): built on the device
   in bfloat16 (float32 first would take 27 GB a copy), each configuration its own copy.
@@ -52,6 +54,9 @@ SIZED: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("llama-1b", "litgpt.Config.from_name('Llama-3.2-1B', block_size=512)",
              seeded(litgpt("Llama-3.2-1B", block_size=512)), tokens(128256, 4, 512), cross_entropy, called,
              ("autocast",), needs="litgpt"),
+    ZooModel("litgpt-pythia-14m-128", "litgpt.Config.from_name('pythia-14m', n_layer=2, block_size=128)",
+             seeded(litgpt("pythia-14m", n_layer=2, block_size=128)), tokens(128, 2, 32), cross_entropy, called,
+             ("decode",), needs="litgpt"),
     ZooModel("llama2-7b", "litgpt.Config.from_name('Llama-2-7b-hf', block_size=256)", _llama2_7b,
              tokens(32000, 1, 8), cross_entropy, called, ("decode",), needs="litgpt"),
 )}
