@@ -506,7 +506,7 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     import thunder
 
     from thunder_nb.cudagraph.executors import (executor_list, native_batch_norm, native_convolution, native_gelu,
-                                                native_layer_norm)
+                                                native_layer_norm, native_silu)
     from thunder_nb.fix import FixedCUDAGraphTransform
     from thunder_nb.notebook import runs
 
@@ -528,7 +528,7 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     # and PyTorch's own kernels for convolutions' backward and training BatchNorm come first, as in thunder_nb.jit,
     # and for layer_norm and gelu where no fusion executor is named
     native = [native_convolution().name, native_batch_norm().name]
-    native += [] if names else [native_layer_norm().name, native_gelu().name]
+    native += [] if names else [native_layer_norm().name, native_gelu().name, native_silu().name]
     assert executors[0][:len(native)] == native
     assert [n.replace("thunder_nb_sdpa", "sdpa") for n in executors[0][len(native):]] == executors[1]
     assert executors[1][:len(expected)] == expected
