@@ -82,12 +82,3 @@ def test_matches_judges_with_the_protocols_tolerance(bench_step):
     verdict = bench_step.matches([4.8516, 4.8203, 4.7891 + 2e-2], eager, autocast=False)
     assert verdict.startswith("no (2.0e-02: loss[2]"), verdict
     assert bench_step.matches(eager, eager, autocast=False) == "yes (0.0e+00)"
-
-
-@pytest.mark.slow
-def test_whole_step_under_autocast_equals_eager(bench_step, monkeypatch):
-    """jit_step's row (autocast around each call of the whole step) against the eager row, by the bench's judge."""
-    monkeypatch.setattr(bench_step.sized_models, "AUTOCAST", frozenset({"llama2"}))
-    eager = _bench_losses(bench_step, "llama2", "eager", 5)
-    whole = _bench_losses(bench_step, "llama2", "whole step", 5)
-    assert bench_step.matches(whole, eager, autocast=True).startswith("yes"), (whole, eager)
