@@ -6,15 +6,16 @@
 The zoo's litgpt model at random init (`thunder_nb.testing.zoo`), its KV cache set up for one sequence
 (``GPT.set_kv_cache``), greedy decoding: a prefill of 8 tokens, then one-token calls with ``input_pos`` advancing.
 Each configuration first decodes 24 tokens (``--tokens``) from the same prompt as eager, and its tokens are compared
-with eager's, token for token (``--model litgpt-pythia-14m-128 --tokens 64``: 64 tokens, in a 128-token cache). The timed loop then decodes as a generation loop does: each call's argmax is the next call's token
-(on the device, no host sync), the positions are device tensors made beforehand, and the position wraps inside the
-cache. Configurations take turns in rounds of ``--steps`` tokens, synchronised only at the rounds' ends; reported:
-the median over rounds of tokens per second and of ms per token, and the ratio of ms per token to torch.compile
-reduce-overhead's with its spread over rounds, and torch.profiler's GPU kernel time per token (a configuration whose
-time per token is near it waits for the GPU: fewer, fused kernels help it; one far above waits for the host).
-thunder's sdpa executor refuses the decode step (a batch-broadcast mask), so plain thunder runs without it ("thunder
-no-sdpa"); `thunder_nb.jit` chooses its executors itself. ``k=8`` and ``k=8 fused``: `thunder_nb.jit_decode`, eight
-tokens a replay (time per token: pass ``--steps`` a multiple of 8).
+with eager's, token for token (``--model litgpt-pythia-14m-128 --tokens 64``: 64 tokens, in a 128-token cache). The
+timed loop then decodes as a generation loop does: each call's argmax is the next call's token (on the device, no host
+sync), the positions are device tensors made beforehand, and the position wraps inside the cache. Configurations take
+turns in rounds of ``--steps`` tokens, synchronised only at the rounds' ends; reported: the median over rounds of
+tokens per second and of ms per token, and the ratio of ms per token to torch.compile reduce-overhead's with its
+spread over rounds, and torch.profiler's GPU kernel time per token (a configuration whose time per token is near it
+waits for the GPU: fewer, fused kernels help it; one far above waits for the host). thunder's sdpa executor refuses
+the decode step (a batch-broadcast mask), so plain thunder runs without it ("thunder no-sdpa"); `thunder_nb.jit`
+chooses its executors itself. ``k=8`` and ``k=8 fused``: `thunder_nb.jit_decode`, eight tokens a replay (time per
+token: pass ``--steps`` a multiple of 8).
 
 ``--model llama2-7b --dtypes bfloat16`` (`sized_models`: Llama-2-7b's shape at random init, 13.5 GB of weights a copy,
 one copy per configuration: a few configurations a run) decodes where the GPU's memory bandwidth is the bound; the

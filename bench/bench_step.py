@@ -6,13 +6,13 @@
     python bench/bench_step.py --capturability [--device cpu]  # what stops each zoo training case
     python bench/bench_step.py --device cpu --steps 2     # checks the script (CPU stand-in; no inductor)
 
-The zoo's 2-layer nanoGPT and llama2 AdamW training loops (`thunder_nb.testing.zoo`), each configuration with its
-own model and optimizer from the same initial state. Per configuration: 5 checked steps (the loss read after each
-and held against eager's by the one judge, `rounds.matches`), then rounds: in each round every configuration runs ``--steps`` consecutive steps
-(zero_grad, forward, backward, optimizer step; no sync inside), synchronised only at the round's ends, taking
-turns. Reported: the median over rounds of ms/step and the ratio to torch.compile reduce-overhead's (RO) with its
-spread (min-max of the per-round ratios). In the same run, torch.profiler's sum of GPU kernel time per step of the
-whole step (the graph's kernels), and the GPU time of back-to-back replays (CUDA events). ``--pt2`` adds PT2's
+The zoo's 2-layer nanoGPT and llama2 AdamW training loops (`thunder_nb.testing.zoo`), each configuration with its own
+model and optimizer from the same initial state. Per configuration: 5 checked steps (the loss read after each and held
+against eager's by the one judge, `rounds.matches`), then rounds: in each round every configuration runs ``--steps``
+consecutive steps (zero_grad, forward, backward, optimizer step; no sync inside), synchronised only at the round's
+ends, taking turns. Reported: the median over rounds of ms/step and the ratio to torch.compile reduce-overhead's (RO)
+with its spread (min-max of the per-round ratios). In the same run, torch.profiler's sum of GPU kernel time per step
+of the whole step (the graph's kernels), and the GPU time of back-to-back replays (CUDA events). ``--pt2`` adds PT2's
 closest: torch.compile(mode="reduce-overhead") of the whole step function with compiled autograd.
 
 The two recipes an expert writes by hand (`HandCapture`): PyTorch's whole-network capture of forward, backward and a
@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import (add_ratios, add_round_arguments, kernel_us, machine, matches, on_gpu, recover, run_rows,  # noqa: E402
-                    sync, time_rounds, write_markdown)
+from rounds import (add_ratios, add_round_arguments, kernel_us, machine, matches, on_gpu,  # noqa: E402
+                    recover, run_rows, sync, time_rounds, write_markdown)
 
 import sized_models  # noqa: E402
 from hand_capture import HandCapture  # noqa: E402
@@ -234,8 +234,9 @@ def zoo_capturability(device: str) -> str:
 def table(results: dict, rounds: int, steps: int) -> str:
     lines = [f"Machine: {machine()}. {rounds} rounds of {steps} consecutive AdamW steps per configuration, taking "
              "turns.", "",
-             "| model | configuration | ms/step (median of rounds) | vs RO (min-max) | peak MiB (its own) | first 5 losses "
-             "equal to eager (max abs diff) | graphs | first 5 steps, s | note |", "|---|---|---:|---:|---:|---|---:|---:|---|"]
+             "| model | configuration | ms/step (median of rounds) | vs RO (min-max) | peak MiB (its own) | "
+             "first 5 losses equal to eager (max abs diff) | graphs | first 5 steps, s | note |",
+             "|---|---|---:|---:|---:|---|---:|---:|---|"]
     for name, res in results.items():
         for config, row in res["rows"].items():
             ms = f"{statistics.median(row['ms']):.3f}" if row["ms"] else "-"

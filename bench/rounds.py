@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["Loop", "add_round_arguments", "sync", "recover", "machine", "time_rounds", "add_ratios", "kernel_us",
-           "matches", "run_rows", "write_markdown"]
+__all__ = ["Loop", "add_round_arguments", "on_gpu", "sync", "recover", "machine", "time_rounds", "add_ratios",
+           "kernel_us", "matches", "run_rows", "write_markdown"]
 
 
 class Loop(Protocol):

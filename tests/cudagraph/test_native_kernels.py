@@ -5,9 +5,9 @@ output gradient padded with zeros (four times the positions at stride 2) and add
 `executors.native_batch_norm`: thunder decomposes a training BatchNorm into about ten kernels forward and fifteen
 backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. `executors.native_layer_norm` and
 `executors.native_gelu` (and `executors.native_silu`, a llama MLP's): thunder differentiates their decompositions op
-by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them. These tests run real thunder traces on the CPU:
-gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
-thunder's rewrites, and a gradient nobody reads is never computed.
+by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them. These
+tests run real thunder traces on the CPU: gradients, outputs and running statistics are bit for bit eager's, the
+traces hold PyTorch's calls and none of thunder's rewrites, and a gradient nobody reads is never computed.
 """
 
 from __future__ import annotations
