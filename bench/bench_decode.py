@@ -84,7 +84,15 @@ class Decoder:
         return out[:, -1:].argmax(-1)
 
     def tokens(self, n: int) -> tuple[list[int], list[torch.Tensor]]:
-        """Greedy decoding of ``n`` tokens after the prefill; the tokens and each call's logits (copies)."""
+        """Greedy decoding of ``n`` tokens after the prefill; the tokens and each call's logits (copies).
+
+        Raises:
+            ValueError: the prompt and ``n`` tokens do not fit the model's cache (the timed loop's positions wrap
+                inside it; a comparison must not).
+        """
+        if PROMPT + n > self.length:
+            raise ValueError(f"{n} tokens after the {PROMPT}-token prompt do not fit the model's {self.length}-token "
+                             "cache (--tokens; litgpt-pythia-14m-128 holds 120)")
         tokens, logits = [], []
         with self.context():
             for i in range(n):

@@ -171,6 +171,7 @@ def bench_model(name: str, rounds: int, steps: int, device: str, configs: list[s
     loops: dict[str, TrainLoop] = {}
     for config in configs:
         row = rows[config] = {"ms": [], "note": "", "losses": []}
+        loop = None  # NOTE: a configuration that failed is not held while the next one is built (its memory)
         try:
             started = time.perf_counter()
             below = own_memory_start(device)
