@@ -82,3 +82,22 @@ def test_matches_judges_with_the_protocols_tolerance(bench_step):
     verdict = bench_step.matches([4.8516, 4.8203, 4.7891 + 2e-2], eager, autocast=False)
     assert verdict.startswith("no (2.0e-02: loss[2]"), verdict
     assert bench_step.matches(eager, eager, autocast=False) == "yes (0.0e+00)"
+
+
+def test_the_whole_step_rows_call_under_autocast_for_each_step(bench_step, monkeypatch):
+    """The whole-step rows (jit_step, the hand captures, PT2's) call their step inside autocast, entered for that call
+    alone: what jit_step reads to trace under it, and exited before the next step (eager's cast cache with it)."""
+    monkeypatch.setattr(bench_step.sized_models, "AUTOCAST", frozenset({"llama2"}))
+    loop = bench_step.TrainLoop("llama2", "eager", "cpu")
+    seen = []
+
+    def whole(idx, targets):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return torch.zeros(())
+
+    loop.whole = whole
+    with loop.context():
+        for i in range(2):
+            loop.step(i)
+            seen.append(torch.is_autocast_enabled("cpu"))
+    assert seen == [True, False, True, False]
