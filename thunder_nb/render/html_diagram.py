@@ -72,6 +72,11 @@ def _draw(trace: TraceReport, **how) -> tuple[str | None, str]:
     return image, graph.source
 
 
+def _in_full(source: str) -> bool:
+    """Whether a drawing's DOT source draws its regions in full (each a cluster of its ops), not collapsed."""
+    return "subgraph cluster_" in source
+
+
 def _not_drawn(trace: TraceReport, slow: DrawingTooSlow) -> tuple[str, str, bool]:
     """`diagram_parts` where even the collapsed drawing was too slow for ``dot``: a line that says so (the pane's text
     view follows, as without ``dot``)."""
@@ -80,10 +85,10 @@ def _not_drawn(trace: TraceReport, slow: DrawingTooSlow) -> tuple[str, str, bool
             f'{esc(plural(len(trace.regions), "region"))}); the text view below lists them.</p></div>', "", False)
 
 
-def _collapsed_instead(trace: TraceReport, slow: DrawingTooSlow) -> tuple[str, str, bool] | None:
+def _collapsed_instead(trace: TraceReport, slow: DrawingTooSlow, full: bool) -> tuple[str, str, bool] | None:
     """`diagram_parts` where the usual drawing ran past ``dot``'s limit: the collapsed drawing where the usual one drew
-    its regions in full, else `_not_drawn`; None where ``dot`` is gone (the DOT source is shown then)."""
-    if "subgraph cluster_" not in region_diagram(trace).source:
+    its regions in full (``full``), else `_not_drawn`; None where ``dot`` is gone (the DOT source is shown then)."""
+    if not full:
         return _not_drawn(trace, slow)  # NOTE: already collapsed: nothing smaller to draw
     try:
         small, _ = _draw(trace, collapse=True)
@@ -111,11 +116,12 @@ def diagram_parts(trace: TraceReport, trees: str = "below") -> tuple[str, str, b
     try:
         image, source = _draw(trace)
     except DrawingTooSlow as slow:
-        return _collapsed_instead(trace, slow) or _dot_source_only(region_diagram(trace).source)
+        source = region_diagram(trace).source  # NOTE: the drawing `_draw` gave up on, built once for both uses
+        return _collapsed_instead(trace, slow, _in_full(source)) or _dot_source_only(source)
     if image is None:
         return _dot_source_only(source)
     w, h = svg_size(image)
-    full = "subgraph cluster_" in source
+    full = _in_full(source)
     if full and (w > FIT[0] or h > FIT[1]):
         try:
             small, _ = _draw(trace, collapse=True)
