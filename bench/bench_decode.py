@@ -55,6 +55,8 @@ LABELS = {"eager": "eager", "thunder no-sdpa": "thunder without sdpa (no graphs)
           "k=8": "thunder_nb.jit_decode, 8 tokens a replay",
           "k=8 fused": "thunder_nb.jit_decode + torchcompile, 8 tokens a replay"}
 PROMPT = 8
+#: Greedy tokens each configuration decodes first, compared with eager's (``--tokens``).
+TOKENS = 24
 
 
 def _model_and_prompt(model_name: str, dtype: torch.dtype, device: str) -> tuple[Any, torch.nn.Module, torch.Tensor]:
@@ -149,7 +151,7 @@ class ReplayDecoder(Decoder):
 
 
 def bench(model_name: str, dtype: torch.dtype, n_rounds: int, steps: int, configs: tuple[str, ...],
-          device: str = "cuda", n: int = 24) -> dict[str, dict]:
+          device: str = "cuda", n: int = TOKENS) -> dict[str, dict]:
     """Every configuration's rows for one model and dtype; ``n`` greedy tokens compared with eager's first."""
     rows: dict[str, dict] = {}
     decoders: dict[str, Decoder] = {}
@@ -198,7 +200,7 @@ def peak_bandwidth() -> float | None:
     return 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8
 
 
-def table(results: dict, n_rounds: int, steps: int, n: int = 24) -> str:
+def table(results: dict, n_rounds: int, steps: int, n: int = TOKENS) -> str:
     peak = peak_bandwidth()
     lines = [f"Machine: {rounds.machine()}. {n_rounds} rounds of {steps} one-token decode calls per "
              "configuration, taking turns; the first columns are medians over rounds. Bandwidth bound: the time to "
@@ -242,7 +244,7 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: checks the script (no capture; inductor's configuration is left out)")
     parser.add_argument("--out", help="also write the table into this Markdown file")
-    parser.add_argument("--tokens", type=int, default=24,
+    parser.add_argument("--tokens", type=int, default=TOKENS,
                         help="greedy tokens compared with eager's (the prompt's 8 and these fit the model's cache)")
     args = parser.parse_args()
     decoding = [n for n, m in {**zoo.MODELS, **sized_models.SIZED}.items() if "decode" in m.protocols]
