@@ -1,13 +1,16 @@
-"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm, gelu and silu with PyTorch's kernels.
+"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm, gelu, silu, mean and unbind with
+PyTorch's kernels.
 
 `executors.native_convolution`: thunder 0.2.6's own rule computes a strided convolution's input gradient over the
 output gradient padded with zeros (four times the positions at stride 2) and adds pads, flips and permutes.
 `executors.native_batch_norm`: thunder decomposes a training BatchNorm into about ten kernels forward and fifteen
 backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. `executors.native_layer_norm` and
 `executors.native_gelu` (and `executors.native_silu`, a llama MLP's): thunder differentiates their decompositions op
-by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them. These
-tests run real thunder traces on the CPU: gradients, outputs and running statistics are bit for bit eager's, the
-traces hold PyTorch's calls and none of thunder's rewrites, and a gradient nobody reads is never computed.
+by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them.
+`native_tensor_ops.native_mean` and `native_unbind` (a llama's RMSNorm and rotary embedding): thunder writes mean as a
+sum and a division, and pads each unbound half's gradient with zeros. These tests run real thunder traces on the CPU:
+gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
+thunder's rewrites, and a gradient nobody reads is never computed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 import thunder
 import thunder_nb
 from thunder_nb.cudagraph.executors import (executor_list, jit_executors, native_batch_norm, native_convolution,
-                                            native_gelu, native_layer_norm, native_silu)
+                                            native_gelu, native_layer_norm, native_mean, native_silu, native_unbind)
 from thunder_nb.diagnosis.judge import EXACT, assert_equal
 from thunder_nb.fix import EagerFallbackWarning
 from thunder_nb.internals import build_traces
@@ -288,6 +291,85 @@ def test_an_in_place_silu_keeps_thunders_path():
     assert "thunder_nb_silu" not in _ops(thunder.last_traces(jfn)[-1].bound_symbols)
 
 
+MEANS = {"last dim, kept": (-1, True), "dims 0 and 2": ((0, 2), False), "every dim": (None, False)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(MEANS))
+def test_mean_runs_bit_for_bit_as_eager_with_pytorchs_kernel(name, dtype):
+    """``torch.mean`` forward, eager's ``mean_backward`` (an expand and one division) backward: nothing of thunder's
+    sum-and-divide left."""
+    dim, keepdim = MEANS[name]
+    x = torch.randn(3, 4, 5, dtype=dtype, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    shape = torch.mean(x.detach(), dim, keepdim) if dim is not None else x.detach().mean()
+    fn = (lambda x: x.mean(dim, keepdim)) if dim is not None else (lambda x: x.mean())
+    jfn = _assert_as_eager(_weighted(fn, shape.shape, dtype), x, [], f"mean {name}, {dtype}")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_mean") == 1 and forward.count("sum") == 1, forward  # NOTE: the weighted sum
+    assert backward.count("thunder_nb_mean_backward") == 1, backward
+    assert not [n for n in forward + backward if "div" in n], (forward, backward)
+
+
+def test_a_mean_with_a_dtype_keeps_thunders_path():
+    """``mean(dtype=...)`` converts first, which PyTorch's kernel does otherwise: thunder's own path, eager's value."""
+    x = torch.randn(4, 6, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    jfn = _jit(lambda x: x.mean(-1, dtype=torch.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = jfn(x)
+    assert_equal(got, x.mean(-1, dtype=torch.float32))
+    assert "thunder_nb_mean" not in _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+
+
+@pytest.mark.parametrize("used", ["both halves", "the first half"])
+def test_unbind_runs_as_pytorch_does_views_forward_one_stack_backward(used):
+    """A rotary embedding's split into halves: loss and gradients bit for bit eager's, ``torch.unbind`` forward and
+    one ``stack`` backward where thunder pads each half's gradient with zeros (a half nobody reads has a gradient of
+    zeros in the stack, as eager's ``unbind_backward`` gives it)."""
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    cos, sin = torch.randn(2, 2, 3, 4, generator=torch.Generator().manual_seed(1))
+
+    def loss(x):
+        real, imag = x.reshape(2, 3, 4, 2).unbind(-1)
+        return ((real * cos - imag * sin) if used == "both halves" else real * cos).square().sum()
+
+    jfn = _assert_as_eager(loss, x, [], f"unbind, {used}")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_unbind") == 1 and not {"torch_slice_prim_impl", "squeeze"} & set(forward), forward
+    assert backward.count("thunder_nb_unbind_backward") == 1, backward
+    assert not [n for n in backward if "pad" in n], backward
+
+
+@pytest.mark.slow  # NOTE: a llama2 trace, forward and backward: seconds
+def test_llamas_training_step_runs_rmsnorms_mean_and_rotarys_unbind_as_pytorch_does():
+    """thunder's bundled llama2 (1 layer): loss and gradients equal eager's (within float32's tolerance: attention and
+    cross_entropy are thunder's decompositions on the CPU), each RMSNorm's mean and each rotary unbind PyTorch's,
+    forward and backward, and no gradient padded with zeros."""
+    from thunder.tests.llama2_model import ModelArgs, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=8,
+                                  max_seq_len=16, dropout=0.0))
+    idx, targets = torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(0))
+
+    def loss(idx, targets):
+        logits = model(idx, targets)
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    jfn = _jit(loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = jfn(idx, targets)
+        grads = torch.autograd.grad(got, list(model.parameters()))
+    expected = loss(idx, targets)
+    assert_equal(got, expected, label="loss")
+    assert_equal(grads, torch.autograd.grad(expected, list(model.parameters())), label="gradients")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_mean") == 3 and forward.count("thunder_nb_unbind") == 2, forward
+    assert backward.count("thunder_nb_mean_backward") == 3 and backward.count("thunder_nb_unbind_backward") == 2, backward
+    assert not [n for n in backward if "pad" in n], backward
+
+
 def _mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.GELU(approximate="tanh"))
@@ -302,9 +384,9 @@ def test_a_fusion_executor_keeps_layer_norm_and_gelu(executor):
     executors = [torch_compile_ex] if executor.startswith("thunder") else [executor]
     names = [e.name for e in jit_executors(executors)]
     assert native_convolution().name in names and native_batch_norm().name in names, names
-    assert not {native_layer_norm().name, native_gelu().name, native_silu().name} & set(names), names
-    assert {native_layer_norm().name, native_gelu().name, native_silu().name} <= {
-        e.name for e in jit_executors(["no-sdpa"])}
+    kept = {e().name for e in (native_layer_norm, native_gelu, native_silu, native_mean, native_unbind)}
+    assert not kept & set(names), names
+    assert kept <= {e.name for e in jit_executors(["no-sdpa"])}
     net = _mlp()
     jfn = thunder_nb.jit(lambda x: net(x).sum(), executors=executors, capture=False)
     with warnings.catch_warnings():
@@ -388,26 +470,35 @@ def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules(n
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` on the GPU machine)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gpu_a_captured_layer_norm_gelu_and_silu_replay_bit_for_bit_as_eager(dtype):
-    """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu and another linear layer,
-    three calls (the recording and two replays, each with new inputs) give eager's loss and gradients bit for bit; the
-    mean and inverse standard deviation the backward reads are float32 for a bfloat16 input there (the meta's rule,
-    which the CPU cannot run)."""
+def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
+    """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu, a linear layer, an RMSNorm's
+    mean over 96 features (CUDA's mean multiplies by the count's reciprocal, which thunder's division does not) and a
+    rotary embedding's unbind; three calls (the recording and two replays, each with new inputs) give eager's loss and
+    gradients bit for bit; the mean and inverse standard deviation the layer norm's backward reads are float32 for a
+    bfloat16 input there (the meta's rule, which the CPU cannot run)."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(64, 64),
-                              torch.nn.SiLU(), torch.nn.Linear(64, 64))
+    net = torch.nn.Sequential(torch.nn.LayerNorm(96), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(96, 96),
+                              torch.nn.SiLU(), torch.nn.Linear(96, 96))
     net = net.to("cuda", dtype)
-    jfn = thunder_nb.jit(lambda x: net(x).float().square().mean())
+    cos, sin = torch.randn(2, 8, 48, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(9))
+
+    def loss(x):
+        h = net(x)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        real, imag = h.reshape(8, 48, 2).unbind(-1)
+        return (real * cos - imag * sin).float().square().mean()
+
+    jfn = thunder_nb.jit(loss)
     for seed in range(3):
-        x = torch.randn(8, 64, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(seed))
+        x = torch.randn(8, 96, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(seed))
         x.requires_grad_(True)
         got = jfn(x)
         grads = torch.autograd.grad(got, [x, *net.parameters()])
-        expected = net(x).float().square().mean()
+        expected = loss(x)
         assert_equal(got, expected, tolerance=EXACT, label=f"call {seed}: loss")
         assert_equal(grads, torch.autograd.grad(expected, [x, *net.parameters()]), tolerance=EXACT,
                      label=f"call {seed}: gradients")
     forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
-    assert {"thunder_nb_layer_norm", "thunder_nb_gelu", "thunder_nb_silu"} <= set(forward), forward
-    assert {"thunder_nb_layer_norm_backward", "thunder_nb_gelu_backward", "thunder_nb_silu_backward"} <= set(
-        backward), backward
+    natives = ("thunder_nb_layer_norm", "thunder_nb_gelu", "thunder_nb_silu", "thunder_nb_mean", "thunder_nb_unbind")
+    assert set(natives) <= set(forward), forward
+    assert {f"{n}_backward" for n in natives} <= set(backward), backward

@@ -164,7 +164,7 @@ def native_batch_norm() -> Any:
     return ex
 
 
-def _is_float(t: Any) -> bool:
+def is_floating(t: Any) -> bool:
     """Whether ``t`` is a tensor proxy of a dtype PyTorch's normalisation and activation kernels take."""
     import torch
     from thunder.core.dtypes import to_torch_dtype
@@ -229,7 +229,7 @@ def native_layer_norm() -> Any:
     def checker(a, normalized_shape, weight=None, bias=None, eps=1e-5) -> bool:
         # NOTE: thunder's layer_norm takes the normalised shape from the weight where they differ (a sharded
         # parameter's); such a call stays thunder's
-        if not (_is_float(a) and isinstance(normalized_shape, (tuple, list)) and 1 <= len(normalized_shape) <= a.ndim
+        if not (is_floating(a) and isinstance(normalized_shape, (tuple, list)) and 1 <= len(normalized_shape) <= a.ndim
                 and all(type(n) is int for n in normalized_shape) and type(eps) in (int, float)):
             return False
         shape = tuple(normalized_shape)
@@ -276,7 +276,7 @@ def native_gelu() -> Any:
         return out
 
     def checker(a, *, approximate="none") -> bool:
-        return _is_float(a) and approximate in ("none", "tanh")
+        return is_floating(a) and approximate in ("none", "tanh")
 
     ex.register_implementation(ltorch.gelu, forward, checker=checker, grad_transform=grad_transform)
     return ex
@@ -314,7 +314,7 @@ def native_silu() -> Any:
         return out
 
     def checker(a, inplace=False) -> bool:
-        return _is_float(a) and inplace is False
+        return is_floating(a) and inplace is False
 
     ex.register_implementation(ltorch.silu, forward, checker=checker, grad_transform=grad_transform)
     return ex
