@@ -471,11 +471,12 @@ def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules(n
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run `pytest -m gpu` on the GPU machine)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
-    """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu, a linear layer, an RMSNorm's
-    mean over 96 features (CUDA's mean multiplies by the count's reciprocal, which thunder's division does not) and a
-    rotary embedding's unbind; three calls (the recording and two replays, each with new inputs) give eager's loss and
-    gradients bit for bit; the mean and inverse standard deviation the layer norm's backward reads are float32 for a
-    bfloat16 input there (the meta's rule, which the CPU cannot run)."""
+    """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu, a linear layer, then a
+    rotary embedding's unbind and a mean over 96 features (CUDA's mean multiplies by the count's reciprocal, which
+    thunder's division does not); three calls (the recording and two replays, each with new inputs) give eager's loss
+    and gradients bit for bit; the mean and inverse standard deviation the layer norm's backward reads are float32 for
+    a bfloat16 input there (the meta's rule, which the CPU cannot run). No RMSNorm: its ``rsqrt`` and ``pow`` are
+    thunder's rules, which in bfloat16 round otherwise than eager's (0.004 on the loss, on the CPU too)."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.LayerNorm(96), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(96, 96),
                               torch.nn.SiLU(), torch.nn.Linear(96, 96))
@@ -484,9 +485,8 @@ def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
 
     def loss(x):
         h = net(x)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
         real, imag = h.reshape(8, 48, 2).unbind(-1)
-        return (real * cos - imag * sin).float().square().mean()
+        return (real * cos - imag * sin).float().square().mean() + h.mean(-1).float().square().mean()
 
     jfn = thunder_nb.jit(loss)
     for seed in range(3):
