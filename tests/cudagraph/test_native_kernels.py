@@ -1,5 +1,5 @@
-"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm, gelu, silu, mean and unbind with
-PyTorch's kernels.
+"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm, gelu, silu, mean, unbind and stack
+with PyTorch's kernels.
 
 `executors.native_convolution`: thunder 0.2.6's own rule computes a strided convolution's input gradient over the
 output gradient padded with zeros (four times the positions at stride 2) and adds pads, flips and permutes.
@@ -7,8 +7,8 @@ output gradient padded with zeros (four times the positions at stride 2) and add
 backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. `executors.native_layer_norm` and
 `executors.native_gelu` (and `executors.native_silu`, a llama MLP's): thunder differentiates their decompositions op
 by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them.
-`native_tensor_ops.native_mean` and `native_unbind` (a llama's RMSNorm and rotary embedding): thunder writes mean as a
-sum and a division, and pads each unbound half's gradient with zeros. These tests run real thunder traces on the CPU:
+`native_tensor_ops.native_mean`, `native_unbind` and `native_stack` (a llama's RMSNorm and rotary embedding): thunder
+writes mean as a sum and a division, pads each unbound half's gradient with zeros and sums each stacked one's. These tests run real thunder traces on the CPU:
 gradients, outputs and running statistics are bit for bit eager's, the traces hold PyTorch's calls and none of
 thunder's rewrites, and a gradient nobody reads is never computed.
 """
@@ -23,7 +23,8 @@ import torch
 import thunder
 import thunder_nb
 from thunder_nb.cudagraph.executors import (executor_list, jit_executors, native_batch_norm, native_convolution,
-                                            native_gelu, native_layer_norm, native_mean, native_silu, native_unbind)
+                                            native_gelu, native_layer_norm, native_mean, native_silu, native_stack,
+                                            native_unbind)
 from thunder_nb.diagnosis.judge import EXACT, assert_equal
 from thunder_nb.fix import EagerFallbackWarning
 from thunder_nb.internals import build_traces
@@ -340,11 +341,30 @@ def test_unbind_runs_as_pytorch_does_views_forward_one_stack_backward(used):
     assert not [n for n in backward if "pad" in n], backward
 
 
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_stack_runs_as_pytorch_does_one_kernel_forward_views_backward(dim):
+    """A rotary embedding's halves stacked back: loss and gradients bit for bit eager's, ``torch.stack`` forward and
+    ``unbind`` of the gradient backward, with none of thunder's sums over the new dimension (a tensor that needs no
+    gradient gets none)."""
+    real = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    imag = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(2, 3, 4, 2, generator=torch.Generator().manual_seed(2)).movedim(-1, dim)
+
+    def loss(real):
+        return (torch.stack([real * 2.0, imag, real.sin()], dim=dim)[:2] * w).sum() if dim == 0 else (
+            torch.stack([real * 2.0, real.sin()], dim=dim) * w).sum()
+
+    jfn = _assert_as_eager(loss, real, [], f"stack at {dim}")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_stack") == 1 and "cat" not in forward, forward
+    assert backward.count("thunder_nb_stack_backward") == 1 and "sum" not in backward, backward
+
+
 @pytest.mark.slow  # NOTE: a llama2 trace, forward and backward: seconds
-def test_llamas_training_step_runs_rmsnorms_mean_and_rotarys_unbind_as_pytorch_does():
+def test_llamas_training_step_runs_rmsnorms_mean_and_rotarys_unbind_and_stack_as_pytorch_does():
     """thunder's bundled llama2 (1 layer): loss and gradients equal eager's (within float32's tolerance: attention and
-    cross_entropy are thunder's decompositions on the CPU), each RMSNorm's mean and each rotary unbind PyTorch's,
-    forward and backward, and no gradient padded with zeros."""
+    cross_entropy are thunder's decompositions on the CPU), each RMSNorm's mean and each rotary unbind and stack
+    PyTorch's, forward and backward, and no gradient padded with zeros."""
     from thunder.tests.llama2_model import ModelArgs, Transformer
 
     torch.manual_seed(0)
@@ -365,8 +385,8 @@ def test_llamas_training_step_runs_rmsnorms_mean_and_rotarys_unbind_as_pytorch_d
     assert_equal(got, expected, label="loss")
     assert_equal(grads, torch.autograd.grad(expected, list(model.parameters())), label="gradients")
     forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
-    assert forward.count("thunder_nb_mean") == 3 and forward.count("thunder_nb_unbind") == 2, forward
-    assert backward.count("thunder_nb_mean_backward") == 3 and backward.count("thunder_nb_unbind_backward") == 2, backward
+    assert [forward.count(f"thunder_nb_{op}") for op in ("mean", "unbind", "stack")] == [3, 2, 2], forward
+    assert [backward.count(f"thunder_nb_{op}_backward") for op in ("mean", "unbind", "stack")] == [3, 2, 2], backward
     assert not [n for n in backward if "pad" in n], backward
 
 
@@ -384,7 +404,7 @@ def test_a_fusion_executor_keeps_layer_norm_and_gelu(executor):
     executors = [torch_compile_ex] if executor.startswith("thunder") else [executor]
     names = [e.name for e in jit_executors(executors)]
     assert native_convolution().name in names and native_batch_norm().name in names, names
-    kept = {e().name for e in (native_layer_norm, native_gelu, native_silu, native_mean, native_unbind)}
+    kept = {e().name for e in (native_layer_norm, native_gelu, native_silu, native_mean, native_unbind, native_stack)}
     assert not kept & set(names), names
     assert kept <= {e.name for e in jit_executors(["no-sdpa"])}
     net = _mlp()
@@ -472,7 +492,7 @@ def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules(n
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
     """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu, a linear layer, then a
-    rotary embedding's unbind and a mean over 96 features (CUDA's mean multiplies by the count's reciprocal, which
+    rotary embedding's unbind and stack and a mean over 96 features (CUDA's mean multiplies by the count's reciprocal, which
     thunder's division does not); three calls (the recording and two replays, each with new inputs) give eager's loss
     and gradients bit for bit; the mean and inverse standard deviation the layer norm's backward reads are float32 for
     a bfloat16 input there (the meta's rule, which the CPU cannot run). No RMSNorm: its ``rsqrt`` and ``pow`` are
@@ -486,7 +506,8 @@ def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
     def loss(x):
         h = net(x)
         real, imag = h.reshape(8, 48, 2).unbind(-1)
-        return (real * cos - imag * sin).float().square().mean() + h.mean(-1).float().square().mean()
+        rotated = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
+        return rotated.float().square().mean() + h.mean(-1).float().square().mean()
 
     jfn = thunder_nb.jit(loss)
     for seed in range(3):
@@ -499,6 +520,6 @@ def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
         assert_equal(grads, torch.autograd.grad(expected, [x, *net.parameters()]), tolerance=EXACT,
                      label=f"call {seed}: gradients")
     forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
-    natives = ("thunder_nb_layer_norm", "thunder_nb_gelu", "thunder_nb_silu", "thunder_nb_mean", "thunder_nb_unbind")
+    natives = [f"thunder_nb_{op}" for op in ("layer_norm", "gelu", "silu", "mean", "unbind", "stack")]
     assert set(natives) <= set(forward), forward
     assert {f"{n}_backward" for n in natives} <= set(backward), backward

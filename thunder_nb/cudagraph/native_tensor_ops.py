@@ -1,4 +1,5 @@
-"""PyTorch's own kernels for two tensor ops thunder differentiates op by op: `native_mean` and `native_unbind`.
+"""PyTorch's own kernels for tensor ops thunder differentiates op by op: `native_mean`, `native_unbind` and
+`native_stack`.
 `thunder_nb.cudagraph.executors.jit_executors` puts them before thunder's defaults where no fusion executor is named,
 as it does `native_kernels.native_silu`."""
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from .native_kernels import is_floating
 
-__all__ = ["native_mean", "native_unbind"]
+__all__ = ["native_mean", "native_unbind", "native_stack"]
 
 
 def _reduced_dims(ndim: int, dim: Any) -> tuple[int, ...] | None:
@@ -112,4 +113,44 @@ def native_unbind() -> Any:
         return isinstance(a, TensorProxy) and a.ndim > 0 and type(dim) is int and -a.ndim <= dim < a.ndim
 
     ex.register_implementation(ltorch.unbind, forward, checker=checker, grad_transform=grad_transform)
+    return ex
+
+
+@functools.cache  # NOTE: registered with thunder once
+def native_stack() -> Any:
+    """An executor that runs ``stack`` as PyTorch does: one kernel forward, views of the gradient backward.
+
+    thunder 0.2.6 writes ``torch.stack`` as an unsqueeze of each tensor and a ``cat``, and differentiates each unsqueeze
+    as a broadcast: a ``sum`` over the new dimension of size 1, a copy kernel per stacked tensor. A llama's rotary
+    embedding stacks its real and imaginary halves back (thunder's bundled llama2: ``torch.stack([xq_out_r,
+    xq_out_i], dim=-1)``): 4 such copies a layer. This executor claims ``ltorch.stack`` (tensors of one shape, dtype
+    and device, an int ``dim``) and runs ``torch.stack`` forward and eager's ``stack`` backward, ``torch.unbind`` of the
+    gradient: views, no kernel.
+    """
+    import thunder.torch as ltorch
+    import torch
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.transforms import get_grad, put_grad
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor("thunder_nb_stack", version=torch.__version__)
+    register_executor(ex)
+
+    forward = ex.register_operator("thunder_nb_stack", like=ltorch.stack, fn=torch.stack)
+    backward = ex.register_operator("thunder_nb_stack_backward", like=ltorch.unbind, fn=torch.unbind)
+
+    def grad_transform(tensors, dim=0):
+        out = forward(tensors, dim)
+        for t, g in zip(tensors, backward(get_grad(out), dim)):
+            put_grad(t, g)
+        return out
+
+    def checker(tensors, dim=0) -> bool:
+        if not (isinstance(tensors, (tuple, list)) and tensors and all(isinstance(t, TensorProxy) for t in tensors)):
+            return False
+        first = tensors[0]
+        return (all(tuple(t.shape) == tuple(first.shape) and t.dtype == first.dtype and t.device == first.device
+                    for t in tensors) and type(dim) is int and -first.ndim - 1 <= dim <= first.ndim)
+
+    ex.register_implementation(ltorch.stack, forward, checker=checker, grad_transform=grad_transform)
     return ex
