@@ -275,8 +275,8 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     ``mean``, ``unbind`` and ``stack`` with none of their own (thunder then differentiates its decomposition, op by op:
     on an H100 nanoGPT's layer norms and gelu took 294 µs of GPU time a step against eager's 44 µs:
     bench/results/2026-12-05-ddp-step-ops-h100.md). A fusion executor (torchcompile, torchcompile_cat, nvFuser) keeps
-    those seven ops but the first two: it fuses their decomposition, forward and backward, with the ops around them,
-    and that configuration is already the fastest.
+    all of them but ``prims.convolution`` and ``batch_norm``: it fuses their decomposition, forward and backward, with
+    the ops around them, and that configuration is already the fastest.
     `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way, and so does the magic's fixed
     side.
 

@@ -165,7 +165,8 @@ def native_batch_norm() -> Any:
 
 
 def is_floating(t: Any) -> bool:
-    """Whether ``t`` is a tensor proxy of a dtype PyTorch's normalisation and activation kernels take."""
+    """Whether ``t`` is a tensor proxy of a floating dtype (float16, bfloat16, float32, float64): what PyTorch's
+    normalisation, activation and mean kernels take (`native_tensor_ops` too)."""
     import torch
     from thunder.core.dtypes import to_torch_dtype
     from thunder.core.proxies import TensorProxy

@@ -39,12 +39,11 @@ def native_mean() -> Any:
     """An executor that runs ``mean`` with PyTorch's own kernel, and its gradient as eager's autograd computes it.
 
     thunder 0.2.6 writes ``torch.mean`` as a sum and a division (a kernel each, and a copy where the dtype is kept),
-    and its gradient as a division, unsqueezes and an expand; on a GPU PyTorch's mean kernel multiplies its sum by the
-    reciprocal of the count instead, so thunder's mean also rounds otherwise than eager's. A llama's RMSNorm calls
-    ``x.pow(2).mean(-1, keepdim=True)`` once a norm: on the CPU the zoo's 2-layer llama2 step ran 35 kernels for its 5
-    means against eager's 20 (bench/results/2026-12-06-step-ops-llama2-cpu.md). This executor claims ``ltorch.mean``
-    (a floating dtype, no ``dtype=``, ``dim`` None, an int or ints) and runs ``torch.mean`` forward and eager's
-    ``mean_backward`` (`_mean_backward`) backward.
+    and its gradient as a division, unsqueezes and an expand, where eager runs one kernel each way. A llama's
+    RMSNorm calls ``x.pow(2).mean(-1, keepdim=True)`` once a norm: on the CPU the zoo's 2-layer llama2 step ran 35
+    kernels for its 5 means against eager's 20 (bench/results/2026-12-06-step-ops-llama2-cpu.md). This executor
+    claims ``ltorch.mean`` (a floating dtype, no ``dtype=``, ``dim`` None, an int or ints) and runs ``torch.mean``
+    forward and eager's ``mean_backward`` (`_mean_backward`) backward.
     """
     import thunder.torch as ltorch
     import torch
