@@ -1,5 +1,5 @@
-"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm, gelu, silu, mean, unbind and stack
-with PyTorch's kernels.
+"""`thunder_nb.jit` runs convolutions' backward, training BatchNorm, layer_norm, gelu, silu, mean and unbind with
+PyTorch's kernels, and differentiates broadcasts as eager does.
 
 `executors.native_convolution`: thunder 0.2.6's own rule computes a strided convolution's input gradient over the
 output gradient padded with zeros (four times the positions at stride 2) and adds pads, flips and permutes.
@@ -7,8 +7,9 @@ output gradient padded with zeros (four times the positions at stride 2) and add
 backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. `executors.native_layer_norm` and
 `executors.native_gelu` (and `executors.native_silu`, a llama MLP's): thunder differentiates their decompositions op
 by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them.
-`native_tensor_ops.native_mean`, `native_unbind` and `native_stack` (a llama's RMSNorm and rotary embedding): thunder
-writes mean as a sum and a division, pads each unbound half's gradient with zeros and sums each stacked one's. These
+`native_tensor_ops.native_mean`, `native_unbind` and `native_broadcast` (a llama's RMSNorm, rotary embedding and
+grouped-query attention): thunder writes mean as a sum and a division, pads each unbound half's gradient with zeros and
+sums the gradient of each unsqueeze over its new dimension of size 1. These
 tests run real thunder traces on the CPU: gradients, outputs and running statistics are bit for bit eager's (a whole
 model's within float32's tolerance, where thunder's attention and cross_entropy run), the traces hold PyTorch's calls
 and none of thunder's rewrites, and a gradient nobody reads is never computed.
@@ -24,7 +25,7 @@ import torch
 import thunder
 import thunder_nb
 from thunder_nb.cudagraph.executors import (executor_list, jit_executors, native_batch_norm, native_convolution,
-                                            native_gelu, native_layer_norm, native_mean, native_silu, native_stack,
+                                            native_broadcast, native_gelu, native_layer_norm, native_mean, native_silu,
                                             native_unbind)
 from thunder_nb.diagnosis.judge import EXACT, assert_equal
 from thunder_nb.fix import EagerFallbackWarning
@@ -42,14 +43,31 @@ CONVOLUTIONS = {
 }
 
 
-def _ops(bsyms, *, fusions: bool = False) -> list[str]:
-    """The ops' names, those inside the fixed transform's regions (``CUDAGraphN``) included, and with ``fusions`` those
-    inside a fusion executor's groups too."""
-    names = []
+def _flat(bsyms, *, fusions: bool = False) -> list:
+    """The bound symbols, those inside the fixed transform's regions (``CUDAGraphN``) included, and with ``fusions``
+    those inside a fusion executor's groups too."""
+    flat = []
     for b in bsyms:
         inside = b.sym.name.startswith("CUDAGraph") or (fusions and b.sym.is_fusion)
-        names += _ops(b.subsymbols, fusions=fusions) if inside else [b.sym.name]
-    return [n for n in names if n != "python_del"]
+        flat += _flat(b.subsymbols, fusions=fusions) if inside else [b]
+    return flat
+
+
+def _ops(bsyms, *, fusions: bool = False) -> list[str]:
+    """The ops' names (`_flat`), less ``del``s."""
+    return [b.sym.name for b in _flat(bsyms, fusions=fusions) if b.sym.name != "python_del"]
+
+
+def _copying_sums(trace) -> list[str]:
+    """The ``sum`` calls of ``trace`` that reduce only dimensions of size 1: copies (thunder's broadcast rule)."""
+    sums = []
+    for b in _flat(trace.bound_symbols):
+        if b.sym.name == "sum":
+            a, dims = b.args[0], b.args[1]
+            dims = (dims,) if isinstance(dims, int) else tuple(dims or ())
+            if dims and all(a.shape[d] == 1 for d in dims):
+                sums.append(str(b).splitlines()[0])
+    return sums
 
 
 def _backward_ops(jfn) -> list[str]:
@@ -342,30 +360,44 @@ def test_unbind_runs_as_pytorch_does_views_forward_one_stack_backward(used):
     assert not [n for n in backward if "pad" in n], backward
 
 
-@pytest.mark.parametrize("dim", [-1, 0])
-def test_stack_runs_as_pytorch_does_one_kernel_forward_views_backward(dim):
-    """A rotary embedding's halves stacked back, and a constant among them at dim 0: loss and gradients bit for bit
-    eager's, ``torch.stack`` forward and ``unbind`` of the gradient backward, with none of thunder's sums over the new
-    dimension."""
-    real = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    imag = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1))
-    w = torch.randn(2, 3, 4, 2, generator=torch.Generator().manual_seed(2)).movedim(-1, dim)
+BROADCASTS = {
+    "unsqueeze": lambda x, w: (x.unsqueeze(1) * w[:, :, None]).sum(),
+    "None index, expand": lambda x, w: (x[:, None, :].expand(2, 5, 4) * w[:, :, None]).sum(),
+    "stack": lambda x, w: (torch.stack([x * 2.0, x.sin()], dim=-1) * w[:, :4, None]).sum(),
+    "implicit broadcast": lambda x, w: (x[:, None, :] * w[:, :, None] + x.mean()).sum(),
+}
 
-    def loss(real):
-        return (torch.stack([real * 2.0, imag, real.sin()], dim=dim)[:2] * w).sum() if dim == 0 else (
-            torch.stack([real * 2.0, real.sin()], dim=dim) * w).sum()
 
-    jfn = _assert_as_eager(loss, real, [], f"stack at {dim}")
-    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
-    assert forward.count("thunder_nb_stack") == 1 and "cat" not in forward, forward
-    assert backward.count("thunder_nb_stack_backward") == 1 and "sum" not in backward, backward
+@pytest.mark.parametrize("name", list(BROADCASTS))
+def test_a_broadcast_is_differentiated_as_eager_does_a_sum_over_repeated_dims_only(name):
+    """``unsqueeze``, ``x[:, None]``, ``stack`` (an unsqueeze each) and implicit broadcasting: loss and gradients bit
+    for bit eager's; the backward sums only over dimensions an expand repeats (thunder's rule also summed over each new
+    dimension of size 1, a copy), and the forward holds the same ``unsqueeze`` and ``expand`` views as thunder's torch
+    executor runs."""
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    w = torch.randn(2, 5, generator=torch.Generator().manual_seed(1))
+    jfn = _assert_as_eager(lambda x: BROADCASTS[name](x, w), x, [], name)
+    assert _copying_sums(thunder.last_backward_traces(jfn)[-1]) == []
+    forward = _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+    assert "unsqueeze" in forward and not [n for n in forward if n.startswith("thunder_nb_broadcast")], forward
+
+
+def test_thunders_broadcast_rule_copies_where_the_executor_views():
+    """The same step with thunder's rule (the executor left out of thunder_nb.jit's list) sums over the new dimensions
+    of size 1: what `native_broadcast` takes away."""
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    executors = [e for e in jit_executors([]) if e.name != native_broadcast().name]
+    jfn = thunder.jit(lambda x: (torch.stack([x * 2.0, x.sin()], dim=-1)).square().sum(), executors=executors)
+    torch.autograd.grad(jfn(x), [x])
+    assert len(_copying_sums(thunder.last_backward_traces(jfn)[-1])) == 2
 
 
 @pytest.mark.slow  # NOTE: a llama2 trace, forward and backward: seconds
-def test_llamas_training_step_runs_rmsnorms_mean_and_rotarys_unbind_and_stack_as_pytorch_does():
+def test_llamas_training_step_runs_rmsnorms_mean_rotarys_unbind_and_its_broadcasts_as_eager_does():
     """thunder's bundled llama2 (1 layer): loss and gradients equal eager's (within float32's tolerance: attention and
-    cross_entropy are thunder's decompositions on the CPU), each RMSNorm's mean and each rotary unbind and stack
-    PyTorch's, forward and backward, and no gradient padded with zeros."""
+    cross_entropy are thunder's decompositions on the CPU), each RMSNorm's mean and each rotary unbind PyTorch's,
+    forward and backward, no gradient padded with zeros, and no sum over dimensions of size 1 (the rotary's stacks,
+    the grouped-query attention's ``x[:, :, :, None, :]``)."""
     from thunder.tests.llama2_model import ModelArgs, Transformer
 
     torch.manual_seed(0)
@@ -386,9 +418,10 @@ def test_llamas_training_step_runs_rmsnorms_mean_and_rotarys_unbind_and_stack_as
     assert_equal(got, expected, label="loss")
     assert_equal(grads, torch.autograd.grad(expected, list(model.parameters())), label="gradients")
     forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
-    assert [forward.count(f"thunder_nb_{op}") for op in ("mean", "unbind", "stack")] == [3, 2, 2], forward
-    assert [backward.count(f"thunder_nb_{op}_backward") for op in ("mean", "unbind", "stack")] == [3, 2, 2], backward
+    assert [forward.count(f"thunder_nb_{op}") for op in ("mean", "unbind")] == [3, 2], forward
+    assert [backward.count(f"thunder_nb_{op}_backward") for op in ("mean", "unbind")] == [3, 2], backward
     assert not [n for n in backward if "pad" in n], backward
+    assert _copying_sums(thunder.last_backward_traces(jfn)[-1]) == []
 
 
 def _mlp():
@@ -405,7 +438,8 @@ def test_a_fusion_executor_keeps_layer_norm_and_gelu(executor):
     executors = [torch_compile_ex] if executor.startswith("thunder") else [executor]
     names = [e.name for e in jit_executors(executors)]
     assert native_convolution().name in names and native_batch_norm().name in names, names
-    kept = {e().name for e in (native_layer_norm, native_gelu, native_silu, native_mean, native_unbind, native_stack)}
+    kept = {e().name for e in (native_layer_norm, native_gelu, native_silu, native_mean, native_unbind,
+                               native_broadcast)}
     assert not kept & set(names), names
     assert kept <= {e.name for e in jit_executors(["no-sdpa"])}
     net = _mlp()
@@ -493,9 +527,9 @@ def test_a_nanogpt_training_steps_backward_is_shorter_than_with_thunders_rules(n
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
     """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu, a linear layer, then a
-    rotary embedding's unbind and stack (its backward: views of one gradient) and a mean over 96 features; three calls
-    (the recording and two replays, each with new inputs) give eager's loss and gradients bit for bit, and the traces
-    hold PyTorch's kernels, forward and backward. No RMSNorm: its ``rsqrt`` and ``pow`` are thunder's rules, which in
+    rotary embedding's unbind and stack (stack's backward: views of one gradient) and a mean over 96 features; three
+    calls (the recording and two replays, each with new inputs) give eager's loss and gradients bit for bit, and the
+    traces hold PyTorch's kernels, forward and backward, and no copying sum. No RMSNorm: its ``rsqrt`` and ``pow`` are thunder's rules, which in
     bfloat16 round otherwise than eager's autograd (on the CPU its loss and gradients differ; on the H100, at
     ad00870, the input's gradient did)."""
     torch.manual_seed(0)
@@ -521,6 +555,7 @@ def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
         assert_equal(grads, torch.autograd.grad(expected, [x, *net.parameters()]), tolerance=EXACT,
                      label=f"call {seed}: gradients")
     forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
-    natives = [f"thunder_nb_{op}" for op in ("layer_norm", "gelu", "silu", "mean", "unbind", "stack")]
+    natives = [f"thunder_nb_{op}" for op in ("layer_norm", "gelu", "silu", "mean", "unbind")]
     assert set(natives) <= set(forward), forward
     assert {f"{n}_backward" for n in natives} <= set(backward), backward
+    assert _copying_sums(thunder.last_backward_traces(jfn)[-1]) == []

@@ -1,5 +1,5 @@
-"""PyTorch's own kernels for tensor ops thunder differentiates op by op: `native_mean`, `native_unbind` and
-`native_stack`.
+"""PyTorch's own kernels, and eager autograd's rules, for tensor ops thunder differentiates op by op: `native_mean`,
+`native_unbind` and `native_broadcast`.
 `thunder_nb.cudagraph.executors.jit_executors` puts them before thunder's defaults where no fusion executor is named,
 as it does `native_kernels.native_silu`."""
 
@@ -9,9 +9,10 @@ import functools
 import math
 from typing import Any
 
+from .. import internals
 from .native_kernels import is_floating
 
-__all__ = ["native_mean", "native_unbind", "native_stack"]
+__all__ = ["native_mean", "native_unbind", "native_broadcast"]
 
 
 def _reduced_dims(ndim: int, dim: Any) -> tuple[int, ...] | None:
@@ -115,41 +116,50 @@ def native_unbind() -> Any:
     return ex
 
 
-@functools.cache  # NOTE: registered with thunder once
-def native_stack() -> Any:
-    """An executor that runs ``stack`` as PyTorch does: one kernel forward, views of the gradient backward.
+def _expanded_dims(a_shape: tuple[int, ...], shape: tuple[int, ...], broadcast_dimensions: tuple[int, ...]
+                   ) -> tuple[int, ...]:
+    """The dimensions of ``broadcast_in_dim(a, shape, broadcast_dimensions)`` that repeat ``a``: new ones and those
+    where ``a`` has size 1, each of size above 1 in ``shape`` (a dimension of size 1 repeats nothing)."""
+    kept = {d for i, d in enumerate(broadcast_dimensions) if a_shape[i] != 1}
+    return tuple(d for d, n in enumerate(shape) if d not in kept and n != 1)
 
-    thunder 0.2.6 writes ``torch.stack`` as an unsqueeze of each tensor and a ``cat``, and differentiates each unsqueeze
-    as a broadcast: a ``sum`` over the new dimension of size 1, a copy kernel per stacked tensor. A llama's rotary
-    embedding stacks its real and imaginary halves back (thunder's bundled llama2: ``torch.stack([xq_out_r,
-    xq_out_i], dim=-1)``): 4 such copies a layer. This executor claims ``ltorch.stack`` (tensors of one shape, dtype
-    and device, an int ``dim``) and runs ``torch.stack`` forward and eager's ``stack`` backward, ``torch.unbind`` of the
-    gradient: views, no kernel.
+
+@functools.cache  # NOTE: registered with thunder once
+def native_broadcast() -> Any:
+    """An executor that differentiates a broadcast as eager's autograd does: a sum over the dimensions it repeats only.
+
+    thunder 0.2.6 differentiates ``prims.broadcast_in_dim`` (which every ``unsqueeze``, ``expand``, ``x[:, None]``,
+    ``stack`` and implicit broadcast becomes) with a ``sum`` over every dimension it adds, those of size 1 included:
+    an ``unsqueeze``'s gradient is a sum over one element per output, a copy kernel. A llama's rotary embedding stacks
+    its halves back (an unsqueeze each) and its grouped-query attention repeats the keys and values through
+    ``x[:, :, :, None, :].expand(...)``: 6 such copies a layer of thunder's bundled llama2. Eager's rules (``expand``:
+    ``sum_to_size``; ``unsqueeze``: ``squeeze``) sum only over the dimensions an expand repeats and view the rest. This
+    executor claims ``prims.broadcast_in_dim`` (int shapes) and runs its forward as thunder's torch executor does (the
+    same ``unsqueeze`` and ``expand`` views in the trace), and its backward as a ``sum`` over the repeated dimensions
+    (`_expanded_dims`), when there are any, and a ``reshape`` to the input's shape: the values thunder's rule gives,
+    without the copies.
     """
     import thunder.torch as ltorch
     import torch
+    from thunder.core import prims
     from thunder.core.proxies import TensorProxy
     from thunder.core.transforms import get_grad, put_grad
     from thunder.extend import OperatorExecutor, register_executor
 
-    ex = OperatorExecutor("thunder_nb_stack", version=torch.__version__)
+    ex = OperatorExecutor("thunder_nb_broadcast", version=torch.__version__)
     register_executor(ex)
+    forward = internals.torch_executor_transform(prims.broadcast_in_dim)
 
-    forward = ex.register_operator("thunder_nb_stack", like=ltorch.stack, fn=torch.stack)
-    backward = ex.register_operator("thunder_nb_stack_backward", like=ltorch.unbind, fn=torch.unbind)
-
-    def grad_transform(tensors, dim=0):
-        out = forward(tensors, dim)
-        for t, g in zip(tensors, backward(get_grad(out), dim)):
-            put_grad(t, g)
+    def grad_transform(a, shape, broadcast_dimensions):
+        out = forward(a, shape, broadcast_dimensions)
+        g = get_grad(out)
+        repeated = _expanded_dims(tuple(a.shape), tuple(shape), tuple(broadcast_dimensions))
+        put_grad(a, ltorch.reshape(ltorch.sum(g, repeated) if repeated else g, tuple(a.shape)))
         return out
 
-    def checker(tensors, dim=0) -> bool:
-        if not (isinstance(tensors, (tuple, list)) and tensors and all(isinstance(t, TensorProxy) for t in tensors)):
-            return False
-        first = tensors[0]
-        return (all(tuple(t.shape) == tuple(first.shape) and t.dtype == first.dtype and t.device == first.device
-                    for t in tensors) and type(dim) is int and -first.ndim - 1 <= dim <= first.ndim)
+    def checker(a, shape, broadcast_dimensions) -> bool:
+        return isinstance(a, TensorProxy) and all(type(n) is int for n in (*a.shape, *shape))
 
-    ex.register_implementation(ltorch.stack, forward, checker=checker, grad_transform=grad_transform)
+    ex.register_implementation(prims.broadcast_in_dim, checker=checker, execution_transform=forward,
+                               grad_transform=grad_transform)
     return ex

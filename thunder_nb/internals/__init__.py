@@ -12,10 +12,13 @@ any of them):
 - `memory`: copies in few launches, the held-guard's use counts, storage handles, cuBLAS's workspaces, a graph pool's
   size, CUDA's generators and stream after a failed capture;
 - `guards`: torch.compile's C guards (a tensor's metadata, objects reached from a root);
-- `executors`: a fusion's callable, an executor's implementations, thunder's backward rules and sdpa functions;
+- `executors`: a fusion's callable, an executor's implementations, thunder's backward rules and sdpa functions, the
+  torch executor's transform of a prim;
 - `errors`: where torch raised an error, thunder's message naming an op it cannot trace, thunder's own limits.
 - `tracing`: thunder's interpreter made to trace faster with the same traces (`tracing.install`, from
   `check_versions`).
+- `grads`: thunder's backward made to sum a 0-dim tensor's gradient to its shape, as eager does (`grads.install`, from
+  `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` a wrong gradient.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 from .errors import (UNTRACEABLE_REASONS, error_line, raised_by_cuda_init, raised_by_graph_capture, thunder_limit,
                      untraceable_op)
 from .executors import (batch_norm_functional, fusion_callable, grad_rules, inductor_kernel_count, sdpa_implementation,
-                        set_implementations, wrap_fusion_callable)
+                        set_implementations, torch_executor_transform, wrap_fusion_callable)
 from .guards import ObjectGuard, guard_dict_keys, metadata_guard
 from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now, cyclic_gc_off, default_device,
                      is_jitted, jit_transforms, module_forward, own_buffers, own_modules, own_parameters,
@@ -57,7 +60,7 @@ __all__ = [
     "metadata_guard", "ObjectGuard", "guard_dict_keys",
     # executors
     "fusion_callable", "wrap_fusion_callable", "set_implementations", "grad_rules", "sdpa_implementation",
-    "inductor_kernel_count", "batch_norm_functional",
+    "inductor_kernel_count", "batch_norm_functional", "torch_executor_transform",
     # errors
     "error_line", "raised_by_cuda_init", "raised_by_graph_capture", "UNTRACEABLE_REASONS", "untraceable_op",
     "thunder_limit",

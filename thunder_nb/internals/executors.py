@@ -1,5 +1,6 @@
 """The executors' private parts: a fusion's callable, an executor's implementations, thunder's backward rules, its sdpa
-executor's functions, inductor's kernel count, torch's functional batch norm."""
+executor's functions, inductor's kernel count, torch's functional batch norm, the torch executor's transform of a
+prim."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from .version import supported
 
 __all__ = ["fusion_callable", "wrap_fusion_callable", "set_implementations", "grad_rules", "sdpa_implementation",
-           "inductor_kernel_count", "batch_norm_functional"]
+           "inductor_kernel_count", "batch_norm_functional", "torch_executor_transform"]
 
 
 def fusion_callable(bsym: Any) -> Callable[..., Any] | None:
@@ -63,3 +64,11 @@ def batch_norm_functional() -> Any:
 
     return torch.ops.aten._native_batch_norm_legit_functional
 
+
+
+def torch_executor_transform(sym: Any) -> Callable[..., Any]:
+    """thunder's torch executor's execution transform of the symbol ``sym`` (for ``prims.broadcast_in_dim``: its
+    ``unsqueeze`` and ``expand`` calls)."""
+    from thunder.executors.torchex import ex
+
+    return ex.implmap[sym.id].execution_transform

@@ -1,0 +1,93 @@
+"""thunder's backward sums a 0-dim tensor's gradient to its shape, as eager's autograd does
+(`thunder_nb.internals.grads`).
+
+thunder 0.2.6 lets a full reduction's 0-dim result meet a larger tensor in an elementwise op with no broadcast in the
+trace, and hands it the larger gradient unreduced: ``(x * 2 + x.sum()).sum()`` trained with a wrong gradient and no
+error, and ``x - x.mean()``, ``x * x.amax()``, ``x / x.norm()`` failed in the backward. Real thunder traces on the CPU,
+judged against eager.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import thunder
+import thunder_nb
+from thunder_nb.diagnosis.judge import assert_equal
+from thunder_nb.internals import grads
+
+PATTERNS = {
+    "x * 2 + x.sum()": lambda x: (x * 2 + x.sum()).square().sum(),
+    "x - x.mean()": lambda x: (x - x.mean()).square().sum(),
+    "x * x.amax()": lambda x: (x * x.amax()).sum(),
+    "x.sum() * x": lambda x: (x.sum() * x).square().sum(),
+    "x / x.norm()": lambda x: (x / x.norm()).square().sum() + x.sum(),
+}
+
+
+def _grad(fn, x):
+    x = x.detach().requires_grad_()
+    return torch.autograd.grad(fn(x), [x])[0]
+
+
+@pytest.mark.parametrize("jit", ["thunder_nb.jit", "thunder.jit"])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_a_0_dim_reductions_gradient_is_summed_as_eager_sums_it(name, jit):
+    """Under thunder_nb.jit, and under plain thunder.jit once thunder-nb's entry points have run (the tests' session
+    installs it as a user's first entry point does)."""
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    fn = PATTERNS[name]
+    jfn = thunder_nb.jit(fn, capture=False) if jit == "thunder_nb.jit" else thunder.jit(fn)
+    assert grads.installed()
+    assert_equal(_grad(jfn, x), _grad(fn, x), label=f"{name}: gradient")
+
+
+def test_thunders_own_rule_gives_the_wrong_gradient_that_install_mends():
+    """With thunder's ``put_grad`` back, ``(x * 2 + x.sum()).sum()`` gets 3 for each element where eager gives 10:
+    what `grads.install` changes."""
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+
+    def fn(x):
+        return (x * 2 + x.sum()).sum()
+
+    grads.uninstall()
+    try:
+        wrong = _grad(thunder.jit(fn), x)
+    finally:
+        assert grads.install()
+    assert torch.equal(wrong, torch.full_like(x, 3.0)) and torch.equal(_grad(fn, x), torch.full_like(x, 10.0))
+    assert torch.equal(_grad(thunder.jit(fn), x), torch.full_like(x, 10.0))
+
+
+def test_a_training_loop_that_centres_its_predictions_trains_as_eager():
+    """A user's loss, ``((pred - pred.mean()) ** 2).mean()``, in jit_step's whole step: the losses and weights of 4
+    AdamW steps equal eager's (thunder 0.2.6 failed this step's backward)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    ref = copy.deepcopy(net)
+    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+
+    def loss_of(model):
+        def loss(x):
+            pred = model(x)
+            return ((pred - pred.mean()) ** 2).mean()
+        return loss
+
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net, ref))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = thunder_nb.jit_step(net, loss_of(net), opt, capture="emulated")
+        losses = [step(b) for b in batches]
+    expected = []
+    for b in batches:
+        ref_opt.zero_grad()
+        loss = loss_of(ref)(b)
+        loss.backward()
+        ref_opt.step()
+        expected.append(loss.detach())
+    assert_equal(losses, expected, label="losses")
+    assert_equal(dict(net.named_parameters()), dict(ref.named_parameters()), label="weights")

@@ -1,0 +1,71 @@
+"""thunder's backward made to reduce a gradient to its 0-dim tensor's shape, as eager's autograd does: one change to
+``thunder.core.transforms`` (lightning-thunder 0.2.6), installed once per process by `install` where
+`thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`, which every entry point calls).
+
+thunder lets a 0-dim tensor (a full reduction's result: ``x.sum()``, ``x.mean()``, ``x.amax()``, ``x.norm()``) meet a
+larger tensor in an elementwise op without a broadcast in the trace, and its rules for the elementwise prims (``add``,
+``sub``, ``mul``, ``div``, ... in ``thunder.core.transforms``) hand that operand the larger gradient as it is. Then
+``(x * 2 + x.sum()).sum()`` gets a wrong gradient with no error (3 for each element of ``x`` where eager gives 10:
+the sum's rule spreads each element's 1 back instead of their total), and ``x - x.mean()``, ``x * x.amax()`` and
+``x / x.norm()`` fail in the backward. A 0-dim *input* is right: thunder reduces the gradients it returns. Eager's
+autograd sums every gradient to its tensor's shape (``sum_to``). `install` makes the ``put_grad`` those rules call do
+the same for a 0-dim tensor: a gradient of another shape is summed first. Every ``thunder.jit`` traced in the process
+after it, thunder_nb's or not, gets the right gradient; `uninstall` puts thunder's own back (for the test that shows
+the difference).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+__all__ = ["install", "uninstall", "installed"]
+
+_originals: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _put_grad_summed_to_0_dim(put_grad: Any) -> Any:
+    """``put_grad``, with the gradient of a 0-dim tensor summed to its shape first where it has another."""
+    import thunder.torch as ltorch
+    from thunder.core.proxies import TensorProxy
+
+    def summed_put_grad(a: Any, g: Any) -> Any:
+        if (isinstance(a, TensorProxy) and isinstance(g, TensorProxy) and a.ndim == 0 and g.ndim > 0):
+            g = ltorch.sum(g)
+        return put_grad(a, g)
+
+    return summed_put_grad
+
+
+def installed() -> bool:
+    """Whether `install` has changed thunder's backward in this process."""
+    return bool(_originals)
+
+
+def install() -> bool:
+    """Change thunder's backward as this module's docstring says, once per process. Call it only where
+    `thunder_nb.internals.supported` (the name changed is thunder 0.2.6's): `thunder_nb.internals.check_versions`
+    does. Returns whether it is installed."""
+    if _originals:
+        return True
+    from thunder.core import transforms
+
+    with _lock:
+        if _originals:
+            return True
+        put_grad = getattr(transforms, "put_grad", None)
+        if not callable(put_grad):
+            return False  # NOTE: not the module this was written for: thunder's own stays
+        _originals["put_grad"] = put_grad
+        transforms.put_grad = _put_grad_summed_to_0_dim(put_grad)
+    return True
+
+
+def uninstall() -> None:
+    """Put thunder's own ``put_grad`` back."""
+    from thunder.core import transforms
+
+    with _lock:
+        if _originals:
+            transforms.put_grad = _originals.pop("put_grad")
