@@ -529,9 +529,9 @@ def test_gpu_captured_native_kernels_replay_bit_for_bit_as_eager(dtype):
     """On the GPU, under real capture: a layer norm, a tanh gelu, a linear layer, a silu, a linear layer, then a
     rotary embedding's unbind and stack (stack's backward: views of one gradient) and a mean over 96 features; three
     calls (the recording and two replays, each with new inputs) give eager's loss and gradients bit for bit, and the
-    traces hold PyTorch's kernels, forward and backward, and no copying sum. No RMSNorm: its ``rsqrt`` and ``pow`` are thunder's rules, which in
-    bfloat16 round otherwise than eager's autograd (on the CPU its loss and gradients differ; on the H100, at
-    ad00870, the input's gradient did)."""
+    traces hold PyTorch's kernels, forward and backward, and no copying sum. No RMSNorm: its ``rsqrt`` and ``pow``
+    are thunder's rules, which in bfloat16 round otherwise than eager's autograd (on the CPU its loss and gradients
+    differ; on the H100, at ad00870, the input's gradient did)."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.LayerNorm(96), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(96, 96),
                               torch.nn.SiLU(), torch.nn.Linear(96, 96))
