@@ -1,10 +1,11 @@
 """thunder's backward sums a 0-dim tensor's gradient to its shape, as eager's autograd does
 (`thunder_nb.internals.grads`).
 
-thunder 0.2.6 lets a full reduction's 0-dim result meet a larger tensor in an elementwise op with no broadcast in the
-trace, and hands it the larger gradient unreduced: ``(x * 2 + x.sum()).sum()`` trained with a wrong gradient and no
-error, and ``x - x.mean()``, ``x * x.amax()``, ``x / x.norm()`` failed in the backward. Real thunder traces on the CPU,
-judged against eager.
+thunder 0.2.6 treats a 0-dim CPU tensor as a number: a full reduction's result on the CPU meets a larger tensor in an
+elementwise op with no broadcast in the trace, and gets the larger gradient unreduced: ``(x * 2 + x.sum()).sum()``
+trained with a wrong gradient and no error, and ``x - x.mean()``, ``x * x.amax()``, ``x / x.norm()`` failed in the
+backward (on a GPU thunder broadcasts the CUDA 0-dim tensor and is right). Real thunder traces on the CPU, judged
+against eager.
 """
 
 from __future__ import annotations

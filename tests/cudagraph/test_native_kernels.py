@@ -371,25 +371,34 @@ BROADCASTS = {
 @pytest.mark.parametrize("name", list(BROADCASTS))
 def test_a_broadcast_is_differentiated_as_eager_does_a_sum_over_repeated_dims_only(name):
     """``unsqueeze``, ``x[:, None]``, ``stack`` (an unsqueeze each) and implicit broadcasting: loss and gradients bit
-    for bit eager's; the backward sums only over dimensions an expand repeats (thunder's rule also summed over each new
-    dimension of size 1, a copy), and the forward holds the same ``unsqueeze`` and ``expand`` views as thunder's torch
-    executor runs."""
+    for bit eager's, and the backward sums only over dimensions an expand repeats (thunder's rule also summed over each
+    new dimension of size 1, a copy: the next test)."""
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
     w = torch.randn(2, 5, generator=torch.Generator().manual_seed(1))
     jfn = _assert_as_eager(lambda x: BROADCASTS[name](x, w), x, [], name)
     assert _copying_sums(thunder.last_backward_traces(jfn)[-1]) == []
-    forward = _ops(thunder.last_traces(jfn)[-1].bound_symbols)
-    assert "unsqueeze" in forward and not [n for n in forward if n.startswith("thunder_nb_broadcast")], forward
 
 
-def test_thunders_broadcast_rule_copies_where_the_executor_views():
-    """The same step with thunder's rule (the executor left out of thunder_nb.jit's list) sums over the new dimensions
-    of size 1: what `native_broadcast` takes away."""
+def test_thunders_broadcast_rule_copies_where_the_executor_views_with_the_same_forward_and_values():
+    """A stack and a ``[:, None]`` under thunder.jit with thunder_nb.jit's executors, with and without
+    `native_broadcast`: the same forward trace (thunder's torch executor's ``unsqueeze`` and ``expand``), the same
+    gradient bit for bit, and thunder's rule's 3 sums over new dimensions of size 1 gone."""
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    executors = [e for e in jit_executors([]) if e.name != native_broadcast().name]
-    jfn = thunder.jit(lambda x: (torch.stack([x * 2.0, x.sin()], dim=-1)).square().sum(), executors=executors)
-    torch.autograd.grad(jfn(x), [x])
-    assert len(_copying_sums(thunder.last_backward_traces(jfn)[-1])) == 2
+
+    def fn(x):
+        return (torch.stack([x * 2.0, x.sin()], dim=-1) * x[:, :, None]).square().sum()
+
+    runs = {}
+    for name, executors in (("thunder's rule", [e for e in jit_executors([]) if e.name != native_broadcast().name]),
+                            ("native_broadcast", jit_executors([]))):
+        jfn = thunder.jit(fn, executors=executors)
+        grad = torch.autograd.grad(jfn(x), [x])[0]
+        forward = _ops(thunder.last_traces(jfn)[-1].bound_symbols)
+        runs[name] = (forward, grad, _copying_sums(thunder.last_backward_traces(jfn)[-1]))
+    (forward, grad, sums), (forward_ex, grad_ex, sums_ex) = runs["thunder's rule"], runs["native_broadcast"]
+    assert forward_ex == forward and "unsqueeze" in forward, forward_ex
+    assert_equal(grad_ex, grad, tolerance=EXACT, label="gradient")
+    assert (len(sums), sums_ex) == (3, []), (sums, sums_ex)
 
 
 @pytest.mark.slow  # NOTE: a llama2 trace, forward and backward: seconds

@@ -278,7 +278,7 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     bench/results/2026-12-05-ddp-step-ops-h100.md), and ``broadcast_in_dim`` with thunder's rule, which copies where
     eager's views. A fusion executor (torchcompile, torchcompile_cat, nvFuser) keeps all of them but
     ``prims.convolution`` and ``batch_norm``: it fuses their decomposition, forward and backward, with the ops around
-    them, and that configuration is already the fastest.
+    them, and that configuration is already the fastest. `native_broadcast` only where `internals.supported`.
     `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way, and so does the magic's fixed
     side.
 
@@ -291,5 +291,8 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     # hold it
     fused = any(getattr(e, "name", None) in _FUSING for e in (*given, *named))
     native = [native_convolution(), native_batch_norm()] + ([] if fused else [
-        native_layer_norm(), native_gelu(), native_silu(), native_mean(), native_unbind(), native_broadcast()])
+        native_layer_norm(), native_gelu(), native_silu(), native_mean(), native_unbind()])
+    # NOTE: native_broadcast runs thunder's torch executor's own transform (`internals.torch_executor_transform`): on a
+    # thunder thunder-nb does not support, thunder's rule stays
+    native += [] if fused or not internals.supported() else [native_broadcast()]
     return list(dict.fromkeys(native + given + named))

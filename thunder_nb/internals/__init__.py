@@ -18,7 +18,7 @@ any of them):
 - `tracing`: thunder's interpreter made to trace faster with the same traces (`tracing.install`, from
   `check_versions`).
 - `grads`: thunder's backward made to sum a 0-dim tensor's gradient to its shape, as eager does (`grads.install`, from
-  `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` a wrong gradient.
+  `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` on the CPU a wrong gradient.
 """
 
 from __future__ import annotations

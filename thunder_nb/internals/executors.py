@@ -65,7 +65,6 @@ def batch_norm_functional() -> Any:
     return torch.ops.aten._native_batch_norm_legit_functional
 
 
-
 def torch_executor_transform(sym: Any) -> Callable[..., Any]:
     """thunder's torch executor's execution transform of the symbol ``sym`` (for ``prims.broadcast_in_dim``: its
     ``unsqueeze`` and ``expand`` calls)."""
