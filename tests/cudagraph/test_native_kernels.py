@@ -5,8 +5,9 @@ PyTorch's kernels, and differentiates broadcasts as eager does.
 output gradient padded with zeros (four times the positions at stride 2) and adds pads, flips and permutes.
 `executors.native_batch_norm`: thunder decomposes a training BatchNorm into about ten kernels forward and fifteen
 backward. On the H200 resnet18's training step ran 2.3x eager's kernel time. `executors.native_layer_norm` and
-`executors.native_gelu` (and `executors.native_silu`, a llama MLP's): thunder differentiates their decompositions op
-by op (on an H100 nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them.
+`executors.native_gelu` (and `executors.native_silu`, a llama MLP's, and `executors.native_sigmoid`, whose
+decomposition's gradient is NaN far below zero): thunder differentiates their decompositions op by op (on an H100
+nanoGPT's step ran 197 kernels for them where eager runs 26); a fusion executor keeps them.
 `native_tensor_ops.native_mean`, `native_unbind` and `native_broadcast` (a llama's RMSNorm, rotary embedding and
 grouped-query attention): thunder writes mean as a sum and a division, pads each unbound half's gradient with zeros and
 sums the gradient of each unsqueeze over its new dimension of size 1. These
@@ -24,9 +25,9 @@ import torch
 
 import thunder
 import thunder_nb
-from thunder_nb.cudagraph.executors import (executor_list, jit_executors, native_batch_norm, native_convolution,
-                                            native_broadcast, native_gelu, native_layer_norm, native_mean, native_silu,
-                                            native_unbind)
+from thunder_nb.cudagraph.executors import (executor_list, jit_executors, native_batch_norm, native_broadcast,
+                                            native_convolution, native_gelu, native_layer_norm, native_mean,
+                                            native_sigmoid, native_silu, native_unbind)
 from thunder_nb.diagnosis.judge import EXACT, assert_equal
 from thunder_nb.fix import EagerFallbackWarning
 from thunder_nb.internals import build_traces
@@ -298,6 +299,30 @@ def test_silu_runs_bit_for_bit_as_eager_with_pytorchs_kernels(dtype):
     assert backward.count("thunder_nb_silu_backward") == 1 and not DECOMPOSED & set(backward), backward
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_sigmoid_runs_bit_for_bit_as_eager_with_pytorchs_kernels(dtype):
+    x = torch.randn(3, 16, dtype=dtype, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    jfn = _assert_as_eager(_weighted(torch.sigmoid, x.shape, dtype), x, [], f"sigmoid, {dtype}")
+    forward, backward = _ops(thunder.last_traces(jfn)[-1].bound_symbols), _backward_ops(jfn)
+    assert forward.count("thunder_nb_sigmoid") == 1 and not DECOMPOSED & set(forward), forward
+    assert backward.count("thunder_nb_sigmoid_backward") == 1 and not DECOMPOSED & set(backward), backward
+
+
+def test_a_sigmoid_far_below_zero_has_eagers_gradient_where_thunders_rule_gives_nan():
+    """``sigmoid(x)`` for x below about -88: thunder's rule (``exp(-x)`` over ``(1 + exp(-x)) ** 2``) overflows to
+    ``inf / inf``, NaN; PyTorch's ``sigmoid_backward`` gives eager's 0 (the CPU fuzzer's program 440)."""
+    x = torch.tensor([-100.0, -30.0, 0.0, 30.0], requires_grad=True)
+    expected = torch.autograd.grad(torch.sigmoid(x).sum(), [x])[0]
+    rules = thunder.jit(lambda x: torch.sigmoid(x).sum(),
+                        executors=[e for e in jit_executors([]) if e.name != native_sigmoid().name])
+    assert torch.isnan(torch.autograd.grad(rules(x), [x])[0][0])
+    jfn = _jit(lambda x: torch.sigmoid(x).sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EagerFallbackWarning)
+        got = torch.autograd.grad(jfn(x), [x])[0]
+    assert_equal(got, expected, tolerance=EXACT, label="sigmoid gradient")
+
+
 def test_an_in_place_silu_keeps_thunders_path():
     """``silu(x, inplace=True)`` writes its input: thunder's own path (an out-of-place silu and a copy), eager's
     values."""
@@ -447,7 +472,7 @@ def test_a_fusion_executor_keeps_layer_norm_and_gelu(executor):
     executors = [torch_compile_ex] if executor.startswith("thunder") else [executor]
     names = [e.name for e in jit_executors(executors)]
     assert native_convolution().name in names and native_batch_norm().name in names, names
-    kept = {e().name for e in (native_layer_norm, native_gelu, native_silu, native_mean, native_unbind,
+    kept = {e().name for e in (native_layer_norm, native_gelu, native_silu, native_sigmoid, native_mean, native_unbind,
                                native_broadcast)}
     assert not kept & set(names), names
     assert kept <= {e.name for e in jit_executors(["no-sdpa"])}

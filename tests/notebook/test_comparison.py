@@ -506,8 +506,8 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     import thunder
 
     from thunder_nb.cudagraph.executors import (executor_list, native_batch_norm, native_convolution, native_gelu,
-                                                native_layer_norm, native_mean, native_silu, native_broadcast,
-                                                native_unbind)
+                                                native_layer_norm, native_mean, native_sigmoid, native_silu,
+                                                native_broadcast, native_unbind)
     from thunder_nb.fix import FixedCUDAGraphTransform
     from thunder_nb.notebook import runs
 
@@ -527,10 +527,10 @@ def test_the_fixed_side_is_jitted_as_thunder_nb_jit_and_the_original_as_thunder_
     expected = [e.name for e in chosen or thunder.get_default_executors()]  # NOTE: thunder adds its always-executors
     # NOTE: the fixed side's sdpa executor is thunder's with a stricter checker (`cudagraph.executors.checked_sdpa`),
     # and PyTorch's own kernels for convolutions' backward and training BatchNorm come first, as in thunder_nb.jit,
-    # and for layer_norm, gelu, silu, mean, unbind and broadcasts where no fusion executor is named
+    # and for layer_norm, gelu, silu, sigmoid, mean, unbind and broadcasts where no fusion executor is named
     native = [native_convolution().name, native_batch_norm().name]
-    native += [] if names else [e().name for e in (native_layer_norm, native_gelu, native_silu, native_mean,
-                                                   native_unbind, native_broadcast)]
+    native += [] if names else [e().name for e in (native_layer_norm, native_gelu, native_silu, native_sigmoid,
+                                                   native_mean, native_unbind, native_broadcast)]
     assert executors[0][:len(native)] == native
     assert [n.replace("thunder_nb_sdpa", "sdpa") for n in executors[0][len(native):]] == executors[1]
     assert executors[1][:len(expected)] == expected

@@ -1,8 +1,8 @@
 """thunder's executors as thunder-nb chooses them: fusion executors by name, inductor's that leaves islands out of its
 fusions, thunder's sdpa executor with a checker that refuses what its kernels cannot run, and PyTorch's own kernels
 for convolutions' backward, training BatchNorm, and (where no fusion executor is named) layer_norm, gelu, silu,
-mean, unbind and broadcasts' backward (`thunder_nb.cudagraph.native_kernels` and `native_tensor_ops`, re-exported
-here)."""
+sigmoid, mean, unbind and broadcasts' backward (`thunder_nb.cudagraph.native_kernels` and `native_tensor_ops`,
+re-exported here)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import internals
-from .native_kernels import native_batch_norm, native_convolution, native_gelu, native_layer_norm, native_silu
+from .native_kernels import (native_batch_norm, native_convolution, native_gelu, native_layer_norm, native_sigmoid,
+                             native_silu)
 from .native_tensor_ops import native_broadcast, native_mean, native_unbind
 
 __all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "native_convolution",
-           "native_batch_norm", "native_layer_norm", "native_gelu", "native_silu", "native_mean", "native_unbind",
-           "native_broadcast"]
+           "native_batch_norm", "native_layer_norm", "native_gelu", "native_silu", "native_sigmoid", "native_mean",
+           "native_unbind", "native_broadcast"]
 
 
 #: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
@@ -24,8 +25,8 @@ __all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors",
 #: broadcast batch, autocast's mixed dtypes); attention then runs as thunder's decomposition.
 EXECUTOR_NAMES = ("torchcompile", "torchcompile_cat", "nvfuser", "no-sdpa")
 
-#: The fusion executors that keep layer_norm, gelu, silu, mean, unbind and broadcasts (`jit_executors`), by name,
-#: thunder's and thunder-nb's own.
+#: The fusion executors that keep layer_norm, gelu, silu, sigmoid, mean, unbind and broadcasts (`jit_executors`), by
+#: name, thunder's and thunder-nb's own.
 _FUSING = frozenset(n for name in ("torchcompile", "torchcompile_cat", "nvfuser") for n in (name, f"thunder_nb_{name}"))
 
 
@@ -265,16 +266,16 @@ def _thunder_nb_executor(ex: Any) -> Any:
 def jit_executors(executors: Sequence[Any]) -> list[Any]:
     """``thunder.jit``'s ``executors=`` list for a user's mix of names (`EXECUTOR_NAMES`) and thunder executors.
 
-    `native_convolution` and `native_batch_norm` (PyTorch's own kernels) first, then `native_layer_norm`,
-    `native_gelu`, `native_silu`, `native_mean`, `native_unbind` and `native_broadcast` where no fusion executor is
+    `native_convolution` and `native_batch_norm` (PyTorch's own kernels) first, then `native_layer_norm`, `native_gelu`,
+    `native_silu`, `native_sigmoid`, `native_mean`, `native_unbind` and `native_broadcast` where no fusion executor is
     given, named or among thunder's defaults (nvFuser, where it is installed), then the given executors, then the named
     ones, then thunder's defaults (less sdpa for ``no-sdpa``), each once; thunder's sdpa executor, given or default, is
     `checked_sdpa`, and thunder's torchcompile executors, given, are thunder-nb's (the same fusions, with
-    `native_batch_norm`'s running statistics kept and the torch executor's backward for pooling). PyTorch's kernels
-    come before every other: thunder asks the first executor that claims an op for its backward, and the fusion
-    executors and thunder's torch executor claim ``prims.convolution``, ``batch_norm``, ``layer_norm``, ``gelu``,
-    ``silu``, ``mean`` and ``unbind`` with none of their own (thunder then differentiates its decomposition, op by op:
-    on an H100 nanoGPT's layer norms and gelu took 294 µs of GPU time a step against eager's 44 µs:
+    `native_batch_norm`'s running statistics kept and the torch executor's backward for pooling). PyTorch's kernels come
+    before every other: thunder asks the first executor that claims an op for its backward, and the fusion executors and
+    thunder's torch executor claim ``prims.convolution``, ``batch_norm``, ``layer_norm``, ``gelu``, ``silu``,
+    ``sigmoid``, ``mean`` and ``unbind`` with none of their own (thunder then differentiates its decomposition, op by
+    op: on an H100 nanoGPT's layer norms and gelu took 294 µs of GPU time a step against eager's 44 µs:
     bench/results/2026-12-05-ddp-step-ops-h100.md), and ``broadcast_in_dim`` with thunder's rule, which copies where
     eager's views. A fusion executor (torchcompile, torchcompile_cat, nvFuser) keeps all of them but
     ``prims.convolution`` and ``batch_norm``: it fuses their decomposition, forward and backward, with the ops around
@@ -291,7 +292,7 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     # hold it
     fused = any(getattr(e, "name", None) in _FUSING for e in (*given, *named))
     native = [native_convolution(), native_batch_norm()] + ([] if fused else [
-        native_layer_norm(), native_gelu(), native_silu(), native_mean(), native_unbind()])
+        native_layer_norm(), native_gelu(), native_silu(), native_sigmoid(), native_mean(), native_unbind()])
     # NOTE: native_broadcast runs thunder's torch executor's own transform (`internals.torch_executor_transform`): on a
     # thunder thunder-nb does not support, thunder's rule stays
     native += [] if fused or not internals.supported() else [native_broadcast()]

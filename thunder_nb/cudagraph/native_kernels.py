@@ -1,8 +1,8 @@
 """PyTorch's own kernels where thunder's rules are slow: `native_convolution` (a convolution's backward as
 ``aten.convolution_backward``), `native_batch_norm` (a training BatchNorm as ``native_batch_norm`` and its backward),
-`native_layer_norm`, `native_gelu` and `native_silu` (``native_layer_norm``, ``gelu``, ``silu`` and their backward
-kernels).
-`thunder_nb.cudagraph.executors.jit_executors` puts them before every other executor (the last three only where
+`native_layer_norm`, `native_gelu`, `native_silu` and `native_sigmoid` (``native_layer_norm``, ``gelu``, ``silu``,
+``sigmoid`` and their backward kernels).
+`thunder_nb.cudagraph.executors.jit_executors` puts them before every other executor (the last four only where
 no fusion executor is named)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from .. import internals
 
-__all__ = ["native_convolution", "native_batch_norm", "native_layer_norm", "native_gelu", "native_silu"]
+__all__ = ["native_convolution", "native_batch_norm", "native_layer_norm", "native_gelu", "native_silu",
+           "native_sigmoid"]
 
 
 def _put_grads(*pairs: tuple[Any, Any]) -> None:
@@ -318,4 +319,43 @@ def native_silu() -> Any:
         return is_floating(a) and inplace is False
 
     ex.register_implementation(ltorch.silu, forward, checker=checker, grad_transform=grad_transform)
+    return ex
+
+
+@functools.cache  # NOTE: registered with thunder once
+def native_sigmoid() -> Any:
+    """An executor that runs ``sigmoid`` with PyTorch's own kernels, forward and backward.
+
+    thunder 0.2.6 writes ``torch.sigmoid`` as ``1 / (1 + exp(-a))`` and differentiates that op by op: for an input
+    below about -88 ``exp(-a)`` overflows float32 and the gradient is ``inf / inf``, NaN, where eager's
+    ``sigmoid_backward`` (``g * (1 - out) * out``) gives 0 (found by the CPU fuzzer: program 440 of
+    ``bench/fuzz.py``, a sigmoid of a product with a dot product). This executor claims ``ltorch.sigmoid`` (a floating
+    dtype) and runs ``torch.sigmoid`` forward and ``aten.sigmoid_backward`` on its output backward, as eager's autograd
+    does.
+    """
+    import thunder.torch as ltorch
+    import torch
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.transforms import get_grad, put_grad
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor("thunder_nb_sigmoid", version=torch.__version__)
+    register_executor(ex)
+
+    def _backward_meta(g, out):
+        return TensorProxy(like=out)
+
+    forward = ex.register_operator("thunder_nb_sigmoid", like=ltorch.sigmoid, fn=torch.sigmoid)
+    backward = ex.register_operator("thunder_nb_sigmoid_backward", meta=_backward_meta,
+                                    fn=torch.ops.aten.sigmoid_backward)
+
+    def grad_transform(a):
+        out = forward(a)
+        put_grad(a, backward(get_grad(out), out))
+        return out
+
+    def checker(a) -> bool:
+        return is_floating(a)
+
+    ex.register_implementation(ltorch.sigmoid, forward, checker=checker, grad_transform=grad_transform)
     return ex
