@@ -297,29 +297,12 @@ def native_silu() -> Any:
     """
     import thunder.torch as ltorch
     import torch
-    from thunder.core.proxies import TensorProxy
-    from thunder.core.transforms import get_grad, put_grad
-    from thunder.extend import OperatorExecutor, register_executor
-
-    ex = OperatorExecutor("thunder_nb_silu", version=torch.__version__)
-    register_executor(ex)
-
-    def _backward_meta(g, a):
-        return TensorProxy(like=a)
-
-    forward = ex.register_operator("thunder_nb_silu", like=ltorch.silu, fn=torch.nn.functional.silu)
-    backward = ex.register_operator("thunder_nb_silu_backward", meta=_backward_meta, fn=torch.ops.aten.silu_backward)
-
-    def grad_transform(a, inplace=False):
-        out = forward(a)
-        put_grad(a, backward(get_grad(out), a))
-        return out
 
     def checker(a, inplace=False) -> bool:
         return is_floating(a) and inplace is False
 
-    ex.register_implementation(ltorch.silu, forward, checker=checker, grad_transform=grad_transform)
-    return ex
+    return _elementwise_executor("thunder_nb_silu", ltorch.silu, torch.nn.functional.silu,
+                                 torch.ops.aten.silu_backward, reads_output=False, checker=checker)
 
 
 @functools.cache  # NOTE: registered with thunder once
@@ -335,27 +318,35 @@ def native_sigmoid() -> Any:
     """
     import thunder.torch as ltorch
     import torch
+
+    return _elementwise_executor("thunder_nb_sigmoid", ltorch.sigmoid, torch.sigmoid, torch.ops.aten.sigmoid_backward,
+                                 reads_output=True, checker=is_floating)
+
+
+def _elementwise_executor(name: str, sym: Any, forward_fn: Any, backward_fn: Any, *, reads_output: bool,
+                          checker: Any) -> Any:
+    """An executor named ``name`` that claims the elementwise ``sym`` where ``checker`` says, and runs ``forward_fn``
+    forward and ``backward_fn(grad, out if reads_output else a)`` backward (PyTorch's ``*_backward`` kernel, as
+    eager's autograd calls it): `native_silu`'s and `native_sigmoid`'s."""
+    import torch
     from thunder.core.proxies import TensorProxy
     from thunder.core.transforms import get_grad, put_grad
     from thunder.extend import OperatorExecutor, register_executor
 
-    ex = OperatorExecutor("thunder_nb_sigmoid", version=torch.__version__)
+    ex = OperatorExecutor(name, version=torch.__version__)
     register_executor(ex)
 
-    def _backward_meta(g, out):
-        return TensorProxy(like=out)
+    def _backward_meta(g, saved):
+        return TensorProxy(like=saved)
 
-    forward = ex.register_operator("thunder_nb_sigmoid", like=ltorch.sigmoid, fn=torch.sigmoid)
-    backward = ex.register_operator("thunder_nb_sigmoid_backward", meta=_backward_meta,
-                                    fn=torch.ops.aten.sigmoid_backward)
+    forward = ex.register_operator(name, like=sym, fn=forward_fn)
+    backward = ex.register_operator(f"{name}_backward", meta=_backward_meta, fn=backward_fn)
 
-    def grad_transform(a):
+    def grad_transform(a, *args, **kwargs):
+        # NOTE: ``args`` and ``kwargs`` are what the checker took (silu's ``inplace=False``): the forward needs none
         out = forward(a)
-        put_grad(a, backward(get_grad(out), out))
+        put_grad(a, backward(get_grad(out), out if reads_output else a))
         return out
 
-    def checker(a) -> bool:
-        return is_floating(a)
-
-    ex.register_implementation(ltorch.sigmoid, forward, checker=checker, grad_transform=grad_transform)
+    ex.register_implementation(sym, forward, checker=checker, grad_transform=grad_transform)
     return ex

@@ -22,13 +22,11 @@ itself (``atan2``, ``fmod``, ``zeta``): ``torch.atan2(x, x.sum())`` keeps thunde
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-__all__ = ["install", "uninstall", "installed"]
+from .patches import ProcessPatch
 
-_originals: dict[str, Any] = {}
-_lock = threading.Lock()
+__all__ = ["install", "uninstall", "installed"]
 
 
 def _put_grad_summed_to_0_dim(put_grad: Any) -> Any:
@@ -37,41 +35,31 @@ def _put_grad_summed_to_0_dim(put_grad: Any) -> Any:
     from thunder.core.proxies import TensorProxy
 
     def summed_put_grad(a: Any, g: Any) -> Any:
-        if (isinstance(a, TensorProxy) and isinstance(g, TensorProxy) and a.ndim == 0 and g.ndim > 0):
+        if isinstance(a, TensorProxy) and isinstance(g, TensorProxy) and a.ndim == 0 and g.ndim > 0:
             g = ltorch.sum(g)
         return put_grad(a, g)
 
     return summed_put_grad
 
 
-def installed() -> bool:
-    """Whether `install` has changed thunder's backward in this process."""
-    return bool(_originals)
-
-
-def install() -> bool:
-    """Change thunder's backward as this module's docstring says, once per process. Call it only where
-    `thunder_nb.internals.supported` (the name changed is thunder 0.2.6's): `thunder_nb.internals.check_versions`
-    does. Returns whether it is installed."""
-    if _originals:
-        return True
+def _apply() -> dict[str, Any] | None:
+    """``thunder.core.transforms.put_grad`` made `_put_grad_summed_to_0_dim`; what it was (None: not the module this
+    was written for, unchanged)."""
     from thunder.core import transforms
 
-    with _lock:
-        if _originals:
-            return True
-        put_grad = getattr(transforms, "put_grad", None)
-        if not callable(put_grad):
-            return False  # NOTE: not the module this was written for: thunder's own stays
-        _originals["put_grad"] = put_grad
-        transforms.put_grad = _put_grad_summed_to_0_dim(put_grad)
-    return True
+    put_grad = getattr(transforms, "put_grad", None)
+    if not callable(put_grad):
+        return None
+    transforms.put_grad = _put_grad_summed_to_0_dim(put_grad)
+    return {"put_grad": put_grad}
 
 
-def uninstall() -> None:
-    """Put thunder's own ``put_grad`` back."""
+def _restore(originals: dict[str, Any]) -> None:
     from thunder.core import transforms
 
-    with _lock:
-        if _originals:
-            transforms.put_grad = _originals.pop("put_grad")
+    transforms.put_grad = originals["put_grad"]
+
+
+#: thunder's backward changed as this module's docstring says, once per process (`thunder_nb.internals.patches`)
+_patch = ProcessPatch(_apply, _restore)
+installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

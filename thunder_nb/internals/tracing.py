@@ -21,17 +21,15 @@ back (for the tests that compare the two).
 from __future__ import annotations
 
 import dis
-import threading
 import types
 from typing import Any
+
+from .patches import ProcessPatch
 
 __all__ = ["install", "uninstall", "installed"]
 
 #: the most code objects whose instructions are kept (a model's methods, thunder's lookasides: a few thousand)
 _KEPT = 16384
-
-_originals: dict[str, Any] = {}
-_lock = threading.Lock()  # NOTE: two threads' first entry points at once change it once
 
 
 def _dis_keeping_instructions() -> types.ModuleType:
@@ -98,39 +96,28 @@ def _python_frame(self: Any) -> types.FrameType:
     return made[0]
 
 
-def installed() -> bool:
-    """Whether `install` has changed thunder's interpreter in this process."""
-    return bool(_originals)
-
-
-def install() -> bool:
-    """Change thunder's interpreter as this module's docstring says, once per process. Call it only where
-    `thunder_nb.internals.supported` (the names changed are thunder 0.2.6's): `thunder_nb.internals.check_versions`
-    does. Returns whether it is installed."""
-    if _originals:
-        return True
+def _apply() -> dict[str, Any] | None:
+    """This module's two changes to thunder's interpreter; what they replaced (None: not the interpreter this was
+    written for, unchanged)."""
     from thunder.core import interpreter
 
-    with _lock:
-        if _originals:
-            return True
-        frame_class = interpreter.InterpreterFrame
-        if not (isinstance(getattr(interpreter, "dis", None), types.ModuleType)
-                and callable(getattr(frame_class, "get_or_make_python_frame", None))):
-            return False  # NOTE: not the interpreter this was written for: thunder's own stays
-        _originals.update(dis=interpreter.dis, frame=frame_class.__dict__["get_or_make_python_frame"])
-        interpreter.dis = _dis_keeping_instructions()
-        frame_class.get_or_make_python_frame = _python_frame
-    return True
+    frame_class = interpreter.InterpreterFrame
+    if not (isinstance(getattr(interpreter, "dis", None), types.ModuleType)
+            and callable(getattr(frame_class, "get_or_make_python_frame", None))):
+        return None
+    originals = {"dis": interpreter.dis, "frame": frame_class.__dict__["get_or_make_python_frame"]}
+    interpreter.dis = _dis_keeping_instructions()
+    frame_class.get_or_make_python_frame = _python_frame
+    return originals
 
 
-def uninstall() -> None:
-    """Put thunder's own interpreter parts back."""
+def _restore(originals: dict[str, Any]) -> None:
     from thunder.core import interpreter
 
-    with _lock:
-        if not _originals:
-            return
-        interpreter.dis = _originals["dis"]
-        interpreter.InterpreterFrame.get_or_make_python_frame = _originals["frame"]
-        _originals.clear()
+    interpreter.dis = originals["dis"]
+    interpreter.InterpreterFrame.get_or_make_python_frame = originals["frame"]
+
+
+#: thunder's interpreter changed as this module's docstring says, once per process (`thunder_nb.internals.patches`)
+_patch = ProcessPatch(_apply, _restore)
+installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall
