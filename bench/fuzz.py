@@ -125,6 +125,7 @@ class Tally:
     thunder_differs: int = 0
     known_bugs: Counter = field(default_factory=Counter)
     problems: list[tuple[int, fuzz.ProgramOutcome]] = field(default_factory=list)
+    thunder_wrong: list[int] = field(default_factory=list)  # programs where plain thunder itself is wrong
 
     def add(self, seed: int, o: fuzz.ProgramOutcome) -> None:
         self.tried += 1
@@ -134,6 +135,8 @@ class Tally:
             self.problems.append((seed, o))
         if o.discarded:
             self.discarded[o.discarded] += 1
+            if o.discarded.startswith("thunder wrong"):
+                self.thunder_wrong.append(seed)
             return
         self.fixed_errors += o.fixed_error is not None
         mismatch = any(p.startswith("fixed differs") for p in o.problems)
@@ -168,8 +171,13 @@ class Tally:
 
         judged = self.tried - sum(self.discarded.values())
         pytorch = sum(n for k, n in self.discarded.items() if k.startswith("PyTorch"))
-        thunder_rej = sum(n for k, n in self.discarded.items() if k.startswith("thunder"))
-        kinds = ", ".join(f"{k.split(': ', 1)[1]} {n}" for k, n in self.discarded.most_common() if k.startswith("thunder"))
+        thunder_rej = sum(n for k, n in self.discarded.items() if k.startswith("thunder rejects"))
+        kinds = ", ".join(f"{k.split(': ', 1)[1]} {n}" for k, n in self.discarded.most_common()
+                          if k.startswith("thunder rejects"))
+        wrong = len(self.thunder_wrong)
+        wrong_kinds = ", ".join(f"{k.split(': ', 1)[1]} {n}" for k, n in self.discarded.most_common()
+                                if k.startswith("thunder wrong"))
+        wrong_seeds = ", ".join(map(str, sorted(self.thunder_wrong)[:20])) + (", ..." if wrong > 20 else "")
         pt_kinds = ", ".join(f"{k.split(': ', 1)[1]} {n}" for k, n in self.discarded.most_common() if k.startswith("PyTorch"))
         mode = {"real": "real CUDA-graph capture", "eager": "regions run eagerly (no capture)",
                 "emulated": "emulated capture (capture path, CPU stand-ins for graphs)"}[mode_name(capture)]
@@ -186,6 +194,9 @@ class Tally:
             f"{self.backward} with backward; {self.parameters} with nn.Parameter inputs)",
             f"discarded, thunder can't trace:      {thunder_rej} ({_pct(thunder_rej, self.tried)}){': ' + kinds if kinds else ''}",
             f"discarded, PyTorch rejects:          {pytorch} ({_pct(pytorch, self.tried)}){': ' + pt_kinds if pt_kinds else ''}",
+            f"discarded, thunder itself wrong:     {wrong} ({_pct(wrong, self.tried)})"
+            + (f": {wrong_kinds}; programs {wrong_seeds} (thunder-nb inherits these: replay with --seed N --show)"
+               if wrong else ""),
             f"judged:                              {judged}",
             f"fixed: mismatches with eager:        {self.fixed_mismatches}{' (' + fixed_kinds + ')' if fixed_kinds else ''}",
             f"fixed: raised where thunder ran:     {self.fixed_errors}",

@@ -103,19 +103,3 @@ def test_atan2_with_a_0_dim_operand_keeps_thunders_wrong_gradient():
         return torch.atan2(x, x.sum()).sum()
 
     assert_equal(_grad(thunder.jit(fn), x), _grad(fn, x), label="atan2 gradient")
-
-
-@pytest.mark.xfail(strict=True, reason="thunder 0.2.6 keeps the in-place mul_ in the forward and saves the tensor it "
-                   "overwrites for the backward, which then reads the product: not mended (found 2026-12-06)")
-def test_an_in_place_mul_of_a_tensor_the_backward_reads_has_eagers_gradient():
-    """``t = x.sin(); t.mul_(x)``: the backward needs ``sin(x)`` (eager's autograd keeps the original for it) and
-    thunder's reads ``sin(x) * x`` (2.6 off eager's gradient here, under thunder.jit and thunder_nb.jit alike; with a
-    0-dim factor, as in the CPU fuzzer's program 522, the same once the 0-dim gradient is summed)."""
-    x = torch.randn(4, generator=torch.Generator().manual_seed(0))
-
-    def fn(x):
-        t = torch.sin(x)
-        t.mul_(x)
-        return t.sum()
-
-    assert_equal(_grad(thunder_nb.jit(fn, capture=False), x), _grad(fn, x), label="gradient")

@@ -117,10 +117,13 @@ with warnings.catch_warnings(record=True) as caught:
     import dis
     from thunder.core import interpreter as thunders_interpreter
     from thunder.core import transforms as thunders_transforms
-    from thunder_nb.internals import grads, tracing
+    from thunder.transforms import autodiff as thunders_autodiff
+    from thunder_nb.internals import grads, saved, tracing
     facts["thunders_interpreter"] = thunders_interpreter.dis is dis and not tracing.installed()
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad)
+    split = thunders_autodiff.split_into_forward_and_backward
+    facts["thunders_split"] = not saved.installed() and split.__module__ == thunders_autodiff.__name__
 
 facts["version_warnings"] = [str(w.message) for w in caught if issubclass(w.category, internals.VersionWarning)]
 facts["own_warnings"] = sorted({w.category.__name__ for w in caught if w.category.__module__.startswith("thunder_nb")})
@@ -158,6 +161,7 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["torchcompile_is_thunders"]  # thunder's executor: no implementation map of thunder-nb's
     assert unsupported["thunders_interpreter"]  # thunder's tracing as it is (thunder_nb.internals.tracing)
     assert unsupported["thunders_backward"]  # thunder's backward as it is (thunder_nb.internals.grads)
+    assert unsupported["thunders_split"]  # thunder's split as it is (thunder_nb.internals.saved)
     # NOTE: no use counts: nothing is handed out to stay in graph memory (gradients copied, no rotation), and a graph
     # whose saved tensors went to a backward is not replayed again (`internals.use_counters`)
     assert unsupported["rotation"] == 0 and unsupported["lend_gradients"] is False

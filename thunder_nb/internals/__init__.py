@@ -19,7 +19,11 @@ any of them):
   `check_versions`).
 - `grads`: thunder's backward made to sum a 0-dim tensor's gradient to its shape, as eager does (`grads.install`, from
   `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` on the CPU a wrong gradient.
-- `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing` and `grads`.
+- `saved`: thunder's split into forward and backward made to keep a tensor the backward reads from a later in-place
+  write in the forward (`saved.install`, from `check_versions`): thunder 0.2.6 gave ``t = x.sin(); t.mul_(x)`` a wrong
+  gradient.
+- `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads` and
+  `saved`.
 """
 
 from __future__ import annotations

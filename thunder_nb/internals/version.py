@@ -77,14 +77,16 @@ def supported() -> bool:
 def check_versions() -> bool:
     """`supported`; where it is False, one `VersionWarning` per process, naming the versions found and expected and
     what is slower; where it is True, thunder's interpreter is made faster (`thunder_nb.internals.tracing.install`,
-    once) and its backward reduces a 0-dim tensor's gradient (`thunder_nb.internals.grads.install`, once). Every entry
-    point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
+    once), its backward reduces a 0-dim tensor's gradient (`thunder_nb.internals.grads.install`, once) and its forward
+    keeps what the backward reads from in-place writes (`thunder_nb.internals.saved.install`, once). Every entry point
+    calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
-        from . import grads, tracing
+        from . import grads, saved, tracing
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
+        saved.install()  # NOTE: what it saves, kept from in-place writes (`thunder_nb.internals.saved`)
         return True
     if _warned:
         return False
