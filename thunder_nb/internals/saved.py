@@ -1,34 +1,45 @@
-"""thunder's forward made to keep what its backward reads from being overwritten in place: one change to
+"""thunder's split of forward and backward made right about in-place writes: one change to
 ``thunder.transforms.autodiff`` (lightning-thunder 0.2.6), installed once per process by `install` where
 `thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`, which every entry point calls).
 
 thunder 0.2.6 runs an in-place op as its functional op and a ``copy_`` into the tensor (``t.mul_(x)``:
-``t2 = mul(t, x); copy_(t2, t)``), and its split of the joint trace saves for the backward the proxies the backward
-reads: ``t`` there, the value before the write, since ``mul``'s rule needs it. But the forward still runs the
-``copy_``, which overwrites ``t``'s storage: the backward reads the product where it needs the factor. So
-``t = x.sin(); t.mul_(x); t.sum()`` gets a wrong gradient with no error (2.6 off eager's on seed 0), and so does every
-saved tensor that shares storage with one written later in the forward (a view of it, a buffer updated in place).
-Eager's autograd keeps the original for its backward where it can and otherwise refuses ("modified by an inplace
-operation"). `install` makes thunder's split keep each such saved tensor: a ``clone`` of it just before the first
-write into its storage, saved in its place. The backward is unchanged, and so is the forward where nothing saved is
-written (a fusion that recomputes the value in the backward saves the inputs instead: nothing to keep). Every
-``thunder.jit`` traced in the process after it, thunder_nb's or not, gets eager's gradient; one traced before keeps
-thunder's. `uninstall` puts thunder's split back (for the test that shows the difference).
+``t2 = mul(t, x); copy_(t2, t)``). Its split of the joint trace into forward and backward got three things wrong:
+
+- It saves for the backward the proxies the backward reads: ``t`` above, the value before the write, which ``mul``'s
+  rule needs; but the forward still runs the ``copy_``, which overwrites ``t``'s storage, so the backward read the
+  product where it needed the factor (``t = x.sin(); t.mul_(x); t.sum()``: a wrong gradient, no error). The same for a
+  saved view of a tensor written later, or a buffer written after its use. `keep_overwritten_saved` saves a ``clone``
+  taken just before the first write into the saved tensor's storage instead. Eager's autograd keeps the original
+  where it can and otherwise refuses ("modified by an inplace operation").
+- It keeps a ``copy_`` in the forward only where the forward still needs its destination by that name: a write into a
+  tensor whose *view* the forward returns (``v = t.unsqueeze(1); t.mul_(x); return v``) went to the backward, so the
+  returned view held the old values, and changed during the backward. `move_forward_writes` puts it back at the end
+  of the forward.
+- Its rule for ``update_aliases`` hands the gradient of a view read after a write into its base to the view as it was
+  before the write: ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` has eager's value and a wrong gradient. Not mended:
+  `stale_view_reads` finds it and the split warns (`InPlaceGradientWarning`), naming the user's line of the write.
+
+The backward is unchanged, and so is the forward where nothing saved is written (an in-place ReLU saves its mask; a
+fusion that recomputes a value in the backward saves the inputs instead). Every ``thunder.jit`` traced in the process
+after `install`, thunder_nb's or not, takes this split; one traced before keeps thunder's. `uninstall` puts thunder's
+back (for the tests that show the difference).
 
 Which tensors share storage is read from the trace, over-approximated: the outputs of a view (thunder's lists of the
-torch ops that return or may return views, and its view prims), of a ``copy_`` and of ``update_aliases`` share their
-input's storage, at any depth of an executor's or a fusion's symbols. An extra tensor taken as shared costs one copy,
-never a wrong value.
+torch ops that return or may return views, its view prims, the names of its executors' implementations of them), of
+a ``copy_`` and of ``update_aliases`` share their input's storage, at any depth of an executor's or a fusion's
+symbols. An extra tensor taken as shared costs one copy, never a wrong value.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 from .patches import ProcessPatch
 
-__all__ = ["install", "uninstall", "installed", "keep_overwritten_saved"]
+__all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
+           "InPlaceGradientWarning"]
 
 
 #: words of the names of the ops that return (or may return) a view of their first input, or the input itself, as
@@ -121,8 +132,8 @@ def keep_overwritten_saved(forward_trace: Any) -> Any:
     tensor it saves for the backward that a later in-place write overwrites kept as a clone taken before that write.
     The same trace where none is."""
     import thunder.core.prims as prims
-    from thunder.core.trace import from_trace, tracectx
     from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import tracectx
     from thunder.executors.torchex import clone
 
     bsyms = list(forward_trace.bound_symbols)
@@ -159,20 +170,139 @@ def keep_overwritten_saved(forward_trace: Any) -> Any:
     ret = bsyms[-1]
     saved = tuple(kept.get(p.name, p) for p in saved_tensors)
     new_bsyms.append(ret.from_bsym(args=(ret.args[0], (saved, saved_other))))
-    trace = from_trace(forward_trace)
-    trace.bound_symbols = new_bsyms
-    trace.tags.update(forward_trace.tags)
-    trace.names = forward_trace.names  # NOTE: shared with the backward trace, as thunder's split leaves them
-    return trace
+    return _rebuilt(forward_trace, new_bsyms)
+
+
+def _rebuilt(trace: Any, bsyms: list[Any]) -> Any:
+    """A trace like ``trace`` (its tags, and the names it shares with its backward, as thunder's split leaves them)
+    with ``bsyms``."""
+    from thunder.core.trace import from_trace
+
+    new = from_trace(trace)
+    new.bound_symbols = bsyms
+    new.tags.update(trace.tags)
+    new.names = trace.names
+    return new
+
+
+def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, Any]:
+    """The traces of thunder's split, with each in-place write into a forward tensor that the split put into the
+    backward (with what it computes from forward values alone) moved to the end of the forward, where the program
+    wrote it.
+
+    thunder's split keeps a ``copy_`` in the forward only where the forward still needs its destination by that name;
+    a write that nothing after it in the forward reads by name, into a tensor whose *view* the forward returns
+    (``v = t.unsqueeze(1); t.mul_(x); return v``), went to the backward: the returned view held the old values, then
+    changed during the backward. Where such a write needs a gradient, or the backward reads what it computes, the
+    traces stay as they are."""
+    import thunder.core.prims as prims
+
+    fw, bw = list(forward_trace.bound_symbols), list(backward_trace.bound_symbols)
+    forward_names = set(_tensor_names(forward_trace.args)) | {
+        p.name for b in fw for p in b.flat_proxy_outs}
+    moved: set[int] = set()
+    for i, bsym in enumerate(bw):
+        writes: list[str] = []
+        _walk(bsym, _Storage(), writes, (set(), set()))
+        if not any(w in forward_names for w in writes):
+            continue
+        closure, needed = {i}, {p.name for p in bsym.flat_proxy_args} - forward_names
+        for j in range(i - 1, -1, -1):
+            outs = {p.name for p in bw[j].flat_proxy_outs}
+            if outs & needed:
+                if bw[j].sym.id in (prims.PrimIDs.UNPACK_SEQUENCE, prims.PrimIDs.UNPACK_TRIVIAL):
+                    break  # NOTE: needs a cotangent: a write of the backward's own
+                closure.add(j)
+                needed = (needed - outs) | ({p.name for p in bw[j].flat_proxy_args} - forward_names)
+        else:
+            if not needed:
+                moved |= closure
+    if not moved:
+        return forward_trace, backward_trace
+    made = {p.name for j in moved for p in bw[j].flat_proxy_outs}
+    if any(p.name in made for j, b in enumerate(bw) if j not in moved for p in b.flat_proxy_args):
+        return forward_trace, backward_trace  # NOTE: the backward reads what the write computes: left to thunder
+    fw = fw[:-1] + [bw[j] for j in sorted(moved)] + fw[-1:]
+    return _rebuilt(forward_trace, fw), _rebuilt(backward_trace, [b for j, b in enumerate(bw) if j not in moved])
+
+
+class InPlaceGradientWarning(UserWarning):
+    """thunder 0.2.6 differentiates a view read after an in-place write into its base as if the write had not
+    happened: the gradient through it is wrong (`stale_view_reads`)."""
+
+
+def stale_view_reads(joint_trace: Any) -> list[str]:
+    """Where (the user's lines of the in-place writes) ``joint_trace`` (thunder's forward and backward in one trace,
+    before its split) reads, with a gradient, a view taken before an in-place write into its base.
+
+    thunder runs the write into the storage and passes the views on through ``update_aliases``, so the values are
+    eager's, but its rule for ``update_aliases`` hands each view's gradient to the view as it was before the write:
+    ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` gets the gradient of ``t``'s old values, not of ``t * x``, with no error.
+    Eager's autograd rebases such a view onto the write. Not mended here: the callers warn
+    (`InPlaceGradientWarning`)."""
+    import thunder.core.prims as prims
+
+    storage, views = _Storage(), _view_symbols()
+    defined_at = {name: -1 for name in _tensor_names(joint_trace.args)}
+    with_grad = {p.name for p in joint_trace.args if getattr(p, "requires_grad", False)}
+    last_write: dict[str, tuple[int, Any]] = {}  # NOTE: storage root -> (index, the writing symbol)
+    stale: dict[str, Any] = {}  # NOTE: name -> the write it missed
+    found: dict[str, None] = {}
+    bsyms = list(joint_trace.bound_symbols)
+    ends = [i for i, b in enumerate(bsyms) if b.sym.id == prims.PrimIDs.GET_GRAD][:1]
+    # NOTE: the forward, then its return (thunder's joint trace: the forward, the backward, the return of both)
+    for i, bsym in enumerate(bsyms[: ends[0] if ends else -1] + bsyms[-1:]):
+        sym_id = bsym.sym.id
+        if sym_id == prims.PrimIDs.DEL:
+            continue
+        reads = _tensor_names(bsym.flat_proxy_args)
+        if sym_id == prims.PrimIDs.RETURN:
+            reads = _tensor_names(bsym.args[0].get("fw_flat_out", ()) if isinstance(bsym.args[0], dict) else ())
+        alias_update = sym_id == prims.PrimIDs.UPDATE_ALIASES or bsym.sym.name == "update_aliases"
+        outs = _tensor_names(bsym.flat_proxy_outs)
+        for k, name in enumerate(reads):
+            write = stale.get(name) or _missed_write(name, storage, defined_at, last_write)
+            if write is None:
+                continue
+            if alias_update and k < len(outs):
+                stale[outs[k]] = write
+            elif not alias_update and (name in with_grad or with_grad & set(_tensor_names(write.flat_proxy_args))):
+                position, filename = getattr(write, "source_positions", None), getattr(write, "source_filename", None)
+                found[f"{filename}:{position.lineno}" if filename and position else write.sym.name] = None
+        if with_grad & set(reads):
+            with_grad.update(outs)
+        writes: list[str] = []
+        _walk(bsym, storage, writes, views)
+        for name in outs:
+            defined_at.setdefault(name, i)
+        for written in writes:
+            last_write[storage.find(written)] = (i, bsym)
+    return list(found)
+
+
+def _missed_write(name: str, storage: _Storage, defined_at: dict[str, int],
+                  last_write: dict[str, tuple[int, Any]]) -> Any:
+    """The write into ``name``'s storage made after ``name`` was defined (None: none)."""
+    index, write = last_write.get(storage.find(name), (-2, None))
+    return write if index > defined_at.get(name, -1) else None
 
 
 def _keeping_split(split: Any) -> Any:
-    """thunder's ``split_into_forward_and_backward``, its forward passed through `keep_overwritten_saved`."""
+    """thunder's ``split_into_forward_and_backward``, its traces passed through `move_forward_writes` and its forward
+    then through `keep_overwritten_saved`."""
 
     def split_keeping_saved(joint_trace: Any) -> Any:
+        lines = stale_view_reads(joint_trace)
+        if lines:
+            warnings.warn(
+                f"thunder 0.2.6 gets a gradient wrong here: a view read after an in-place write into its base "
+                f"({', '.join(lines)}) is differentiated as if the write had not happened (the values are right). "
+                f"Write it out of place (t = t * x instead of t.mul_(x)), or take the view after the write.",
+                InPlaceGradientWarning, stacklevel=2)
         forward_trace, backward_trace = split(joint_trace)
         if backward_trace is None:
             return forward_trace, backward_trace
+        forward_trace, backward_trace = move_forward_writes(forward_trace, backward_trace)
         return keep_overwritten_saved(forward_trace), backward_trace
 
     return split_keeping_saved
