@@ -32,6 +32,7 @@ symbols. An extra tensor taken as shared costs one copy, never a wrong value.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from typing import Any
@@ -64,6 +65,7 @@ def _view_symbols() -> tuple[set[Any], set[Any]]:
     return set(ltorch._syms_returning_views) | set(ltorch._syms_that_may_return_views), view_prims
 
 
+@functools.lru_cache(maxsize=4096)
 def _named_as_view(name: str) -> bool:
     """Whether a symbol's name names a view (`_VIEW_WORDS`): the whole name or any run of its words."""
     words = [w for w in re.split(r"[^0-9A-Za-z]+", name.replace("_", " ")) if w]
@@ -93,29 +95,35 @@ def _tensor_names(values: Any) -> list[str]:
     return [p.name for p in values if isinstance(p, TensorProxy)]
 
 
-def _walk(bsym: Any, storage: _Storage, writes: list[str], views: tuple[set[Any], set[Any]]) -> None:
-    """Record in ``storage`` what ``bsym`` and its symbols, at any depth, make share storage, and in ``writes`` the
-    names whose storage a ``copy_`` among them writes."""
+def _walk(bsym: Any, storage: _Storage | None, writes: list[str], views: tuple[set[Any], set[Any]]) -> None:
+    """Record in ``storage`` what ``bsym`` and its symbols, at any depth, make share storage (None: nothing), and in
+    ``writes`` the names whose storage a ``copy_`` among them writes. Only the symbols that write or alias have their
+    arguments flattened (thunder's flattening is most of a walk's time)."""
     import thunder.core.prims as prims
 
     view_syms, view_prims = views
-    ins, outs = _tensor_names(bsym.flat_proxy_args), _tensor_names(bsym.flat_proxy_outs)
-    sym_id = getattr(bsym.sym, "id", None)
-    if sym_id == prims.PrimIDs.COPY_ or (bsym.sym.name == "copy_" and not bsym.subsymbols and len(bsym.args) > 1):
+    sym, sym_id = bsym.sym, getattr(bsym.sym, "id", None)
+    if sym_id == prims.PrimIDs.COPY_ or (sym.name == "copy_" and not bsym.subsymbols and len(bsym.args) > 1):
         destination = bsym.args[1].name  # NOTE: prims.copy_(copy_from, copy_to) and the torch executor's copy_
         writes.append(destination)
-        for out in outs:
-            storage.join(out, destination)
-    elif sym_id == prims.PrimIDs.UPDATE_ALIASES or bsym.sym.name == "update_aliases":
-        for name in ins + outs:  # NOTE: thunder's own groups of tensors that share storage, updated together
-            storage.join(name, ins[0])
-    elif _in_place(bsym) and ins:
-        writes.append(ins[0])
-        for out in outs:
-            storage.join(out, ins[0])
-    elif ins and (bsym.sym in view_syms or sym_id in view_prims or _named_as_view(bsym.sym.name)):
-        for out in outs:
-            storage.join(out, ins[0])
+        joined = [(out, destination) for out in _tensor_names(bsym.flat_proxy_outs)]
+    elif _in_place(bsym):
+        ins = _tensor_names(bsym.flat_proxy_args)
+        writes.extend(ins[:1])
+        joined = [(out, ins[0]) for out in _tensor_names(bsym.flat_proxy_outs)] if ins else []
+    elif storage is None:
+        joined = []
+    elif sym_id == prims.PrimIDs.UPDATE_ALIASES or sym.name == "update_aliases":
+        names = _tensor_names(bsym.flat_proxy_args) + _tensor_names(bsym.flat_proxy_outs)
+        joined = [(name, names[0]) for name in names]  # NOTE: thunder's own groups of one storage, updated together
+    elif sym in view_syms or sym_id in view_prims or _named_as_view(sym.name):
+        ins = _tensor_names(bsym.flat_proxy_args)
+        joined = [(out, ins[0]) for out in _tensor_names(bsym.flat_proxy_outs)] if ins else []
+    else:
+        joined = []
+    if storage is not None:
+        for a, b in joined:
+            storage.join(a, b)
     for sub in bsym.subsymbols:
         _walk(sub, storage, writes, views)
 
@@ -203,7 +211,7 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
     moved: set[int] = set()
     for i, bsym in enumerate(bw):
         writes: list[str] = []
-        _walk(bsym, _Storage(), writes, (set(), set()))
+        _walk(bsym, None, writes, (set(), set()))
         if not any(w in forward_names for w in writes):
             continue
         closure, needed = {i}, {p.name for p in bsym.flat_proxy_args} - forward_names
