@@ -155,6 +155,7 @@ def _peaks_of_a_loop(transform, x0: torch.Tensor, calls: int) -> tuple[dict[str,
     # run of 2026-12-03 measured thunder's transform at 4 MiB steady, below its own input buffer and output, 8 MiB)
     gc.collect()
     torch.cuda.empty_cache()
+    before = _segment_addresses()
     jfn = thunder.jit(chain, transforms=[transform])
     torch.cuda.synchronize()
     base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
@@ -171,7 +172,23 @@ def _peaks_of_a_loop(transform, x0: torch.Tensor, calls: int) -> tuple[dict[str,
     torch.cuda.synchronize()
     steady = torch.cuda.max_memory_allocated() - base
     reserved = max(reserved, torch.cuda.max_memory_reserved() - base_reserved)
+    _peaks_of_a_loop.segments.append(_new_segments(before))
     return {"whole": max(whole, steady), "steady": steady, "reserved": reserved}, results
+
+
+_peaks_of_a_loop.segments = []
+
+
+def _segment_addresses() -> set[int]:
+    return {s["address"] for s in torch.cuda.memory_snapshot()}
+
+
+def _new_segments(before: set[int]) -> str:
+    """The caching allocator's segments made since ``before`` (their addresses): size, pool, stream, blocks in use,
+    for the message of a reserved-memory assertion."""
+    return "; ".join(f"{s['total_size'] >> 20} MiB pool {s.get('segment_pool_id')} stream {s.get('stream')} in use "
+                     f"{s['allocated_size'] >> 20} MiB in {sum(b['state'] == 'active_allocated' for b in s['blocks'])}"
+                     for s in torch.cuda.memory_snapshot() if s["address"] not in before)
 
 
 @pytest.mark.gpu
@@ -181,6 +198,7 @@ def test_gpu_rotation_holds_no_more_than_copying_and_one_output_more_than_thunde
     x0 = randn(1024, 1024, seed=0, device="cuda")  # NOTE: 4 MiB a tensor
     out_bytes = x0.numel() * x0.element_size()
     peaks = {}
+    _peaks_of_a_loop.segments.clear()
     for name, make in (("rotation", lambda: fixed("gpu")), ("copy", lambda: fixed("gpu", rotation=0)),
                        ("thunder", CUDAGraphTransform)):
         peaks[name], results = _peaks_of_a_loop(make(), x0, 10)
@@ -202,7 +220,9 @@ def test_gpu_rotation_holds_no_more_than_copying_and_one_output_more_than_thunde
     # segment (kLargeBuffer) when no segment of its pool has room. So the two outputs above thunder's cost whole
     # segments, not their bytes (H200, 2026-12-03: rotation 42 MiB reserved, thunder's 22: a 20-MiB segment each for
     # the 16 MiB thunder's loop peaks at, the second one for rotation's 24, and 2 MiB for the small blocks)
-    assert reserved["rotation"] <= reserved["thunder"] + _segments(2 * out_bytes) + 2 * 2**20, reserved
+    new = dict(zip(peaks, _peaks_of_a_loop.segments))
+    print(f"new segments: {new}")
+    assert reserved["rotation"] <= reserved["thunder"] + _segments(2 * out_bytes) + 2 * 2**20, (reserved, new)
 
 
 def _segments(nbytes: int) -> int:
