@@ -122,8 +122,9 @@ with warnings.catch_warnings(record=True) as caught:
     facts["thunders_interpreter"] = thunders_interpreter.dis is dis and not tracing.installed()
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad)
-    split = thunders_autodiff.split_into_forward_and_backward
-    facts["thunders_split"] = not saved.installed() and split.__module__ == thunders_autodiff.__name__
+    split, grad = thunders_autodiff.split_into_forward_and_backward, thunders_autodiff.grad_transform_on_trace
+    facts["thunders_split"] = (not saved.installed() and split.__module__ == thunders_autodiff.__name__
+                               and grad.__module__ == thunders_autodiff.__name__)
 
 facts["version_warnings"] = [str(w.message) for w in caught if issubclass(w.category, internals.VersionWarning)]
 facts["own_warnings"] = sorted({w.category.__name__ for w in caught if w.category.__module__.startswith("thunder_nb")})

@@ -19,9 +19,12 @@ any of them):
   `check_versions`).
 - `grads`: thunder's backward made to sum a 0-dim tensor's gradient to its shape, as eager does (`grads.install`, from
   `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` on the CPU a wrong gradient.
-- `saved`: thunder's split into forward and backward made to keep a tensor the backward reads from a later in-place
-  write in the forward (`saved.install`, from `check_versions`): thunder 0.2.6 gave ``t = x.sin(); t.mul_(x)`` a wrong
-  gradient.
+- `saved`: thunder's split into forward and backward made right about in-place writes (`saved.install`, from
+  `check_versions`): a tensor the backward reads kept from a later write (thunder 0.2.6 gave ``t = x.sin();
+  t.mul_(x)`` a wrong gradient), a returned view's write kept in the forward, and the warning where a view read after
+  a write keeps thunder's gradient;
+- `views`: a view read after a write into its base taken again from the written base before the grad transform (for
+  `saved`): thunder 0.2.6 gave ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` a wrong gradient.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads` and
   `saved`.
 """

@@ -1,4 +1,4 @@
-"""thunder's split of forward and backward made right about in-place writes: one change to
+"""thunder's split of forward and backward made right about in-place writes: two changes to
 ``thunder.transforms.autodiff`` (lightning-thunder 0.2.6), installed once per process by `install` where
 `thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`, which every entry point calls).
 
@@ -16,8 +16,11 @@ thunder 0.2.6 runs an in-place op as its functional op and a ``copy_`` into the 
   returned view held the old values, and changed during the backward. `move_forward_writes` puts it back at the end
   of the forward.
 - Its rule for ``update_aliases`` hands the gradient of a view read after a write into its base to the view as it was
-  before the write: ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` has eager's value and a wrong gradient. Not mended:
-  `stale_view_reads` finds it and the split warns (`InPlaceGradientWarning`), naming the user's line of the write.
+  before the write: ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` had eager's value and a wrong gradient. `install` also
+  makes thunder's grad transform take such a view again from the written base first
+  (`thunder_nb.internals.views.rebase_stale_views`); where it cannot (a view through an op that may copy, a base
+  written through a view), `stale_view_reads` finds it and the split warns (`InPlaceGradientWarning`), naming the
+  user's line of the write.
 
 The backward is unchanged, and so is the forward where nothing saved is written (an in-place ReLU saves its mask; a
 fusion that recomputes a value in the backward saves the inputs instead). Every ``thunder.jit`` traced in the process
@@ -236,7 +239,8 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
 
 class InPlaceGradientWarning(UserWarning):
     """thunder 0.2.6 differentiates a view read after an in-place write into its base as if the write had not
-    happened: the gradient through it is wrong (`stale_view_reads`)."""
+    happened, where `thunder_nb.internals.views` cannot take the view again: the gradient through it is wrong
+    (`stale_view_reads`)."""
 
 
 def stale_view_reads(joint_trace: Any) -> list[str]:
@@ -246,8 +250,9 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
     thunder runs the write into the storage and passes the views on through ``update_aliases``, so the values are
     eager's, but its rule for ``update_aliases`` hands each view's gradient to the view as it was before the write:
     ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` gets the gradient of ``t``'s old values, not of ``t * x``, with no error.
-    Eager's autograd rebases such a view onto the write. Not mended here: the callers warn
-    (`InPlaceGradientWarning`)."""
+    Eager's autograd rebases such a view onto the write, and so does `thunder_nb.internals.views` before thunder's
+    grad transform, where the view's ops always return views: what is left here it could not rebase, and the split
+    warns of it (`InPlaceGradientWarning`)."""
     import thunder.core.prims as prims
 
     storage, views = _Storage(), _view_symbols()
@@ -316,22 +321,37 @@ def _keeping_split(split: Any) -> Any:
     return split_keeping_saved
 
 
+def _rebasing_grad_transform(grad_transform: Any) -> Any:
+    """thunder's ``grad_transform_on_trace``, given the trace passed through
+    `thunder_nb.internals.views.rebase_stale_views` first."""
+    from .views import rebase_stale_views
+
+    def grad_transform_rebasing_views(trace: Any, *args: Any, **kwargs: Any) -> Any:
+        return grad_transform(rebase_stale_views(trace), *args, **kwargs)
+
+    return grad_transform_rebasing_views
+
+
 def _apply() -> dict[str, Any] | None:
-    """``thunder.transforms.autodiff.split_into_forward_and_backward`` made `_keeping_split`; what it was (None: not the
-    module this was written for, unchanged)."""
+    """``thunder.transforms.autodiff``'s ``split_into_forward_and_backward`` made `_keeping_split` and its
+    ``grad_transform_on_trace`` made `_rebasing_grad_transform`; what they were (None: not the module this was
+    written for, unchanged)."""
     from thunder.transforms import autodiff
 
     split = getattr(autodiff, "split_into_forward_and_backward", None)
-    if not callable(split):
+    grad_transform = getattr(autodiff, "grad_transform_on_trace", None)
+    if not callable(split) or not callable(grad_transform):
         return None
     autodiff.split_into_forward_and_backward = _keeping_split(split)
-    return {"split_into_forward_and_backward": split}
+    autodiff.grad_transform_on_trace = _rebasing_grad_transform(grad_transform)
+    return {"split_into_forward_and_backward": split, "grad_transform_on_trace": grad_transform}
 
 
 def _restore(originals: dict[str, Any]) -> None:
     from thunder.transforms import autodiff
 
-    autodiff.split_into_forward_and_backward = originals["split_into_forward_and_backward"]
+    for name, original in originals.items():
+        setattr(autodiff, name, original)
 
 
 #: thunder's split changed as this module's docstring says, once per process (`thunder_nb.internals.patches`)
