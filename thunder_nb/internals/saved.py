@@ -3,29 +3,31 @@
 `thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`, which every entry point calls).
 
 thunder 0.2.6 runs an in-place op as its functional op and a ``copy_`` into the tensor (``t.mul_(x)``:
-``t2 = mul(t, x); copy_(t2, t)``). Its split of the joint trace into forward and backward got three things wrong:
+``t2 = mul(t, x); copy_(t2, t)``). Three things went wrong around such a write:
 
-- It saves for the backward the proxies the backward reads: ``t`` above, the value before the write, which ``mul``'s
-  rule needs; but the forward still runs the ``copy_``, which overwrites ``t``'s storage, so the backward read the
-  product where it needed the factor (``t = x.sin(); t.mul_(x); t.sum()``: a wrong gradient, no error). The same for a
-  saved view of a tensor written later, or a buffer written after its use. `keep_overwritten_saved` saves a ``clone``
-  taken just before the first write into the saved tensor's storage instead. Eager's autograd keeps the original
-  where it can and otherwise refuses ("modified by an inplace operation").
-- It keeps a ``copy_`` in the forward only where the forward still needs its destination by that name: a write into a
-  tensor whose *view* the forward returns (``v = t.unsqueeze(1); t.mul_(x); return v``) went to the backward, so the
-  returned view held the old values, and changed during the backward. `move_forward_writes` puts it back at the end
-  of the forward.
-- Its rule for ``update_aliases`` hands the gradient of a view read after a write into its base to the view as it was
-  before the write: ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` had eager's value and a wrong gradient. `install` also
-  makes thunder's grad transform take such a view again from the written base first
+- thunder's split saves for the backward the proxies the backward reads: ``t`` above, the value before the write,
+  which ``mul``'s rule needs; but the forward still runs the ``copy_``, which overwrites ``t``'s storage, so the
+  backward read the product where it needed the factor (``t = x.sin(); t.mul_(x); t.sum()``: a wrong gradient, no
+  error). The same for a saved view of a tensor written later, or a buffer written after its use.
+  `keep_overwritten_saved` saves a ``clone`` taken just before the first write into the saved tensor's storage
+  instead. Eager's autograd keeps the original where it can and otherwise refuses ("modified by an inplace
+  operation").
+- The split keeps a ``copy_`` in the forward only where the forward still needs its destination by that name: a write
+  into a tensor whose *view* the forward returns (``v = t.reshape(4, 1); t.mul_(x); return v``) went to the backward,
+  so the returned view held the old values, and changed during the backward. `move_forward_writes` puts it back at the
+  end of the forward (a view that `thunder_nb.internals.views` takes again from the written base keeps it there
+  already).
+- thunder's rule for ``update_aliases`` hands the gradient of a view read after a write into its base to the view as
+  it was before the write: ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` had eager's value and a wrong gradient.
+  `install` also makes thunder's grad transform take such a view again from the written base first
   (`thunder_nb.internals.views.rebase_stale_views`); where it cannot (a view through an op that may copy, a base
   written through a view), `stale_view_reads` finds it and the split warns (`InPlaceGradientWarning`), naming the
   user's line of the write.
 
-The backward is unchanged, and so is the forward where nothing saved is written (an in-place ReLU saves its mask; a
-fusion that recomputes a value in the backward saves the inputs instead). Every ``thunder.jit`` traced in the process
-after `install`, thunder_nb's or not, takes this split; one traced before keeps thunder's. `uninstall` puts thunder's
-back (for the tests that show the difference).
+Where no write meets a saved tensor or a view read after it, the traces are thunder's own (an in-place ReLU saves its
+mask; a fusion that recomputes a value in the backward saves the inputs instead). Every ``thunder.jit`` traced in the
+process after `install`, thunder_nb's or not, takes this split; one traced before keeps thunder's. `uninstall` puts
+thunder's back (for the tests that show the difference).
 
 Which tensors share storage is read from the trace, over-approximated: the outputs of a view (thunder's lists of the
 torch ops that return or may return views, its view prims, the names of its executors' implementations of them), of
@@ -203,7 +205,7 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
 
     thunder's split keeps a ``copy_`` in the forward only where the forward still needs its destination by that name;
     a write that nothing after it in the forward reads by name, into a tensor whose *view* the forward returns
-    (``v = t.unsqueeze(1); t.mul_(x); return v``), went to the backward: the returned view held the old values, then
+    (``v = t.reshape(4, 1); t.mul_(x); return v``), went to the backward: the returned view held the old values, then
     changed during the backward. Where such a write needs a gradient, or the backward reads what it computes, the
     traces stay as they are."""
     import thunder.core.prims as prims

@@ -53,6 +53,7 @@ def rebase_stale_views(trace: Any) -> Any:
     import thunder.core.prims as prims
     import thunder.torch as ltorch
     from thunder.core.proxies import variableify
+    from thunder.core.pytree import tree_flatten
     from thunder.core.trace import from_trace, tracectx
 
     always_views = set(ltorch._syms_returning_views)
@@ -72,9 +73,11 @@ def rebase_stale_views(trace: Any) -> Any:
         r = recipe.get(name)
         if r is None or r.base in blocked or generation.get(r.base, 0) <= r.generation:
             return None
+        view = latest_proxy.get(r.base)
+        if view is None:
+            return None  # NOTE: a base this pass did not see made (none known): left as thunder has it
         with tracectx(new_trace):
             new_trace.push_scope([])
-            view = latest_proxy[r.base]
             for step in r.chain:
                 view = step.sym(view, *step.args[1:], **step.kwargs)
             out.extend(new_trace.pop_scope())
@@ -82,7 +85,7 @@ def rebase_stale_views(trace: Any) -> Any:
         return view
 
     latest_proxy: dict[str, Any] = {}  # NOTE: base -> its newest version's proxy
-    for p in trace.args:
+    for p in tree_flatten((trace.args, trace.kwargs))[0]:
         if _names([p]):
             latest_proxy[base(p.name)] = p
     for bsym in trace.bound_symbols:
