@@ -78,8 +78,12 @@ def rebase_stale_views(trace: Any) -> Any:
             return None  # NOTE: a base this pass did not see made (none known): left as thunder has it
         with tracectx(new_trace):
             new_trace.push_scope([])
-            for step in r.chain:
-                view = step.sym(view, *step.args[1:], **step.kwargs)
+            try:
+                for step in r.chain:
+                    view = step.sym(view, *step.args[1:], **step.kwargs)
+            except Exception:  # NOTE: a view op that will not take the written base: thunder's trace, and the warning
+                new_trace.pop_scope()
+                return None
             out.extend(new_trace.pop_scope())
         recipe[view.name] = _Recipe(r.base, generation[r.base], r.chain)
         return view
