@@ -19,6 +19,7 @@ import torch
 import thunder
 import thunder_nb
 from thunder_nb.diagnosis.judge import assert_equal
+from thunder_nb.diagnosis.tolerances import EXACT
 from thunder_nb.internals import grads
 
 PATTERNS = {
@@ -103,3 +104,39 @@ def test_atan2_with_a_0_dim_operand_keeps_thunders_wrong_gradient():
         return torch.atan2(x, x.sum()).sum()
 
     assert_equal(_grad(thunder.jit(fn), x), _grad(fn, x), label="atan2 gradient")
+
+
+def _grads(fn, *args):
+    args = [a.detach().clone().requires_grad_() for a in args]
+    return torch.autograd.grad(fn(*args), args)
+
+
+CLAMPS = {
+    "max at a tie": (lambda x: x.clamp(max=x.view(-1)[1].item()).sum(), 1),
+    "min and max at ties, NaN": (lambda x: (x.clamp(min=x.view(-1)[2].item(), max=x.view(-1)[0].item()) * x).sum(), 1),
+    "min=0.0 at zeros": (lambda x: torch.clamp(x, min=0.0).sum(), 1),
+    "a tensor min, broadcast, ties and below": (lambda x, lo: x.clamp(min=lo).square().sum(), 2),
+}
+
+
+@pytest.mark.parametrize("name", list(CLAMPS))
+def test_clamps_gradient_is_eagers_at_ties(name):
+    """eager's ``clamp_backward`` hands ``a`` the gradient where ``min <= a <= max`` (a tie included, NaN not), a tensor
+    bound where ``a`` passed it; thunder differentiated ``where(a < max, a, max)`` and gave a tie's gradient to the
+    bound (the CPU fuzzer's program 12: ``x.clamp(max=x[5, 2].item())``)."""
+    fn, n = CLAMPS[name]
+    x = torch.tensor([[3.0, 1.0, -2.0], [0.0, float("nan"), 2.0]])
+    args = (x, torch.tensor([1.0, 1.5, -3.0]))[:n]
+    assert_equal(_grads(thunder.jit(fn), *args), _grads(fn, *args), tolerance=EXACT, label=f"{name}: gradients")
+
+
+def test_thunders_own_clamp_gives_a_tie_no_gradient():
+    fn = CLAMPS["max at a tie"][0]
+    x = torch.tensor([3.0, 1.0, -2.0])
+    grads.uninstall()
+    try:
+        wrong, = _grads(thunder.jit(fn), x)
+    finally:
+        assert grads.install()
+    assert torch.equal(wrong, torch.tensor([0.0, 0.0, 1.0]))
+    assert torch.equal(_grads(fn, x)[0], torch.tensor([0.0, 1.0, 1.0]))

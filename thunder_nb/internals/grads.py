@@ -1,6 +1,7 @@
-"""thunder's backward made to reduce a gradient to its 0-dim tensor's shape, as eager's autograd does: one change to
-``thunder.core.transforms`` (lightning-thunder 0.2.6), installed once per process by `install` where
-`thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`, which every entry point calls).
+"""thunder's backward made to reduce a gradient to its 0-dim tensor's shape, as eager's autograd does, and to give
+``torch.clamp`` eager's gradient at a tie: two changes to ``thunder.core.transforms`` (lightning-thunder 0.2.6),
+installed once per process by `install` where `thunder_nb.internals.supported` (from
+`thunder_nb.internals.check_versions`, which every entry point calls).
 
 thunder treats a 0-dim tensor on the CPU as a number (``treat_cpu_scalar_tensors_as_numbers`` in its broadcasting): a
 full reduction's result on the CPU (``x.sum()``, ``x.mean()``, ``x.amax()``, ``x.norm()``) meets a larger tensor in an
@@ -18,6 +19,11 @@ before keeps thunder's. `uninstall` puts thunder's own back (for the test that s
 few binary rules thunder writes in its older form, a forward and a backward function whose gradients its autodiff puts
 itself (``atan2``, ``fmod``, ``zeta``): ``torch.atan2(x, x.sum())`` keeps thunder's wrong gradient
 (tests/test_grads.py holds it as an expected failure).
+
+`install` also gives ``torch.clamp`` eager's gradient (`_clamp_grad`, registered as its rule: thunder 0.2.6 has none
+and differentiates its decomposition ``where(a < max, a, max)``, which hands the gradient at a tie ``a == max`` to the
+bound; eager's ``clamp_backward`` hands it to ``a``: ``x.clamp(max=x.max().item())`` got 0 where eager gets 1, the CPU
+fuzzer's program 12). Its forward runs ``torch.clamp`` itself, one kernel where the decomposition took four.
 """
 
 from __future__ import annotations
@@ -42,15 +48,39 @@ def _put_grad_summed_to_0_dim(put_grad: Any) -> Any:
     return summed_put_grad
 
 
+def _clamp_grad(a: Any, min: Any = None, max: Any = None) -> Any:
+    """``torch.clamp``'s gradient as eager's autograd gives it (``clamp_backward``): ``a`` gets the gradient where
+    ``min <= a <= max`` (a tie included, NaN excluded), a tensor bound where ``a`` passed it. thunder differentiates its
+    decomposition ``where(a < max, a, max)``, which hands a tie's gradient to the bound instead."""
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+    from thunder.core.proxies import TensorProxy
+
+    fwd = ltorch.clamp(a, min, max)
+    g = transforms.get_grad(fwd)
+    kept = None
+    for bound, keep, past in ((min, ltorch.ge, ltorch.lt), (max, ltorch.le, ltorch.gt)):
+        if bound is None:
+            continue
+        inside = keep(a, bound)
+        kept = inside if kept is None else ltorch.logical_and(kept, inside)
+        if isinstance(bound, TensorProxy):
+            transforms.put_grad(bound, transforms.sum_to(ltorch.where(past(a, bound), g, 0), bound.shape))
+    transforms.put_grad(a, ltorch.where(kept, g, 0))
+    return fwd
+
+
 def _apply() -> dict[str, Any] | None:
-    """``thunder.core.transforms.put_grad`` made `_put_grad_summed_to_0_dim`; what it was (None: not the module this
-    was written for, unchanged)."""
+    """``thunder.core.transforms.put_grad`` made `_put_grad_summed_to_0_dim`, and `_clamp_grad` registered for
+    ``torch.clamp`` (which has no rule of its own in thunder 0.2.6); what was there (None: not the module this was
+    written for, unchanged)."""
     from thunder.core import transforms
 
-    put_grad = getattr(transforms, "put_grad", None)
-    if not callable(put_grad):
+    put_grad, rules = getattr(transforms, "put_grad", None), getattr(transforms, "_grad_fn_map", None)
+    if not callable(put_grad) or not isinstance(rules, dict) or "torch.clamp" in rules:
         return None
     transforms.put_grad = _put_grad_summed_to_0_dim(put_grad)
+    transforms.register_grad("torch.clamp", _clamp_grad)
     return {"put_grad": put_grad}
 
 
@@ -58,6 +88,7 @@ def _restore(originals: dict[str, Any]) -> None:
     from thunder.core import transforms
 
     transforms.put_grad = originals["put_grad"]
+    transforms._grad_fn_map.pop("torch.clamp", None)
 
 
 #: thunder's backward changed as this module's docstring says, once per process (`thunder_nb.internals.patches`)
