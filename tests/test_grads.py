@@ -140,3 +140,17 @@ def test_thunders_own_clamp_gives_a_tie_no_gradient():
         assert grads.install()
     assert torch.equal(wrong, torch.tensor([0.0, 0.0, 1.0]))
     assert torch.equal(_grads(fn, x)[0], torch.tensor([0.0, 1.0, 1.0]))
+
+
+def test_a_sigmoid_far_below_zero_has_eagers_gradient_under_plain_thunder():
+    """thunder differentiated ``1 / (1 + exp(-x))`` op by op: NaN below about -88 (the CPU fuzzer's program 440,
+    under the fixed transform over thunder's default executors). The rule from the output gives eager's values."""
+    fn = lambda x: torch.sigmoid(x * 3).sum()  # noqa: E731
+    x = torch.tensor([-100.0, -30.0, -1.0, 0.0, 2.0, 30.0])
+    got, = _grads(thunder.jit(fn), x)
+    assert_equal(got, _grads(fn, x)[0], label="sigmoid gradient")
+    grads.uninstall()
+    try:
+        assert torch.isnan(_grads(thunder.jit(fn), x)[0][0])
+    finally:
+        assert grads.install()

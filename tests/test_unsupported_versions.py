@@ -122,7 +122,7 @@ with warnings.catch_warnings(record=True) as caught:
     facts["thunders_interpreter"] = thunders_interpreter.dis is dis and not tracing.installed()
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad
-                                  and "torch.clamp" not in thunders_transforms._grad_fn_map)
+                                  and not {"torch.clamp", "torch.sigmoid"} & thunders_transforms._grad_fn_map.keys())
     split, grad = thunders_autodiff.split_into_forward_and_backward, thunders_autodiff.grad_transform_on_trace
     facts["thunders_split"] = (not saved.installed() and split.__module__ == thunders_autodiff.__name__
                                and grad.__module__ == thunders_autodiff.__name__)

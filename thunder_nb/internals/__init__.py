@@ -18,8 +18,8 @@ any of them):
 - `tracing`: thunder's interpreter made to trace faster with the same traces (`tracing.install`, from
   `check_versions`).
 - `grads`: thunder's backward made to sum a 0-dim tensor's gradient to its shape, as eager does, and to give
-  ``torch.clamp`` eager's gradient at a tie (`grads.install`, from `check_versions`): thunder 0.2.6 gave
-  ``x * 2 + x.sum()`` on the CPU a wrong gradient.
+  ``torch.clamp`` (at a tie) and ``torch.sigmoid`` (far below zero) eager's gradients (`grads.install`, from
+  `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` on the CPU a wrong gradient.
 - `saved`: thunder's split into forward and backward made right about in-place writes (`saved.install`, from
   `check_versions`): a tensor the backward reads kept from a later write (thunder 0.2.6 gave ``t = x.sin();
   t.mul_(x)`` a wrong gradient), a returned view's write kept in the forward, and the warning where a view read after

@@ -1,6 +1,6 @@
 """thunder's backward made to reduce a gradient to its 0-dim tensor's shape, as eager's autograd does, and to give
-``torch.clamp`` eager's gradient at a tie: two changes to ``thunder.core.transforms`` (lightning-thunder 0.2.6),
-installed once per process by `install` where `thunder_nb.internals.supported` (from
+``torch.clamp`` and ``torch.sigmoid`` eager's gradients: changes to ``thunder.core.transforms`` (lightning-thunder
+0.2.6), installed once per process by `install` where `thunder_nb.internals.supported` (from
 `thunder_nb.internals.check_versions`, which every entry point calls).
 
 thunder treats a 0-dim tensor on the CPU as a number (``treat_cpu_scalar_tensors_as_numbers`` in its broadcasting): a
@@ -23,7 +23,10 @@ itself (``atan2``, ``fmod``, ``zeta``): ``torch.atan2(x, x.sum())`` keeps thunde
 `install` also gives ``torch.clamp`` eager's gradient (`_clamp_grad`, registered as its rule: thunder 0.2.6 has none
 and differentiates its decomposition ``where(a < max, a, max)``, which hands the gradient at a tie ``a == max`` to the
 bound; eager's ``clamp_backward`` hands it to ``a``: ``x.clamp(max=x.max().item())`` got 0 where eager gets 1, the CPU
-fuzzer's program 12). Its forward runs ``torch.clamp`` itself, one kernel where the decomposition took four.
+fuzzer's program 12). Its forward runs ``torch.clamp`` itself, one kernel where the decomposition took four. And
+``torch.sigmoid`` eager's (`_sigmoid_grad`, from its output: thunder's gradient of ``1 / (1 + exp(-a))`` is NaN below
+about -88, program 440; `thunder_nb.cudagraph.native_kernels.native_sigmoid`, where thunder_nb.jit names no fusion
+executor, runs eager's kernels themselves and takes precedence).
 """
 
 from __future__ import annotations
@@ -70,17 +73,33 @@ def _clamp_grad(a: Any, min: Any = None, max: Any = None) -> Any:
     return fwd
 
 
+def _sigmoid_grad(a: Any) -> Any:
+    """``torch.sigmoid``'s gradient from its output, as eager's ``sigmoid_backward``: ``g * (1 - y) * y``. thunder
+    differentiates its decomposition ``1 / (1 + exp(-a))`` op by op, whose gradient is ``inf / inf = NaN`` below about
+    -88 in float32, where eager's is 0."""
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+
+    fwd = ltorch.sigmoid(a)
+    transforms.put_grad(a, transforms.get_grad(fwd) * (1 - fwd) * fwd)
+    return fwd
+
+
+#: thunder's ops with no gradient rule of their own in 0.2.6, given eager's
+_RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad}
+
+
 def _apply() -> dict[str, Any] | None:
-    """``thunder.core.transforms.put_grad`` made `_put_grad_summed_to_0_dim`, and `_clamp_grad` registered for
-    ``torch.clamp`` (which has no rule of its own in thunder 0.2.6); what was there (None: not the module this was
-    written for, unchanged)."""
+    """``thunder.core.transforms.put_grad`` made `_put_grad_summed_to_0_dim`, and `_RULES` registered (thunder 0.2.6
+    has none for them); what was there (None: not the module this was written for, unchanged)."""
     from thunder.core import transforms
 
     put_grad, rules = getattr(transforms, "put_grad", None), getattr(transforms, "_grad_fn_map", None)
-    if not callable(put_grad) or not isinstance(rules, dict) or "torch.clamp" in rules:
+    if not callable(put_grad) or not isinstance(rules, dict) or rules.keys() & _RULES.keys():
         return None
     transforms.put_grad = _put_grad_summed_to_0_dim(put_grad)
-    transforms.register_grad("torch.clamp", _clamp_grad)
+    for op, rule in _RULES.items():
+        transforms.register_grad(op, rule)
     return {"put_grad": put_grad}
 
 
@@ -88,7 +107,8 @@ def _restore(originals: dict[str, Any]) -> None:
     from thunder.core import transforms
 
     transforms.put_grad = originals["put_grad"]
-    transforms._grad_fn_map.pop("torch.clamp", None)
+    for op in _RULES:
+        transforms._grad_fn_map.pop(op, None)
 
 
 #: thunder's backward changed as this module's docstring says, once per process (`thunder_nb.internals.patches`)
