@@ -240,14 +240,16 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
 
 
 class InPlaceGradientWarning(UserWarning):
-    """thunder 0.2.6 differentiates a view read after an in-place write into its base as if the write had not
-    happened, where `thunder_nb.internals.views` cannot take the view again: the gradient through it is wrong
-    (`stale_view_reads`)."""
+    """thunder 0.2.6 differentiates a tensor read after an in-place write into memory it shares (a view of the written
+    tensor, or the base of a written view) as if the write had not happened, where `thunder_nb.internals.views`
+    cannot take the view again: the gradient through it is wrong (`stale_view_reads`)."""
 
 
 def stale_view_reads(joint_trace: Any) -> list[str]:
     """Where (the user's lines of the in-place writes) ``joint_trace`` (thunder's forward and backward in one trace,
-    before its split) reads, with a gradient, a view taken before an in-place write into its base.
+    before its split) reads, with a gradient, a tensor that shares memory with an in-place write made after it was
+    taken: a view of the written tensor, or (through thunder's alias update) the base of a written view (the CPU
+    fuzzer's programs 616, 896, 1541: ``t4 = t2[2:]; t4.add_(t4)``, then ``t2`` read).
 
     thunder runs the write into the storage and passes the views on through ``update_aliases``, so the values are
     eager's, but its rule for ``update_aliases`` hands each view's gradient to the view as it was before the write:
@@ -310,9 +312,10 @@ def _keeping_split(split: Any) -> Any:
         lines = stale_view_reads(joint_trace)
         if lines:
             warnings.warn(
-                f"thunder 0.2.6 gets a gradient wrong here: a view read after an in-place write into its base "
-                f"({', '.join(lines)}) is differentiated as if the write had not happened (the values are right). "
-                f"Write it out of place (t = t * x instead of t.mul_(x)), or take the view after the write.",
+                f"thunder 0.2.6 gets a gradient wrong here: a tensor read after an in-place write into memory it "
+                f"shares ({', '.join(lines)}: a view of the written tensor, or the base of a written view) is "
+                f"differentiated as if the write had not happened (the values are right). Write it out of place "
+                f"(t = t * x instead of t.mul_(x)), or take the view after the write.",
                 InPlaceGradientWarning, stacklevel=2)
         forward_trace, backward_trace = split(joint_trace)
         if backward_trace is None:
