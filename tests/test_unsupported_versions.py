@@ -118,7 +118,8 @@ with warnings.catch_warnings(record=True) as caught:
     from thunder.core import interpreter as thunders_interpreter
     from thunder.core import transforms as thunders_transforms
     from thunder.transforms import autodiff as thunders_autodiff
-    from thunder_nb.internals import grads, saved, tracing
+    from thunder.executors import data_dependent_partition as thunders_partition
+    from thunder_nb.internals import grads, ordering, saved, tracing
     facts["thunders_interpreter"] = thunders_interpreter.dis is dis and not tracing.installed()
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad
@@ -126,6 +127,8 @@ with warnings.catch_warnings(record=True) as caught:
     split, grad = thunders_autodiff.split_into_forward_and_backward, thunders_autodiff.grad_transform_on_trace
     facts["thunders_split"] = (not saved.installed() and split.__module__ == thunders_autodiff.__name__
                                and grad.__module__ == thunders_autodiff.__name__)
+    facts["thunders_ordering"] = (not ordering.installed()
+                                  and thunders_partition.Graph.__module__ == thunders_partition.__name__)
 
 facts["version_warnings"] = [str(w.message) for w in caught if issubclass(w.category, internals.VersionWarning)]
 facts["own_warnings"] = sorted({w.category.__name__ for w in caught if w.category.__module__.startswith("thunder_nb")})
@@ -164,6 +167,7 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["thunders_interpreter"]  # thunder's tracing as it is (thunder_nb.internals.tracing)
     assert unsupported["thunders_backward"]  # thunder's backward as it is (thunder_nb.internals.grads)
     assert unsupported["thunders_split"]  # thunder's split as it is (thunder_nb.internals.saved)
+    assert unsupported["thunders_ordering"]  # thunder's dataflow ordering as it is (thunder_nb.internals.ordering)
     # NOTE: no use counts: nothing is handed out to stay in graph memory (gradients copied, no rotation), and a graph
     # whose saved tensors went to a backward is not replayed again (`internals.use_counters`)
     assert unsupported["rotation"] == 0 and unsupported["lend_gradients"] is False

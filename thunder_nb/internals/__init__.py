@@ -26,8 +26,11 @@ any of them):
   a write keeps thunder's gradient;
 - `views`: a view read after a write into its base taken again from the written base before the grad transform (for
   `saved`): thunder 0.2.6 gave ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` a wrong gradient.
-- `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads` and
-  `saved`.
+- `ordering`: thunder's dataflow ordering made to keep an in-place write after the reads of its memory
+  (`ordering.install`, from `check_versions`): with ``fusion_type="dataflow"`` thunder 0.2.6 could move a write
+  before a read of the same memory under another name.
+- `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
+  `saved` and `ordering`.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from typing import Any
 from .patches import ProcessPatch
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
-           "InPlaceGradientWarning"]
+           "InPlaceGradientWarning", "storage_of"]
 
 
 #: words of the names of the ops that return (or may return) a view of their first input, or the input itself, as
@@ -131,6 +131,17 @@ def _walk(bsym: Any, storage: _Storage | None, writes: list[str], views: tuple[s
             storage.join(a, b)
     for sub in bsym.subsymbols:
         _walk(sub, storage, writes, views)
+
+
+def storage_of(bsyms: Any) -> tuple[Any, list[list[str]]]:
+    """Which proxies of ``bsyms`` (a trace's bound symbols, in order) may share storage, and what each writes: a
+    function from a proxy's name to its storage's, and per symbol the names whose storage it writes in place."""
+    storage, views, writes = _Storage(), _view_symbols(), []
+    for bsym in bsyms:
+        written: list[str] = []
+        _walk(bsym, storage, written, views)
+        writes.append(written)
+    return storage.find, writes
 
 
 def _in_place(bsym: Any) -> bool:
