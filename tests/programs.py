@@ -49,3 +49,30 @@ def mlp_inputs(device="cpu"):
 def vec(n=8, device="cpu", seed_=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed_)
     return torch.randn(n, generator=g).to(device=device, dtype=dtype)
+
+
+def assert_jit_step_trains_as_eager(net, loss, steps: int = 4):
+    """``thunder_nb.jit_step`` over ``net`` with ``loss(model, x)`` and AdamW, emulated capture, against eager's loop on
+    a copy of ``net``: the losses of ``steps`` steps and the weights after them equal eager's."""
+    import copy
+    import warnings
+
+    import thunder_nb
+    from thunder_nb.diagnosis.judge import assert_equal
+
+    ref = copy.deepcopy(net)
+    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(steps)]
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net, ref))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = thunder_nb.jit_step(net, lambda x: loss(net, x), opt, capture="emulated")
+        losses = [step(b) for b in batches]
+    expected = []
+    for b in batches:
+        ref_opt.zero_grad()
+        ref_loss = loss(ref, b)
+        ref_loss.backward()
+        ref_opt.step()
+        expected.append(ref_loss.detach())
+    assert_equal(losses, expected, label="losses")
+    assert_equal(dict(net.named_parameters()), dict(ref.named_parameters()), label="weights")

@@ -10,14 +10,12 @@ against eager.
 
 from __future__ import annotations
 
-import copy
-import warnings
-
 import pytest
 import torch
 
 import thunder
 import thunder_nb
+from programs import assert_jit_step_trains_as_eager
 from thunder_nb.diagnosis.judge import assert_equal
 from thunder_nb.diagnosis.tolerances import EXACT
 from thunder_nb.internals import grads
@@ -69,30 +67,13 @@ def test_a_training_loop_that_centres_its_predictions_trains_as_eager():
     """A user's loss, ``((pred - pred.mean()) ** 2).mean()``, in jit_step's whole step: the losses and weights of 4
     AdamW steps equal eager's (thunder 0.2.6 failed this step's backward)."""
     torch.manual_seed(0)
+
+    def centred(model, x):
+        pred = model(x)
+        return ((pred - pred.mean()) ** 2).mean()
+
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    ref = copy.deepcopy(net)
-    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
-
-    def loss_of(model):
-        def loss(x):
-            pred = model(x)
-            return ((pred - pred.mean()) ** 2).mean()
-        return loss
-
-    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net, ref))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        step = thunder_nb.jit_step(net, loss_of(net), opt, capture="emulated")
-        losses = [step(b) for b in batches]
-    expected = []
-    for b in batches:
-        ref_opt.zero_grad()
-        loss = loss_of(ref)(b)
-        loss.backward()
-        ref_opt.step()
-        expected.append(loss.detach())
-    assert_equal(losses, expected, label="losses")
-    assert_equal(dict(net.named_parameters()), dict(ref.named_parameters()), label="weights")
+    assert_jit_step_trains_as_eager(net, centred)
 
 
 @pytest.mark.xfail(strict=True, reason="thunder's atan2 rule is of its older form (a forward and a backward function), "

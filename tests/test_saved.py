@@ -9,13 +9,13 @@ refuses the program ("modified by an inplace operation").
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
 
 import thunder
 import thunder_nb
+from programs import assert_jit_step_trains_as_eager
 from thunder_nb.diagnosis.judge import assert_equal
 from thunder_nb.diagnosis.tolerances import EXACT
 from thunder_nb.internals import saved
@@ -161,20 +161,4 @@ def test_a_training_loop_through_an_in_place_gate_trains_as_eager():
     """jit_step's whole step over a model with ``h.mul_(z)``: the losses and weights of 4 AdamW steps equal eager's
     (thunder 0.2.6's backward read the product for the sine)."""
     torch.manual_seed(0)
-    net = Gated()
-    ref = copy.deepcopy(net)
-    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net, ref))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        step = thunder_nb.jit_step(net, lambda x: net(x).square().mean(), opt, capture="emulated")
-        losses = [step(b) for b in batches]
-    expected = []
-    for b in batches:
-        ref_opt.zero_grad()
-        loss = ref(b).square().mean()
-        loss.backward()
-        ref_opt.step()
-        expected.append(loss.detach())
-    assert_equal(losses, expected, label="losses")
-    assert_equal(dict(net.named_parameters()), dict(ref.named_parameters()), label="weights")
+    assert_jit_step_trains_as_eager(Gated(), lambda model, x: model(x).square().mean())

@@ -146,10 +146,11 @@ def test_rotation_is_checked():
         thunder_nb.FixedCUDAGraphTransform(rotation=-1)
 
 
-def _peaks_of_a_loop(transform, x0: torch.Tensor, calls: int) -> tuple[dict[str, int], list[float]]:
+def _peaks_of_a_loop(transform, x0: torch.Tensor, calls: int) -> tuple[dict[str, int], list[float], str]:
     """Peak memory beyond what was there before, in a loop whose calls each keep the last result: allocated over the
     whole loop (compile and recordings included) and over its steady state (after 3 calls), and reserved (what the
-    caching allocator holds from the GPU: the physical footprint) over the whole loop; and the results."""
+    caching allocator holds from the GPU: the physical footprint) over the whole loop; the results; and the segments
+    the loop made (`_new_segments`)."""
     # NOTE: the configuration measured before this one left graphs, pools and buffers in reference cycles (thunder's
     # compiled functions): freed by the collector in the middle of this loop, they made its figures too small (the H200
     # run of 2026-12-03 measured thunder's transform at 4 MiB steady, below its own input buffer and output, 8 MiB)
@@ -172,11 +173,7 @@ def _peaks_of_a_loop(transform, x0: torch.Tensor, calls: int) -> tuple[dict[str,
     torch.cuda.synchronize()
     steady = torch.cuda.max_memory_allocated() - base
     reserved = max(reserved, torch.cuda.max_memory_reserved() - base_reserved)
-    _peaks_of_a_loop.segments.append(_new_segments(before))
-    return {"whole": max(whole, steady), "steady": steady, "reserved": reserved}, results
-
-
-_peaks_of_a_loop.segments = []
+    return {"whole": max(whole, steady), "steady": steady, "reserved": reserved}, results, _new_segments(before)
 
 
 def _segment_addresses() -> set[int]:
@@ -197,11 +194,10 @@ def test_gpu_rotation_holds_no_more_than_copying_and_one_output_more_than_thunde
 
     x0 = randn(1024, 1024, seed=0, device="cuda")  # NOTE: 4 MiB a tensor
     out_bytes = x0.numel() * x0.element_size()
-    peaks = {}
-    _peaks_of_a_loop.segments.clear()
+    peaks, new = {}, {}
     for name, make in (("rotation", lambda: fixed("gpu")), ("copy", lambda: fixed("gpu", rotation=0)),
                        ("thunder", CUDAGraphTransform)):
-        peaks[name], results = _peaks_of_a_loop(make(), x0, 10)
+        peaks[name], results, new[name] = _peaks_of_a_loop(make(), x0, 10)
         assert results == pytest.approx([chain(x0 + i)[0, 0].item() for i in range(10)], rel=1e-5)
     whole, steady, reserved = ({k: v[m] for k, v in peaks.items()} for m in ("whole", "steady", "reserved"))
     print("peak MiB: " + ", ".join(f"{m} {({k: round(v[m] / 2**20, 1) for k, v in peaks.items()})}"
@@ -223,6 +219,5 @@ def test_gpu_rotation_holds_no_more_than_copying_and_one_output_more_than_thunde
     # reserved alone 42/22/22 MiB for rotation/copy/thunder, after other files in one process 40/20/20, in a worker
     # of 4 on the GPU 80/40/40: every figure doubled there, unexplained, the ratio the same). Plus 2 MiB of small
     # blocks
-    new = dict(zip(peaks, _peaks_of_a_loop.segments))
     print(f"new segments: {new}")
     assert reserved["rotation"] <= 2 * reserved["thunder"] + 2 * 2**20, (reserved, new)
