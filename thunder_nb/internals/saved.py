@@ -43,6 +43,7 @@ import warnings
 from typing import Any
 
 from .patches import ProcessPatch
+from .views import in_place, rebase_stale_views, tensor_names, torch_view_symbols
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
            "InPlaceGradientWarning", "storage_of"]
@@ -62,12 +63,12 @@ _VIEW_WORDS = frozenset({
 def _view_symbols() -> tuple[set[Any], set[Any]]:
     """thunder's torch symbols that return (or may return) a view of their first input, and the prims that do."""
     import thunder.core.prims as prims
-    import thunder.torch as ltorch
 
     ids = prims.PrimIDs
     view_prims = {ids.BROADCAST_IN_DIM, ids.RESHAPE, ids.SLICE, ids.SQUEEZE, ids.TRANSPOSE, ids.UNFOLD, ids.VIEW,
                   ids.SHALLOW_COPY, ids.REAL, ids.IMAG, ids.BITCAST, ids.STRIDE_ORDER}
-    return set(ltorch._syms_returning_views) | set(ltorch._syms_that_may_return_views), view_prims
+    always, maybe = torch_view_symbols()
+    return always | maybe, view_prims
 
 
 @functools.lru_cache(maxsize=4096)
@@ -94,12 +95,6 @@ class _Storage:
         self._parent[self.find(a)] = self.find(b)
 
 
-def _tensor_names(values: Any) -> list[str]:
-    from thunder.core.proxies import TensorProxy
-
-    return [p.name for p in values if isinstance(p, TensorProxy)]
-
-
 def _walk(bsym: Any, storage: _Storage | None, writes: list[str], views: tuple[set[Any], set[Any]]) -> None:
     """Record in ``storage`` what ``bsym`` and its symbols, at any depth, make share storage (None: nothing), and in
     ``writes`` the names whose storage a ``copy_`` among them writes. Only the symbols that write or alias have their
@@ -111,19 +106,19 @@ def _walk(bsym: Any, storage: _Storage | None, writes: list[str], views: tuple[s
     if sym_id == prims.PrimIDs.COPY_ or (sym.name == "copy_" and not bsym.subsymbols and len(bsym.args) > 1):
         destination = bsym.args[1].name  # NOTE: prims.copy_(copy_from, copy_to) and the torch executor's copy_
         writes.append(destination)
-        joined = [(out, destination) for out in _tensor_names(bsym.flat_proxy_outs)]
-    elif _in_place(bsym):
-        ins = _tensor_names(bsym.flat_proxy_args)
+        joined = [(out, destination) for out in tensor_names(bsym.flat_proxy_outs)]
+    elif in_place(bsym):
+        ins = tensor_names(bsym.flat_proxy_args)
         writes.extend(ins[:1])
-        joined = [(out, ins[0]) for out in _tensor_names(bsym.flat_proxy_outs)] if ins else []
+        joined = [(out, ins[0]) for out in tensor_names(bsym.flat_proxy_outs)] if ins else []
     elif storage is None:
         joined = []
     elif sym_id == prims.PrimIDs.UPDATE_ALIASES or sym.name == "update_aliases":
-        names = _tensor_names(bsym.flat_proxy_args) + _tensor_names(bsym.flat_proxy_outs)
+        names = tensor_names(bsym.flat_proxy_args) + tensor_names(bsym.flat_proxy_outs)
         joined = [(name, names[0]) for name in names]  # NOTE: thunder's own groups of one storage, updated together
     elif sym in view_syms or sym_id in view_prims or _named_as_view(sym.name):
-        ins = _tensor_names(bsym.flat_proxy_args)
-        joined = [(out, ins[0]) for out in _tensor_names(bsym.flat_proxy_outs)] if ins else []
+        ins = tensor_names(bsym.flat_proxy_args)
+        joined = [(out, ins[0]) for out in tensor_names(bsym.flat_proxy_outs)] if ins else []
     else:
         joined = []
     if storage is not None:
@@ -144,13 +139,6 @@ def storage_of(bsyms: Any) -> tuple[Any, list[list[str]]]:
     return storage.find, writes
 
 
-def _in_place(bsym: Any) -> bool:
-    """Whether ``bsym``'s symbol is tagged as writing its first input (an in-place op thunder left whole)."""
-    import thunder.core.prims as prims
-
-    return prims.OpTags.IN_PLACE in (getattr(bsym.sym, "tags", None) or ())
-
-
 def keep_overwritten_saved(forward_trace: Any) -> Any:
     """``forward_trace`` (the forward of `thunder.transforms.autodiff.split_into_forward_and_backward`), with each
     tensor it saves for the backward that a later in-place write overwrites kept as a clone taken before that write.
@@ -167,13 +155,13 @@ def keep_overwritten_saved(forward_trace: Any) -> Any:
     if not saved_tensors:
         return forward_trace
     storage, views = _Storage(), _view_symbols()
-    defined_at = {name: -1 for name in _tensor_names(forward_trace.args)}
+    defined_at = {name: -1 for name in tensor_names(forward_trace.args)}
     first_write: dict[str, int] = {}  # NOTE: saved name -> index of the first write after it into its storage
     saved_names = {p.name for p in saved_tensors}
     for i, bsym in enumerate(bsyms[:-1]):
         writes: list[str] = []
         _walk(bsym, storage, writes, views)
-        for name in _tensor_names(bsym.flat_proxy_outs):
+        for name in tensor_names(bsym.flat_proxy_outs):
             defined_at.setdefault(name, i)
         for written in writes:
             root = storage.find(written)
@@ -222,7 +210,7 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
     import thunder.core.prims as prims
 
     fw, bw = list(forward_trace.bound_symbols), list(backward_trace.bound_symbols)
-    forward_names = set(_tensor_names(forward_trace.args)) | {
+    forward_names = set(tensor_names(forward_trace.args)) | {
         p.name for b in fw for p in b.flat_proxy_outs}
     moved: set[int] = set()
     for i, bsym in enumerate(bw):
@@ -271,7 +259,7 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
     import thunder.core.prims as prims
 
     storage, views = _Storage(), _view_symbols()
-    defined_at = {name: -1 for name in _tensor_names(joint_trace.args)}
+    defined_at = {name: -1 for name in tensor_names(joint_trace.args)}
     with_grad = {p.name for p in joint_trace.args if getattr(p, "requires_grad", False)}
     last_write: dict[str, tuple[int, Any]] = {}  # NOTE: storage root -> (index, the writing symbol)
     stale: dict[str, Any] = {}  # NOTE: name -> the write it missed
@@ -283,18 +271,18 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
         sym_id = bsym.sym.id
         if sym_id == prims.PrimIDs.DEL:
             continue
-        reads = _tensor_names(bsym.flat_proxy_args)
+        reads = tensor_names(bsym.flat_proxy_args)
         if sym_id == prims.PrimIDs.RETURN:
-            reads = _tensor_names(bsym.args[0].get("fw_flat_out", ()) if isinstance(bsym.args[0], dict) else ())
+            reads = tensor_names(bsym.args[0].get("fw_flat_out", ()) if isinstance(bsym.args[0], dict) else ())
         alias_update = sym_id == prims.PrimIDs.UPDATE_ALIASES or bsym.sym.name == "update_aliases"
-        outs = _tensor_names(bsym.flat_proxy_outs)
+        outs = tensor_names(bsym.flat_proxy_outs)
         for k, name in enumerate(reads):
             write = stale.get(name) or _missed_write(name, storage, defined_at, last_write)
             if write is None:
                 continue
             if alias_update and k < len(outs):
                 stale[outs[k]] = write
-            elif not alias_update and (name in with_grad or with_grad & set(_tensor_names(write.flat_proxy_args))):
+            elif not alias_update and (name in with_grad or with_grad & set(tensor_names(write.flat_proxy_args))):
                 position, filename = getattr(write, "source_positions", None), getattr(write, "source_filename", None)
                 found[f"{filename}:{position.lineno}" if filename and position else write.sym.name] = None
         if with_grad & set(reads):
@@ -340,7 +328,6 @@ def _keeping_split(split: Any) -> Any:
 def _rebasing_grad_transform(grad_transform: Any) -> Any:
     """thunder's ``grad_transform_on_trace``, given the trace passed through
     `thunder_nb.internals.views.rebase_stale_views` first."""
-    from .views import rebase_stale_views
 
     def grad_transform_rebasing_views(trace: Any, *args: Any, **kwargs: Any) -> Any:
         return grad_transform(rebase_stale_views(trace), *args, **kwargs)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["rebase_stale_views"]
+__all__ = ["rebase_stale_views", "tensor_names", "in_place", "torch_view_symbols"]
 
 
 @dataclass(frozen=True)
@@ -33,17 +33,25 @@ class _Recipe:
     chain: tuple[Any, ...]
 
 
-def _names(values: Any) -> list[str]:
+def tensor_names(values: Any) -> list[str]:
+    """The names of the tensor proxies among ``values``."""
     from thunder.core.proxies import TensorProxy
 
     return [p.name for p in values if isinstance(p, TensorProxy)]
 
 
-def _writes_in_place(bsym: Any) -> bool:
+def in_place(bsym: Any) -> bool:
+    """Whether ``bsym``'s symbol is tagged as writing its first input (an in-place op thunder left whole)."""
     import thunder.core.prims as prims
 
-    return (prims.OpTags.IN_PLACE in (getattr(bsym.sym, "tags", None) or ())
-            or getattr(bsym.sym, "id", None) == prims.PrimIDs.COPY_)
+    return prims.OpTags.IN_PLACE in (getattr(bsym.sym, "tags", None) or ())
+
+
+def torch_view_symbols() -> tuple[set[Any], set[Any]]:
+    """thunder's torch symbols that always return a view of their first input, and those that may (or a copy)."""
+    import thunder.torch as ltorch
+
+    return set(ltorch._syms_returning_views), set(ltorch._syms_that_may_return_views)
 
 
 def rebase_stale_views(trace: Any) -> Any:
@@ -51,13 +59,11 @@ def rebase_stale_views(trace: Any) -> Any:
     view taken before an in-place write into its base reading the same view taken again from the written base. The
     same trace where there is none."""
     import thunder.core.prims as prims
-    import thunder.torch as ltorch
     from thunder.core.proxies import variableify
     from thunder.core.pytree import tree_flatten
     from thunder.core.trace import from_trace, tracectx
 
-    always_views = set(ltorch._syms_returning_views)
-    maybe_views = set(ltorch._syms_that_may_return_views)
+    always_views, maybe_views = torch_view_symbols()
     base_of: dict[str, str] = {}  # NOTE: a tensor that is no view -> its base (its own name, or its first version's)
     generation: dict[str, int] = {}  # NOTE: base -> writes into it so far
     blocked: set[str] = set()  # NOTE: bases written through a view: nothing of theirs is rebased
@@ -90,7 +96,7 @@ def rebase_stale_views(trace: Any) -> Any:
 
     latest_proxy: dict[str, Any] = {}  # NOTE: base -> its newest version's proxy
     for p in tree_flatten((trace.args, trace.kwargs))[0]:
-        if _names([p]):
+        if tensor_names([p]):
             latest_proxy[base(p.name)] = p
     for bsym in trace.bound_symbols:
         alias_update = bsym.sym.id == prims.PrimIDs.UPDATE_ALIASES
@@ -100,7 +106,7 @@ def rebase_stale_views(trace: Any) -> Any:
                     swap[variableify(p)] = view
         bsym = bsym.from_bsym_swap_proxies(swap) if swap else bsym
         out.append(bsym)
-        ins, outs = _names(bsym.flat_proxy_args), _names(bsym.flat_proxy_outs)
+        ins, outs = tensor_names(bsym.flat_proxy_args), tensor_names(bsym.flat_proxy_outs)
         if alias_update:
             for a, b in zip(ins, outs):
                 if a in recipe:
@@ -110,8 +116,8 @@ def rebase_stale_views(trace: Any) -> Any:
                 else:
                     base_of[b] = base(a)
                     latest_proxy[base(a)] = next(p for p in bsym.flat_proxy_outs if getattr(p, "name", None) == b)
-        elif _writes_in_place(bsym) and ins:
-            destination = ins[0] if bsym.sym.id != prims.PrimIDs.COPY_ else _names(bsym.args[1:2])[0]
+        elif (in_place(bsym) or bsym.sym.id == prims.PrimIDs.COPY_) and ins:
+            destination = ins[0] if bsym.sym.id != prims.PrimIDs.COPY_ else tensor_names(bsym.args[1:2])[0]
             r = recipe.get(destination, False)
             root = r.base if r else base(destination)
             if r is not False:
