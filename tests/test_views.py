@@ -52,8 +52,23 @@ def a_view_returned_then_written(x):
     return v
 
 
+def a_view_then_relu_in_place(x):
+    t = x * 2
+    v = t.view(-1)
+    t.relu_()  # NOTE: thunder 0.2.6 tags mul_ as in-place, not the activations: only the copy_ inside says so
+    return v
+
+
+def a_view_then_an_inplace_activation(x):
+    t = x * 2
+    v = t[1:].unsqueeze(0)
+    torch.nn.functional.silu(t, inplace=True)
+    torch.nn.functional.relu(t, inplace=True)
+    return v * 3
+
+
 PROGRAMS = [unsqueezed_then_written, a_chain_of_views_then_written, a_slice_then_written_twice,
-            a_view_returned_then_written]
+            a_view_returned_then_written, a_view_then_relu_in_place, a_view_then_an_inplace_activation]
 
 
 def _x():

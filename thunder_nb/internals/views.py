@@ -41,10 +41,28 @@ def tensor_names(values: Any) -> list[str]:
 
 
 def in_place(bsym: Any) -> bool:
-    """Whether ``bsym``'s symbol is tagged as writing its first input (an in-place op thunder left whole)."""
+    """Whether ``bsym`` writes its first input in place: a symbol thunder tags as in-place, or one of thunder's torch
+    ops with an in-place form whose symbols, at any depth, ``copy_`` into that input. thunder 0.2.6 tags ``mul_``
+    and the like but not the activations: ``relu_``, ``F.relu(t, inplace=True)``, ``silu``/``dropout(inplace=True)``
+    carry no tag, only the ``copy_`` inside."""
+    import thunder.core.prims as prims
+    import thunder.torch as ltorch
+
+    if prims.OpTags.IN_PLACE in (getattr(bsym.sym, "tags", None) or ()):
+        return True
+    if bsym.sym not in getattr(ltorch, "_inplace_to_out_of_place", {}) or not bsym.subsymbols:
+        return False
+    first = tensor_names(bsym.flat_proxy_args)[:1]
+    return bool(first) and first[0] in _copied_into(bsym)
+
+
+def _copied_into(bsym: Any) -> set[str]:
+    """The names the ``copy_`` symbols among ``bsym``'s, at any depth, write."""
     import thunder.core.prims as prims
 
-    return prims.OpTags.IN_PLACE in (getattr(bsym.sym, "tags", None) or ())
+    if bsym.sym.id == prims.PrimIDs.COPY_:
+        return set(tensor_names(bsym.args[1:2]))
+    return set().union(*(_copied_into(sub) for sub in bsym.subsymbols)) if bsym.subsymbols else set()
 
 
 def torch_view_symbols() -> tuple[set[Any], set[Any]]:
