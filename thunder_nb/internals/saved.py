@@ -19,10 +19,10 @@ thunder 0.2.6 runs an in-place op as its functional op and a ``copy_`` into the 
   already).
 - thunder's rule for ``update_aliases`` hands the gradient of a view read after a write into its base to the view as
   it was before the write: ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` had eager's value and a wrong gradient.
-  `install` also makes thunder's grad transform take such a view again from the written base first
-  (`thunder_nb.internals.views.rebase_stale_views`); where it cannot (a view through an op that may copy, a base
-  written through a view), `stale_view_reads` finds it and the split warns (`InPlaceGradientWarning`), naming the
-  user's line of the write.
+  The same for a base read after a write through its view. `install` also makes thunder's grad transform take such a
+  view again from the written base, and rebuild such a base, first (`thunder_nb.internals.views.rebase_stale_views`);
+  where it cannot (a view through an op that may copy, a base written again after a write through its view),
+  `stale_view_reads` finds it and the split warns (`InPlaceGradientWarning`), naming the user's line of the write.
 
 Where no write meets a saved tensor or a view read after it, the traces are thunder's own (an in-place ReLU saves its
 mask; a fusion that recomputes a value in the backward saves the inputs instead). Every ``thunder.jit`` traced in the
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import warnings
 from typing import Any
 
@@ -303,12 +304,18 @@ def _missed_write(name: str, storage: _Storage, defined_at: dict[str, int],
     return write if index > defined_at.get(name, -1) else None
 
 
+#: the lines of the writes through a view `rebase_stale_views` mended in the grad transform of this thread's
+#: compilation, which its split (thunder calls it next) leaves out of its warning
+_MENDED = threading.local()
+
+
 def _keeping_split(split: Any) -> Any:
     """thunder's ``split_into_forward_and_backward``, its traces passed through `move_forward_writes` and its forward
     then through `keep_overwritten_saved`."""
 
     def split_keeping_saved(joint_trace: Any) -> Any:
-        lines = stale_view_reads(joint_trace)
+        mended, _MENDED.lines = getattr(_MENDED, "lines", frozenset()), frozenset()
+        lines = [line for line in stale_view_reads(joint_trace) if line not in mended]
         if lines:
             warnings.warn(
                 f"thunder 0.2.6 gets a gradient wrong here: a tensor read after an in-place write into memory it "
@@ -330,7 +337,8 @@ def _rebasing_grad_transform(grad_transform: Any) -> Any:
     `thunder_nb.internals.views.rebase_stale_views` first."""
 
     def grad_transform_rebasing_views(trace: Any, *args: Any, **kwargs: Any) -> Any:
-        return grad_transform(rebase_stale_views(trace), *args, **kwargs)
+        trace, _MENDED.lines = rebase_stale_views(trace)
+        return grad_transform(trace, *args, **kwargs)
 
     return grad_transform_rebasing_views
 

@@ -9,10 +9,17 @@ before the write, so the gradient misses the write (``2`` where eager's is ``4x`
 rebases such a view onto the write. So does this pass: where a view taken by ops that always return views
 (thunder's ``_syms_returning_views``: ``unsqueeze``, ``view``, ``transpose``, ``expand``, slicing, ...) is read after
 a write into its base, it is taken again, by the same ops, from the base as written (``v2 = unsqueeze(t2)``), and the
-reads use that. Same memory, same values; the gradient now goes through the write. Left as thunder has it (and warned
-of by the split, `thunder_nb.internals.saved.stale_view_reads`): a view taken through an op that only may return a
-view (``reshape``, ``contiguous``, ``to``: a copy would not see the write), and a base written through one of its
-views.
+reads use that. Same memory, same values; the gradient now goes through the write.
+
+A write through a view (``v = t[1:]; v.mul_(x)``, then ``t`` read) is the same rule's other side: thunder handed the
+base the gradient of its values before the write. Where the view was taken by ``getitem``/``select``/``narrow`` with
+plain indices and by views that take all of their input (`_WHOLE_VIEWS`), the base is rebuilt for the reads after the
+write: its old values with the written view put in by thunder's ``setitem`` (the views undone), copied back into the
+base's own memory (`_written_back`: one copy; a returned base still aliases what eager's does), so its gradient is
+eager's (``CopySlices``: none to the old values where the view lies). Left as thunder has it (and warned of by the
+split, `thunder_nb.internals.saved.stale_view_reads`): a view taken through an op that only may return a view
+(``reshape``, ``contiguous``, ``to``: a copy would not see the write) or read through one, a base that is an input,
+and a base written again after a write through its view.
 """
 
 from __future__ import annotations
@@ -74,8 +81,24 @@ def torch_view_symbols() -> tuple[set[Any], set[Any]]:
 
 def rebase_stale_views(trace: Any) -> Any:
     """``trace`` (thunder's computation trace before its grad transform, with its alias updates), with each read of a
-    view taken before an in-place write into its base reading the same view taken again from the written base. The
-    same trace where there is none."""
+    view taken before an in-place write into its base reading the same view taken again from the written base, and
+    each read of a base after a write through one of its views reading the base rebuilt out of place
+    (`_with_view_written`). The same trace where there is none. With it, the user's lines (``file:line``) of the
+    writes through a view whose every later read it mended: the split warns of the rest
+    (`thunder_nb.internals.saved.stale_view_reads`)."""
+    no_mend: frozenset[str] = frozenset()
+    while True:  # NOTE: a base it could not mend whole is left as thunder has it: pass again without it
+        new_trace, mended, invalid = _rebase(trace, no_mend)
+        if not invalid:
+            return new_trace, mended
+        no_mend |= invalid
+
+
+def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], frozenset[str]]:
+    """`rebase_stale_views`'s pass, with the bases named in ``no_mend`` left as thunder has them after a write through
+    a view; the lines of the writes it mended; and the bases it could not mend whole (written again after such a
+    write, whose rebuilt copy would miss it; or read after it through a view that may be a copy or that thunder's ops
+    would not take again): the pass must be run again without mending them."""
     import thunder.core.prims as prims
     from thunder.core.proxies import variableify
     from thunder.core.pytree import tree_flatten
@@ -84,32 +107,66 @@ def rebase_stale_views(trace: Any) -> Any:
     always_views, maybe_views = torch_view_symbols()
     base_of: dict[str, str] = {}  # NOTE: a tensor that is no view -> its base (its own name, or its first version's)
     generation: dict[str, int] = {}  # NOTE: base -> writes into it so far
-    blocked: set[str] = set()  # NOTE: bases written through a view: nothing of theirs is rebased
+    blocked: set[str] = set()  # NOTE: bases written through a view that is not mended: nothing of theirs is rebased
     recipe: dict[str, _Recipe | None] = {}  # NOTE: view -> how it was taken (None: through an op that may copy)
-    swap: dict[Any, Any] = {}  # NOTE: a stale view (thunder's variable of it) -> its proxy taken again
+    swap: dict[Any, Any] = {}  # NOTE: a stale view or base (thunder's variable of it) -> its proxy taken again
+    written: dict[str, tuple[Any, _Recipe, Any]] = {}  # NOTE: base written through a view -> (view, recipe, write)
+    loose: dict[str, tuple[str, int]] = {}  # NOTE: a view with no recipe -> its base and the writes into it before
+    rebuilt: dict[str, Any] = {}  # NOTE: such a base -> its proxy rebuilt out of place
+    invalid: set[str] = set()
+    inputs = set(tensor_names(tree_flatten((trace.args, trace.kwargs))[0]))
     new_trace = from_trace(trace)
     out: list[Any] = []
 
     def base(name: str) -> str:
         return base_of.setdefault(name, name)
 
+    def emitted(make: Any) -> Any | None:
+        """``make()``'s proxy, its symbols appended to ``out`` (None where thunder's ops refuse it)."""
+        with tracectx(new_trace):
+            new_trace.push_scope([])
+            try:
+                made = make()
+            except Exception:  # NOTE: an op that will not take it: thunder's trace, and the split's warning
+                new_trace.pop_scope()
+                return None
+            out.extend(new_trace.pop_scope())
+        return made
+
+    def latest(root: str) -> Any | None:
+        """The newest proxy of ``root``: after a write through its view, the base rebuilt (once)."""
+        if root not in written:
+            return latest_proxy.get(root)
+        if root not in rebuilt and latest_proxy.get(root) is not None:
+            view, r, _ = written[root]
+            made = emitted(lambda: _written_back(latest_proxy[root], r.chain, view))
+            if made is None:
+                invalid.add(root)
+                return None
+            rebuilt[root] = made
+            base_of[made.name] = root  # NOTE: a later write into it, or into a view of it, is a write into root
+            generation[root] += 1  # NOTE: the copy back is a write: the views read after are taken again from it
+        return rebuilt.get(root)
+
     def rebased(name: str) -> Any | None:
         r = recipe.get(name)
         if r is None or r.base in blocked or generation.get(r.base, 0) <= r.generation:
             return None
-        view = latest_proxy.get(r.base)
+        view = latest(r.base)
         if view is None:
             return None  # NOTE: a base this pass did not see made (none known): left as thunder has it
-        with tracectx(new_trace):
-            new_trace.push_scope([])
-            try:
-                for step in r.chain:
-                    view = step.sym(view, *step.args[1:], **step.kwargs)
-            except Exception:  # NOTE: a view op that will not take the written base: thunder's trace, and the warning
-                new_trace.pop_scope()
-                return None
-            out.extend(new_trace.pop_scope())
-        recipe[view.name] = _Recipe(r.base, generation[r.base], r.chain)
+
+        def take() -> Any:
+            taken = view
+            for step in r.chain:
+                taken = step.sym(taken, *step.args[1:], **step.kwargs)
+            return taken
+
+        view = emitted(take)
+        if view is not None:
+            recipe[view.name] = _Recipe(r.base, generation[r.base], r.chain)
+        elif r.base in written:
+            invalid.add(r.base)
         return view
 
     latest_proxy: dict[str, Any] = {}  # NOTE: base -> its newest version's proxy
@@ -118,15 +175,29 @@ def rebase_stale_views(trace: Any) -> Any:
             latest_proxy[base(p.name)] = p
     for bsym in trace.bound_symbols:
         alias_update = bsym.sym.id == prims.PrimIDs.UPDATE_ALIASES
+        writes = (in_place(bsym) or bsym.sym.id == prims.PrimIDs.COPY_) and bool(tensor_names(bsym.flat_proxy_args))
         if not alias_update:
             for p in bsym.flat_proxy_args:
-                if p.name in recipe and variableify(p) not in swap and (view := rebased(p.name)) is not None:
+                if not tensor_names([p]) or variableify(p) in swap:
+                    continue
+                root, taken = loose.get(p.name, ("", 0))
+                if root in written and generation[root] > taken:
+                    invalid.add(root)  # NOTE: a view that may be a copy, read after the write: not mended
+                if p.name in recipe:
+                    view = rebased(p.name)
+                elif base(p.name) in written and p.name not in recipe:
+                    view = latest(base(p.name))  # NOTE: a base read after a write through its view: rebuilt
+                else:
+                    view = None
+                if view is not None:
                     swap[variableify(p)] = view
         bsym = bsym.from_bsym_swap_proxies(swap) if swap else bsym
         out.append(bsym)
         ins, outs = tensor_names(bsym.flat_proxy_args), tensor_names(bsym.flat_proxy_outs)
         if alias_update:
             for a, b in zip(ins, outs):
+                if a in loose:
+                    loose[b] = loose[a]
                 if a in recipe:
                     recipe[b] = recipe[a]
                     if (view := rebased(b)) is not None:
@@ -134,13 +205,22 @@ def rebase_stale_views(trace: Any) -> Any:
                 else:
                     base_of[b] = base(a)
                     latest_proxy[base(a)] = next(p for p in bsym.flat_proxy_outs if getattr(p, "name", None) == b)
-        elif (in_place(bsym) or bsym.sym.id == prims.PrimIDs.COPY_) and ins:
+        elif writes:
             destination = ins[0] if bsym.sym.id != prims.PrimIDs.COPY_ else tensor_names(bsym.args[1:2])[0]
             r = recipe.get(destination, False)
             root = r.base if r else base(destination)
+            if root in rebuilt or root in written:
+                invalid.add(root)  # NOTE: written again: the rebuilt base, a copy, would miss this write
+            generation[root] = generation.get(root, 0) + 1
+            mend = (r and root not in no_mend and root not in inputs and _writable(r.chain) and len(outs) == 1
+                    and r.generation == generation[root] - 1)
+            if mend:
+                o = next(p for p in bsym.flat_proxy_outs if getattr(p, "name", None) == outs[0])
+                written[root] = (o, r, bsym)
+                recipe[o.name] = _Recipe(root, generation[root], r.chain)
+                continue
             if r is not False:
                 blocked.add(root if r else destination)  # NOTE: written through a view (or one that may copy)
-            generation[root] = generation.get(root, 0) + 1
             for o in bsym.flat_proxy_outs:
                 if getattr(o, "name", None) in outs:
                     base_of[o.name] = root
@@ -150,6 +230,11 @@ def rebase_stale_views(trace: Any) -> Any:
             for o in outs:
                 if source is None or bsym.sym in maybe_views or len(outs) != 1:
                     recipe[o] = None
+                    if source is None and ins and ins[0] in loose:
+                        loose[o] = loose[ins[0]]
+                    elif source is not None:
+                        root = source.base if source else base(ins[0])
+                        loose[o] = (root, source.generation if source else generation.get(root, 0))
                 elif source is False:
                     root = base(ins[0])
                     recipe[o] = _Recipe(root, generation.get(root, 0), (bsym,))
@@ -158,8 +243,85 @@ def rebase_stale_views(trace: Any) -> Any:
         else:
             for o in outs:
                 latest_proxy.setdefault(base(o), next(p for p in bsym.flat_proxy_outs if p.name == o))
+    if invalid:
+        return trace, frozenset(), frozenset(invalid)
+    mended = frozenset(_line(write) for _, _, write in written.values())
     if not swap:
-        return trace
+        return trace, mended, frozenset()
     new_trace.bound_symbols = out
-    return new_trace
+    return new_trace, mended, frozenset()
 
+
+def _line(bsym: Any) -> str:
+    """``bsym``'s user's line, ``file:line`` (its symbol's name where thunder kept none), as the split's warning
+    names it."""
+    position, filename = getattr(bsym, "source_positions", None), getattr(bsym, "source_filename", None)
+    return f"{filename}:{position.lineno}" if filename and position else bsym.sym.name
+
+
+#: thunder's torch view ops that take all of their input, each undone by `_undo`
+_WHOLE_VIEWS = frozenset({"unsqueeze", "squeeze", "view", "view_as", "unflatten", "transpose", "swapaxes",
+                          "swapdims", "permute", "t", "movedim"})
+
+
+def _region_key(step: Any) -> Any:
+    """The basic index (ints, slices of ints, None, Ellipsis) that takes the same view as ``step`` (``getitem``,
+    ``select``, ``narrow``), or None."""
+    name, args = step.sym.name, step.args
+    if step.kwargs:
+        return None
+    if name == "getitem" and len(args) == 2:
+        key = args[1] if isinstance(args[1], tuple) else (args[1],)
+        basic = all(k is None or k is Ellipsis or type(k) is int or (
+            isinstance(k, slice) and all(v is None or type(v) is int for v in (k.start, k.stop, k.step))) for k in key)
+        return key if basic else None
+    if name in ("select", "narrow") and all(type(a) is int for a in args[1:]):
+        dim = args[1] % max(len(args[0].shape), 1)
+        index = args[2] if name == "select" else slice(args[2], args[2] + args[3])
+        return (slice(None),) * dim + (index,)
+    return None
+
+
+def _writable(chain: tuple[Any, ...]) -> bool:
+    """Whether `_with_view_written` can rebuild a base written through the view ``chain`` takes."""
+    return all(step.sym.name in _WHOLE_VIEWS or _region_key(step) is not None for step in chain)
+
+
+def _undo(step: Any, x: Any) -> Any:
+    """``x`` (shaped as ``step``'s output) taken back to the shape of ``step``'s input by the inverse view."""
+    import thunder.torch as ltorch
+
+    name, args = step.sym.name, step.args
+    if name in ("transpose", "swapaxes", "swapdims", "t"):
+        return ltorch.transpose(x, *args[1:3]) if name != "t" else ltorch.t(x)
+    if name == "permute":
+        dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+        dims = [d % len(dims) for d in dims]
+        return ltorch.permute(x, [dims.index(i) for i in range(len(dims))])
+    if name == "movedim":
+        return ltorch.movedim(x, args[2], args[1])
+    return ltorch.reshape(x, tuple(args[0].shape))
+
+
+def _with_view_written(base: Any, chain: tuple[Any, ...], new: Any) -> Any:
+    """``base`` with the memory its view ``chain`` takes replaced by ``new``, out of place (thunder's ``setitem`` and
+    the views undone): the values the base holds after ``new`` was written through that view, with eager's gradient
+    (the base's old values get none where the view lies, ``new`` gets the rest)."""
+    import thunder.torch as ltorch
+
+    if not chain:
+        return new
+    step, rest = chain[0], chain[1:]
+    key = _region_key(step)
+    if key is not None:
+        return ltorch.setitem(base, key, _with_view_written(ltorch.getitem(base, key), rest, new))
+    return _undo(step, _with_view_written(step.sym(base, *step.args[1:], **step.kwargs), rest, new))
+
+
+def _written_back(base: Any, chain: tuple[Any, ...], new: Any) -> Any:
+    """`_with_view_written`'s rebuilt base copied into ``base`` itself: the same memory (a returned base, or views taken
+    of it later, alias it as in eager) and values, with the rebuilt base's gradient (thunder's ``copy_`` hands it to
+    what it copies)."""
+    import thunder.torch as ltorch
+
+    return ltorch.copy_(base, _with_view_written(base, chain, new))
