@@ -256,7 +256,7 @@ def written_through_a_reshape_then_the_base_read(x):
 def written_through_a_view_then_the_base_written(x):
     t = x * 2
     t[1:].mul_(x[1:])
-    t.add_(x)  # NOTE: the base written again: a rebuilt copy would miss this write, so nothing is rebuilt
+    t.add_(x)  # NOTE: the base written again after: its reads would get the base rebuilt before it: not rebuilt
     return t.sum()
 
 

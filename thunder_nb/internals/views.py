@@ -97,8 +97,8 @@ def rebase_stale_views(trace: Any) -> Any:
 def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], frozenset[str]]:
     """`rebase_stale_views`'s pass, with the bases named in ``no_mend`` left as thunder has them after a write through
     a view; the lines of the writes it mended; and the bases it could not mend whole (written again after such a
-    write, whose rebuilt copy would miss it; or read after it through a view that may be a copy or that thunder's ops
-    would not take again): the pass must be run again without mending them."""
+    write, whose later reads would get the base rebuilt before it; or read after it through a view that may be a copy
+    or that thunder's ops would not take again): the pass must be run again without mending them."""
     import thunder.core.prims as prims
     from thunder.core.proxies import variableify
     from thunder.core.pytree import tree_flatten
@@ -137,7 +137,10 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
         """The newest proxy of ``root``: after a write through its view, the base rebuilt (once)."""
         if root not in written:
             return latest_proxy.get(root)
-        if root not in rebuilt and latest_proxy.get(root) is not None:
+        if root not in rebuilt:
+            if latest_proxy.get(root) is None:
+                invalid.add(root)  # NOTE: a base this pass did not see made: left as thunder has it, and warned
+                return None
             view, r, _ = written[root]
             made = emitted(lambda: _written_back(latest_proxy[root], r.chain, view))
             if made is None:
@@ -210,7 +213,7 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
             r = recipe.get(destination, False)
             root = r.base if r else base(destination)
             if root in rebuilt or root in written:
-                invalid.add(root)  # NOTE: written again: the rebuilt base, a copy, would miss this write
+                invalid.add(root)  # NOTE: written again: the reads after it would get the rebuilt base, before it
             generation[root] = generation.get(root, 0) + 1
             mend = (r and root not in no_mend and root not in inputs and _writable(r.chain) and len(outs) == 1
                     and r.generation == generation[root] - 1)
