@@ -187,6 +187,12 @@ def a_view_of_the_whole_base_written_then_a_sibling_view_read(x):
     return (w * w).sum() + t.narrow(0, 1, 2).sum()
 
 
+def written_through_narrow_from_the_end(x):
+    t = x.cos() * 2
+    t.narrow(0, -2, 2).mul_(x[:2])  # NOTE: narrow counts a negative start from the end (to the last element here)
+    return t * x
+
+
 def a_view_written_then_read_itself(x):
     t = x * 3
     v = t[:2]
@@ -196,7 +202,8 @@ def a_view_written_then_read_itself(x):
 
 WRITTEN_THROUGH_A_VIEW = [a_base_read_after_a_write_into_its_slice,
                           a_base_returned_after_a_write_through_a_chain_of_views,
-                          a_view_of_the_whole_base_written_then_a_sibling_view_read, a_view_written_then_read_itself]
+                          a_view_of_the_whole_base_written_then_a_sibling_view_read, a_view_written_then_read_itself,
+                          written_through_narrow_from_the_end]
 
 
 @pytest.mark.parametrize("jit", ["thunder_nb.jit", "thunder.jit"])

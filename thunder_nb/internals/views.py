@@ -280,7 +280,8 @@ def _region_key(step: Any) -> Any:
         return key if basic else None
     if name in ("select", "narrow") and all(type(a) is int for a in args[1:]):
         dim = args[1] % max(len(args[0].shape), 1)
-        index = args[2] if name == "select" else slice(args[2], args[2] + args[3])
+        start = args[2] % args[0].shape[dim] if name == "narrow" and args[2] < 0 else args[2]  # NOTE: narrow wraps
+        index = args[2] if name == "select" else slice(start, start + args[3])
         return (slice(None),) * dim + (index,)
     return None
 
