@@ -67,8 +67,16 @@ def a_view_then_an_inplace_activation(x):
     return v * 3
 
 
+def a_transpose_then_written(x):
+    t = x.view(2, 2) * 2
+    v = t.T
+    t.mul_(x.view(2, 2))
+    return v * 3
+
+
 PROGRAMS = [unsqueezed_then_written, a_chain_of_views_then_written, a_slice_then_written_twice,
-            a_view_returned_then_written, a_view_then_relu_in_place, a_view_then_an_inplace_activation]
+            a_view_returned_then_written, a_view_then_relu_in_place, a_view_then_an_inplace_activation,
+            a_transpose_then_written]
 
 
 def _x():
@@ -187,6 +195,12 @@ def a_view_of_the_whole_base_written_then_a_sibling_view_read(x):
     return (w * w).sum() + t.narrow(0, 1, 2).sum()
 
 
+def written_through_its_transpose_then_returned(x):
+    t = x.view(2, 2) * 2
+    t.T.mul_(x.view(2, 2).cos())  # NOTE: .T is thunder's transpose prim: thunder 0.2.6 lost the write's value too
+    return t
+
+
 def written_through_narrow_from_the_end(x):
     t = x.cos() * 2
     t.narrow(0, -2, 2).mul_(x[:2])  # NOTE: narrow counts a negative start from the end (to the last element here)
@@ -203,7 +217,7 @@ def a_view_written_then_read_itself(x):
 WRITTEN_THROUGH_A_VIEW = [a_base_read_after_a_write_into_its_slice,
                           a_base_returned_after_a_write_through_a_chain_of_views,
                           a_view_of_the_whole_base_written_then_a_sibling_view_read, a_view_written_then_read_itself,
-                          written_through_narrow_from_the_end]
+                          written_through_narrow_from_the_end, written_through_its_transpose_then_returned]
 
 
 @pytest.mark.parametrize("jit", ["thunder_nb.jit", "thunder.jit"])

@@ -7,7 +7,9 @@ thunder traces ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` as ``v = unsqueeze(t)`
 so the value is eager's; but thunder's rule for ``update_aliases`` hands ``v2``'s gradient to ``v``, the view of ``t``
 before the write, so the gradient misses the write (``2`` where eager's is ``4x``), with no error. Eager's autograd
 rebases such a view onto the write. So does this pass: where a view taken by ops that always return views
-(thunder's ``_syms_returning_views``: ``unsqueeze``, ``view``, ``transpose``, ``expand``, slicing, ...) is read after
+(thunder's ``_syms_returning_views``: ``unsqueeze``, ``view``, ``transpose``, ``expand``, slicing, ...; and ``.T``,
+which thunder traces as its ``transpose`` prim and 0.2.6 did not take as a view at all: with a gradient, a write
+through ``t.T`` was lost from ``t``'s value) is read after
 a write into its base, it is taken again, by the same ops, from the base as written (``v2 = unsqueeze(t2)``), and the
 reads use that. Same memory, same values; the gradient now goes through the write.
 
@@ -228,7 +230,7 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
                 if getattr(o, "name", None) in outs:
                     base_of[o.name] = root
                     latest_proxy[root] = o
-        elif bsym.sym in always_views or bsym.sym in maybe_views:
+        elif bsym.sym in always_views or bsym.sym in maybe_views or bsym.sym.id == prims.PrimIDs.TRANSPOSE:
             source = recipe.get(ins[0], False) if ins else None
             for o in outs:
                 if source is None or bsym.sym in maybe_views or len(outs) != 1:
@@ -296,12 +298,12 @@ def _undo(step: Any, x: Any) -> Any:
     import thunder.torch as ltorch
 
     name, args = step.sym.name, step.args
-    if name in ("transpose", "swapaxes", "swapdims", "t"):
-        return ltorch.transpose(x, *args[1:3]) if name != "t" else ltorch.t(x)
-    if name == "permute":
+    if name == "permute" or (name == "transpose" and len(args) == 2 and isinstance(args[1], (tuple, list))):
         dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
         dims = [d % len(dims) for d in dims]
         return ltorch.permute(x, [dims.index(i) for i in range(len(dims))])
+    if name in ("transpose", "swapaxes", "swapdims", "t"):
+        return ltorch.transpose(x, *args[1:3]) if name != "t" else ltorch.t(x)
     if name == "movedim":
         return ltorch.movedim(x, args[2], args[1])
     return ltorch.reshape(x, tuple(args[0].shape))
