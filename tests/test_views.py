@@ -20,6 +20,9 @@ import thunder_nb
 from programs import assert_jit_step_trains_as_eager
 from thunder_nb.diagnosis.judge import assert_equal
 from thunder_nb.internals import saved
+from thunder_nb.fix import FixedCUDAGraphTransform
+from thunder_nb.testing import emulated_capture
+from thunder_nb.testing.modes import make_transform
 
 
 def unsqueezed_then_written(x):
@@ -74,9 +77,16 @@ def a_transpose_then_written(x):
     return v * 3
 
 
+def flattened_then_written(x):
+    t = x * 2
+    v = t.flatten()  # NOTE: a 1-D tensor's flatten is the tensor itself: a view whatever its strides
+    t.relu_()
+    return v * 3
+
+
 PROGRAMS = [unsqueezed_then_written, a_chain_of_views_then_written, a_slice_then_written_twice,
             a_view_returned_then_written, a_view_then_relu_in_place, a_view_then_an_inplace_activation,
-            a_transpose_then_written]
+            a_transpose_then_written, flattened_then_written]
 
 
 def _x():
@@ -291,3 +301,27 @@ def test_a_write_through_a_view_it_cannot_mend_keeps_eagers_value_and_warns_nami
     assert_equal(out, fn(x.clone()), label="value")
     line = fn.__code__.co_firstlineno + 3 - (fn is written_through_a_view_then_the_base_written)
     assert len(caught) == 1 and f"test_views.py:{line}" in str(caught[0].message), [str(w.message) for w in caught]
+
+
+def flattened_and_returned_with_its_base(x):
+    t = x.sum(1)
+    v = t.flatten()
+    t.relu_()
+    return v, t  # NOTE: eager returns one tensor twice; thunder-nb's capture hands out two tensors of that memory
+
+
+def test_a_flattened_tensor_returned_with_its_written_base_has_eagers_gradient_under_capture():
+    """The CPU fuzzer's program 4249: under (emulated) capture the two outputs are two tensors, and the flattened one
+    had thunder's old gradient (the ReLU's mask missing); plain thunder returned one tensor twice and hid it."""
+    def grad(fn):
+        x = torch.randn(16, 10, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        v, t = fn(x)
+        (v.sum() + 2 * t.sum()).backward()
+        return x.grad
+
+    expected = grad(flattened_and_returned_with_its_base)
+    with emulated_capture():
+        transform = make_transform(FixedCUDAGraphTransform, "emulated")
+        jfn = thunder.jit(flattened_and_returned_with_its_base, transforms=[transform])
+        for call in range(2):
+            assert_equal(grad(jfn), expected, label=f"gradient, call {call}")

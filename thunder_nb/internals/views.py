@@ -20,7 +20,8 @@ write: its old values with the written view put in by thunder's ``setitem`` (the
 base's own memory (`_written_back`: one copy; a returned base still aliases what eager's does), so its gradient is
 eager's (``CopySlices``: none to the old values where the view lies). Left as thunder has it (and warned of by the
 split, `thunder_nb.internals.saved.stale_view_reads`): a view taken through an op that only may return a view
-(``reshape``, ``contiguous``, ``to``: a copy would not see the write) or read through one, a base that is an input,
+(``reshape``, ``contiguous``, ``to``: a copy would not see the write; but a ``reshape`` to the same shape and a
+``flatten`` of one dimension return a view whatever the strides, and are taken as views) or read through one, a base that is an input,
 and a base written again after a write through its view.
 """
 
@@ -233,7 +234,7 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
         elif bsym.sym in always_views or bsym.sym in maybe_views or bsym.sym.id == prims.PrimIDs.TRANSPOSE:
             source = recipe.get(ins[0], False) if ins else None
             for o in outs:
-                if source is None or bsym.sym in maybe_views or len(outs) != 1:
+                if source is None or (bsym.sym in maybe_views and not _a_view_here(bsym)) or len(outs) != 1:
                     recipe[o] = None
                     if source is None and ins and ins[0] in loose:
                         loose[o] = loose[ins[0]]
@@ -264,9 +265,29 @@ def _line(bsym: Any) -> str:
     return f"{filename}:{position.lineno}" if filename and position else bsym.sym.name
 
 
-#: thunder's torch view ops that take all of their input, each undone by `_undo`
+#: thunder's torch view ops that take all of their input, each undone by `_undo` (``reshape`` and ``flatten`` where
+#: `_a_view_here`)
 _WHOLE_VIEWS = frozenset({"unsqueeze", "squeeze", "view", "view_as", "unflatten", "transpose", "swapaxes",
-                          "swapdims", "permute", "t", "movedim"})
+                          "swapdims", "permute", "t", "movedim", "reshape", "reshape_as", "flatten"})
+
+
+def _a_view_here(bsym: Any) -> bool:
+    """Whether ``bsym``, an op that may return a view or a copy, returns a view whatever its input's strides: a
+    ``reshape`` to the same shape, a ``flatten`` of at most one dimension or of one dimension into itself (PyTorch
+    returns the input itself then)."""
+    name, args = bsym.sym.name, bsym.args
+    outs = [p for p in bsym.flat_proxy_outs if hasattr(p, "shape")]
+    if not args or not hasattr(args[0], "shape") or len(outs) != 1:
+        return False
+    shape = tuple(args[0].shape)
+    if name in ("reshape", "reshape_as"):
+        return tuple(outs[0].shape) == shape
+    if name == "flatten":
+        ndim = max(len(shape), 1)
+        start = args[1] if len(args) > 1 else bsym.kwargs.get("start_dim", 0)
+        end = args[2] if len(args) > 2 else bsym.kwargs.get("end_dim", -1)
+        return len(shape) <= 1 or (type(start) is int and type(end) is int and start % ndim == end % ndim)
+    return False
 
 
 def _region_key(step: Any) -> Any:
