@@ -108,6 +108,12 @@ def _run(fn, x):
 @pytest.mark.parametrize("fn", PROGRAMS, ids=lambda f: f.__name__)
 def test_a_view_read_after_a_write_into_its_base_has_eagers_value_and_gradient(fn, jit):
     """The view is taken again from the written base before thunder differentiates it: no warning is left."""
+    _assert_eagers_value_and_gradient_unwarned(fn, jit)
+
+
+def _assert_eagers_value_and_gradient_unwarned(fn, jit: str) -> None:
+    """``fn`` under ``jit`` ("thunder_nb.jit" or "thunder.jit"): eager's value and gradient, and no
+    InPlaceGradientWarning."""
     jfn = thunder_nb.jit(fn, capture=False) if jit == "thunder_nb.jit" else thunder.jit(fn)
     out, grad, caught = _run(jfn, _x())
     expected_out, expected_grad, _ = _run(fn, _x())
@@ -235,12 +241,7 @@ WRITTEN_THROUGH_A_VIEW = [a_base_read_after_a_write_into_its_slice,
 def test_a_base_read_after_a_write_through_its_view_has_eagers_value_and_gradient(fn, jit):
     """The base is rebuilt out of place from its old values and the written view (thunder's ``setitem`` and the
     views undone) for the reads after the write: eager's gradient (CopySlices), no warning left."""
-    jfn = thunder_nb.jit(fn, capture=False) if jit == "thunder_nb.jit" else thunder.jit(fn)
-    out, grad, caught = _run(jfn, _x())
-    expected_out, expected_grad, _ = _run(fn, _x())
-    assert_equal(out, expected_out, label="value")
-    assert_equal(grad, expected_grad, label="gradient")
-    assert not caught, [str(w.message) for w in caught]
+    _assert_eagers_value_and_gradient_unwarned(fn, jit)
 
 
 class SliceScaled(torch.nn.Module):

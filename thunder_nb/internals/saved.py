@@ -44,7 +44,7 @@ import warnings
 from typing import Any
 
 from .patches import ProcessPatch
-from .views import in_place, rebase_stale_views, tensor_names, torch_view_symbols
+from .views import in_place, rebase_stale_views, tensor_names, torch_view_symbols, user_line
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
            "InPlaceGradientWarning", "storage_of"]
@@ -284,8 +284,7 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
             if alias_update and k < len(outs):
                 stale[outs[k]] = write
             elif not alias_update and (name in with_grad or with_grad & set(tensor_names(write.flat_proxy_args))):
-                position, filename = getattr(write, "source_positions", None), getattr(write, "source_filename", None)
-                found[f"{filename}:{position.lineno}" if filename and position else write.sym.name] = None
+                found[user_line(write)] = None
         if with_grad & set(reads):
             with_grad.update(outs)
         writes: list[str] = []

@@ -21,8 +21,8 @@ base's own memory (`_written_back`: one copy; a returned base still aliases what
 eager's (``CopySlices``: none to the old values where the view lies). Left as thunder has it (and warned of by the
 split, `thunder_nb.internals.saved.stale_view_reads`): a view taken through an op that only may return a view
 (``reshape``, ``contiguous``, ``to``: a copy would not see the write; but a ``reshape`` to the same shape and a
-``flatten`` of one dimension return a view whatever the strides, and are taken as views) or read through one, a base that is an input,
-and a base written again after a write through its view.
+``flatten`` of one dimension return a view whatever the strides, and are taken as views) or read through one, a base
+that is an input, and a base written again after a write through its view.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["rebase_stale_views", "tensor_names", "in_place", "torch_view_symbols"]
+__all__ = ["rebase_stale_views", "tensor_names", "in_place", "torch_view_symbols", "user_line"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def torch_view_symbols() -> tuple[set[Any], set[Any]]:
     return set(ltorch._syms_returning_views), set(ltorch._syms_that_may_return_views)
 
 
-def rebase_stale_views(trace: Any) -> Any:
+def rebase_stale_views(trace: Any) -> tuple[Any, frozenset[str]]:
     """``trace`` (thunder's computation trace before its grad transform, with its alias updates), with each read of a
     view taken before an in-place write into its base reading the same view taken again from the written base, and
     each read of a base after a write through one of its views reading the base rebuilt out of place
@@ -191,7 +191,7 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
                     invalid.add(root)  # NOTE: a view that may be a copy, read after the write: not mended
                 if p.name in recipe:
                     view = rebased(p.name)
-                elif base(p.name) in written and p.name not in recipe:
+                elif base(p.name) in written:
                     view = latest(base(p.name))  # NOTE: a base read after a write through its view: rebuilt
                 else:
                     view = None
@@ -251,16 +251,16 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
                 latest_proxy.setdefault(base(o), next(p for p in bsym.flat_proxy_outs if p.name == o))
     if invalid:
         return trace, frozenset(), frozenset(invalid)
-    mended = frozenset(_line(write) for _, _, write in written.values())
+    mended = frozenset(user_line(write) for _, _, write in written.values())
     if not swap:
         return trace, mended, frozenset()
     new_trace.bound_symbols = out
     return new_trace, mended, frozenset()
 
 
-def _line(bsym: Any) -> str:
-    """``bsym``'s user's line, ``file:line`` (its symbol's name where thunder kept none), as the split's warning
-    names it."""
+def user_line(bsym: Any) -> str:
+    """``bsym``'s user's line, ``file:line`` (its symbol's name where thunder kept none): how the split's warning
+    names a write."""
     position, filename = getattr(bsym, "source_positions", None), getattr(bsym, "source_filename", None)
     return f"{filename}:{position.lineno}" if filename and position else bsym.sym.name
 
@@ -319,8 +319,9 @@ def _undo(step: Any, x: Any) -> Any:
     import thunder.torch as ltorch
 
     name, args = step.sym.name, step.args
-    if name == "permute" or (name == "transpose" and len(args) == 2 and isinstance(args[1], (tuple, list))):
-        dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+    as_list = len(args) == 2 and isinstance(args[1], (tuple, list))  # NOTE: permute's dims, or the transpose prim's
+    if name == "permute" or (name == "transpose" and as_list):
+        dims = args[1] if as_list else args[1:]
         dims = [d % len(dims) for d in dims]
         return ltorch.permute(x, [dims.index(i) for i in range(len(dims))])
     if name in ("transpose", "swapaxes", "swapdims", "t"):
