@@ -37,46 +37,22 @@ def _cpu_kernels() -> str:
 # that two workers on two cores do not fight over both.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor" / _cpu_kernels()))
 # NOTE: inductor's first compile in a process checks each vector ISA the CPU's flags name by building a kernel and
-# loading it in a fresh Python (six processes that import torch: 5 s of CPU in every worker, kernel and subprocess that
-# compiles, 2026-12-05). The tests take the CPU's flags at their word: the same ISA is chosen (ATEN_CPU_CAPABILITY still
-# picks one), without the check.
+# loading it in a fresh Python that imports torch. The tests take the CPU's flags at their word for the base ISA (the
+# same ISA is chosen, ATEN_CPU_CAPABILITY still picks one), and make the others' checks once for the checkout, in every
+# process they start too: tests/startup/ on the PYTHONPATH runs `inductor_checks` at each Python's start.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+STARTUP = str(Path(__file__).parent / "startup")
+if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join([STARTUP, *filter(None, [os.environ.get("PYTHONPATH")])])
+sys.path.insert(0, STARTUP)
+import inductor_checks  # noqa: E402 (after its folder is on the path)
+
+inductor_checks.install()  # NOTE: this process started before its PYTHONPATH named the folder
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _inductor_isa_checks_once() -> None:
-    """Inductor's checks of the vector ISA's extensions, made once for the checkout and kept, not in every process.
-
-    ``TORCHINDUCTOR_VEC_ISA_OK`` skips only the base ISA's check: on a CPU with avx512_bf16 and avx512_vnni torch 2.11
-    still builds a kernel for each (three checks) and loads it in a fresh Python that imports torch, at the first
-    compile of every process (5.3 s of CPU, 2026-12-05). The answer is the same for the same code, flags, compiler and
-    torch (torch's own key for the built kernel): the first process of the session checks, under a lock, and writes the
-    answer next to inductor's kernels; the others, and later sessions, read it. Kernels and other processes the tests
-    start still check for themselves."""
-    import filelock
-    from torch._inductor import cpu_vec_isa
-
-    check = cpu_vec_isa.VecISA.check_build
-    if getattr(check, "once", False):
-        return
-    folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "vec-isa-checks"
-
-    def check_build(self, code: str) -> bool:
-        key = f"{cpu_vec_isa._get_isa_dry_compile_fingerprint(self._arch_flags)}\n{code}"
-        done = folder / hashlib.sha1(key.encode()).hexdigest()
-        folder.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(f"{done}.lock"):
-            if not done.exists():
-                done.write_text("ok" if check(self, code) else "failed")
-            return done.read_text() == "ok"
-
-    check_build.once = True
-    cpu_vec_isa.VecISA.check_build = check_build
-
-
 def pytest_collection_finish(session):
-    _inductor_isa_checks_once()  # NOTE: after collection (which imports torch), in the processes that run tests
     from thunder_nb import internals
 
     if internals.supported():
