@@ -1,6 +1,6 @@
 """How fast this host's CPU is right now: the CPU seconds of one fixed pure-Python loop, the median of three runs.
 
-The 2-core hosts behind this workplace changed speed by up to 2x within one evening (2026-12-06: 2.7 to 5.0 s for this
+The 2-core hosts behind this workplace changed speed by up to 2x within one evening (2026-12-06: 2.5 to 5.0 s for this
 loop), more than any change to the test suite moves its wall time. Run it before and after a timing (``bash dev.sh
 test``, a benchmark on the CPU) and give both figures with the result:
 

@@ -303,9 +303,10 @@ def _region_key(step: Any) -> Any:
         return key if basic else None
     if name in ("select", "narrow") and all(type(a) is int for a in args[1:]):
         dim = args[1] % max(len(args[0].shape), 1)
-        start = args[2] % args[0].shape[dim] if name == "narrow" and args[2] < 0 else args[2]  # NOTE: narrow wraps
-        index = args[2] if name == "select" else slice(start, start + args[3])
-        return (slice(None),) * dim + (index,)
+        if name == "select":
+            return (slice(None),) * dim + (args[2],)
+        start = args[2] % args[0].shape[dim] if args[2] < 0 else args[2]  # NOTE: a negative start counts from the end
+        return (slice(None),) * dim + (slice(start, start + args[3]),)
     return None
 
 
