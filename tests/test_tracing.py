@@ -8,6 +8,7 @@ Every entry point installs the change (`thunder_nb.internals.check_versions`); t
 from __future__ import annotations
 
 import dis
+import inspect
 import re
 import traceback
 
@@ -120,3 +121,41 @@ def test_the_instructions_kept_are_diss_and_every_other_name_is_diss_own():
         assert first == list(dis.get_instructions(code))
         assert code in copy.kept and list(copy.get_instructions(code)) == first
     assert list(copy.get_instructions(_raises)) == list(dis.get_instructions(_raises))  # NOTE: not a code object
+
+
+def _log_of_a_call() -> list:
+    """The interpreter's history of one call of a lambda, recorded (``record_history``): its ``InterpreterCall``
+    entry names the call site, the frame `InterpreterRuntimeCtx` reads from ``inspect.stack()[2]``."""
+    fn = interpreter.interpret(lambda x: x * 2, record_history=True)
+    fn(3)
+    return [item for item in interpreter.last_interpreter_log(fn) if isinstance(item, dict)]
+
+
+def test_the_call_site_a_recorded_history_names_is_the_same_both_ways(both_ways):
+    own, changed = both_ways(_log_of_a_call)
+    assert changed == own
+    call = next(item for item in own if item["kind"] == "InterpreterCall")
+    assert call["fn_filename"] == __file__ and call["prev_frame"] == "_log_of_a_call", call
+
+
+def _stacks(context: int) -> tuple[list, list, list, object, int]:
+    """inspect.stack(context) and, read while the frames further out are at the same line, the interpreter's: each
+    entry, a slice, the last entry, the length."""
+    full, lazy = inspect.stack(context), interpreter.inspect.stack(context)
+    return full, [lazy[i] for i in range(len(lazy))], lazy[1:3], lazy[-1], len(lazy)
+
+
+def test_the_stack_the_interpreter_reads_is_inspects_read_one_frame_at_a_time():
+    """`tracing._OuterFrames`: every entry, slice and negative index is ``inspect.stack()``'s, positions included;
+    every other name of the interpreter's ``inspect`` is inspect's own."""
+    assert tracing.install()
+    assert interpreter.inspect is not inspect and interpreter.inspect.signature is inspect.signature
+    for context in (1, 3):
+        full, entries, two, last, length = _stacks(context)
+        assert length == len(entries) == len(full) > 3
+        # NOTE: entry 0 is _stacks itself, at two lines
+        for i in range(1, len(full)):
+            assert entries[i] == full[i] and entries[i].positions == full[i].positions, i
+        assert two == full[1:3] and last == full[-1]
+    with pytest.raises(IndexError):
+        interpreter.inspect.stack()[10_000]

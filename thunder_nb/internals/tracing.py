@@ -1,4 +1,4 @@
-"""thunder's bytecode interpreter made to trace faster, with the same traces: two changes to
+"""thunder's bytecode interpreter made to trace faster, with the same traces: three changes to
 ``thunder.core.interpreter`` (lightning-thunder 0.2.6), installed once per process by `install` where
 `thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`, which every entry point calls).
 
@@ -13,6 +13,11 @@
   so that the frame has no caller, and waits for it with ``while not result_container: pass``: the waiting thread
   holds the GIL until the interpreter's switch interval (5 ms) hands it over, every time. `_python_frame` makes the
   same frame the same way and waits on a lock, which lets the thread run at once.
+- **One frame's source line, not the whole stack's.** Every trace starts with ``inspect.stack()[2]`` (thunder's
+  ``InterpreterRuntimeCtx``, for the call site that ``record_history`` logs): a `FrameInfo` of every frame on the
+  stack, each with its source line, which looks up the frame's module among all of ``sys.modules``, 10-20 ms under
+  pytest or IPython, and thunder reads one of them. The interpreter module's ``inspect`` becomes a copy
+  (`_inspect_reading_one_frame`) whose ``stack`` makes each frame's `FrameInfo` when it is read: the same entry.
 
 What each saves is measured in ``bench/tracing.py`` (its results in ``bench/results``). `uninstall` puts thunder's own
 back (for the tests that compare the two).
@@ -21,7 +26,10 @@ back (for the tests that compare the two).
 from __future__ import annotations
 
 import dis
+import inspect
+import sys
 import types
+from collections.abc import Sequence
 from typing import Any
 
 from .patches import ProcessPatch
@@ -52,6 +60,57 @@ def _dis_keeping_instructions() -> types.ModuleType:
     copy.__dict__.update(dis.__dict__)
     copy.get_instructions = get_instructions
     copy.kept = kept  # NOTE: for the tests
+    return copy
+
+
+class _OuterFrames(Sequence):
+    """What ``inspect.stack(context)`` returns from ``frame`` outwards (``frame`` first), each `inspect.FrameInfo` made
+    when it is read."""
+
+    def __init__(self, frame: types.FrameType | None, context: int) -> None:
+        self._frame, self._context = frame, context
+
+    def _frames(self) -> list[types.FrameType]:
+        frames, frame = [], self._frame
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+        return frames
+
+    def __len__(self) -> int:
+        return len(self._frames())
+
+    def __getitem__(self, i: Any) -> Any:
+        if not isinstance(i, int) or i < 0:  # NOTE: a slice or a negative index: the whole stack, as inspect's
+            return inspect.getouterframes(self._frame, self._context)[i]
+        frame = self._frame
+        for _ in range(i):
+            if frame is None:
+                break
+            frame = frame.f_back
+        if frame is None:
+            raise IndexError("list index out of range")
+        return _frame_info(frame, self._context)
+
+
+def _frame_info(frame: types.FrameType, context: int) -> inspect.FrameInfo:
+    """``inspect.getouterframes(frame, context)[0]`` without the frames further out."""
+    info = inspect.getframeinfo(frame, context)
+    positions = getattr(info, "positions", None)  # NOTE: Python 3.11 and later
+    return inspect.FrameInfo(frame, *info, positions=positions) if positions is not None else inspect.FrameInfo(
+        frame, *info)
+
+
+def _inspect_reading_one_frame() -> types.ModuleType:
+    """A copy of the ``inspect`` module whose ``stack`` is `_OuterFrames` of its caller's frame; every other name is
+    ``inspect``'s own."""
+
+    def stack(context: int = 1) -> Sequence[inspect.FrameInfo]:
+        return _OuterFrames(sys._getframe(1), context)
+
+    copy = types.ModuleType(inspect.__name__, inspect.__doc__)
+    copy.__dict__.update(inspect.__dict__)
+    copy.stack = stack
     return copy
 
 
@@ -97,16 +156,19 @@ def _python_frame(self: Any) -> types.FrameType:
 
 
 def _apply() -> dict[str, Any] | None:
-    """This module's two changes to thunder's interpreter; what they replaced (None: not the interpreter this was
+    """This module's three changes to thunder's interpreter; what they replaced (None: not the interpreter this was
     written for, unchanged)."""
     from thunder.core import interpreter
 
     frame_class = interpreter.InterpreterFrame
     if not (isinstance(getattr(interpreter, "dis", None), types.ModuleType)
+            and isinstance(getattr(interpreter, "inspect", None), types.ModuleType)
             and callable(getattr(frame_class, "get_or_make_python_frame", None))):
         return None
-    originals = {"dis": interpreter.dis, "frame": frame_class.__dict__["get_or_make_python_frame"]}
+    originals = {"dis": interpreter.dis, "inspect": interpreter.inspect,
+                 "frame": frame_class.__dict__["get_or_make_python_frame"]}
     interpreter.dis = _dis_keeping_instructions()
+    interpreter.inspect = _inspect_reading_one_frame()
     frame_class.get_or_make_python_frame = _python_frame
     return originals
 
@@ -115,6 +177,7 @@ def _restore(originals: dict[str, Any]) -> None:
     from thunder.core import interpreter
 
     interpreter.dis = originals["dis"]
+    interpreter.inspect = originals["inspect"]
     interpreter.InterpreterFrame.get_or_make_python_frame = originals["frame"]
 
 
