@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from rounds import machine, on_gpu, sync, write_markdown  # noqa: E402
+from rounds import machine, on_gpu, profiled_steps, write_markdown  # noqa: E402
 
 #: (class, pattern over a kernel's name), the first that matches; "other" for none.
 CLASSES = (
@@ -55,22 +55,15 @@ def short_name(name: str) -> str:
 def profile_config(model: str, config: str, device: str, steps: int) -> dict[str, tuple[float, float]]:
     """{kernel name: (µs per step, calls per step)} of ``steps`` steps of ``config`` after 3 warm-up steps."""
     from bench_step import TrainLoop
-    from torch.profiler import ProfilerActivity, profile
 
     loop = TrainLoop(model, config, device)
     for i in range(3):
         loop.step(i)
-    sync(device)
-    activity = ProfilerActivity.CUDA if on_gpu(device) else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof, loop.context():
-        for i in range(steps):
-            loop.step(i)
-        sync(device)
     per: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    for event in prof.key_averages():
+    for event in profiled_steps(loop, steps, device).key_averages():
         if on_gpu(device):
             us = event.self_device_time_total
-        elif event.key.startswith("aten::") and event.self_cpu_time_total > 0:
+        elif event.key.startswith("aten::"):
             us = event.self_cpu_time_total  # NOTE: the CPU check: every aten op's own time
         else:
             continue

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 __all__ = ["Loop", "add_round_arguments", "on_gpu", "sync", "recover", "machine", "time_rounds", "add_ratios",
-           "kernel_us", "matches", "run_rows", "write_markdown"]
+           "kernel_us", "profiled_steps", "matches", "run_rows", "write_markdown"]
 
 
 class Loop(Protocol):
@@ -96,19 +96,26 @@ def time_rounds(loops: dict[str, Loop], rows: Mapping[str, dict], rounds: int, s
                 loops.pop(config)
 
 
+def profiled_steps(loop: Loop, steps: int, device: str) -> Any:
+    """torch.profiler's record of ``steps`` consecutive steps of ``loop`` (in its context, synchronised at both ends):
+    the GPU's kernels on a GPU, the CPU's ops on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if on_gpu(device) else ProfilerActivity.CPU]) as prof, \
+            loop.context():
+        for i in range(steps):
+            loop.step(i)
+        sync(device)
+    return prof
+
+
 def kernel_us(loop: Loop, steps: int, device: str) -> float | None:
     """torch.profiler's GPU kernel time per step of ``loop`` (the sum of every kernel's own device time), in µs; None
     on the CPU. A step whose time is far above it waits for the host (launches, Python), not for the GPU."""
     if not on_gpu(device):
         return None
-    from torch.profiler import ProfilerActivity, profile
-
-    sync(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof, loop.context():
-        for i in range(steps):
-            loop.step(i)
-        sync(device)
-    total = sum(e.self_device_time_total for e in prof.key_averages())
+    total = sum(e.self_device_time_total for e in profiled_steps(loop, steps, device).key_averages())
     return total / steps if total else None
 
 
