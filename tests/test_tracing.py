@@ -159,3 +159,75 @@ def test_the_stack_the_interpreter_reads_is_inspects_read_one_frame_at_a_time():
         assert two == full[1:3] and last == full[-1]
     with pytest.raises(IndexError):
         interpreter.inspect.stack()[10_000]
+
+
+_WEIGHT = torch.randn(4, 4)
+_SCALE = 0.5
+
+
+def _reads_globals(x: torch.Tensor) -> torch.Tensor:
+    """Globals of every kind the change reads: a tensor (an input of the trace), a float (guarded in the prologue), a
+    module (``torch``), a function, and builtins (``len``, ``isinstance``, ``max``)."""
+    y = torch.tanh(x @ _WEIGHT) * _SCALE
+    if isinstance(y, torch.Tensor) and len(y.shape) == 2:
+        y = y + max(1, len(y))
+    return _traced.__name__.__len__() * y.sum(-1)
+
+
+def _traces_of_calls(fn) -> tuple[list[str], list[torch.Tensor], set[str]]:
+    """Each trace's prologue and computation (after the first call, and after ``_SCALE`` and ``_WEIGHT`` change), the
+    results, and the names of the interpreted frames."""
+    global _SCALE, _WEIGHT
+    scale, weight = _SCALE, _WEIGHT
+    frames: set[str] = set()
+    run_frame = interpreter._run_frame
+
+    def recording(frame, *args, **kwargs):
+        frames.add(frame.code.co_qualname)
+        return run_frame(frame, *args, **kwargs)
+
+    texts, results = [], []
+    interpreter._run_frame = recording
+    try:
+        x = torch.arange(12.0).reshape(3, 4) / 12
+        jfn = thunder.jit(fn)
+        for new_scale, new_weight in ((scale, weight), (2.0, weight), (2.0, weight * 3)):
+            _SCALE, _WEIGHT = new_scale, new_weight
+            results.append(jfn(x))
+            texts += [re.sub(r"\(took \d+ millisec\w*\)", "", str(trace)) for trace in
+                      (thunder.last_prologue_traces(jfn)[-1], thunder.last_traces(jfn)[-1])]
+            assert torch.allclose(results[-1], fn(x), rtol=1e-6, atol=1e-6)  # NOTE: eager's, with the new globals
+    finally:
+        interpreter._run_frame = run_frame
+        _SCALE, _WEIGHT = scale, weight
+    return texts, results, frames
+
+
+def test_globals_are_read_without_interpreting_a_lookup_with_the_same_traces_and_guards(both_ways):
+    """`tracing._globals_lookup`: the same prologues (a changed float global guarded, a changed tensor global read
+    afresh) and computations both ways, without the frames thunder interprets for each global read."""
+    (own, own_results, own_frames), (changed, results, frames) = both_ways(lambda: _traces_of_calls(_reads_globals))
+    assert changed == own and "_SCALE" in "".join(changed)
+    assert all(torch.equal(a, b) for a, b in zip(results, own_results))
+    assert "globals_lookup.<locals>.<lambda>" in own_frames
+    assert "globals_lookup.<locals>.<lambda>" not in frames and "_reads_globals" in frames
+
+
+def test_a_name_not_found_and_a_module_as_builtins_go_thunders_way(both_ways):
+    """A global that is not defined raises the same NameError both ways; a function whose globals hold the
+    ``builtins`` module itself as ``__builtins__`` (a notebook's ``__main__``) reads ``len`` as thunder does."""
+    import builtins
+
+    namespace = {"__builtins__": builtins, "torch": torch}
+    exec("def from_main(x):\n    return x * len(x.shape)\n\ndef undefined(x):\n    return x * not_defined\n", namespace)
+
+    def calls():
+        traced = thunder.jit(namespace["from_main"])
+        value = traced(torch.ones(2, 3))
+        with pytest.raises(NameError) as caught:
+            thunder.jit(namespace["undefined"])(torch.ones(2))
+        return re.sub(r"\(took \d+ millisec\w*\)", "", str(thunder.last_traces(traced)[-1])), value, str(caught.value)
+
+    (own_text, own_value, own_error), (text, value, error) = both_ways(calls)
+    assert text == own_text and torch.equal(value, own_value) and torch.equal(value, torch.full((2, 3), 2.0))
+    assert error == own_error and "not_defined" in error

@@ -120,7 +120,8 @@ with warnings.catch_warnings(record=True) as caught:
     from thunder.transforms import autodiff as thunders_autodiff
     from thunder.executors import data_dependent_partition as thunders_partition
     from thunder_nb.internals import grads, ordering, saved, tracing
-    facts["thunders_interpreter"] = thunders_interpreter.dis is dis and not tracing.installed()
+    facts["thunders_interpreter"] = (thunders_interpreter.dis is dis and not tracing.installed()
+                                     and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad
                                   and not {"torch.clamp", "torch.sigmoid"} & thunders_transforms._grad_fn_map.keys())
