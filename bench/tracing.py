@@ -58,7 +58,8 @@ def _cases(names: list[str]) -> dict[str, Callable[[], tuple[Callable[..., Any],
 
 
 def _first_call(build: Callable[[], tuple[Callable[..., Any], tuple, bool]]) -> tuple[float, str]:
-    """(CPU seconds of ``thunder.jit`` and its first call, the backward too where it trains; the traces' text)."""
+    """(CPU seconds of ``thunder.jit`` and its first call, the backward too where it trains; the text of the traces:
+    prologue, computation, backward)."""
     import thunder
     import torch
 
@@ -70,7 +71,8 @@ def _first_call(build: Callable[[], tuple[Callable[..., Any], tuple, bool]]) -> 
     if backward:
         out.backward()
     seconds = time.process_time() - start
-    traces = [thunder.last_traces(jfn)[-1]] + (thunder.last_backward_traces(jfn)[-1:] if backward else [])
+    traces = [thunder.last_prologue_traces(jfn)[-1], thunder.last_traces(jfn)[-1]]
+    traces += thunder.last_backward_traces(jfn)[-1:] if backward else []
     return seconds, re.sub(r"\(took \d+ millisec\w*\)", "", "".join(str(t) for t in traces))
 
 

@@ -19,6 +19,7 @@ from thunder.core import interpreter
 from torch import nn
 
 from thunder_nb import internals
+from thunder_nb.diagnosis.judge import assert_equal
 from thunder_nb.internals import tracing
 
 pytestmark = pytest.mark.skipif(not internals.supported(), reason="thunder-nb changes thunder's interpreter only where "
@@ -196,7 +197,7 @@ def _traces_of_calls(fn) -> tuple[list[str], list[torch.Tensor], set[str]]:
             results.append(jfn(x))
             texts += [re.sub(r"\(took \d+ millisec\w*\)", "", str(trace)) for trace in
                       (thunder.last_prologue_traces(jfn)[-1], thunder.last_traces(jfn)[-1])]
-            assert torch.allclose(results[-1], fn(x), rtol=1e-6, atol=1e-6)  # NOTE: eager's, with the new globals
+            assert_equal(results[-1], fn(x), reference="eager's, with the new globals")
     finally:
         interpreter._run_frame = run_frame
         _SCALE, _WEIGHT = scale, weight
