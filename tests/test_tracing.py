@@ -65,14 +65,18 @@ class _Net(nn.Module):
         return self.head(x * scale).logsumexp(-1).mean()
 
 
+def _text(trace) -> str:
+    """A trace's text without how long each pass took (the one part that differs between two equal traces)."""
+    return re.sub(r"\(took \d+ millisec\w*\)", "", str(trace))
+
+
 def _traced(net: nn.Module, x: torch.Tensor) -> tuple[str, str, torch.Tensor, list[torch.Tensor]]:
     """(the forward trace, the backward trace, the loss, the gradients) of one jitted call and its backward."""
     net.zero_grad(set_to_none=True)
     jfn = thunder.jit(net)
     loss = jfn(x)
     loss.backward()
-    texts = [re.sub(r"\(took \d+ millisec\w*\)", "", str(trace))  # NOTE: how long each pass took, left out
-             for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])]
+    texts = [_text(trace) for trace in (thunder.last_traces(jfn)[-1], thunder.last_backward_traces(jfn)[-1])]
     return (*texts, loss.detach(), [p.grad.clone() for p in net.parameters()])
 
 
@@ -195,8 +199,7 @@ def _traces_of_calls(fn) -> tuple[list[str], list[torch.Tensor], set[str]]:
         for new_scale, new_weight in ((scale, weight), (2.0, weight), (2.0, weight * 3)):
             _SCALE, _WEIGHT = new_scale, new_weight
             results.append(jfn(x))
-            texts += [re.sub(r"\(took \d+ millisec\w*\)", "", str(trace)) for trace in
-                      (thunder.last_prologue_traces(jfn)[-1], thunder.last_traces(jfn)[-1])]
+            texts += [_text(thunder.last_prologue_traces(jfn)[-1]), _text(thunder.last_traces(jfn)[-1])]
             assert_equal(results[-1], fn(x), reference="eager's, with the new globals")
     finally:
         interpreter._run_frame = run_frame
@@ -227,7 +230,7 @@ def test_a_name_not_found_and_a_module_as_builtins_go_thunders_way(both_ways):
         value = traced(torch.ones(2, 3))
         with pytest.raises(NameError) as caught:
             thunder.jit(namespace["undefined"])(torch.ones(2))
-        return re.sub(r"\(took \d+ millisec\w*\)", "", str(thunder.last_traces(traced)[-1])), value, str(caught.value)
+        return _text(thunder.last_traces(traced)[-1]), value, str(caught.value)
 
     (own_text, own_value, own_error), (text, value, error) = both_ways(calls)
     assert text == own_text and torch.equal(value, own_value) and torch.equal(value, torch.full((2, 3), 2.0))
