@@ -22,7 +22,7 @@ from thunder_nb.diagnosis.judge import assert_equal
 from thunder_nb.internals import saved
 from thunder_nb.fix import FixedCUDAGraphTransform
 from thunder_nb.testing import emulated_capture
-from thunder_nb.testing.modes import make_transform
+from thunder_nb.testing.modes import capturing, make_transform
 
 
 def unsqueezed_then_written(x):
@@ -326,3 +326,44 @@ def test_a_flattened_tensor_returned_with_its_written_base_has_eagers_gradient_u
         jfn = thunder.jit(flattened_and_returned_with_its_base, transforms=[transform])
         for call in range(2):
             assert_equal(grad(jfn), expected, label=f"gradient, call {call}")
+
+
+def a_view_of_the_input_returned_twice(x):
+    v = x.view(-1)
+    return v, x.sin() * 2.0, v.flatten()  # NOTE: `flatten` of 1-D `v` returns `v`: the region returns it twice
+
+
+def saved_and_returned_twice(x):
+    t = torch.tanh(x)  # NOTE: 1-D: `flatten` returns `t` itself, which the backward saves
+    return t.flatten(), t
+
+
+@pytest.mark.parametrize("rotation", [2, 0], ids=["rotated", "copied"])
+@pytest.mark.parametrize("capture", ["emulated", pytest.param(True, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fn, shape, grad", [
+    (flattened_and_returned_with_its_base, (16, 10), False),
+    (a_view_of_the_input_returned_twice, (2, 4), False),
+    (saved_and_returned_twice, (8,), True),
+], ids=lambda p: p.__name__ if callable(p) else None)
+def test_one_tensor_returned_twice_is_one_tensor_as_in_eager(fn, shape, grad, capture, rotation):
+    """A tensor a region returns at two places goes out as one object at every call, as eager returns it, whether the
+    hand-out copies it, rotates it, aliases it (saved for the backward) or the replay re-makes it (a view of a copied
+    input), and from the second instance too (the first call's outputs are still held)."""
+    device = "cuda" if capture is True else "cpu"
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(shape, generator=g).to(device).requires_grad_(grad) for _ in range(3)]
+    with capturing(capture):
+        t = make_transform(FixedCUDAGraphTransform, capture, rotation=rotation)
+        jfn = thunder.jit(fn, transforms=[t])
+        held = [jfn(x) for x in xs]
+        for call, (x, outs) in enumerate(zip(xs, held)):
+            expected = fn(x)
+            assert [[a is b for b in outs] for a in outs] == [[a is b for b in expected] for a in expected], call
+            for i, (out, want) in enumerate(zip(outs, expected)):
+                assert_equal(out, want, label=f"output {i}, call {call}")
+            if grad:
+                (got,) = torch.autograd.grad(sum(o.sum() for o in outs), x)
+                (want,) = torch.autograd.grad(sum(o.sum() for o in expected), x)
+                assert_equal(got, want, label=f"gradient, call {call}")
+    # NOTE: an instance per call where each call's outputs are still held (rotated, or saved for a backward)
+    assert t.graphs_captured == (6 if grad else 3 if rotation else 1)

@@ -17,7 +17,7 @@ from thunder.core.trace import TraceCtx, reset_tracectx, set_tracectx
 
 from .. import internals
 from ..diagnosis.plans import HAND_OUT_NAME, HandOutAction, HandOutPlan, HandOutStats
-from .instances import Instance, copy_together
+from .instances import Instance, copy_together, once_per_object
 from .passes import written_argument
 
 __all__ = ["HandOut", "insert_hand_out"]
@@ -170,8 +170,8 @@ class HandOut:
             # NOTE: a fresh alias, watched: while the caller holds it (or a view of it), its instance does not replay
             for ptr, owner in rotated_at:  # NOTE: the per-call path's; the memo's were watched when it was made
                 memory.rotate(ptr, owner)
-            for j in rotated:
-                out[j] = _detach(tensors[j])
+            for j, alias in zip(rotated, once_per_object(_detach, [tensors[j] for j in rotated])):
+                out[j] = alias
             counts["rotated"] += len(rotated)
         if singles:
             for j, c in zip(singles, internals.copy_all([tensors[j] for j in singles])):
@@ -198,7 +198,7 @@ class HandOut:
         groups: dict[int, list[int]] = {}
         placed: dict[int, tuple[int, Any]] = {}  # position -> (storage address, its instance), of the grouped ones
         where = self.memory.where
-        aliased = 0
+        aliased, made = 0, {}
         for j, ptr, owner in copies:
             if owner is None:  # NOTE: not a graph's own output: looked up at each call
                 t = tensors[j]
@@ -210,8 +210,11 @@ class HandOut:
             if ptr in saved:
                 # NOTE: a fresh alias: autograd makes a returned tensor its function's output, and the graph's
                 # own tensor must not become one
-                alias = tensors[j].detach()
-                owner.watch(alias, ptr)
+                t = tensors[j]
+                alias = made.get(id(t))  # NOTE: one alias of a tensor returned twice (`once_per_object`)
+                if alias is None:
+                    alias = made[id(t)] = t.detach()
+                    owner.watch(alias, ptr)
                 out[j] = alias
                 aliased += 1
             else:

@@ -30,6 +30,7 @@ __all__ = [
     "span",
     "non_overlapping",
     "copy_together",
+    "once_per_object",
     "view_plan",
 ]
 
@@ -111,6 +112,9 @@ class Instance:
     # say): each call hands out a fresh alias of each, so that whoever keeps one raises that storage's use count, which
     # its writer watches
     in_inputs: tuple[int, ...] = ()
+    # NOTE: (position, earlier position) of an output object returned twice (`return t.flatten(), t` of a 1-D `t`)
+    # that each replay re-makes (`in_inputs`, `views`): one new object at both, as eager returns one
+    again: tuple[tuple[int, int], ...] = ()
 
     def settle(self) -> None:
         """Take the counts of this instance's memory: right after recording, when only the runner holds it."""
@@ -218,6 +222,8 @@ def replay(inst: Instance, args: tuple[Any, ...]) -> list[Any]:
         outputs[out_pos] = a.as_strided(size, stride, a.storage_offset() + delta)
     for out_pos, in_pos in inst.passthrough:
         outputs[out_pos] = args[in_pos]
+    for pos, first in inst.again:
+        outputs[pos] = outputs[first]
     return outputs
 
 
@@ -305,10 +311,22 @@ def byte_span(ts: Sequence[torch.Tensor]) -> tuple[int, int]:
     return min(a for a, _ in spans) // 16 * 16, max(b for _, b in spans)
 
 
+def once_per_object(make: Any, ts: Sequence[Any]) -> list[Any]:
+    """``make(t)`` for each of ``ts``, once per object: a tensor at two places gets one result at both, as eager
+    PyTorch returns one tensor twice (``return t.flatten(), t`` of a 1-D ``t``)."""
+    made: dict[int, Any] = {}
+    return [made[id(t)] if id(t) in made else made.setdefault(id(t), make(t)) for t in ts]
+
+
 def copy_together(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of tensors that share one storage, sharing one new storage the same way."""
+    """Copies of tensors that share one storage, sharing one new storage the same way; one copy of a tensor given
+    twice (`once_per_object`)."""
     if len(ts) == 1 or any(t.numel() == 0 for t in ts):
-        return [t.clone() for t in ts]
+        return once_per_object(torch.Tensor.clone, ts)
+    if len(set(map(id, ts))) < len(ts):
+        unique = list({id(t): t for t in ts}.values())
+        copies = dict(zip(map(id, unique), copy_together(unique)))
+        return [copies[id(t)] for t in ts]
     lo, hi = byte_span(ts)
     raw = torch.empty(0, dtype=torch.uint8, device=ts[0].device).set_(ts[0].untyped_storage())
     chunk = raw[lo:hi].clone()

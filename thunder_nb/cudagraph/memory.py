@@ -142,6 +142,9 @@ class GraphMemory:
             if id(o) not in inst.objects:
                 inst.objects[id(o)] = ObjectEntry(i)
         inst.in_inputs = tuple(in_inputs)
+        remade, first = {*in_inputs, *(view[0] for view in inst.views)}, {}
+        inst.again = tuple((i, first[id(o)]) for i, o in enumerate(inst.static_outputs)
+                           if first.setdefault(id(o), i) != i and i in remade)
         self.recordings += 1
 
     def rotate(self, ptr: int, inst: Instance) -> None:

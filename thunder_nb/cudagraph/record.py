@@ -97,11 +97,14 @@ def _out_buffers(first: Instance) -> list[tuple[tuple[int, ...], torch.Tensor, d
     for js in groups.values():
         o = first.static_outputs[js[0]]
         raw = torch.empty(o.untyped_storage().nbytes(), dtype=torch.uint8, device=o.device)
+        made = {}  # NOTE: one view of an output at two positions, as the first has one object (`once_per_object`)
         views = {}
         for j in js:
             t = first.static_outputs[j]
-            views[j] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                raw.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+            if id(t) not in made:
+                made[id(t)] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                    raw.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+            views[j] = made[id(t)]
         out.append((tuple(js), raw, views))
     return out
 
