@@ -399,6 +399,27 @@ def test_differences_see_aliasing_kept_outputs_and_gradients():
     assert [f.kind for f in halved] == ["output", "gradient"], halved
 
 
+def test_differences_see_one_tensor_returned_twice_as_two_unless_plain_thunder_does_so():
+    """Eager returns one tensor twice (``t.flatten(), t`` of a 1-D ``t``): two tensors of that memory are an aliasing
+    difference (program 4249 before 39dc5dc), excused where plain thunder's run returns them so too."""
+    p = program("def prog(x0):\n    return x0\n", fuzz.InputSpec("x0", (6,)))
+
+    def once(x):
+        t = x.sin()
+        return t.flatten(), t
+
+    def twice(x):
+        t = x.sin()
+        return t.detach(), t
+
+    ref, run = fuzz.execute(once, p, "cpu"), fuzz.execute(twice, p, "cpu")
+    assert fuzz.differences(fuzz.execute(once, p, "cpu"), ref) == []
+    found = fuzz.differences(run, ref)
+    assert [f.kind for f in found] == ["alias"], found
+    assert found[0].text == "call 0: output 1 lies in the memory of output 0, expected output 0 itself"
+    assert fuzz.differences(run, ref, without_graphs=fuzz.execute(twice, p, "cpu")) == []
+
+
 def test_compare_values():
     assert compare_values([torch.ones(3), 1.5, 2], [torch.ones(3) + 1e-7, 1.5 + 1e-7, 2]).matches
     assert compare_values(float("nan"), float("nan")).matches
