@@ -314,6 +314,8 @@ def byte_span(ts: Sequence[torch.Tensor]) -> tuple[int, int]:
 def once_per_object(make: Any, ts: Sequence[Any]) -> list[Any]:
     """``make(t)`` for each of ``ts``, once per object: a tensor at two places gets one result at both, as eager
     PyTorch returns one tensor twice (``return t.flatten(), t`` of a 1-D ``t``)."""
+    if len(ts) < 2:
+        return list(map(make, ts))
     made: dict[int, Any] = {}
     return [made[id(t)] if id(t) in made else made.setdefault(id(t), make(t)) for t in ts]
 
