@@ -7,7 +7,7 @@ consumers by name. A write into memory that an earlier op reads under another na
 each version of a tensor its own) has no edge to that read, and may move before it: ``t2 = abs(s) - x1;
 x1.relu_(); return t2`` returned ``abs(s) - relu(x1)`` (the CPU fuzzer's program 696; eager order under the default
 ``"consecutive"``). `install` makes the graph add, for each write, an edge from every earlier op that reads memory it
-may share (`thunder_nb.internals.saved.storage_of`, over-approximated): the writes keep the program's order with the
+may share (`thunder_nb.internals.storage.storage_of`, over-approximated): the writes keep the program's order with the
 reads, and the fusions merge only what that order allows.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["install", "uninstall", "installed", "keep_writes_after_reads"]
 def keep_writes_after_reads(graph: Any, trace: Any) -> None:
     """Add to ``graph`` (thunder's `data_dependent_partition.Graph` of ``trace``, a node per bound symbol in order) an
     edge from each op to every later in-place write into memory the op reads."""
-    from .saved import storage_of
+    from .storage import storage_of
 
     bsyms = trace.bound_symbols
     find, writes = storage_of(bsyms)

@@ -29,115 +29,25 @@ mask; a fusion that recomputes a value in the backward saves the inputs instead)
 process after `install`, thunder_nb's or not, takes this split; one traced before keeps thunder's. `uninstall` puts
 thunder's back (for the tests that show the difference).
 
-Which tensors share storage is read from the trace, over-approximated: the outputs of a view (thunder's lists of the
-torch ops that return or may return views, its view prims, the names of its executors' implementations of them), of
-a ``copy_`` and of ``update_aliases`` share their input's storage, at any depth of an executor's or a fusion's
-symbols. An extra tensor taken as shared costs one copy, never a wrong value.
+Which tensors share storage is read from the trace, over-approximated (`thunder_nb.internals.storage`): an extra
+tensor taken as shared costs one copy, never a wrong value. The split also warns where the user's code writes into an
+input that does not require grad a value that does (`thunder_nb.internals.plain_inputs`): eager PyTorch makes that
+input require grad, thunder does not.
 """
 
 from __future__ import annotations
 
-import functools
-import re
 import threading
 import warnings
 from typing import Any
 
 from .patches import ProcessPatch
-from .views import in_place, rebase_stale_views, tensor_names, torch_view_symbols, user_line
+from .plain_inputs import written_with_grad
+from .storage import Storage, storage_of, view_symbols, walk
+from .views import rebase_stale_views, tensor_names, user_line
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
-           "InPlaceGradientWarning", "storage_of"]
-
-
-#: words of the names of the ops that return (or may return) a view of their first input, or the input itself, as
-#: thunder's executors name their implementations (``torch_prims_reshape_impl``, ``Tensor.expand``): an executor's
-#: symbol of a view carries no other mark of one
-_VIEW_WORDS = frozenset({
-    "adjoint", "alias", "as_strided", "bitcast", "broadcast_in_dim", "chunk", "contiguous", "detach", "diagonal",
-    "expand", "expand_as", "flatten", "getitem", "hsplit", "imag", "indices", "movedim", "narrow", "permute", "real",
-    "reshape", "reshape_as", "select", "shallow_copy", "slice", "split", "split_with_sizes", "squeeze", "stride_order",
-    "swapaxes", "swapdims", "t", "tensor_split", "to", "transpose", "type_as", "unbind", "unflatten", "unfold",
-    "unsqueeze", "values", "view", "view_as", "view_as_real", "vsplit"})
-
-
-def _view_symbols() -> tuple[set[Any], set[Any]]:
-    """thunder's torch symbols that return (or may return) a view of their first input, and the prims that do."""
-    import thunder.core.prims as prims
-
-    ids = prims.PrimIDs
-    view_prims = {ids.BROADCAST_IN_DIM, ids.RESHAPE, ids.SLICE, ids.SQUEEZE, ids.TRANSPOSE, ids.UNFOLD, ids.VIEW,
-                  ids.SHALLOW_COPY, ids.REAL, ids.IMAG, ids.BITCAST, ids.STRIDE_ORDER}
-    always, maybe = torch_view_symbols()
-    return always | maybe, view_prims
-
-
-@functools.lru_cache(maxsize=4096)
-def _named_as_view(name: str) -> bool:
-    """Whether a symbol's name names a view (`_VIEW_WORDS`): the whole name or any run of its words."""
-    words = [w for w in re.split(r"[^0-9A-Za-z]+", name.replace("_", " ")) if w]
-    runs = {"_".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, min(len(words), i + 4) + 1)}
-    return bool(runs & _VIEW_WORDS) or name.split(".")[-1] in _VIEW_WORDS
-
-
-class _Storage:
-    """Which proxies (by name) may share storage: a union-find over the trace's views, copies and alias updates."""
-
-    def __init__(self) -> None:
-        self._parent: dict[str, str] = {}
-
-    def find(self, name: str) -> str:
-        while (up := self._parent.get(name, name)) != name:
-            self._parent[name] = self._parent.get(up, up)
-            name = up
-        return name
-
-    def join(self, a: str, b: str) -> None:
-        self._parent[self.find(a)] = self.find(b)
-
-
-def _walk(bsym: Any, storage: _Storage | None, writes: list[str], views: tuple[set[Any], set[Any]]) -> None:
-    """Record in ``storage`` what ``bsym`` and its symbols, at any depth, make share storage (None: nothing), and in
-    ``writes`` the names whose storage a ``copy_`` among them writes. Only the symbols that write or alias have their
-    arguments flattened (thunder's flattening is most of a walk's time)."""
-    import thunder.core.prims as prims
-
-    view_syms, view_prims = views
-    sym, sym_id = bsym.sym, getattr(bsym.sym, "id", None)
-    if sym_id == prims.PrimIDs.COPY_ or (sym.name == "copy_" and not bsym.subsymbols and len(bsym.args) > 1):
-        destination = bsym.args[1].name  # NOTE: prims.copy_(copy_from, copy_to) and the torch executor's copy_
-        writes.append(destination)
-        joined = [(out, destination) for out in tensor_names(bsym.flat_proxy_outs)]
-    elif in_place(bsym):
-        ins = tensor_names(bsym.flat_proxy_args)
-        writes.extend(ins[:1])
-        joined = [(out, ins[0]) for out in tensor_names(bsym.flat_proxy_outs)] if ins else []
-    elif storage is None:
-        joined = []
-    elif sym_id == prims.PrimIDs.UPDATE_ALIASES or sym.name == "update_aliases":
-        names = tensor_names(bsym.flat_proxy_args) + tensor_names(bsym.flat_proxy_outs)
-        joined = [(name, names[0]) for name in names]  # NOTE: thunder's own groups of one storage, updated together
-    elif sym in view_syms or sym_id in view_prims or _named_as_view(sym.name):
-        ins = tensor_names(bsym.flat_proxy_args)
-        joined = [(out, ins[0]) for out in tensor_names(bsym.flat_proxy_outs)] if ins else []
-    else:
-        joined = []
-    if storage is not None:
-        for a, b in joined:
-            storage.join(a, b)
-    for sub in bsym.subsymbols:
-        _walk(sub, storage, writes, views)
-
-
-def storage_of(bsyms: Any) -> tuple[Any, list[list[str]]]:
-    """Which proxies of ``bsyms`` (a trace's bound symbols, in order) may share storage, and what each writes: a
-    function from a proxy's name to its storage's, and per symbol the names whose storage it writes in place."""
-    storage, views, writes = _Storage(), _view_symbols(), []
-    for bsym in bsyms:
-        written: list[str] = []
-        _walk(bsym, storage, written, views)
-        writes.append(written)
-    return storage.find, writes
+           "InPlaceGradientWarning", "storage_of", "written_with_grad"]
 
 
 def keep_overwritten_saved(forward_trace: Any) -> Any:
@@ -155,13 +65,13 @@ def keep_overwritten_saved(forward_trace: Any) -> Any:
     saved_tensors, saved_other = bsyms[-1].args[1]
     if not saved_tensors:
         return forward_trace
-    storage, views = _Storage(), _view_symbols()
+    storage, views = Storage(), view_symbols()
     defined_at = {name: -1 for name in tensor_names(forward_trace.args)}
     first_write: dict[str, int] = {}  # NOTE: saved name -> index of the first write after it into its storage
     saved_names = {p.name for p in saved_tensors}
     for i, bsym in enumerate(bsyms[:-1]):
         writes: list[str] = []
-        _walk(bsym, storage, writes, views)
+        walk(bsym, storage, writes, views)
         for name in tensor_names(bsym.flat_proxy_outs):
             defined_at.setdefault(name, i)
         for written in writes:
@@ -216,7 +126,7 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
     moved: set[int] = set()
     for i, bsym in enumerate(bw):
         writes: list[str] = []
-        _walk(bsym, None, writes, (set(), set()))
+        walk(bsym, None, writes, (set(), set()))
         if not any(w in forward_names for w in writes):
             continue
         closure, needed = {i}, {p.name for p in bsym.flat_proxy_args} - forward_names
@@ -242,7 +152,9 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
 class InPlaceGradientWarning(UserWarning):
     """thunder 0.2.6 differentiates a tensor read after an in-place write into memory it shares (a view of the written
     tensor, or the base of a written view) as if the write had not happened, where `thunder_nb.internals.views`
-    cannot take the view again: the gradient through it is wrong (`stale_view_reads`)."""
+    cannot take the view again: the gradient through it is wrong (`stale_view_reads`). And it leaves an input that
+    does not require grad a plain tensor where the user's code writes into it a value that does, which eager PyTorch
+    makes require grad (`thunder_nb.internals.plain_inputs.written_with_grad`)."""
 
 
 def stale_view_reads(joint_trace: Any) -> list[str]:
@@ -259,7 +171,7 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
     warns of it (`InPlaceGradientWarning`)."""
     import thunder.core.prims as prims
 
-    storage, views = _Storage(), _view_symbols()
+    storage, views = Storage(), view_symbols()
     defined_at = {name: -1 for name in tensor_names(joint_trace.args)}
     with_grad = {p.name for p in joint_trace.args if getattr(p, "requires_grad", False)}
     last_write: dict[str, tuple[int, Any]] = {}  # NOTE: storage root -> (index, the writing symbol)
@@ -288,7 +200,7 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
         if with_grad & set(reads):
             with_grad.update(outs)
         writes: list[str] = []
-        _walk(bsym, storage, writes, views)
+        walk(bsym, storage, writes, views)
         for name in outs:
             defined_at.setdefault(name, i)
         for written in writes:
@@ -296,7 +208,7 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
     return list(found)
 
 
-def _missed_write(name: str, storage: _Storage, defined_at: dict[str, int],
+def _missed_write(name: str, storage: Storage, defined_at: dict[str, int],
                   last_write: dict[str, tuple[int, Any]]) -> Any:
     """The write into ``name``'s storage made after ``name`` was defined (None: none)."""
     index, write = last_write.get(storage.find(name), (-2, None))
@@ -322,6 +234,14 @@ def _keeping_split(split: Any) -> Any:
                 f"differentiated as if the write had not happened (the values are right). Write it out of place "
                 f"(t = t * x instead of t.mul_(x)), or take the view after the write.",
                 InPlaceGradientWarning, stacklevel=2)
+        written = [line for line in written_with_grad(joint_trace) if line not in lines]
+        if written:
+            warnings.warn(
+                f"thunder 0.2.6 gets a gradient wrong here: an input that does not require grad is written in place "
+                f"with a value that does ({', '.join(written)}). Eager PyTorch makes that input require grad "
+                f"(returned, it carries the gradient; the next call's write builds on this one's graph); thunder "
+                f"leaves it a plain tensor. Write into a new tensor (y = x - w instead of x.sub_(w)), or detach the "
+                f"value written.", InPlaceGradientWarning, stacklevel=2)
         forward_trace, backward_trace = split(joint_trace)
         if backward_trace is None:
             return forward_trace, backward_trace

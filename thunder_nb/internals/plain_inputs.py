@@ -1,0 +1,75 @@
+"""An input that does not require grad, written in place by the user's code with a value that does: eager PyTorch and
+thunder 0.2.6 part there (`written_with_grad`; thunder's split, as `thunder_nb.internals.saved` changes it, warns of
+it with an `InPlaceGradientWarning`)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from .storage import storage_of
+from .views import tensor_names, user_line
+
+__all__ = ["written_with_grad"]
+
+
+def _constant(bsym: Any) -> bool:
+    """Whether thunder's autodiff takes ``bsym``'s outputs as constants (``is_constant_for_vjp``'s rules, and
+    ``detach``): made in a ``torch.no_grad()`` region, by an op without a gradient, or not floating point."""
+    from thunder.core.dtypes import is_inexact_dtype
+    from thunder.core.proxies import ProxyTag, TensorProxy
+    from thunder.core.transforms import nondifferentiable_vjp_symbols
+
+    outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+    return (bsym.sym.name == "detach" or bsym.sym.id in nondifferentiable_vjp_symbols
+            or any(ProxyTag.DETACHED_AUTOGRAD_GRAPH in o.tags for o in outs)
+            or not any(is_inexact_dtype(o.dtype) for o in outs))
+
+
+def _in_torch(bsym: Any) -> bool:
+    """Whether ``bsym`` comes from PyTorch's own code (BatchNorm's update of its running statistics, which eager
+    PyTorch makes inside a kernel, without autograd)."""
+    filename = getattr(bsym, "source_filename", None)
+    return bool(filename) and os.path.abspath(filename).startswith(_torch_folder())
+
+
+@functools.cache
+def _torch_folder() -> str:
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def written_with_grad(joint_trace: Any) -> list[str]:
+    """The user's lines where ``joint_trace`` (thunder's forward and backward in one trace, before its split) writes
+    in place, with grad enabled, a value that requires grad into an input that does not (the CPU fuzzer's programs
+    4373, 5168, 6802: ``x1.sub_(x2)``, ``x2`` requiring grad).
+
+    Eager PyTorch makes that input require grad: returned, it carries the gradient back to what was written into it,
+    and a later call's write into it builds on this call's graph. thunder leaves it a plain tensor: returned, it has no
+    gradient, and each call starts afresh (reads of it later in the same call are differentiated as eager's are)."""
+    import thunder.core.prims as prims
+
+    bsyms = list(joint_trace.bound_symbols)
+    ends = [i for i, b in enumerate(bsyms) if b.sym.id == prims.PrimIDs.GET_GRAD][:1]
+    if not any(b.sym.name == "copy_" and b.kwargs.get("grad_enabled", False) and not _in_torch(b)
+               for b in bsyms[: ends[0] if ends else len(bsyms)]):
+        return []  # NOTE: no write of the user's with grad enabled: the trace's storage is not walked
+    find, _ = storage_of(bsyms)
+    args = [p for p in joint_trace.args if hasattr(p, "requires_grad") and hasattr(p, "name")]
+    plain = {find(p.name) for p in args if not p.requires_grad}
+    with_grad = {p.name for p in args if p.requires_grad}
+    found: dict[str, None] = {}
+    for bsym in bsyms:
+        if bsym.sym.id == prims.PrimIDs.GET_GRAD:
+            break  # NOTE: the forward ends here (thunder's joint trace: the forward, the backward, the return of both)
+        reads = tensor_names(bsym.flat_proxy_args)
+        if not plain or not with_grad.intersection(reads):
+            continue
+        if (bsym.sym.name == "copy_" and len(bsym.args) > 1 and bsym.kwargs.get("grad_enabled", False)
+                and reads[0] in with_grad and find(bsym.args[1].name) in plain and not _in_torch(bsym)):
+            found[user_line(bsym)] = None
+        elif not _constant(bsym):
+            with_grad.update(tensor_names(bsym.flat_proxy_outs))
+    return list(found)
