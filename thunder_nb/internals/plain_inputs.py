@@ -44,11 +44,13 @@ def _torch_folder() -> str:
 def written_with_grad(joint_trace: Any) -> list[str]:
     """The user's lines where ``joint_trace`` (thunder's forward and backward in one trace, before its split) writes
     in place, with grad enabled, a value that requires grad into an input that does not (the CPU fuzzer's programs
-    4373, 5168, 6802: ``x1.sub_(x2)``, ``x2`` requiring grad).
+    5168, 6802, 8484: ``x1.sub_(x2)``, ``x2`` requiring grad). A write nothing in the forward reads after it is not in
+    that trace (thunder drops it there: programs 4373, 8273), and goes unnamed.
 
     Eager PyTorch makes that input require grad: returned, it carries the gradient back to what was written into it,
     and a later call's write into it builds on this call's graph. thunder leaves it a plain tensor: returned, it has no
-    gradient, and each call starts afresh (reads of it later in the same call are differentiated as eager's are)."""
+    gradient, and each call starts afresh (reads of it later in the same call are differentiated as eager's are).
+    """
     import thunder.core.prims as prims
 
     bsyms = list(joint_trace.bound_symbols)
