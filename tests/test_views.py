@@ -333,6 +333,10 @@ def a_view_of_the_input_returned_twice(x):
     return v, x.sin() * 2.0, v.flatten()  # NOTE: `flatten` of 1-D `v` returns `v`: the region returns it twice
 
 
+def the_input_flattened_and_returned(x):
+    return x.flatten(), x * 2.0, x  # NOTE: 1-D: `flatten` returns `x` itself (the CPU fuzzer's program 8867)
+
+
 def saved_and_returned_twice(x):
     t = torch.tanh(x)  # NOTE: 1-D: `flatten` returns `t` itself, which the backward saves
     return t.flatten(), t
@@ -343,6 +347,7 @@ def saved_and_returned_twice(x):
 @pytest.mark.parametrize("fn, shape, grad", [
     (flattened_and_returned_with_its_base, (16, 10), False),
     (a_view_of_the_input_returned_twice, (2, 4), False),
+    (the_input_flattened_and_returned, (8,), False),
     (saved_and_returned_twice, (8,), True),
 ], ids=lambda p: p.__name__ if callable(p) else None)
 def test_one_tensor_returned_twice_is_one_tensor_as_in_eager(fn, shape, grad, capture, rotation):

@@ -259,9 +259,13 @@ class Recording:
         memory = self.memory
         static_outputs = _unviewed(static_outputs, memory.owned(inputs_memory))
         alone = tuple(i for i in copied if i not in grouped)
+        views = view_plan(fn_name, args, mask, static_inputs, static_outputs)
+        # NOTE: an output that is the copy of an input itself (`x.flatten()` of a 1-D `x`: torch returns `x`) is the
+        # caller's tensor itself, as in eager, not a view of it
+        itself = tuple((j, i) for j, i, *_ in views if static_outputs[j] is static_inputs[i])
         inst = Instance(graph, static_inputs, tuple(static_outputs),
-                         view_plan(fn_name, args, mask, static_inputs, static_outputs), index, copied,
-                         tuple(i for i in writes if i in alone), self.passthrough.get(fn_name, ()),
+                         tuple(v for v in views if (v[0], v[1]) not in itself), index, copied,
+                         tuple(i for i in writes if i in alone), self.passthrough.get(fn_name, ()) + itself,
                          tuple(static_inputs[i] for i in alone), copy_from=alone,
                          shared=tuple(_shared_copy(group, args, static_inputs, writes) for group in together))
         # NOTE: shared buffers stay the first's
