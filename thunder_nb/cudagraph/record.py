@@ -12,7 +12,7 @@ from thunder.transforms.cudagraph import CUDAGraphRunner
 from .. import internals
 from ..diagnosis.plans import GraphRecord, rotates
 from .instances import (Instance, SharedCopy, byte_offset, byte_span, copy_together, non_overlapping, shared_storages,
-                        span, storage, view_plan)
+                        once_per_object, span, storage, view_plan)
 from .notices import HeldOutputsWarning
 
 __all__ = ["record_graph", "RECORDERS", "Recording", "check_instance_budget"]
@@ -97,14 +97,13 @@ def _out_buffers(first: Instance) -> list[tuple[tuple[int, ...], torch.Tensor, d
     for js in groups.values():
         o = first.static_outputs[js[0]]
         raw = torch.empty(o.untyped_storage().nbytes(), dtype=torch.uint8, device=o.device)
-        made = {}  # NOTE: one view of an output at two positions, as the first has one object (`once_per_object`)
-        views = {}
-        for j in js:
-            t = first.static_outputs[j]
-            if id(t) not in made:
-                made[id(t)] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                    raw.untyped_storage(), t.storage_offset(), t.size(), t.stride())
-            views[j] = made[id(t)]
+
+        def laid_out(t: torch.Tensor, raw: torch.Tensor = raw) -> torch.Tensor:
+            return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                raw.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+        # NOTE: one view of an output at two positions, as the first has one object
+        views = dict(zip(js, once_per_object(laid_out, [first.static_outputs[j] for j in js])))
         out.append((tuple(js), raw, views))
     return out
 

@@ -54,23 +54,23 @@ def written_with_grad(joint_trace: Any) -> list[str]:
     import thunder.core.prims as prims
 
     bsyms = list(joint_trace.bound_symbols)
+    # NOTE: the forward: thunder's joint trace is the forward, the backward, the return of both
     ends = [i for i, b in enumerate(bsyms) if b.sym.id == prims.PrimIDs.GET_GRAD][:1]
-    if not any(b.sym.name == "copy_" and b.kwargs.get("grad_enabled", False) and not _in_torch(b)
-               for b in bsyms[: ends[0] if ends else len(bsyms)]):
+    forward = bsyms[: ends[0]] if ends else bsyms
+    writes = {id(b) for b in forward if b.sym.name == "copy_" and len(b.args) > 1
+              and b.kwargs.get("grad_enabled", False) and not _in_torch(b)}
+    if not writes:
         return []  # NOTE: no write of the user's with grad enabled: the trace's storage is not walked
     find, _ = storage_of(bsyms)
     args = [p for p in joint_trace.args if hasattr(p, "requires_grad") and hasattr(p, "name")]
     plain = {find(p.name) for p in args if not p.requires_grad}
     with_grad = {p.name for p in args if p.requires_grad}
     found: dict[str, None] = {}
-    for bsym in bsyms:
-        if bsym.sym.id == prims.PrimIDs.GET_GRAD:
-            break  # NOTE: the forward ends here (thunder's joint trace: the forward, the backward, the return of both)
+    for bsym in forward if plain else ():
         reads = tensor_names(bsym.flat_proxy_args)
-        if not plain or not with_grad.intersection(reads):
+        if not with_grad.intersection(reads):
             continue
-        if (bsym.sym.name == "copy_" and len(bsym.args) > 1 and bsym.kwargs.get("grad_enabled", False)
-                and reads[0] in with_grad and find(bsym.args[1].name) in plain and not _in_torch(bsym)):
+        if id(bsym) in writes and reads[0] in with_grad and find(bsym.args[1].name) in plain:
             found[user_line(bsym)] = None
         elif not _constant(bsym):
             with_grad.update(tensor_names(bsym.flat_proxy_outs))
