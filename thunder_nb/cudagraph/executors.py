@@ -201,13 +201,15 @@ def checked_sdpa() -> Any:
     matches the query's: a KV-cache decode step (litgpt's mask broadcast over the batch) then fails while it is
     traced, "grad_forward_sdpa: Expected all inputs to have same batch_size", where thunder could have run
     attention with torch's own kernel. With this checker such a call goes to the next executor; every call the
-    fused kernels take runs as with thunder's executor (the same transforms, the same symbols).
+    fused kernels take runs as with thunder's executor (the same transforms, the same symbols), but for the backward's
+    incoming gradient, cast to the attention's dtype first (`internals.sdpa_grad_in_its_dtype`: under autocast
+    thunder's own backward refuses a float32 gradient of a bfloat16 attention).
     """
     import thunder.torch as ltorch
     from thunder.executors import sdpaex
     from thunder.extend import OperatorExecutor, register_executor
 
-    sdpa_checker, sdpa_fused, sdpa_grad = internals.sdpa_implementation()
+    sdpa_checker, sdpa_fused = internals.sdpa_implementation()
 
     def checker(query, key, value, attn_mask, dropout_p, is_causal, *, scale=None) -> bool:
         tensors = [t for t in (query, key, value, attn_mask) if t is not None]
@@ -218,7 +220,7 @@ def checked_sdpa() -> Any:
     ex = OperatorExecutor("thunder_nb_sdpa", version=sdpaex.sdpa_ex.version)
     register_executor(ex)
     ex.register_implementation(ltorch.scaled_dot_product_attention, checker=checker,
-                               execution_transform=sdpa_fused, grad_transform=sdpa_grad)
+                               execution_transform=sdpa_fused, grad_transform=internals.sdpa_grad_in_its_dtype)
     return ex
 
 
@@ -279,7 +281,11 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     bench/results/2026-12-05-ddp-step-ops-h100.md), and ``broadcast_in_dim`` with thunder's rule, which copies where
     eager's views. A fusion executor (torchcompile, torchcompile_cat, nvFuser) keeps all of them but
     ``prims.convolution`` and ``batch_norm``: it fuses their decomposition, forward and backward, with the ops around
-    them, and that configuration is already the fastest. `native_broadcast` only where `internals.supported`.
+    them, and that configuration is already the fastest. Before a fusion executor also comes `checked_sdpa` (unless
+    ``no-sdpa``): the fusion executor takes ``scaled_dot_product_attention`` with no backward, so a training step
+    ran attention as matmuls and softmax fusions where inductor's own capture runs PyTorch's fused attention kernels
+    (GPT-2 small and the 1B model on the H100: bench/results/2026-12-07-kernels-gpt2-1b-h100.md).
+    `native_broadcast` only where `internals.supported`.
     `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way, and so does the magic's fixed
     side.
 
@@ -291,7 +297,10 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     # NOTE: every name is in ``named`` as its executor, and thunder's defaults count too: with nvFuser installed they
     # hold it
     fused = any(getattr(e, "name", None) in _FUSING for e in (*given, *named))
-    native = [native_convolution(), native_batch_norm()] + ([] if fused else [
+    # NOTE: with a fusion executor first, attention goes to PyTorch's fused kernels only from an executor before it
+    # (the fusion executor claims it with no backward; thunder then differentiates matmuls and a softmax)
+    attention = [checked_sdpa()] if fused and checked_sdpa() in named else []
+    native = [native_convolution(), native_batch_norm(), *attention] + ([] if fused else [
         native_layer_norm(), native_gelu(), native_silu(), native_sigmoid(), native_mean(), native_unbind()])
     # NOTE: native_broadcast runs thunder's torch executor's own transform (`internals.torch_executor_transform`): on a
     # thunder thunder-nb does not support, thunder's rule stays

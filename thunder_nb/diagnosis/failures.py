@@ -106,13 +106,20 @@ LIMITS: dict[str, tuple[str, str]] = {
                    "step runs so, token for token equal to eager, on the H200)"),
     "sdpa-dtype": ("thunder's sdpa executor (its fused attention's backward under torch.autocast)",
                    "with autocast around the call, the attention's backward gets a gradient of another dtype "
-                   "than its inputs; leave the executor out: executors=['no-sdpa'] (--executors no-sdpa), which runs "
-                   "nanoGPT and llama2 under autocast equal to eager on the H200"),
+                   "than its inputs; thunder_nb.jit and jit_step take thunder-nb's sdpa executor, which casts it "
+                   "(nanoGPT under autocast equal to eager on the H100); on thunder.jit's own path leave the executor "
+                   "out: executors=['no-sdpa'] (--executors no-sdpa)"),
     "interpreter-slot-wrapper": ("thunder's interpreter (thunder/core/interpreter.py)",
                                  "thunder 0.2.6 cannot interpret a C slot wrapper that HF transformers 4.57 and "
                                  "5.x call while building the model's forward; no executor choice gets past it "
                                  "(the interpreter runs before any executor): compile a function of your own "
                                  "that does not go through transformers' code"),
+    "interpreter-gc": ("thunder's interpreter (thunder/core/interpreter.py) meeting Python's garbage collector",
+                       "a collection landed while thunder walked a dict that a weak reference's callback deletes from "
+                       "(after torch.compile has run in the process, every module made inside the traced function "
+                       "reads one): a race, so the same call may pass next time. thunder_nb.jit and jit_step trace "
+                       "with the cyclic collector off and do not meet it; around thunder.jit's own first call, "
+                       "gc.disable() before it and gc.enable() after"),
     "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py) with an executor that claims the op",
                           "an executor before thunder's torch executor took the op the error names, and only the torch "
                           "executor has its backward: thunder's own torchcompile executor takes adaptive_avg_pool2d "

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from .errors import (UNTRACEABLE_REASONS, error_line, raised_by_cuda_init, raised_by_graph_capture, thunder_limit,
                      untraceable_op)
-from .executors import (batch_norm_functional, fusion_callable, grad_rules, inductor_kernel_count, sdpa_implementation,
-                        set_implementations, torch_executor_transform, wrap_fusion_callable)
+from .executors import (batch_norm_functional, fusion_callable, grad_rules, inductor_kernel_count,
+                        sdpa_grad_in_its_dtype, sdpa_implementation, set_implementations, torch_executor_transform,
+                        wrap_fusion_callable)
 from .guards import ObjectGuard, guard_dict_keys, metadata_guard
 from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now, cyclic_gc_off, default_device,
                      is_jitted, jit_transforms, module_forward, own_buffers, own_modules, own_parameters,
@@ -72,7 +73,7 @@ __all__ = [
     "metadata_guard", "ObjectGuard", "guard_dict_keys",
     # executors
     "fusion_callable", "wrap_fusion_callable", "set_implementations", "grad_rules", "sdpa_implementation",
-    "inductor_kernel_count", "batch_norm_functional", "torch_executor_transform",
+    "sdpa_grad_in_its_dtype", "inductor_kernel_count", "batch_norm_functional", "torch_executor_transform",
     # errors
     "error_line", "raised_by_cuda_init", "raised_by_graph_capture", "UNTRACEABLE_REASONS", "untraceable_op",
     "thunder_limit",

@@ -86,6 +86,7 @@ _LIMIT_MESSAGES: tuple[tuple[str, str], ...] = (
     (r"query and dout must have the same dtype", "sdpa-dtype"),
     (r"'wrapper_descriptor' object has no attribute '__self__'", "interpreter-slot-wrapper"),
     (r"Failed to find a gradient transform for bound symbol", "no-grad-transform"),
+    (r"dictionary changed size during iteration", "interpreter-gc"),
 )
 
 

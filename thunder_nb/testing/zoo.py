@@ -88,33 +88,44 @@ def compile_with(config: str, fn: Callable[..., Any], capture: CaptureMode = Tru
     ``capture``: real capture (True), regions run eagerly (False), or the emulated capture of
     `thunder_nb.testing.emulated_capture` (``"emulated"``: call inside ``capturing("emulated")``). The whole-step
     configurations (`STEP_CONFIGS`) compile a model, loss and optimizer together: `run_protocol` runs them.
+
+    The configurations on ``thunder.jit``'s own call path (thunder, its transform, the fixed transform) run with
+    Python's cyclic garbage collector off, as `thunder_nb.jit` traces (`thunder_nb.cudagraph.call.without_cyclic_gc`):
+    a collection inside thunder's tracing can fail any of them at random ("dictionary changed size during
+    iteration", `thunder_nb.diagnosis.failures.LIMITS["interpreter-gc"]`), and a comparison of two of them would
+    then judge a race instead of a transform.
     """
-    import thunder
     import torch
 
+    from ..cudagraph.call import without_cyclic_gc
     from ..fix import FixedCUDAGraphTransform, jit
     from .modes import make_transform, stock_transform
+
+    def thunder_jit(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        import thunder
+
+        return without_cyclic_gc(thunder.jit(fn, **options))
 
     check_mode(capture)
     if config == "eager":
         return fn, None
     if config == "thunder":
-        return thunder.jit(fn), None
+        return thunder_jit(fn), None
     if config in _PLAIN.values():
         from ..cudagraph.executors import jit_executors
 
         # NOTE: the executors thunder_nb.jit puts together, so that each has the numerics of its graphs counterpart
-        return thunder.jit(fn, executors=jit_executors(_EXECUTORS.get(config, []))), None
+        return thunder_jit(fn, executors=jit_executors(_EXECUTORS.get(config, []))), None
     if config == "stock":
         transform = stock_transform(capture)
-        return thunder.jit(fn, transforms=[transform]), transform
+        return thunder_jit(fn, transforms=[transform]), transform
     if config in ("fixed", "fixed fused", "fixed no-sdpa"):
         transform = make_transform(FixedCUDAGraphTransform, capture)
         if config == "fixed":
-            return thunder.jit(fn, transforms=[transform]), transform
+            return thunder_jit(fn, transforms=[transform]), transform
         from ..cudagraph.executors import jit_executors
 
-        return thunder.jit(fn, transforms=[transform], executors=jit_executors(_EXECUTORS[config])), transform
+        return thunder_jit(fn, transforms=[transform], executors=jit_executors(_EXECUTORS[config])), transform
     if config in STEP_CONFIGS:
         raise ValueError(f"{config!r} compiles a whole training step, not a function: `run_protocol` runs it")
     if config in ("thunder_nb.jit", "fused", "thunder_nb.jit no-sdpa"):
