@@ -134,6 +134,44 @@ def test_the_convolution_executor_comes_before_the_fusion_executors_that_claim_c
     assert not any("thunder_nb_convolution" in name for name in _ops(thunder.last_traces(jfn)[-1].bound_symbols))
 
 
+def test_attention_goes_to_the_fused_kernels_before_a_fusion_executor_only_where_grad_is_enabled():
+    """A fusion executor claims attention with no backward (thunder then differentiated matmuls and a softmax), so
+    `training_sdpa` comes before it, and only there; it takes attention only in a compilation with grad enabled, which
+    `internals.compiling_with_grad` tells its checker: a decode step under no_grad keeps inductor's fusions. (Its fused
+    kernels refuse CPU tensors: a checker of this test's own reads what thunder-nb's reads.)"""
+    from thunder.extend import OperatorExecutor, register_executor
+    import thunder.torch as ltorch
+
+    from thunder_nb import internals
+    from thunder_nb.cudagraph.executors import checked_sdpa, training_sdpa
+
+    for names, first in (((), False), (("torchcompile",), True), (("torchcompile", "no-sdpa"), False)):
+        chosen = jit_executors(names)
+        assert (training_sdpa() in chosen) == first, names
+        if first:
+            assert chosen.index(training_sdpa()) < [e.name for e in chosen].index("thunder_nb_torchcompile")
+            assert checked_sdpa() in chosen  # NOTE: the one for every compilation, where it was
+    seen = []
+    probe = OperatorExecutor("thunder_nb_test_grad_probe")
+    register_executor(probe)
+    probe.register_implementation(ltorch.scaled_dot_product_attention, execution_transform=lambda *a, **k: None,
+                                  checker=lambda *args, **kwargs: seen.append(internals.compiling_with_grad()))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 24)
+
+    def attention(x):
+        return torch.nn.functional.scaled_dot_product_attention(*linear(x).split(8, dim=-1), is_causal=True).sum()
+
+    jfn = thunder.jit(attention, executors=[probe, *thunder.get_default_executors()])
+    jfn(torch.ones(1, 2, 4, 8)).backward()
+    assert seen and all(seen), seen
+    seen.clear()
+    with torch.no_grad():
+        jfn(torch.ones(1, 2, 4, 8))
+    assert seen and not any(seen), seen
+    assert internals.compiling_with_grad()  # NOTE: outside a compilation
+
+
 def _batch_norm_net(**options) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, **options), torch.nn.ReLU(),

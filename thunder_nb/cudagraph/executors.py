@@ -15,9 +15,9 @@ from .native_kernels import (native_batch_norm, native_convolution, native_gelu,
                              native_silu)
 from .native_tensor_ops import native_broadcast, native_mean, native_unbind
 
-__all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "native_convolution",
-           "native_batch_norm", "native_layer_norm", "native_gelu", "native_silu", "native_sigmoid", "native_mean",
-           "native_unbind", "native_broadcast"]
+__all__ = ["EXECUTOR_NAMES", "executor_names", "executor_list", "jit_executors", "checked_sdpa", "training_sdpa",
+           "native_convolution", "native_batch_norm", "native_layer_norm", "native_gelu", "native_silu",
+           "native_sigmoid", "native_mean", "native_unbind", "native_broadcast"]
 
 
 #: Names of the fusion executors thunder-nb can put before thunder's defaults (``--executors``), and ``no-sdpa``:
@@ -205,10 +205,6 @@ def checked_sdpa() -> Any:
     incoming gradient, cast to the attention's dtype first (`internals.sdpa_grad_in_its_dtype`: under autocast
     thunder's own backward refuses a float32 gradient of a bfloat16 attention).
     """
-    import thunder.torch as ltorch
-    from thunder.executors import sdpaex
-    from thunder.extend import OperatorExecutor, register_executor
-
     sdpa_checker, sdpa_fused = internals.sdpa_implementation()
 
     def checker(query, key, value, attn_mask, dropout_p, is_causal, *, scale=None) -> bool:
@@ -217,10 +213,40 @@ def checked_sdpa() -> Any:
             return False
         return sdpa_checker(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
 
-    ex = OperatorExecutor("thunder_nb_sdpa", version=sdpaex.sdpa_ex.version)
+    return _sdpa_executor("thunder_nb_sdpa", checker, sdpa_fused)
+
+
+@functools.cache  # NOTE: registered with thunder once
+def training_sdpa() -> Any:
+    """`checked_sdpa` for a compilation with grad enabled only: the one before a fusion executor (`jit_executors`).
+
+    A fusion executor claims ``scaled_dot_product_attention`` with no backward, so thunder differentiated attention's
+    decomposition, matmuls and a softmax, slower than PyTorch's fused kernels (GPT-2 small and the 1B model on the
+    H100: bench/results/2026-12-07-kernels-gpt2-1b-h100.md). Without grad (a decode step under ``torch.no_grad()``)
+    inductor's fusions around attention were the faster: 90 against 104 µs of kernels a token in pythia's 8-token
+    decode replays, so there this executor refuses and the fusion executor takes attention, as before.
+    """
+    base = checked_sdpa().implmap
+    import thunder.torch as ltorch
+
+    inner = base[ltorch.scaled_dot_product_attention.id].checker
+
+    def checker(*args: Any, **kwargs: Any) -> bool:
+        return internals.compiling_with_grad() and inner(*args, **kwargs)
+
+    return _sdpa_executor("thunder_nb_sdpa_training", checker, internals.sdpa_implementation()[1])
+
+
+def _sdpa_executor(name: str, checker: Callable[..., bool], fused: Callable[..., Any]) -> Any:
+    """A registered executor of thunder's fused attention (``fused``) under ``checker``, with thunder-nb's backward."""
+    import thunder.torch as ltorch
+    from thunder.executors import sdpaex
+    from thunder.extend import OperatorExecutor, register_executor
+
+    ex = OperatorExecutor(name, version=sdpaex.sdpa_ex.version)
     register_executor(ex)
-    ex.register_implementation(ltorch.scaled_dot_product_attention, checker=checker,
-                               execution_transform=sdpa_fused, grad_transform=internals.sdpa_grad_in_its_dtype)
+    ex.register_implementation(ltorch.scaled_dot_product_attention, checker=checker, execution_transform=fused,
+                               grad_transform=internals.sdpa_grad_in_its_dtype)
     return ex
 
 
@@ -281,10 +307,8 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     bench/results/2026-12-05-ddp-step-ops-h100.md), and ``broadcast_in_dim`` with thunder's rule, which copies where
     eager's views. A fusion executor (torchcompile, torchcompile_cat, nvFuser) keeps all of them but
     ``prims.convolution`` and ``batch_norm``: it fuses their decomposition, forward and backward, with the ops around
-    them, and that configuration is already the fastest. Before a fusion executor also comes `checked_sdpa` (unless
-    ``no-sdpa``): the fusion executor takes ``scaled_dot_product_attention`` with no backward, so a training step
-    ran attention as matmuls and softmax fusions where inductor's own capture runs PyTorch's fused attention kernels
-    (GPT-2 small and the 1B model on the H100: bench/results/2026-12-07-kernels-gpt2-1b-h100.md).
+    them, and that configuration is already the fastest. Before a fusion executor also comes `training_sdpa` (unless
+    ``no-sdpa``), which takes attention where grad is enabled: the fusion executor has no backward of it.
     `native_broadcast` only where `internals.supported`.
     `thunder_nb.jit` and `thunder_nb.step.jit_step` both take their executors this way, and so does the magic's fixed
     side.
@@ -299,7 +323,7 @@ def jit_executors(executors: Sequence[Any]) -> list[Any]:
     fused = any(getattr(e, "name", None) in _FUSING for e in (*given, *named))
     # NOTE: with a fusion executor first, attention goes to PyTorch's fused kernels only from an executor before it
     # (the fusion executor claims it with no backward; thunder then differentiates matmuls and a softmax)
-    attention = [checked_sdpa()] if fused and checked_sdpa() in named else []
+    attention = [training_sdpa()] if fused and checked_sdpa() in named else []
     native = [native_convolution(), native_batch_norm(), *attention] + ([] if fused else [
         native_layer_norm(), native_gelu(), native_silu(), native_sigmoid(), native_mean(), native_unbind()])
     # NOTE: native_broadcast runs thunder's torch executor's own transform (`internals.torch_executor_transform`): on a

@@ -100,6 +100,13 @@ def compiling_now() -> Any:
     return get_compile_data()
 
 
+def compiling_with_grad() -> bool:
+    """Whether the compilation under way has grad enabled (the call that traces it, ``torch.is_grad_enabled()``);
+    True outside a compilation."""
+    cd = compiling_now()
+    return cd is None or bool(cd.is_grad_enabled)
+
+
 def thunder_modules_of(cd: Any) -> list[Any]:
     """The modules thunder made for a compilation's function: its ``fn`` and the ThunderModules it maps."""
     return [cd.fn, *getattr(cd, "_thunder_module_map", {}).values()]
