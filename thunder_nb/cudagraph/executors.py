@@ -221,15 +221,14 @@ def training_sdpa() -> Any:
     """`checked_sdpa` for a compilation with grad enabled only: the one before a fusion executor (`jit_executors`).
 
     A fusion executor claims ``scaled_dot_product_attention`` with no backward, so thunder differentiated attention's
-    decomposition, matmuls and a softmax, slower than PyTorch's fused kernels (GPT-2 small and the 1B model on the
-    H100: bench/results/2026-12-07-kernels-gpt2-1b-h100.md). Without grad (a decode step under ``torch.no_grad()``)
-    inductor's fusions around attention were the faster: 90 against 104 µs of kernels a token in pythia's 8-token
-    decode replays, so there this executor refuses and the fusion executor takes attention, as before.
+    decomposition, matmuls and a softmax, slower than PyTorch's fused kernels in a training step. Without grad (a
+    decode step under ``torch.no_grad()``) inductor's fusions around attention were the faster, so there this
+    executor refuses and the fusion executor takes attention (both measured on the H100:
+    bench/results/2026-12-07-kernels-gpt2-1b-h100.md).
     """
-    base = checked_sdpa().implmap
     import thunder.torch as ltorch
 
-    inner = base[ltorch.scaled_dot_product_attention.id].checker
+    inner = checked_sdpa().implmap[ltorch.scaled_dot_product_attention.id].checker
 
     def checker(*args: Any, **kwargs: Any) -> bool:
         return internals.compiling_with_grad() and inner(*args, **kwargs)
