@@ -33,6 +33,12 @@ def returns_the_written_input(x1, x2):
     return x1
 
 
+def written_after_an_output_that_needs_no_write(x1, x2):
+    y = x2 * 2  # NOTE: its get_grad stands before the write where thunder's fusion pass sorts by data alone
+    x1.sub_(x2)
+    return y, x1
+
+
 def fuzz_6802(x1, x2):
     x1.sub_(x2)  # NOTE: the fuzzer's program 6802, cut down: eager's next call builds on this call's graph
     return torch.cos(x1).neg()
@@ -85,6 +91,17 @@ def an_intermediate_written(x1, x2):
     t.sub_(x2)
     return t
 
+
+
+@pytest.mark.parametrize("fusion_type", ["consecutive", "dataflow"])
+def test_the_write_is_warned_in_whatever_order_thunders_fusion_pass_leaves_the_trace(fusion_type):
+    """With ``fusion_type="dataflow"`` thunder's fusion pass sorts the joint trace by data alone, and the get_grad of
+    an output that needs no write stood before the write: the check read the forward only up to it."""
+    x1, x2 = _inputs()
+    (_, out), said = _warned(thunder.jit(written_after_an_output_that_needs_no_write, fusion_type=fusion_type), x1, x2)
+    assert not out.requires_grad
+    line = written_after_an_output_that_needs_no_write.__code__.co_firstlineno + 2
+    assert len(said) == 1 and f"test_inputs_written.py:{line}" in said[0], said
 
 @pytest.mark.parametrize("fn", [detached, written_without_grad, computed_without_grad, an_intermediate_written],
                          ids=lambda f: f.__name__)

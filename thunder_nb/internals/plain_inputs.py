@@ -8,7 +8,7 @@ import functools
 import os
 from typing import Any
 
-from .storage import storage_of
+from .storage import forward_of, storage_of
 from .views import tensor_names, user_line
 
 __all__ = ["written_with_grad"]
@@ -51,12 +51,8 @@ def written_with_grad(joint_trace: Any) -> list[str]:
     and a later call's write into it builds on this call's graph. thunder leaves it a plain tensor: returned, it has no
     gradient, and each call starts afresh (reads of it later in the same call are differentiated as eager's are).
     """
-    import thunder.core.prims as prims
-
     bsyms = list(joint_trace.bound_symbols)
-    # NOTE: the forward: thunder's joint trace is the forward, the backward, the return of both
-    ends = [i for i, b in enumerate(bsyms) if b.sym.id == prims.PrimIDs.GET_GRAD][:1]
-    forward = bsyms[: ends[0]] if ends else bsyms
+    forward = forward_of(joint_trace)
     writes = {id(b) for b in forward if b.sym.name == "copy_" and len(b.args) > 1
               and b.kwargs.get("grad_enabled", False) and not _in_torch(b)}
     if not writes:

@@ -43,7 +43,7 @@ from typing import Any
 
 from .patches import ProcessPatch
 from .plain_inputs import written_with_grad
-from .storage import Storage, storage_of, view_symbols, walk
+from .storage import Storage, forward_of, storage_of, view_symbols, walk
 from .views import rebase_stale_views, tensor_names, user_line
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
@@ -177,10 +177,8 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
     last_write: dict[str, tuple[int, Any]] = {}  # NOTE: storage root -> (index, the writing symbol)
     stale: dict[str, Any] = {}  # NOTE: name -> the write it missed
     found: dict[str, None] = {}
-    bsyms = list(joint_trace.bound_symbols)
-    ends = [i for i, b in enumerate(bsyms) if b.sym.id == prims.PrimIDs.GET_GRAD][:1]
     # NOTE: the forward, then its return (thunder's joint trace: the forward, the backward, the return of both)
-    for i, bsym in enumerate(bsyms[: ends[0] if ends else -1] + bsyms[-1:]):
+    for i, bsym in enumerate(forward_of(joint_trace) + list(joint_trace.bound_symbols[-1:])):
         sym_id = bsym.sym.id
         if sym_id == prims.PrimIDs.DEL:
             continue

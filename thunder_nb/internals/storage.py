@@ -3,7 +3,7 @@ trace's views, copies and alias updates (`storage_of`), over-approximated: the o
 the torch ops that return or may return views, its view prims, the names of its executors' implementations of them),
 of a ``copy_`` and of ``update_aliases`` share their input's storage, at any depth of an executor's or a fusion's
 symbols. Read by thunder's split as `thunder_nb.internals.saved` changes it, by `thunder_nb.internals.plain_inputs`
-and by `thunder_nb.internals.ordering`."""
+and by `thunder_nb.internals.ordering`. And which of a joint trace's symbols are its forward's (`forward_of`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from .views import in_place, tensor_names, torch_view_symbols
 
-__all__ = ["Storage", "storage_of", "view_symbols", "walk"]
+__all__ = ["Storage", "storage_of", "view_symbols", "walk", "forward_of"]
 
 
 #: words of the names of the ops that return (or may return) a view of their first input, or the input itself, as
@@ -104,3 +104,35 @@ def storage_of(bsyms: Any) -> tuple[Any, list[list[str]]]:
         walk(bsym, storage, written, views)
         writes.append(written)
     return storage.find, writes
+
+
+def forward_of(joint_trace: Any) -> list[Any]:
+    """The forward's symbols of thunder's joint trace (its forward and backward in one trace, before the split), in
+    the trace's order, less its return: those that read no gradient (a ``get_grad``'s output, or a value computed
+    from one) and that the forward's outputs or its in-place writes need.
+
+    thunder lays the joint trace out as the forward, then the backward; but with ``fusion_type="dataflow"`` (a
+    ``thunder.jit`` option, ThunderFX's default) its fusion pass sorts the symbols by their data alone, and the first
+    ``get_grad`` comes before forward writes (the CPU fuzzer's program 9780). The backward's own values that read no
+    gradient (a primal recomputed for a rule, a zero) are left out wherever they stand.
+    """
+    import thunder.core.prims as prims
+
+    bsyms = list(joint_trace.bound_symbols)
+    ret = bsyms[-1] if bsyms and bsyms[-1].sym.id == prims.PrimIDs.RETURN else None
+    body = bsyms[:-1] if ret is not None else bsyms
+    grads: set[str] = set()
+    for bsym in body:
+        if bsym.sym.id == prims.PrimIDs.GET_GRAD or grads.intersection(tensor_names(bsym.flat_proxy_args)):
+            grads.update(tensor_names(bsym.flat_proxy_outs))
+    outputs = ret.args[0].get("fw_flat_out", ()) if ret is not None and isinstance(ret.args[0], dict) else ()
+    needed = set(tensor_names(outputs) if outputs else ())
+    kept: list[Any] = []
+    for bsym in reversed(body):
+        outs = tensor_names(bsym.flat_proxy_outs)
+        if bsym.sym.id == prims.PrimIDs.GET_GRAD or grads.intersection(outs):
+            continue
+        if needed.intersection(outs) or bsym.sym.name == "copy_" or in_place(bsym):
+            kept.append(bsym)
+            needed.update(tensor_names(bsym.flat_proxy_args))
+    return kept[::-1]
