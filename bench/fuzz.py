@@ -126,6 +126,8 @@ class Tally:
     known_bugs: Counter = field(default_factory=Counter)
     problems: list[tuple[int, fuzz.ProgramOutcome]] = field(default_factory=list)
     thunder_wrong: list[int] = field(default_factory=list)  # programs where plain thunder itself is wrong
+    wrong_silent: list[int] = field(default_factory=list)  # ... and thunder-nb's run gave no InPlaceGradientWarning
+    warned_right: list[int] = field(default_factory=list)  # an InPlaceGradientWarning where thunder agreed with eager
 
     def add(self, seed: int, o: fuzz.ProgramOutcome) -> None:
         self.tried += 1
@@ -137,7 +139,11 @@ class Tally:
             self.discarded[o.discarded] += 1
             if o.discarded.startswith("thunder wrong"):
                 self.thunder_wrong.append(seed)
+                if not o.fixed_warned:
+                    self.wrong_silent.append(seed)
             return
+        if o.fixed_warned and not o.thunder_differs:
+            self.warned_right.append(seed)
         self.fixed_errors += o.fixed_error is not None
         mismatch = any(p.startswith("fixed differs") for p in o.problems)
         self.fixed_mismatches += mismatch
@@ -195,8 +201,10 @@ class Tally:
             f"discarded, thunder can't trace:      {thunder_rej} ({_pct(thunder_rej, self.tried)}){': ' + kinds if kinds else ''}",
             f"discarded, PyTorch rejects:          {pytorch} ({_pct(pytorch, self.tried)}){': ' + pt_kinds if pt_kinds else ''}",
             f"discarded, thunder itself wrong:     {wrong} ({_pct(wrong, self.tried)})"
-            + (f": {wrong_kinds}; programs {wrong_seeds} (thunder-nb inherits these: replay with --seed N --show)"
-               if wrong else ""),
+            + (f": {wrong_kinds}; programs {wrong_seeds} (thunder-nb inherits these: replay with --seed N --show); "
+               f"warned of by thunder-nb (InPlaceGradientWarning) {wrong - len(self.wrong_silent)}, silent "
+               f"{len(self.wrong_silent)}" + (f": programs {', '.join(map(str, sorted(self.wrong_silent)[:20]))}"
+                                              if self.wrong_silent else "") if wrong else ""),
             f"judged:                              {judged}",
             f"fixed: mismatches with eager:        {self.fixed_mismatches}{' (' + fixed_kinds + ')' if fixed_kinds else ''}",
             f"fixed: raised where thunder ran:     {self.fixed_errors}",
@@ -210,6 +218,9 @@ class Tally:
             f"stock: .item() inside a region:      {self.stock_item} programs; host-sync-in-region reported: "
             f"{self.stock_reported}; disagreements: {self.stock_disagree}; no trace: {self.stock_no_trace}",
             f"thunder itself differs from eager:   {self.thunder_differs} programs (judged against plain thunder there)",
+            f"warned where thunder agreed:         {len(self.warned_right)} programs (an InPlaceGradientWarning where "
+            f"plain thunder's values and gradients equal eager's)"
+            + (f": {', '.join(map(str, sorted(self.warned_right)[:20]))}" if self.warned_right else ""),
         ]
         if self.known_bugs:
             lines.append("known bugs (tests/test_fuzz_regressions.py):")

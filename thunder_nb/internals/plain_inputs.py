@@ -1,6 +1,7 @@
-"""An input that does not require grad, written in place by the user's code with a value that does: eager PyTorch and
-thunder 0.2.6 part there (`written_with_grad`; thunder's split, as `thunder_nb.internals.saved` changes it, warns of
-it with an `InPlaceGradientWarning`)."""
+"""Inputs written in place, where eager PyTorch and thunder 0.2.6 part: one that does not require grad, written by the
+user's code with a value that does (`written_with_grad`), and one that requires grad, written in place at all
+(`written_losing_grad`). thunder's split, as `thunder_nb.internals.saved` changes it, warns of both with an
+`InPlaceGradientWarning`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from .storage import forward_of, storage_of
 from .views import tensor_names, user_line
 
-__all__ = ["written_with_grad"]
+__all__ = ["written_with_grad", "written_losing_grad"]
 
 
 def _constant(bsym: Any) -> bool:
@@ -70,4 +71,57 @@ def written_with_grad(joint_trace: Any) -> list[str]:
             found[user_line(bsym)] = None
         elif not _constant(bsym):
             with_grad.update(tensor_names(bsym.flat_proxy_outs))
+    return list(found)
+
+
+def written_losing_grad(joint_trace: Any) -> list[str]:
+    """The lines where ``joint_trace`` (thunder's forward and backward in one trace, before its split) writes in place
+    into an input that requires grad (or into memory thunder takes as shared with it) that the forward's outputs then
+    read, where thunder gives that input no gradient.
+
+    Eager PyTorch records the write in the input's graph (``x.add_(w)`` on a layer's input, ``nn.ReLU(inplace=True)``
+    first in a compiled part of a model): the gradient reaches what made the input. thunder 0.2.6 takes the written
+    version as the input in its backward and returns no gradient for the input itself: everything before the compiled
+    function silently gets none through it.
+    """
+    import thunder.core.prims as prims
+
+    bsyms = list(joint_trace.bound_symbols)
+    ret = bsyms[-1] if bsyms and bsyms[-1].sym.id == prims.PrimIDs.RETURN else None
+    info = ret.args[0] if ret is not None and ret.args and isinstance(ret.args[0], dict) else {}
+    grads = info.get("output")
+    if not isinstance(grads, (tuple, list)) or len(grads) != len(joint_trace.args):
+        return []
+    lost = [p.name for p, g in zip(joint_trace.args, grads)
+            if g is None and getattr(p, "requires_grad", False) and hasattr(p, "name")]
+    forward = forward_of(joint_trace)
+    writes = [b for b in forward if b.sym.name == "copy_" and len(b.args) > 1 and b.kwargs.get("grad_enabled", False)]
+    if not lost or not writes:
+        return []
+
+    def aliasing(bsym: Any) -> bool:
+        return bsym.sym.id == prims.PrimIDs.UPDATE_ALIASES or bsym.sym.name == "update_aliases"
+
+    # NOTE: what the outputs differentiate: back from them, each alias update's output to its own input only, and
+    # nothing through a constant (a detach: eager's gradient stops there too)
+    needed = set(tensor_names(info.get("fw_flat_out", ())))
+    for bsym in reversed(forward):
+        outs, ins = tensor_names(bsym.flat_proxy_outs), tensor_names(bsym.flat_proxy_args)
+        if aliasing(bsym):
+            needed.update(i for i, o in zip(ins, outs) if o in needed)
+        elif needed.intersection(outs) and not _constant(bsym):
+            needed.update(ins)
+    find, _ = storage_of(bsyms)
+    found: dict[str, None] = {}
+    for name in lost:
+        derived = {name}  # NOTE: the input's values, through its writes and the ops that differentiate them
+        for bsym in forward:
+            outs, ins = tensor_names(bsym.flat_proxy_outs), tensor_names(bsym.flat_proxy_args)
+            if aliasing(bsym):
+                derived.update(o for i, o in zip(ins, outs) if i in derived)
+            elif derived.intersection(ins) and not _constant(bsym):
+                derived.update(outs)
+        if derived & needed:
+            found.update((user_line(b), None) for b in writes
+                         if hasattr(b.args[1], "name") and find(b.args[1].name) == find(name))
     return list(found)

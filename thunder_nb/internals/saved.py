@@ -31,8 +31,9 @@ thunder's back (for the tests that show the difference).
 
 Which tensors share storage is read from the trace, over-approximated (`thunder_nb.internals.storage`): an extra
 tensor taken as shared costs one copy, never a wrong value. The split also warns where the user's code writes into an
-input that does not require grad a value that does (`thunder_nb.internals.plain_inputs`): eager PyTorch makes that
-input require grad, thunder does not.
+input that does not require grad a value that does (eager PyTorch makes that input require grad, thunder does not),
+and where it writes into an input that requires grad (thunder gives that input no gradient):
+`thunder_nb.internals.plain_inputs`.
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ import warnings
 from typing import Any
 
 from .patches import ProcessPatch
-from .plain_inputs import written_with_grad
+from .plain_inputs import written_losing_grad, written_with_grad
 from .storage import Storage, forward_of, storage_of, view_symbols, walk
 from .views import rebase_stale_views, tensor_names, user_line
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
-           "InPlaceGradientWarning", "storage_of", "written_with_grad"]
+           "InPlaceGradientWarning", "storage_of", "written_with_grad", "written_losing_grad"]
 
 
 def keep_overwritten_saved(forward_trace: Any) -> Any:
@@ -152,9 +153,10 @@ def move_forward_writes(forward_trace: Any, backward_trace: Any) -> tuple[Any, A
 class InPlaceGradientWarning(UserWarning):
     """thunder 0.2.6 differentiates a tensor read after an in-place write into memory it shares (a view of the written
     tensor, or the base of a written view) as if the write had not happened, where `thunder_nb.internals.views`
-    cannot take the view again: the gradient through it is wrong (`stale_view_reads`). And it leaves an input that
+    cannot take the view again: the gradient through it is wrong (`stale_view_reads`). It leaves an input that
     does not require grad a plain tensor where the user's code writes into it a value that does, which eager PyTorch
-    makes require grad (`thunder_nb.internals.plain_inputs.written_with_grad`)."""
+    makes require grad (`thunder_nb.internals.plain_inputs.written_with_grad`). And it gives an input that requires
+    grad no gradient where the user's code writes into it (`thunder_nb.internals.plain_inputs.written_losing_grad`)."""
 
 
 def stale_view_reads(joint_trace: Any) -> list[str]:
@@ -232,7 +234,15 @@ def _keeping_split(split: Any) -> Any:
                 f"differentiated as if the write had not happened (the values are right). Write it out of place "
                 f"(t = t * x instead of t.mul_(x)), or take the view after the write.",
                 InPlaceGradientWarning, stacklevel=2)
-        written = [line for line in written_with_grad(joint_trace) if line not in lines]
+        losing = [line for line in written_losing_grad(joint_trace) if line not in lines]
+        if losing:
+            warnings.warn(
+                f"thunder 0.2.6 gets a gradient wrong here: an input that requires grad is written in place "
+                f"({', '.join(losing)}), and thunder gives that input no gradient: what made it (the layers before "
+                f"this function) gets none through it. Eager PyTorch differentiates through the write. Write into a "
+                f"new tensor (y = x + w instead of x.add_(w); inplace=False for an activation).",
+                InPlaceGradientWarning, stacklevel=2)
+        written = [line for line in written_with_grad(joint_trace) if line not in lines + losing]
         if written:
             warnings.warn(
                 f"thunder 0.2.6 gets a gradient wrong here: an input that does not require grad is written in place "

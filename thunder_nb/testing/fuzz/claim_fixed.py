@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+import warnings
 from typing import Any
 
 from ...diagnosis.protocols import PlanningTransform, RecordingRunner
@@ -25,8 +26,13 @@ def judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcome
     from thunder_nb.fix import FixedCUDAGraphTransform
 
     transform = make_transform(FixedCUDAGraphTransform, capture)
+    from thunder_nb.internals.saved import InPlaceGradientWarning
+
     jfixed = program.jit(fn, device, transforms=[transform], fusion_type=program.fusion_type)
-    run = execute(jfixed, program, device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = execute(jfixed, program, device)
+    outcome.fixed_warned = tuple(str(w.message) for w in caught if issubclass(w.category, InPlaceGradientWarning))
     if run.error is not None:
         if ref.plain.error is not None:
             outcome.discarded = f"thunder rejects: {type(ref.plain.error).__name__}"

@@ -55,6 +55,7 @@ class ProgramOutcome:
     known_bugs: tuple[str, ...] = ()  # names of `KNOWN_BUGS` hit
     fixed_error: str | None = None
     fixed_mismatch: str | None = None  # its first difference from eager
+    fixed_warned: tuple[str, ...] = ()  # the InPlaceGradientWarnings of its run: where it says thunder is wrong
     fixed_defects: tuple[str, ...] = ()  # defects of its traces ("rule @ trace/where (value): message")
     fixed_fallbacks: tuple[str, ...] = ()  # numbers kept as region inputs, and why (refused hand-offs)
     fixed_stats: FixedStats = FixedStats()
