@@ -45,7 +45,7 @@ from typing import Any
 from .patches import ProcessPatch
 from .plain_inputs import written_losing_grad, written_with_grad
 from .storage import Storage, forward_of, storage_of, view_symbols, walk
-from .views import rebase_stale_views, tensor_names, user_line
+from .views import WRITTEN_BACK, rebase_stale_views, tensor_names, user_line
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
            "InPlaceGradientWarning", "storage_of", "written_with_grad", "written_losing_grad"]
@@ -203,8 +203,9 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
         walk(bsym, storage, writes, views)
         for name in outs:
             defined_at.setdefault(name, i)
-        for written in writes:
-            last_write[storage.find(written)] = (i, bsym)
+        if bsym.source_filename != WRITTEN_BACK:  # NOTE: the pass's own copy back: the values are there already
+            for written in writes:
+                last_write[storage.find(written)] = (i, bsym)
     return list(found)
 
 

@@ -30,7 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["rebase_stale_views", "tensor_names", "in_place", "torch_view_symbols", "user_line"]
+__all__ = ["rebase_stale_views", "tensor_names", "in_place", "torch_view_symbols", "user_line", "WRITTEN_BACK"]
+
+#: The source file of the symbols `rebase_stale_views` makes to copy a rebuilt base back into its memory (thunder's
+#: transforms pass it on): a write of what a write through a view put there already, by which no view goes stale.
+WRITTEN_BACK = "<thunder_nb: a base rebuilt after a write through its view>"
 
 
 @dataclass(frozen=True)
@@ -124,15 +128,19 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
     def base(name: str) -> str:
         return base_of.setdefault(name, name)
 
-    def emitted(make: Any) -> Any | None:
-        """``make()``'s proxy, its symbols appended to ``out`` (None where thunder's ops refuse it)."""
+    def emitted(make: Any, source: str | None = None) -> Any | None:
+        """``make()``'s proxy, its symbols appended to ``out`` (None where thunder's ops refuse it), with ``source``
+        as their source file where given."""
         with tracectx(new_trace):
             new_trace.push_scope([])
+            new_trace.set_current_source_location(source, None)
             try:
                 made = make()
             except Exception:  # NOTE: an op that will not take it: thunder's trace, and the split's warning
                 new_trace.pop_scope()
                 return None
+            finally:
+                new_trace.set_current_source_location(None, None)
             out.extend(new_trace.pop_scope())
         return made
 
@@ -145,7 +153,7 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
                 invalid.add(root)  # NOTE: a base this pass did not see made: left as thunder has it, and warned
                 return None
             view, r, _ = written[root]
-            made = emitted(lambda: _written_back(latest_proxy[root], r.chain, view))
+            made = emitted(lambda: _written_back(latest_proxy[root], r.chain, view), WRITTEN_BACK)
             if made is None:
                 invalid.add(root)
                 return None
