@@ -125,7 +125,8 @@ def forward_of(joint_trace: Any) -> list[Any]:
     for bsym in body:
         if bsym.sym.id == prims.PrimIDs.GET_GRAD or grads.intersection(tensor_names(bsym.flat_proxy_args)):
             grads.update(tensor_names(bsym.flat_proxy_outs))
-    outputs = ret.args[0].get("fw_flat_out", ()) if ret is not None and isinstance(ret.args[0], dict) else ()
+    outputs = ret.args[0].get("fw_flat_out", ()) if ret is not None and ret.args and isinstance(ret.args[0], dict) \
+        else ()
     needed = set(tensor_names(outputs) if outputs else ())
     kept: list[Any] = []
     for bsym in reversed(body):

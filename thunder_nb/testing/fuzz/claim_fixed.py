@@ -24,10 +24,9 @@ def judge_fixed(fn, program: Program, device: str, capture: CaptureMode, outcome
     Returns False when the program is discarded (plain thunder cannot run it either, or is itself wrong).
     """
     from thunder_nb.fix import FixedCUDAGraphTransform
-
-    transform = make_transform(FixedCUDAGraphTransform, capture)
     from thunder_nb.internals.saved import InPlaceGradientWarning
 
+    transform = make_transform(FixedCUDAGraphTransform, capture)
     jfixed = program.jit(fn, device, transforms=[transform], fusion_type=program.fusion_type)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
