@@ -423,6 +423,33 @@ def test_a_saved_alias_of_another_graphs_output_holds_that_graph_until_the_backw
     _gradients_equal_eagers(saves_another_regions_output_as_it_is, two_forwards_one_backward)
 
 
+def returned_with_its_flatten_after_an_island(x, y):
+    t = torch.where(x > -1.0, x, x * 0.5)
+    s = y[2, 1].item()
+    u = torch.where(t > s * 0.5, t, t * 0.5)
+    return u.amax(), t, t.flatten()  # NOTE: ``flatten`` of a 1-D tensor is the tensor itself
+
+
+@pytest.mark.xfail(strict=True, reason="not mended: the hand-out gives two tensors of one memory (found 2026-12-07)")
+def test_a_tensor_returned_with_its_flatten_made_after_an_island_is_one_object():
+    """Found by ``bench/fuzz.py --seed 10600 --n 600 --emulate-capture`` (program 10651), 2026-12-07.
+
+    Eager returns ``t`` twice. The ``.item()`` splits two regions: the first returns ``t``, the second takes it as an
+    input and makes the flatten, which is that input itself (the runner gives it back as the caller's tensor,
+    66050ce); the hand-out after the second region then puts the two out as two tensors of one memory, the values
+    eager's, the identity not (a write through one changes the other; their autograd histories are two)."""
+    x, y = torch.randn(11), torch.randn(11, 11)
+    expected = returned_with_its_flatten_after_an_island(x, y)
+    assert expected[2] is expected[1]
+    with emulated_capture():
+        jfn = thunder.jit(returned_with_its_flatten_after_an_island,
+                          transforms=[make_transform(FixedCUDAGraphTransform, "emulated")])
+        for _ in range(3):
+            out = jfn(x, y)
+            assert_equal(out[1], expected[1])
+            assert out[2] is out[1]
+
+
 @pytest.mark.gpu
 def test_a_returned_view_shows_its_bases_update_right_after_the_call_on_gpu():
     """The same under real capture (found with emulated capture, whose replays write memory as real ones do)."""
