@@ -430,17 +430,22 @@ def returned_with_its_flatten_after_an_island(x, y):
     return u.amax(), t, t.flatten()  # NOTE: ``flatten`` of a 1-D tensor is the tensor itself
 
 
-@pytest.mark.xfail(strict=True, reason="not mended: the hand-out gives two tensors of one memory (found 2026-12-07)")
-def test_a_tensor_returned_with_its_flatten_made_after_an_island_is_one_object():
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_tensor_returned_with_its_flatten_made_after_an_island_is_one_object(grad):
     """Found by ``bench/fuzz.py --seed 10600 --n 600 --emulate-capture`` (program 10651), 2026-12-07.
 
-    Eager returns ``t`` twice. The ``.item()`` splits two regions: the first returns ``t``, the second takes it as an
-    input and makes the flatten, which is that input itself (the runner gives it back as the caller's tensor,
-    66050ce); the hand-out after the second region then puts the two out as two tensors of one memory, the values
-    eager's, the identity not (a write through one changes the other; their autograd histories are two)."""
-    x, y = torch.randn(11), torch.randn(11, 11)
+    Eager returns ``t`` twice. The ``.item()`` splits two regions: the first returns ``t``, the second takes it as a
+    static input (it lies in the first graph's memory) and makes the flatten, which is that input itself. Was: the
+    second graph's output was its alias of the static input, and the hand-out put ``t`` and it out as two tensors of
+    one memory (a write through one changed the other; two autograd histories). Fixed: an output that is a static
+    input's alias itself goes out as the caller's tensor, as one that is the runner's copy of an input did (66050ce).
+    """
+    x, y = torch.randn(11, requires_grad=grad), torch.randn(11, 11)
     expected = returned_with_its_flatten_after_an_island(x, y)
     assert expected[2] is expected[1]
+    if grad:
+        (expected[1] * expected[2]).sum().backward()
+        expected_grad, x.grad = x.grad, None
     with emulated_capture():
         jfn = thunder.jit(returned_with_its_flatten_after_an_island,
                           transforms=[make_transform(FixedCUDAGraphTransform, "emulated")])
@@ -448,6 +453,10 @@ def test_a_tensor_returned_with_its_flatten_made_after_an_island_is_one_object()
             out = jfn(x, y)
             assert_equal(out[1], expected[1])
             assert out[2] is out[1]
+            if grad:
+                (out[1] * out[2]).sum().backward()
+                assert_equal(x.grad, expected_grad)
+                x.grad = None
 
 
 @pytest.mark.gpu

@@ -259,9 +259,11 @@ class Recording:
         static_outputs = _unviewed(static_outputs, memory.owned(inputs_memory))
         alone = tuple(i for i in copied if i not in grouped)
         views = view_plan(fn_name, args, mask, static_inputs, static_outputs)
-        # NOTE: an output that is the copy of an input itself (`x.flatten()` of a 1-D `x`: torch returns `x`) is the
-        # caller's tensor itself, as in eager, not a view of it
+        # NOTE: an output that is an input itself (`x.flatten()` of a 1-D `x`: torch returns `x`), the runner's copy of
+        # it or a static one's alias, is the caller's tensor itself, as in eager, not a view or an alias of it
         itself = tuple((j, i) for j, i, *_ in views if static_outputs[j] is static_inputs[i])
+        itself += tuple((j, i) for j, o in enumerate(static_outputs) for i, a in enumerate(static_inputs)
+                        if mask[i] and o is a and isinstance(a, torch.Tensor))
         inst = Instance(graph, static_inputs, tuple(static_outputs),
                          tuple(v for v in views if (v[0], v[1]) not in itself), index, copied,
                          tuple(i for i in writes if i in alone), self.passthrough.get(fn_name, ()) + itself,
