@@ -9,8 +9,8 @@ import functools
 import os
 from typing import Any
 
-from .storage import forward_of, storage_of
-from .views import tensor_names, user_line
+from .storage import forward_of, joint_return, storage_of
+from .views import alias_update, tensor_names, user_line
 
 __all__ = ["written_with_grad", "written_losing_grad"]
 
@@ -84,11 +84,7 @@ def written_losing_grad(joint_trace: Any) -> list[str]:
     version as the input in its backward and returns no gradient for the input itself: everything before the compiled
     function silently gets none through it.
     """
-    import thunder.core.prims as prims
-
-    bsyms = list(joint_trace.bound_symbols)
-    ret = bsyms[-1] if bsyms and bsyms[-1].sym.id == prims.PrimIDs.RETURN else None
-    info = ret.args[0] if ret is not None and ret.args and isinstance(ret.args[0], dict) else {}
+    info = joint_return(joint_trace)
     grads = info.get("output")
     if not isinstance(grads, (tuple, list)) or len(grads) != len(joint_trace.args):
         return []
@@ -98,26 +94,22 @@ def written_losing_grad(joint_trace: Any) -> list[str]:
     writes = [b for b in forward if b.sym.name == "copy_" and len(b.args) > 1 and b.kwargs.get("grad_enabled", False)]
     if not lost or not writes:
         return []
-
-    def aliasing(bsym: Any) -> bool:
-        return bsym.sym.id == prims.PrimIDs.UPDATE_ALIASES or bsym.sym.name == "update_aliases"
-
     # NOTE: what the outputs differentiate: back from them, each alias update's output to its own input only, and
     # nothing through a constant (a detach: eager's gradient stops there too)
     needed = set(tensor_names(info.get("fw_flat_out", ())))
     for bsym in reversed(forward):
         outs, ins = tensor_names(bsym.flat_proxy_outs), tensor_names(bsym.flat_proxy_args)
-        if aliasing(bsym):
+        if alias_update(bsym):
             needed.update(i for i, o in zip(ins, outs) if o in needed)
         elif needed.intersection(outs) and not _constant(bsym):
             needed.update(ins)
-    find, _ = storage_of(bsyms)
+    find, _ = storage_of(joint_trace.bound_symbols)
     found: dict[str, None] = {}
     for name in lost:
         derived = {name}  # NOTE: the input's values, through its writes and the ops that differentiate them
         for bsym in forward:
             outs, ins = tensor_names(bsym.flat_proxy_outs), tensor_names(bsym.flat_proxy_args)
-            if aliasing(bsym):
+            if alias_update(bsym):
                 derived.update(o for i, o in zip(ins, outs) if i in derived)
             elif derived.intersection(ins) and not _constant(bsym):
                 derived.update(outs)

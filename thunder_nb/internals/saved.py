@@ -45,7 +45,7 @@ from typing import Any
 from .patches import ProcessPatch
 from .plain_inputs import written_losing_grad, written_with_grad
 from .storage import Storage, forward_of, storage_of, view_symbols, walk
-from .views import WRITTEN_BACK, rebase_stale_views, tensor_names, user_line
+from .views import WRITTEN_BACK, alias_update, rebase_stale_views, tensor_names, user_line
 
 __all__ = ["install", "uninstall", "installed", "keep_overwritten_saved", "move_forward_writes", "stale_view_reads",
            "InPlaceGradientWarning", "storage_of", "written_with_grad", "written_losing_grad"]
@@ -187,15 +187,15 @@ def stale_view_reads(joint_trace: Any) -> list[str]:
         reads = tensor_names(bsym.flat_proxy_args)
         if sym_id == prims.PrimIDs.RETURN:
             reads = tensor_names(bsym.args[0].get("fw_flat_out", ()) if isinstance(bsym.args[0], dict) else ())
-        alias_update = sym_id == prims.PrimIDs.UPDATE_ALIASES or bsym.sym.name == "update_aliases"
+        aliases = alias_update(bsym)
         outs = tensor_names(bsym.flat_proxy_outs)
         for k, name in enumerate(reads):
             write = stale.get(name) or _missed_write(name, storage, defined_at, last_write)
             if write is None:
                 continue
-            if alias_update and k < len(outs):
+            if aliases and k < len(outs):
                 stale[outs[k]] = write
-            elif not alias_update and (name in with_grad or with_grad & set(tensor_names(write.flat_proxy_args))):
+            elif not aliases and (name in with_grad or with_grad & set(tensor_names(write.flat_proxy_args))):
                 found[user_line(write)] = None
         if with_grad & set(reads):
             with_grad.update(outs)
@@ -221,36 +221,37 @@ def _missed_write(name: str, storage: Storage, defined_at: dict[str, int],
 _MENDED = threading.local()
 
 
+#: What the split says where thunder 0.2.6 gets a gradient wrong (``{lines}``: the user's lines of the writes).
+_STALE_VIEW = (
+    "thunder 0.2.6 gets a gradient wrong here: a tensor read after an in-place write into memory it shares ({lines}: a "
+    "view of the written tensor, or the base of a written view) is differentiated as if the write had not happened "
+    "(the values are right). Write it out of place (t = t * x instead of t.mul_(x)), or take the view after the write.")
+_WRITTEN_LOSING_GRAD = (
+    "thunder 0.2.6 gets a gradient wrong here: an input that requires grad is written in place ({lines}), and thunder "
+    "gives that input no gradient: what made it (the layers before this function) gets none through it. Eager "
+    "PyTorch differentiates through the write. Write into a new tensor (y = x + w instead of x.add_(w); inplace=False "
+    "for an activation).")
+_WRITTEN_WITH_GRAD = (
+    "thunder 0.2.6 gets a gradient wrong here: an input that does not require grad is written in place with a value "
+    "that does ({lines}). Eager PyTorch makes that input require grad (returned, it carries the gradient; the next "
+    "call's write builds on this one's graph); thunder leaves it a plain tensor. Write into a new tensor (y = x - w "
+    "instead of x.sub_(w)), or detach the value written.")
+
+
 def _keeping_split(split: Any) -> Any:
     """thunder's ``split_into_forward_and_backward``, its traces passed through `move_forward_writes` and its forward
     then through `keep_overwritten_saved`."""
 
     def split_keeping_saved(joint_trace: Any) -> Any:
         mended, _MENDED.lines = getattr(_MENDED, "lines", frozenset()), frozenset()
-        lines = [line for line in stale_view_reads(joint_trace) if line not in mended]
-        if lines:
-            warnings.warn(
-                f"thunder 0.2.6 gets a gradient wrong here: a tensor read after an in-place write into memory it "
-                f"shares ({', '.join(lines)}: a view of the written tensor, or the base of a written view) is "
-                f"differentiated as if the write had not happened (the values are right). Write it out of place "
-                f"(t = t * x instead of t.mul_(x)), or take the view after the write.",
-                InPlaceGradientWarning, stacklevel=2)
-        losing = [line for line in written_losing_grad(joint_trace) if line not in lines]
-        if losing:
-            warnings.warn(
-                f"thunder 0.2.6 gets a gradient wrong here: an input that requires grad is written in place "
-                f"({', '.join(losing)}), and thunder gives that input no gradient: what made it (the layers before "
-                f"this function) gets none through it. Eager PyTorch differentiates through the write. Write into a "
-                f"new tensor (y = x + w instead of x.add_(w); inplace=False for an activation).",
-                InPlaceGradientWarning, stacklevel=2)
-        written = [line for line in written_with_grad(joint_trace) if line not in lines + losing]
-        if written:
-            warnings.warn(
-                f"thunder 0.2.6 gets a gradient wrong here: an input that does not require grad is written in place "
-                f"with a value that does ({', '.join(written)}). Eager PyTorch makes that input require grad "
-                f"(returned, it carries the gradient; the next call's write builds on this one's graph); thunder "
-                f"leaves it a plain tensor. Write into a new tensor (y = x - w instead of x.sub_(w)), or detach the "
-                f"value written.", InPlaceGradientWarning, stacklevel=2)
+        checks = ((lambda t: [line for line in stale_view_reads(t) if line not in mended], _STALE_VIEW),
+                  (written_losing_grad, _WRITTEN_LOSING_GRAD), (written_with_grad, _WRITTEN_WITH_GRAD))
+        warned: list[str] = []  # NOTE: a line is named once, by the first check that finds it
+        for check, text in checks:
+            lines = [line for line in check(joint_trace) if line not in warned]
+            if lines:
+                warnings.warn(text.format(lines=", ".join(lines)), InPlaceGradientWarning, stacklevel=2)
+                warned += lines
         forward_trace, backward_trace = split(joint_trace)
         if backward_trace is None:
             return forward_trace, backward_trace

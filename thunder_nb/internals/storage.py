@@ -11,9 +11,9 @@ import functools
 import re
 from typing import Any
 
-from .views import in_place, tensor_names, torch_view_symbols
+from .views import alias_update, in_place, tensor_names, torch_view_symbols
 
-__all__ = ["Storage", "storage_of", "view_symbols", "walk", "forward_of"]
+__all__ = ["Storage", "storage_of", "view_symbols", "walk", "forward_of", "joint_return"]
 
 
 #: words of the names of the ops that return (or may return) a view of their first input, or the input itself, as
@@ -80,7 +80,7 @@ def walk(bsym: Any, storage: Storage | None, writes: list[str], views: tuple[set
         joined = [(out, ins[0]) for out in tensor_names(bsym.flat_proxy_outs)] if ins else []
     elif storage is None:
         joined = []
-    elif sym_id == prims.PrimIDs.UPDATE_ALIASES or sym.name == "update_aliases":
+    elif alias_update(bsym):
         names = tensor_names(bsym.flat_proxy_args) + tensor_names(bsym.flat_proxy_outs)
         joined = [(name, names[0]) for name in names]  # NOTE: thunder's own groups of one storage, updated together
     elif sym in view_syms or sym_id in view_prims or _named_as_view(sym.name):
@@ -119,15 +119,12 @@ def forward_of(joint_trace: Any) -> list[Any]:
     import thunder.core.prims as prims
 
     bsyms = list(joint_trace.bound_symbols)
-    ret = bsyms[-1] if bsyms and bsyms[-1].sym.id == prims.PrimIDs.RETURN else None
-    body = bsyms[:-1] if ret is not None else bsyms
+    body = bsyms[:-1] if bsyms and bsyms[-1].sym.id == prims.PrimIDs.RETURN else bsyms
     grads: set[str] = set()
     for bsym in body:
         if bsym.sym.id == prims.PrimIDs.GET_GRAD or grads.intersection(tensor_names(bsym.flat_proxy_args)):
             grads.update(tensor_names(bsym.flat_proxy_outs))
-    outputs = ret.args[0].get("fw_flat_out", ()) if ret is not None and ret.args and isinstance(ret.args[0], dict) \
-        else ()
-    needed = set(tensor_names(outputs) if outputs else ())
+    needed = set(tensor_names(joint_return(joint_trace).get("fw_flat_out", ())))
     kept: list[Any] = []
     for bsym in reversed(body):
         outs = tensor_names(bsym.flat_proxy_outs)
@@ -137,3 +134,13 @@ def forward_of(joint_trace: Any) -> list[Any]:
             kept.append(bsym)
             needed.update(tensor_names(bsym.flat_proxy_args))
     return kept[::-1]
+
+
+def joint_return(joint_trace: Any) -> dict[str, Any]:
+    """What thunder's joint trace returns: ``output`` (the inputs' gradients, in the order of the trace's arguments),
+    ``flat_args``, ``fw_flat_out`` (the forward's outputs); empty where its last symbol returns no such dict."""
+    import thunder.core.prims as prims
+
+    bsyms = joint_trace.bound_symbols
+    ret = bsyms[-1] if bsyms and bsyms[-1].sym.id == prims.PrimIDs.RETURN else None
+    return ret.args[0] if ret is not None and ret.args and isinstance(ret.args[0], dict) else {}

@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["rebase_stale_views", "tensor_names", "in_place", "torch_view_symbols", "user_line", "WRITTEN_BACK"]
+__all__ = ["rebase_stale_views", "tensor_names", "in_place", "alias_update", "torch_view_symbols", "user_line",
+           "WRITTEN_BACK"]
 
 #: The source file of the symbols `rebase_stale_views` makes to copy a rebuilt base back into its memory (thunder's
 #: transforms pass it on): a write of what a write through a view put there already, by which no view goes stale.
@@ -52,6 +53,14 @@ def tensor_names(values: Any) -> list[str]:
     from thunder.core.proxies import TensorProxy
 
     return [p.name for p in values if isinstance(p, TensorProxy)]
+
+
+def alias_update(bsym: Any) -> bool:
+    """Whether ``bsym`` is thunder's ``update_aliases`` (its prim, or the torch executor's symbol of it after the
+    executors' transform)."""
+    import thunder.core.prims as prims
+
+    return getattr(bsym.sym, "id", None) == prims.PrimIDs.UPDATE_ALIASES or bsym.sym.name == "update_aliases"
 
 
 def in_place(bsym: Any) -> bool:
