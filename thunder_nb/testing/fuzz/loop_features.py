@@ -36,7 +36,7 @@ PRECISIONS = ("fp32", "bf16", "fp16-scaler")
 EVENTS = ("eval", "freeze", "unfreeze", "add-head", "save", "load")
 #: Each feature a loop can have, by name, for `generate`'s ``require``.
 FEATURES = (*EVENTS, *SCHEDULERS[1:], "clip", "accumulate", "bf16", "fp16-scaler", "logged", "ragged", "conv-bn",
-            "embed", "inplace-batch")
+            "embed", "inplace-batch", "param-groups", "ema")
 #: The size of a ragged loop's last batch.
 RAGGED_BATCH = 4
 
@@ -54,6 +54,10 @@ class Loop:
     logged: bool = False
     ragged: bool = False
     inplace: bool = False  # the loss function updates its batch in place (scales the inputs, clamps the token ids)
+    # NOTE: as nanoGPT's configure_optimizers and timm make them: weights with weight decay, biases and norms without,
+    # the head at half the learning rate
+    groups: bool = False
+    ema: bool = False  # an exponential moving average of the weights, updated after every step
     steps: int = 6
     events: tuple[tuple[int, str], ...] = ()
     seed: int = 0
@@ -63,7 +67,8 @@ class Loop:
         out = {e for _, e in self.events} | {self.scheduler, self.model}
         out |= {name for name, on in (("clip", self.clip), ("accumulate", self.accumulate > 1),
                                       ("logged", self.logged), ("ragged", self.ragged),
-                                      ("inplace-batch", self.inplace)) if on}
+                                      ("inplace-batch", self.inplace), ("param-groups", self.groups),
+                                      ("ema", self.ema)) if on}
         return (out | ({"bf16", "fp16-scaler"} & {self.precision})) & set(FEATURES)
 
     def __str__(self) -> str:
@@ -75,6 +80,8 @@ class Loop:
         parts += ["loss.item() logged"] if self.logged else []
         parts += [f"last batch of {RAGGED_BATCH}"] if self.ragged else []
         parts += ["the loss function updates its batch in place"] if self.inplace else []
+        parts += ["param groups (decay, no decay, the head at half the lr)"] if self.groups else []
+        parts += ["an EMA of the weights"] if self.ema else []
         parts += [f"{e} before step {i}" for i, e in self.events]
         return f"Loop(seed {self.seed}: " + "; ".join(parts) + ")"
 
@@ -123,8 +130,10 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
         precision=chooser.choice(precisions) if (chooser.boolean(0.25) or need & set(precisions)) else "fp32",
         logged=chooser.boolean(0.5) or "logged" in need,
         ragged=chooser.boolean(0.25) or "ragged" in need,
-        # NOTE: drawn last, so the loops of earlier seeds are drawn as before
+        # NOTE: drawn last, newest last: an earlier seed's loop keeps what it drew and may gain these
         inplace=chooser.boolean(0.2) or "inplace-batch" in need,
+        groups=chooser.boolean(0.3) or "param-groups" in need,
+        ema=chooser.boolean(0.2) or "ema" in need,
         steps=steps, events=tuple(sorted(events, key=lambda e: (e[0], EVENTS.index(e[1])))), seed=seed)
 
 

@@ -85,12 +85,34 @@ def _loss_fn(model: Any, loop: Loop) -> Callable[..., Any]:
     return loss_fn
 
 
-def _optimizer(name: str, params: Any) -> Any:
+def _optimizer(name: str, model: Any, groups: bool) -> Any:
+    """``torch.optim.<name>`` over the model's parameters; with ``groups``, in three param groups: the weights (at the
+    optimizer's weight decay), the biases and norms (without), and the head (at half the learning rate)."""
     import torch
 
     kwargs = dict(OPTIMIZERS[name])
     cls = getattr(torch.optim, name.split("-")[0])
-    return cls(params, **kwargs)
+    if not groups:
+        return cls(model.parameters(), **kwargs)
+    named = list(model.named_parameters())
+    decay = [p for n, p in named if p.dim() >= 2 and not n.startswith("head.")]
+    rest = [p for n, p in named if p.dim() < 2 and not n.startswith("head.")]
+    head = [p for n, p in named if n.startswith("head.")]
+    no_decay = {"weight_decay": 0.0} if "weight_decay" in kwargs else {}
+    return cls([{"params": decay}, {"params": rest, **no_decay}, {"params": head, "lr": kwargs["lr"] / 2}], **kwargs)
+
+
+def _update_ema(ema: dict[str, Any], model: Any) -> None:
+    """The moving average a loop keeps of the weights (``ema = 0.9 ema + 0.1 w``), after each step; a parameter new
+    to it (a head added mid-run) starts at its value."""
+    import torch
+
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in ema:
+                ema[n].lerp_(p, 0.1)
+            else:
+                ema[n] = p.detach().clone()
 
 
 def _scheduler(name: str, opt: Any, steps: int) -> Any:
@@ -158,7 +180,8 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     torch.manual_seed(loop.seed)
     model = _net(loop.model).to(device)
     loss_fn = _loss_fn(model, loop)
-    opt = _optimizer(loop.optimizer, model.parameters())
+    opt = _optimizer(loop.optimizer, model, loop.groups)
+    ema: dict[str, Any] = {n: p.detach().clone() for n, p in model.named_parameters()} if loop.ema else {}
     sched = _scheduler(loop.scheduler, opt, loop.steps)
     scaler = None
     if loop.precision == "fp16-scaler":
@@ -197,6 +220,9 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
                     loss = _eager_step(loop, model, forward, opt, scaler, x, y, device)
                 if sched is not None:
                     sched.step()
+                if loop.ema:
+                    _update_ema(ema, model)
+                    record.update({f"ema {n}": e.clone() for n, e in ema.items()})
                 record["loss"] = loss.item() if loop.logged else loss.detach().float().clone()
                 record["batch"] = x.detach().clone()  # NOTE: as the caller sees it after the step
                 record.update(_state(model, opt))
