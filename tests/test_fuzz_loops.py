@@ -1,9 +1,9 @@
 """The training-loop fuzzer (`thunder_nb.testing.fuzz.loops`): loops as users write them, eager against thunder-nb.
 
-Each loop runs in eager PyTorch and under ``thunder_nb.jit`` and ``jit_step``, regions run eagerly and through emulated
-capture; every run must equal eager's at every step (loss, parameters, buffers, optimizer state), within the base
-tolerance or as far as thunder without graphs differs (the reference, run where a step needs it), or refuse with a
-clear error. A failure prints the loop and the first diverging step of each wrong run.
+Each loop runs in eager PyTorch and under ``thunder_nb.jit`` (of its loss function, and of its model) and ``jit_step``,
+regions run eagerly and through emulated capture; every run must equal eager's at every step (loss, parameters, buffers,
+optimizer state), within the base tolerance or as far as thunder without graphs differs (the reference, run where a step
+needs it), or refuse with a clear error. A failure prints the loop and the first diverging step of each wrong run.
 
 - the fast tier: the loops of issue 50 (a head added mid-run with a ``hasattr`` branch, a frozen layer), each in the
   runs that went wrong;
@@ -26,8 +26,10 @@ from thunder_nb.testing.fuzz.choices import RandomChooser
 
 EXAMPLES = int(os.environ.get("THUNDER_NB_LOOP_EXAMPLES", "3"))
 DATE_SEED = int(os.environ.get("THUNDER_NB_FUZZ_SEED") or datetime.date.today().strftime("%Y%m%d"))
-#: The runs of every loop: each configuration without inductor, regions run eagerly and through emulated capture.
-RUNS = [(c, m) for c in ("thunder_nb.jit", "jit_step") for m in (False, "emulated")]
+#: The runs of every loop: each configuration without inductor, regions run eagerly and through emulated capture, and
+#: the compiled model (which the loop holds) through emulated capture.
+RUNS = [(c, m) for c in ("thunder_nb.jit", "jit_step") for m in (False, "emulated")] + [("thunder_nb.jit(model)",
+                                                                                        "emulated")]
 
 
 def _check(verdict: loops.LoopVerdict) -> None:

@@ -87,7 +87,9 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
         transform_options: `FixedCUDAGraphTransform`'s arguments (``capture``, ``copy_outputs``, ...).
 
     Returns:
-        thunder's jitted function; its transform is ``jfn._lc_transforms[0]``.
+        thunder's jitted function; its transform is ``jfn._lc_transforms[0]``. For a module, thunder's
+        `thunder.ThunderModule`, on which an attribute set or deleted is set on or deleted from the model, as on
+        torch.compile's module (``compiled.head = nn.Linear(...)``: `thunder_nb.internals.write_through`).
 
     Data parallelism wraps the result: ``thunder.distributed.ddp(thunder_nb.jit(model))`` (or ``fsdp``, or torch's
     ``DistributedDataParallel`` or ``FullyShardedDataParallel``) synchronises the gradients as around
@@ -105,6 +107,8 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
     options["executors"] = jit_executors(executors)
     jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
+    if isinstance(jfn, internals.thunder_module_class()):
+        internals.write_through(jfn)  # NOTE: ``compiled.head2 = ...`` reaches the model, as with torch.compile
     return call.fast_call(jfn) if fast_call else call.without_cyclic_gc(jfn)
 
 

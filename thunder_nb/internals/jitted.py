@@ -13,7 +13,7 @@ from .version import supported
 
 __all__ = ["CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class",
            "own_parameters", "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward",
-           "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off"]
+           "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off", "write_through"]
 
 
 class CallPath(NamedTuple):
@@ -110,6 +110,50 @@ def compiling_with_grad() -> bool:
 def thunder_modules_of(cd: Any) -> list[Any]:
     """The modules thunder made for a compilation's function: its ``fn`` and the ThunderModules it maps."""
     return [cd.fn, *getattr(cd, "_thunder_module_map", {}).values()]
+
+
+_WRITING_THROUGH: dict[type, type] = {}  # NOTE: thunder's ThunderModule class -> its write-through subclass
+
+
+def _holds(module: Any, name: str) -> bool:
+    """Whether the attribute ``name`` is the `thunder.ThunderModule`'s own: thunder's (a private name, one of its
+    class, one it set) rather than the user's model's."""
+    own = (module.__dict__, module.__dict__.get("_parameters", {}), module.__dict__.get("_buffers", {}),
+           module.__dict__.get("_modules", {}))
+    return name.startswith("_") or hasattr(type(module), name) or any(name in d for d in own)
+
+
+def write_through(jfn: Any) -> Any:
+    """Make the `thunder.ThunderModule` ``jfn`` set and delete an attribute it does not hold itself (`_holds`) on the
+    model it compiled, as torch.compile's module does; return it.
+
+    thunder's ThunderModule reads a missing attribute from its model but sets one on itself: ``compiled.head2 =
+    nn.Linear(...)`` registered the head on the wrapper, where neither the traced forward (``hasattr(self, "head2")``)
+    nor ``compiled.parameters()`` sees it, and the head an optimizer was given was never trained, with no error; so
+    was a flag such as ``compiled.use_cache = False`` never read. With another thunder (`supported` False) the module
+    is left as thunder made it."""
+    if not supported():
+        return jfn
+    base = type(jfn)
+    if base not in _WRITING_THROUGH:
+
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            if _holds(self, name):
+                base.__setattr__(self, name, value)
+            else:
+                setattr(self._model, name, value)
+
+        def __delattr__(self: Any, name: str) -> None:
+            if _holds(self, name):
+                base.__delattr__(self, name)
+            else:
+                delattr(self._model, name)
+
+        _WRITING_THROUGH[base] = type(base.__name__, (base,), {
+            "__setattr__": __setattr__, "__delattr__": __delattr__, "__module__": base.__module__,
+            "__qualname__": base.__qualname__, "__doc__": base.__doc__})
+    jfn.__class__ = _WRITING_THROUGH[base]
+    return jfn
 
 
 def module_forward(jfn: Any) -> Callable[..., Any]:

@@ -24,7 +24,9 @@ FALLBACK = (
     "every call (no fast_call), thunder's interpreter as it is (slower tracing), thunder's prologue (no module walks), "
     "thunder's torchcompile executors as they are (their islands and pooling backward unfixed), a region's key made "
     "afresh on every call (no C guard), and no graph memory handed out unguarded (no use counts: returned tensors, "
-    "gradients and the tensors saved for the backward are copied out of graph memory, and nothing rotates)")
+    "gradients and the tensors saved for the backward are copied out of graph memory, and nothing rotates); a "
+    "compiled module keeps an attribute set on it to itself, as thunder's does, where its model's forward never reads "
+    "it: set it on your model")
 
 
 class VersionWarning(UserWarning):
@@ -63,7 +65,8 @@ def supported() -> bool:
     (`thunder_nb.internals.call_path` is None), the prologue's module walks (`thunder_nb.cudagraph.prologue`), the
     held-guard's use counts (`thunder_nb.internals.use_counters`), thunder-nb's torchcompile executor's implementations
     (`thunder_nb.internals.set_implementations`), and torch.compile's C guards (`thunder_nb.internals.metadata_guard`,
-    `thunder_nb.internals.ObjectGuard.make`). Where it is False each takes thunder's own path (`FALLBACK`), and the
+    `thunder_nb.internals.ObjectGuard.make`), and a compiled module's attribute writes reaching its model
+    (`thunder_nb.internals.write_through`). Where it is False each takes thunder's own path (`FALLBACK`), and the
     entry points warn once (`check_versions`).
     """
     global _supported

@@ -16,14 +16,17 @@ from .loop_features import OPTIMIZERS, RAGGED_BATCH, Loop
 __all__ = ["LoopRun", "CONFIGS", "REFERENCES", "run"]
 
 #: The configurations a loop runs under, besides "eager": ``thunder_nb.jit`` of the loss function with thunder's
-#: default executors or inductor's fusions ("fused"), and ``jit_step`` of the whole iteration, each with a capture mode.
-CONFIGS = ("thunder_nb.jit", "fused", "jit_step", "jit_step fused")
+#: default executors or inductor's fusions ("fused"), ``jit_step`` of the whole iteration, and ``thunder_nb.jit`` of
+#: the model ("thunder_nb.jit(model)": the loop then holds the compiled module, and does to it what it did to the
+#: model: ``eval()``, ``state_dict()``, a layer frozen through it, a head set on it), each with a capture mode.
+CONFIGS = ("thunder_nb.jit", "fused", "jit_step", "jit_step fused", "thunder_nb.jit(model)")
 #: The run without graphs whose numerics each configuration has (thunder.jit with the same executors, no transform):
 #: its difference from eager bounds the configuration's.
 REFERENCES = {"thunder_nb.jit": "thunder", "fused": "thunder fused", "jit_step": "thunder",
-              "jit_step fused": "thunder fused"}
+              "jit_step fused": "thunder fused", "thunder_nb.jit(model)": "thunder(model)"}
 _EXECUTORS = {"thunder_nb.jit": [], "fused": ["torchcompile"], "jit_step": [], "jit_step fused": ["torchcompile"],
-              "thunder": [], "thunder fused": ["torchcompile"]}
+              "thunder": [], "thunder fused": ["torchcompile"], "thunder_nb.jit(model)": [], "thunder(model)": []}
+_MODULE_CONFIGS = ("thunder_nb.jit(model)", "thunder(model)")
 _BATCH = 8
 
 
@@ -50,9 +53,12 @@ def _net(kind: str) -> Any:
                 self.body, self.rest = nn.Embedding(32, 16), nn.Sequential(nn.LayerNorm(16), nn.GELU())
             self.head = nn.Linear(16, 4)
 
-        def features(self, x: torch.Tensor) -> torch.Tensor:
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
             h = self.rest(self.body(x))
-            return h.mean(1) if kind == "embed" else h
+            h = h.mean(1) if kind == "embed" else h
+            if hasattr(self, "head2"):  # NOTE: a head added mid-run: the trace branches on the name's presence
+                return self.head(h), self.head2(h)
+            return (self.head(h),)
 
     return Net()
 
@@ -76,10 +82,10 @@ def _loss_fn(model: Any, loop: Loop) -> Callable[..., Any]:
     def loss_fn(x, y):
         if loop.inplace:  # NOTE: the caller's batch changes too, in eager PyTorch: every configuration must do the same
             x = x.clamp_(max=15) if loop.model == "embed" else x.mul_(0.5)
-        h = model.features(x)
-        loss = F.cross_entropy(model.head(h), y)
-        if hasattr(model, "head2"):  # NOTE: a head added mid-run: the trace branches on the name's presence
-            loss = loss + F.cross_entropy(model.head2(h), y)
+        logits = model(x)
+        loss = F.cross_entropy(logits[0], y)
+        for more in logits[1:]:
+            loss = loss + F.cross_entropy(more, y)
         return loss
 
     return loss_fn
@@ -176,11 +182,24 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     from ..modes import capturing, emulate_runner, jit_capture
 
     out = LoopRun(config)
-    compiled_mode = config in ("thunder_nb.jit", "fused")
+    compiled_mode = config in ("thunder_nb.jit", "fused", "thunder_nb.jit(model)")
     torch.manual_seed(loop.seed)
     model = _net(loop.model).to(device)
-    loss_fn = _loss_fn(model, loop)
-    opt = _optimizer(loop.optimizer, model, loop.groups)
+    handle = writes = model  # NOTE: what the loop holds and calls, and what it sets a head on
+    if config in _MODULE_CONFIGS:
+        import thunder
+
+        from ...cudagraph.executors import jit_executors
+
+        if config == "thunder(model)":
+            # NOTE: thunder's module sets an attribute on itself, where its forward never reads it: the yardstick's
+            # writes go to the model, where the compiled one's go through
+            handle = thunder.jit(model, executors=jit_executors(_EXECUTORS[config]))
+        else:
+            handle = writes = fix.jit(model, capture=jit_capture(capture), executors=_EXECUTORS[config])
+            emulate_runner(internals.jit_transforms(handle)[0], capture)
+    loss_fn = _loss_fn(handle, loop)
+    opt = _optimizer(loop.optimizer, handle, loop.groups)
     ema: dict[str, Any] = {n: p.detach().clone() for n, p in model.named_parameters()} if loop.ema else {}
     sched = _scheduler(loop.scheduler, opt, loop.steps)
     scaler = None
@@ -200,14 +219,14 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
                 from ...cudagraph.executors import jit_executors
 
                 compiled = thunder.jit(loss_fn, executors=jit_executors(_EXECUTORS[config]))
-            elif config != "eager":
+            elif config not in ("eager", *_MODULE_CONFIGS):
                 compiled = fix.jit(loss_fn, capture=jit_capture(capture), executors=_EXECUTORS[config])
                 emulate_runner(internals.jit_transforms(compiled)[0], capture)
             forward = compiled or loss_fn
             for i in range(loop.steps):
                 record: dict[str, Any] = {}
                 for event in (e for at, e in loop.events if at == i):
-                    _event(event, loop, i, model, forward, opt, sched, record, saved, device)
+                    _event(event, loop, i, (handle, writes), forward, opt, sched, record, saved, device)
                 if loop.scheduler == "manual" and i == loop.steps // 2:
                     for g in opt.param_groups:
                         g["lr"] = g["lr"] * 0.3
@@ -236,11 +255,13 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     return out
 
 
-def _event(event: str, loop: Loop, i: int, model: Any, forward: Callable[..., Any], opt: Any, sched: Any,
-           record: dict[str, Any], saved: dict[str, bytes], device: Any) -> None:
-    """What a user's loop does between two steps (`EVENTS`), before step ``i``."""
+def _event(event: str, loop: Loop, i: int, models: tuple[Any, Any], forward: Callable[..., Any], opt: Any,
+           sched: Any, record: dict[str, Any], saved: dict[str, bytes], device: Any) -> None:
+    """What a user's loop does between two steps (`EVENTS`), before step ``i``, to the model it holds (``models``:
+    that, and what it sets a head on)."""
     import torch
 
+    model, writes = models
     if event == "eval":
         model.eval()
         with torch.no_grad(), _autocast(loop.precision, device):
@@ -253,10 +274,11 @@ def _event(event: str, loop: Loop, i: int, model: Any, forward: Callable[..., An
         model.body.requires_grad_(True)
     elif event == "add-head":
         torch.manual_seed(loop.seed + 1)
-        model.head2 = torch.nn.Linear(16, 4).to(device)
+        head = torch.nn.Linear(16, 4).to(device)
+        writes.head2 = head
         # NOTE: the group's other settings as the first group has them (a scheduler's max_lr, initial_lr)
         opt.add_param_group({**{k: v for k, v in opt.param_groups[0].items() if k != "params"},
-                             "params": list(model.head2.parameters())})
+                             "params": list(head.parameters())})
     elif event == "save":
         buf = io.BytesIO()
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
