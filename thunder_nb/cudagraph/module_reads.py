@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .. import internals
+from .notices import TracedHookWarning
 
 _Module = torch.nn.Module
 _Tensor = torch.Tensor
@@ -80,6 +83,77 @@ class StructureChanged(AssertionError):
     """A module the trace reached has other members than when it was traced (a submodule, parameter, buffer or
     instance attribute added or removed, or another class): the prologue fails, as a failing check of thunder's does,
     and thunder traces the function again."""
+
+
+class HookState:
+    """The module hooks a trace ran (or a recorded step): torch's count of hook handles made (`internals.hooks_made`),
+    and each hook dict of ``modules()`` and of the global ones that holds any (`internals.module_hook_dicts`), with
+    its keys and whether its hooks run in the backward. thunder's cache does not check hooks: a hook registered after a
+    trace never ran, one removed kept running, with no error. `changed` is one comparison of that count and of those
+    few dicts where nothing changed."""
+
+    __slots__ = ("made", "held", "modules")
+
+    def __init__(self, modules: Callable[[], Any]) -> None:
+        self.modules = modules
+        self.made = internals.hooks_made()
+        self.held = self._held()
+
+    def _held(self) -> tuple[tuple[dict, tuple, bool], ...]:
+        dicts = [d for m in self.modules() for d in internals.module_hook_dicts(m)]
+        return tuple((d, tuple(d), backward) for d, backward in (*dicts, *internals.global_hook_dicts()) if d)
+
+    def changed(self) -> str | None:
+        """What changed since, in words (a hook removed, or one registered on a module), or None."""
+        made = internals.hooks_made()
+        if made == self.made:
+            for d, keys, _ in self.held:
+                if len(d) != len(keys) or tuple(d) != keys:
+                    return "a module hook was removed"
+            return None
+        held = self._held()
+        if [(id(d), k) for d, k, _ in held] != [(id(d), k) for d, k, _ in self.held]:
+            return "a module hook was registered (or removed)"
+        self.made = made  # NOTE: a handle made elsewhere (a tensor's hook): the same hooks
+        return None
+
+    def names(self, backward: bool) -> list[str]:
+        """The hooks held that run in the forward (or, ``backward``, in the backward), by name."""
+        return sorted({getattr(h, "__qualname__", type(h).__name__) for d, _, b in self.held if b == backward
+                       for h in d.values()})
+
+
+class HookCheck:
+    """`HookState` of a prologue's origin, made at its first call (the trace's own, on the objects it traced) and
+    compared at every later one (`ModuleWalk`): where it changed it raises `StructureChanged`, and thunder traces anew
+    with the hooks there are. At that first call it warns of the hooks the trace met (`TracedHookWarning`)."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self) -> None:
+        self._state: HookState | None = None
+
+    def __call__(self, origin: Any) -> None:
+        state = self._state
+        if state is not None:
+            change = state.changed()
+            if change is not None:
+                raise StructureChanged(f"since the function was traced, {change} ({type(origin).__name__}): thunder "
+                                       "traces it again")
+            return
+        self._state = state = HookState(origin.modules if isinstance(origin, _Module) else tuple)
+        forward, backward = state.names(False), state.names(True)
+        if forward:
+            warnings.warn(f"thunder traced {len(forward)} module hook(s) ({', '.join(forward)}): what a hook "
+                          "returns is part of the compiled program, but what else it does (appending to a list, "
+                          "printing, counting calls) happened once, while tracing, on thunder's proxies, and does not "
+                          "happen on later calls; read such values outside the compiled function", TracedHookWarning,
+                          stacklevel=2)
+        if backward:
+            warnings.warn(f"thunder runs no module backward hook ({', '.join(backward)}): the gradients are "
+                          "computed as if it were not registered, and it is never called; run that module outside the "
+                          "compiled function, or change the gradient after backward()", TracedHookWarning,
+                          stacklevel=2)
 
 
 _MEMBERS = ("_modules", "_parameters", "_buffers")

@@ -16,7 +16,9 @@ members the modules have: a trace that branched on ``hasattr(model, "head2")`` h
 its class, the names of its submodules, parameters and buffers in order, and the names in its instance dict
 (`module_members`); at every later call where they differ it raises `StructureChanged`, the prologue fails, and thunder
 traces anew (a later change back lets the entry hit again). The walk's guard holds them too (`guard_members`): the
-version tags of the three dicts, which any write changes, and the instance dict's length and own names.
+version tags of the three dicts, which any write changes, and the instance dict's length and own names. The origin's
+module hooks are kept and compared the same way on every call, guard or not (`HookCheck`): thunder's cache does not
+check them either, and a hook registered after the first call never ran.
 
 Thunder's reads of an attribute of the origin or of a submodule it looks up, whose value only a value check against
 a constant reads (a module's ``training`` flag, its sizes: most of a transformer's value checks), become checks the
@@ -30,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .module_reads import (BUFFER, GETATTRIBUTE, METHOD_OF, MISSING, NONE, PARAMETER, READS, SUBMODULE, StructureChanged,
-                           child, members_change, module_members, plain_root, same_members)
+from .module_reads import (BUFFER, GETATTRIBUTE, METHOD_OF, MISSING, NONE, PARAMETER, READS, SUBMODULE, HookCheck,
+                           StructureChanged, child, members_change, module_members, plain_root, same_members)
 from .prologue_checks import GUARD_REMAKES
 from .walk_guards import attribute_checker, thunder_module_dicts, thunder_module_guard, walk_guard
 
@@ -115,8 +117,11 @@ class ModuleWalk:
         self._held: tuple = ()  # NOTE: the guard's objects, kept alive while it compares their ids
         self._unguarded: Callable[[Any, tuple], None] | None = None  # checks of the attributes the guard leaves out
         self._made = 0
+        self._hooks = HookCheck() if structure else None
 
     def __call__(self, origin: Any) -> tuple:
+        if self._hooks is not None:
+            self._hooks(origin)
         guard = self._guard
         if guard is not None and guard(origin):
             if self._unguarded is not None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["HeldOutputsWarning", "EagerFallbackWarning", "RecaptureWarning", "ViewCopyWarning", "is_own", "one_line",
-           "install_warning_format"]
+__all__ = ["HeldOutputsWarning", "EagerFallbackWarning", "RecaptureWarning", "ViewCopyWarning", "TracedHookWarning",
+           "is_own", "one_line", "install_warning_format"]
 
 #: What a thunder-nb warning's line starts with (its messages start with it too; it is shown once).
 _PREFIX = "thunder-nb: "
@@ -26,6 +26,11 @@ class RecaptureWarning(UserWarning):
 
 class ViewCopyWarning(UserWarning):
     """A region returns a view of an input whose copy has other strides: that output is copied out, not re-viewed."""
+
+
+class TracedHookWarning(UserWarning):
+    """A module hook ran while thunder traced: what it returns is part of the compiled program, what else it does (a
+    list appended to, a print) happened that once, on thunder's proxies."""
 
 
 def is_own(category: Any) -> bool:

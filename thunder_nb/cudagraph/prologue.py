@@ -15,8 +15,9 @@ prologue cheap in three ways, each giving the same objects and passing and faili
 - the other tensor checks and value checks each become one call that compares them all at once and, where that
   differs, checks them one by one as thunder does (`prologue_checks`).
 
-A walk also keeps the members of every module on its paths as its first call found them, which thunder's cache does
-not check: a change makes the prologue fail (`StructureChanged`) and thunder traces again (`module_walk`).
+A walk also keeps the members of every module on its paths as its first call found them, and its origin's module
+hooks, which thunder's cache does not check: a change makes the prologue fail (`StructureChanged`) and thunder traces
+again (`module_walk`, `module_reads.HookCheck`).
 
 `fast_module_lookups` rewrites the lookups into calls that read the dicts ``Module.__getattr__``
 reads (``_modules``, ``_parameters``, ``_buffers``), one name at a time, with the dotted name split

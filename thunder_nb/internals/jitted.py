@@ -13,7 +13,8 @@ from .version import supported
 
 __all__ = ["CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class",
            "own_parameters", "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward",
-           "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off", "write_through"]
+           "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off", "write_through", "hooks_made",
+           "module_hook_dicts", "global_hook_dicts"]
 
 
 class CallPath(NamedTuple):
@@ -90,6 +91,47 @@ def own_buffers(module: Any) -> dict[str, Any]:
 def own_modules(module: Any) -> dict[str, Any]:
     """``module``'s direct submodules by name, the live dict: ``module._modules``."""
     return module._modules
+
+
+#: The dicts of a module's hooks that its ``__call__`` runs around ``forward`` (torch 2.11's ``Module`` attributes),
+#: each with whether it runs in the backward; ``_forward_hooks_with_kwargs`` and ``_forward_hooks_always_called`` only
+#: mark entries of ``_forward_hooks``.
+_HOOK_DICTS = (("_forward_pre_hooks", False), ("_forward_hooks", False), ("_backward_pre_hooks", True),
+               ("_backward_hooks", True))
+#: The same, for every module: ``torch.nn.modules.module``'s globals (``register_module_forward_hook`` and kin).
+_GLOBAL_HOOK_DICTS = (("_global_forward_pre_hooks", False), ("_global_forward_hooks", False),
+                      ("_global_backward_pre_hooks", True), ("_global_backward_hooks", True))
+
+
+_HANDLE: Any = None  # NOTE: torch.utils.hooks.RemovableHandle, once imported (read on every call of a prologue)
+
+
+def hooks_made() -> int:
+    """How many hook handles torch has made in this process (``RemovableHandle.next_id``): every hook registered on a
+    module, or globally for all of them, or on a tensor, makes one."""
+    global _HANDLE
+    if _HANDLE is None:
+        from torch.utils.hooks import RemovableHandle
+
+        _HANDLE = RemovableHandle
+    return _HANDLE.next_id
+
+
+def module_hook_dicts(module: Any) -> tuple[tuple[dict, bool], ...]:
+    """The live dicts of the hooks ``module.__call__`` runs around its forward, each with whether its hooks run in the
+    backward (`_HOOK_DICTS`); none for a `thunder.ThunderModule`, whose own hooks run around thunder's call, outside
+    the trace."""
+    if isinstance(module, thunder_module_class()):
+        return ()
+    d = module.__dict__
+    return tuple((d[name], backward) for name, backward in _HOOK_DICTS if name in d)
+
+
+def global_hook_dicts() -> tuple[tuple[dict, bool], ...]:
+    """The live dicts of the hooks every module's ``__call__`` runs (`_GLOBAL_HOOK_DICTS`), as `module_hook_dicts`."""
+    from torch.nn.modules import module
+
+    return tuple((getattr(module, name), backward) for name, backward in _GLOBAL_HOOK_DICTS)
 
 
 def compiling_now() -> Any:

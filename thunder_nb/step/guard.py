@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import internals
+from ..cudagraph.module_reads import HookState
 from .optimizer import LIVE, why_fixed
 
 __all__ = ["Snapshot", "Change", "batch_key", "key_difference", "autocast_key", "trained_parameters", "key_shapes",
@@ -55,8 +56,9 @@ class Change(NamedTuple):
 class Snapshot:
     """The model and optimizer as one step saw them: every module (its training flag, its own submodules, parameters
     and buffers: the objects, their memory and each parameter's ``requires_grad``; the names in its instance dict, which
-    ``hasattr`` finds first: as many, and each of its own, `_MODULE_NAMES` left out) and the optimizer (its state and
-    param groups, the objects, and each group's size and hyperparameters; `LIVE`'s left out when ``lr_live``).
+    ``hasattr`` finds first: as many, and each of its own, `_MODULE_NAMES` left out; its hooks, `HookState`) and the
+    optimizer (its state and param groups, the objects, and each group's size and hyperparameters; `LIVE`'s left out
+    when ``lr_live``).
 
     `change` compares the live objects with it by identity, and words a difference only when it finds one. Thunder's
     own cache checks each module's training flag and each tensor's metadata (``requires_grad`` among them), but not
@@ -64,7 +66,8 @@ class Snapshot:
     hits its cache after ``model.head2 = ...``. `change` says which changes those are (`Change.unseen`).
     """
 
-    __slots__ = ("model", "optimizer", "modules", "params", "_entries", "_state", "_groups", "_sizes", "_hyper")
+    __slots__ = ("model", "optimizer", "modules", "params", "_entries", "_state", "_groups", "_sizes", "_hyper",
+                 "_hooks")
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, lr_live: bool):
         self.model, self.optimizer = model, optimizer
@@ -85,6 +88,7 @@ class Snapshot:
         self._sizes = tuple(len(g["params"]) for g in optimizer.param_groups)
         self._hyper = tuple(tuple((k, v) for k, v in g.items() if k != "params" and not (k in LIVE and lr_live))
                             for g in optimizer.param_groups)
+        self._hooks = HookState(lambda: self.modules)
 
     def change(self) -> Change | None:
         """What changed since the snapshot (`Change`: in words, whether thunder's trace changes with it, whether
@@ -110,6 +114,9 @@ class Snapshot:
                     if requires_grad is not None and now.requires_grad != requires_grad:
                         return Change(f"parameter {type(m).__name__}.{name} now has "
                                       f"requires_grad={now.requires_grad}", True)
+        hooks = self._hooks.changed()
+        if hooks is not None:
+            return Change(hooks, True, True)
         return self._optimizer_change()
 
     def _optimizer_change(self) -> Change | None:
