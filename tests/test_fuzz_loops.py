@@ -53,7 +53,7 @@ def test_a_layer_frozen_then_unfrozen_is_left_alone_while_frozen_in_every_mode()
 #: The fixed slice: five loops that together have every feature of `loops.FEATURES` (one scheduler each).
 SLICE = (
     ("lambda", "eval", "clip", "conv-bn", "logged", "unfreeze", "inplace-batch", "param-groups"),
-    ("step", "accumulate", "embed", "load", "freeze", "inplace-batch"),
+    ("step", "accumulate", "embed", "load", "freeze", "inplace-batch", "hook"),
     ("onecycle", "bf16", "ragged", "eval", "param-groups"),
     ("cosine", "fp16-scaler", "freeze", "eval", "conv-bn", "ema"),
     ("manual", "add-head", "load", "clip", "logged", "ema"),

@@ -36,7 +36,7 @@ PRECISIONS = ("fp32", "bf16", "fp16-scaler")
 EVENTS = ("eval", "freeze", "unfreeze", "add-head", "save", "load")
 #: Each feature a loop can have, by name, for `generate`'s ``require``.
 FEATURES = (*EVENTS, *SCHEDULERS[1:], "clip", "accumulate", "bf16", "fp16-scaler", "logged", "ragged", "conv-bn",
-            "embed", "inplace-batch", "param-groups", "ema")
+            "embed", "inplace-batch", "param-groups", "ema", "hook")
 #: The size of a ragged loop's last batch.
 RAGGED_BATCH = 4
 
@@ -58,6 +58,7 @@ class Loop:
     # the head at half the learning rate
     groups: bool = False
     ema: bool = False  # an exponential moving average of the weights, updated after every step
+    hook: int = 0  # a forward hook on the head (it halves its output) registered before this step, removed 2 later
     steps: int = 6
     events: tuple[tuple[int, str], ...] = ()
     seed: int = 0
@@ -68,7 +69,7 @@ class Loop:
         out |= {name for name, on in (("clip", self.clip), ("accumulate", self.accumulate > 1),
                                       ("logged", self.logged), ("ragged", self.ragged),
                                       ("inplace-batch", self.inplace), ("param-groups", self.groups),
-                                      ("ema", self.ema)) if on}
+                                      ("ema", self.ema), ("hook", self.hook)) if on}
         return (out | ({"bf16", "fp16-scaler"} & {self.precision})) & set(FEATURES)
 
     def __str__(self) -> str:
@@ -82,6 +83,7 @@ class Loop:
         parts += ["the loss function updates its batch in place"] if self.inplace else []
         parts += ["param groups (decay, no decay, the head at half the lr)"] if self.groups else []
         parts += ["an EMA of the weights"] if self.ema else []
+        parts += [f"a forward hook on the head from step {self.hook} to {self.hook + 2}"] if self.hook else []
         parts += [f"{e} before step {i}" for i, e in self.events]
         return f"Loop(seed {self.seed}: " + "; ".join(parts) + ")"
 
@@ -134,6 +136,7 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
         inplace=chooser.boolean(0.2) or "inplace-batch" in need,
         groups=chooser.boolean(0.3) or "param-groups" in need,
         ema=chooser.boolean(0.2) or "ema" in need,
+        hook=chooser.integer(1, steps - 3) if (chooser.boolean(0.2) or "hook" in need) else 0,
         steps=steps, events=tuple(sorted(events, key=lambda e: (e[0], EVENTS.index(e[1])))), seed=seed)
 
 

@@ -223,8 +223,13 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
                 compiled = fix.jit(loss_fn, capture=jit_capture(capture), executors=_EXECUTORS[config])
                 emulate_runner(internals.jit_transforms(compiled)[0], capture)
             forward = compiled or loss_fn
+            hooked = None
             for i in range(loop.steps):
                 record: dict[str, Any] = {}
+                if loop.hook and i == loop.hook:
+                    hooked = model.head.register_forward_hook(lambda m, args, out: out * 0.5)
+                elif loop.hook and i == loop.hook + 2:
+                    hooked.remove()
                 for event in (e for at, e in loop.events if at == i):
                     _event(event, loop, i, (handle, writes), forward, opt, sched, record, saved, device)
                 if loop.scheduler == "manual" and i == loop.steps // 2:

@@ -5,10 +5,11 @@ A `Loop` composes the features of real training loops: a model (an MLP, a convol
 mode for a validation loss, freezing and unfreezing a layer, a head and its param group added mid-run, a checkpoint of
 the model, optimizer and scheduler saved and loaded back, bf16 autocast or fp16 with a GradScaler, a logged
 ``loss.item()``, a ragged last batch, a loss function that updates its batch in place, param groups (weights with weight
-decay, biases and norms without, the head at half the learning rate), and a moving average of the weights. `run` runs
-one under a configuration (`CONFIGS`) and records every step; `judge` runs it eagerly and under each configuration (and
-without graphs where a step needs that yardstick), and names each run's first step that leaves eager's. The loops and
-their generator are in `loop_features`, running one in `loop_run`; this module judges.
+decay, biases and norms without, the head at half the learning rate), a moving average of the weights, and a forward
+hook registered and removed mid-run. `run` runs one under a configuration (`CONFIGS`) and records every step; `judge`
+runs it eagerly and under each configuration (and without graphs where a step needs that yardstick), and names each
+run's first step that leaves eager's. The loops and their generator are in `loop_features`, running one in `loop_run`;
+this module judges.
 
 Dropout's masks come from different random streams under thunder and eager PyTorch, so no loop trains with active
 dropout: BatchNorm is what makes train and eval mode differ here.
