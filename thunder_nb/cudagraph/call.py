@@ -141,13 +141,18 @@ def without_cyclic_gc(jfn: Any) -> Any:
     collector off (`thunder_nb.internals.cyclic_gc_off`: on a miss thunder traces, and a collection inside its
     tracing can fail the trace): a function is wrapped (its attributes copied), a `thunder.ThunderModule`'s forward
     function replaced and the module returned (itself, unguarded, on a thunder thunder-nb does not support)."""
+    import thunder
+
     module = isinstance(jfn, torch.nn.Module)
     if module and not internals.supported():
         return jfn
     slow: Callable[..., Any] = internals.module_forward(jfn) if module else jfn
     gc_off = internals.cyclic_gc_off()
+    stale = internals.autocast_stack(thunder.compile_data(jfn))
 
     def thunders_path(*args: Any, **kwargs: Any) -> Any:
+        if stale:
+            stale.clear()  # NOTE: the autocast states of earlier calls (`internals.autocast_stack`)
         with gc_off:
             return slow(*args, **kwargs)
 
@@ -171,9 +176,12 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
     undecorated: dict[Any, Any] = {}  # an entry's computation -> it without thunder's decorators, or None
     now = time.perf_counter_ns
     gc_off = internals.cyclic_gc_off()  # NOTE: around thunder's path, which traces there (see cyclic_gc_off)
+    stale = internals.autocast_stack(cd)  # NOTE: emptied before each call of thunder's path (see autocast_stack)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if not entries or autocast_on() or autocast_on("cpu") or is_tracing():
+            if stale:
+                stale.clear()
             with gc_off:
                 return slow(*args, **kwargs)
         start = now()
@@ -195,6 +203,8 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
             lang_var.reset(lang_token)
             info_var.reset(info_token)
         if entry is None:
+            if stale:
+                stale.clear()
             with gc_off:  # NOTE: a miss: thunder tries them again, then traces and adds the entry
                 return slow(*args, **kwargs)
         cs.calls += 1

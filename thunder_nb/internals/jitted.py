@@ -14,7 +14,7 @@ from .version import supported
 __all__ = ["CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class",
            "own_parameters", "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward",
            "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off", "write_through", "hooks_made",
-           "module_hook_dicts", "global_hook_dicts"]
+           "module_hook_dicts", "global_hook_dicts", "autocast_stack"]
 
 
 class CallPath(NamedTuple):
@@ -132,6 +132,19 @@ def global_hook_dicts() -> tuple[tuple[dict, bool], ...]:
     from torch.nn.modules import module
 
     return tuple((getattr(module, name), backward) for name, backward in _GLOBAL_HOOK_DICTS)
+
+
+def autocast_stack(cd: Any) -> Any:
+    """The list of autocast states thunder traces under, of a compilation (its compile data ``cd``: thunder 0.2.6's
+    ``cd.autocast_stack.stack``, a deque), or None with another thunder (`supported` False).
+
+    thunder pushes the caller's autocast state there at every call made under autocast (``populate_cache_info``) and
+    never takes it off: a function first called under autocast was traced again, for a call without it, with autocast
+    on, and returned bfloat16 where eager PyTorch returns float32. The caller empties it before each call of thunder's
+    path (`thunder_nb.cudagraph.call`); the autocast regions of the traced code push and pop their own."""
+    if not supported():
+        return None
+    return cd.autocast_stack.stack
 
 
 def compiling_now() -> Any:

@@ -21,13 +21,18 @@ def del_last_used(bsyms: Sequence[Any], protected: Sequence[Any], *,
 
 def build_traces(jfn: Any, *args: Any, **kwargs: Any) -> None:
     """Build ``jfn``'s traces for these inputs without running the computation (the cyclic collector off
-    meanwhile: `thunder_nb.internals.jitted.cyclic_gc_off`)."""
+    meanwhile: `thunder_nb.internals.jitted.cyclic_gc_off`), under the caller's autocast state alone (earlier calls'
+    emptied: `thunder_nb.internals.jitted.autocast_stack`)."""
     import thunder
 
-    from .jitted import cyclic_gc_off
+    from .jitted import autocast_stack, cyclic_gc_off
 
+    cd = thunder.compile_data(jfn)
+    stale = autocast_stack(cd)
+    if stale:
+        stale.clear()
     with cyclic_gc_off():
-        thunder.compile_data(jfn)._get_computation_and_inputs(*args, **kwargs)
+        cd._get_computation_and_inputs(*args, **kwargs)
 
 
 def has_traces(jfn: Any) -> bool:
