@@ -36,7 +36,7 @@ PRECISIONS = ("fp32", "bf16", "fp16-scaler")
 EVENTS = ("eval", "freeze", "unfreeze", "add-head", "save", "load")
 #: Each feature a loop can have, by name, for `generate`'s ``require``.
 FEATURES = (*EVENTS, *SCHEDULERS[1:], "clip", "accumulate", "bf16", "fp16-scaler", "logged", "ragged", "conv-bn",
-            "embed", "inplace-batch", "param-groups", "ema", "hook")
+            "embed", "inplace-batch", "param-groups", "ema", "hook", "eval-fp32")
 #: The size of a ragged loop's last batch.
 RAGGED_BATCH = 4
 
@@ -59,6 +59,7 @@ class Loop:
     groups: bool = False
     ema: bool = False  # an exponential moving average of the weights, updated after every step
     hook: int = 0  # a forward hook on the head (it halves its output) registered before this step, removed 2 later
+    eval_fp32: bool = False  # under bf16 or fp16 training, the validation loss in float32 (no autocast)
     steps: int = 6
     events: tuple[tuple[int, str], ...] = ()
     seed: int = 0
@@ -70,6 +71,8 @@ class Loop:
                                       ("logged", self.logged), ("ragged", self.ragged),
                                       ("inplace-batch", self.inplace), ("param-groups", self.groups),
                                       ("ema", self.ema), ("hook", self.hook)) if on}
+        if self.eval_fp32 and self.precision != "fp32" and "eval" in out:
+            out.add("eval-fp32")
         return (out | ({"bf16", "fp16-scaler"} & {self.precision})) & set(FEATURES)
 
     def __str__(self) -> str:
@@ -84,6 +87,7 @@ class Loop:
         parts += ["param groups (decay, no decay, the head at half the lr)"] if self.groups else []
         parts += ["an EMA of the weights"] if self.ema else []
         parts += [f"a forward hook on the head from step {self.hook} to {self.hook + 2}"] if self.hook else []
+        parts += ["validation in float32"] if "eval-fp32" in self.features() else []
         parts += [f"{e} before step {i}" for i, e in self.events]
         return f"Loop(seed {self.seed}: " + "; ".join(parts) + ")"
 
@@ -93,7 +97,8 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
     fp16-scaler, one model) makes sure it has those features."""
     need = {require} if isinstance(require, str) else set(require)
     # NOTE: each pair's second needs its first, which comes a step before it
-    need |= {first for second, first in (("unfreeze", "freeze"), ("load", "save")) if second in need}
+    need |= {first for second, first in (("unfreeze", "freeze"), ("load", "save"), ("eval-fp32", "eval"))
+             if second in need}
     model = chooser.choice(MODELS)
     steps = chooser.integer(5, 8)
     events: list[tuple[int, str]] = []
@@ -137,6 +142,7 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
         groups=chooser.boolean(0.3) or "param-groups" in need,
         ema=chooser.boolean(0.2) or "ema" in need,
         hook=chooser.integer(1, steps - 3) if (chooser.boolean(0.2) or "hook" in need) else 0,
+        eval_fp32=chooser.boolean(0.4) or "eval-fp32" in need,
         steps=steps, events=tuple(sorted(events, key=lambda e: (e[0], EVENTS.index(e[1])))), seed=seed)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from ... import internals
 from .loop_features import OPTIMIZERS, RAGGED_BATCH, Loop
 
-__all__ = ["LoopRun", "CONFIGS", "REFERENCES", "run"]
+__all__ = ["LoopRun", "CONFIGS", "REFERENCES", "FLOAT32", "run"]
 
 #: The configurations a loop runs under, besides "eager": ``thunder_nb.jit`` of the loss function with thunder's
 #: default executors or inductor's fusions ("fused"), ``jit_step`` of the whole iteration, and ``thunder_nb.jit`` of
@@ -27,6 +27,9 @@ REFERENCES = {"thunder_nb.jit": "thunder", "fused": "thunder fused", "jit_step":
 _EXECUTORS = {"thunder_nb.jit": [], "fused": ["torchcompile"], "jit_step": [], "jit_step fused": ["torchcompile"],
               "thunder": [], "thunder fused": ["torchcompile"], "thunder_nb.jit(model)": [], "thunder(model)": []}
 _MODULE_CONFIGS = ("thunder_nb.jit(model)", "thunder(model)")
+#: The end of a recorded value's name that was computed without autocast in a loop trained under it: judged at float32's
+#: tolerance (`loops.judge`).
+FLOAT32 = " (float32)"
 _BATCH = 8
 
 
@@ -269,9 +272,9 @@ def _event(event: str, loop: Loop, i: int, models: tuple[Any, Any], forward: Cal
     model, writes = models
     if event == "eval":
         model.eval()
-        with torch.no_grad(), _autocast(loop.precision, device):
+        with torch.no_grad(), _autocast("fp32" if loop.eval_fp32 else loop.precision, device):
             xv, yv = _batch(loop.model, loop.seed, 100 + i, _BATCH, device)
-            record["validation loss"] = forward(xv, yv).float()
+            record["validation loss" + (FLOAT32 if loop.eval_fp32 else "")] = forward(xv, yv).float()
         model.train()
     elif event == "freeze":
         model.body.requires_grad_(False)

@@ -2,14 +2,14 @@
 
 A `Loop` composes the features of real training loops: a model (an MLP, a convolution with BatchNorm, an embedding), any
 ``torch.optim`` optimizer, an lr scheduler or an lr edited by hand, gradient clipping and accumulation, switches to eval
-mode for a validation loss, freezing and unfreezing a layer, a head and its param group added mid-run, a checkpoint of
-the model, optimizer and scheduler saved and loaded back, bf16 autocast or fp16 with a GradScaler, a logged
-``loss.item()``, a ragged last batch, a loss function that updates its batch in place, param groups (weights with weight
-decay, biases and norms without, the head at half the learning rate), a moving average of the weights, and a forward
-hook registered and removed mid-run. `run` runs one under a configuration (`CONFIGS`) and records every step; `judge`
-runs it eagerly and under each configuration (and without graphs where a step needs that yardstick), and names each
-run's first step that leaves eager's. The loops and their generator are in `loop_features`, running one in `loop_run`;
-this module judges.
+mode for a validation loss (under autocast training, in float32 too), freezing and unfreezing a layer, a head and its
+param group added mid-run, a checkpoint of the model, optimizer and scheduler saved and loaded back, bf16 autocast or
+fp16 with a GradScaler, a logged ``loss.item()``, a ragged last batch, a loss function that updates its batch in place,
+param groups (weights with weight decay, biases and norms without, the head at half the learning rate), a moving average
+of the weights, and a forward hook registered and removed mid-run. `run` runs one under a configuration (`CONFIGS`) and
+records every step; `judge` runs it eagerly and under each configuration (and without graphs where a step needs that
+yardstick), and names each run's first step that leaves eager's. The loops and their generator are in `loop_features`,
+running one in `loop_run`; this module judges.
 
 Dropout's masks come from different random streams under thunder and eager PyTorch, so no loop trains with active
 dropout: BatchNorm is what makes train and eval mode differ here.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .loop_features import EVENTS, FEATURES, MODELS, OPTIMIZERS, PRECISIONS, SCHEDULERS, Loop, generate, loops
-from .loop_run import CONFIGS, REFERENCES, LoopRun, run
+from .loop_run import CONFIGS, FLOAT32, REFERENCES, LoopRun, run
 
 __all__ = ["Loop", "LoopRun", "CONFIGS", "MODELS", "OPTIMIZERS", "SCHEDULERS", "PRECISIONS", "EVENTS", "FEATURES",
            "REFERENCES", "generate", "loops", "run", "judge", "LoopVerdict"]
@@ -67,8 +67,16 @@ def _difference(a: dict[str, Any], b: dict[str, Any], ref: dict[str, Any] | None
             f", and {extra} more" if extra else "")
     if ref is not None and set(ref) != set(b):
         ref = None  # NOTE: thunder without graphs lacks a value eager has: no yardstick (reported on its own)
-    j = judge_values(a, b, without_graphs=ref, tolerance=_tolerance(precision), label="")
-    return None if j.equal else j.difference.lstrip(" ")
+    # NOTE: a value computed without autocast (a validation loss in float32) has float32's tolerance in any loop
+    exact = [k for k in b if k.endswith(FLOAT32)] if precision != "fp32" else []
+    for keys, tolerance in ((exact, _tolerance("fp32")), ([k for k in b if k not in exact], _tolerance(precision))):
+        if keys:
+            j = judge_values({k: a[k] for k in keys}, {k: b[k] for k in keys},
+                             without_graphs=None if ref is None else {k: ref[k] for k in keys}, tolerance=tolerance,
+                             label="")
+            if not j.equal:
+                return j.difference.lstrip(" ")
+    return None
 
 
 def judge(loop: Loop, runs: Sequence[tuple[str, Any]], device: Any = "cpu") -> LoopVerdict:
