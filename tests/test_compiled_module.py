@@ -90,3 +90,16 @@ def test_a_write_reaches_the_model_and_thunders_own_attributes_stay_on_its_modul
     compiled._forward_fn = forward  # NOTE: a private name (thunder's) stays on its module
     assert vars(compiled)["_forward_fn"] is forward and "_forward_fn" not in vars(model)
     assert type(compiled).__name__ == "ThunderModule" and isinstance(compiled, thunder.ThunderModule)
+
+
+def test_the_compiled_modules_lookups_are_still_proved_by_the_walks_guard():
+    """The write-through module looks its members up as thunder's own (`internals.is_thunder_module`): its prologue's
+    walk reads its dicts and makes its guard, as for ``thunder.jit(model)``, rather than asking its methods on every
+    call."""
+    compiled = thunder_nb.jit(Net())
+    x, _ = _batch(0)
+    for _ in range(3):
+        compiled(x)
+    walk = next(v for k, v in thunder.last_prologue_traces(compiled)[-1].python_ctx().items()
+                if k.startswith("thunder_nb_module_walk"))
+    assert walk._guard is not None  # NOTE: the later calls were proved by the guard

@@ -16,8 +16,9 @@ from .prologue_checks import value_checks
 def thunder_module_dicts(origin: Any) -> dict[str, dict] | None:
     """The dicts a `thunder.ThunderModule` answers its lookups from first, by kind (its own ``get_submodule``,
     ``get_parameter``, ``get_buffer``: thunder's module cache and overrides, then the wrapped model's methods); None
-    where ``origin`` is not thunder's own class, or its instance has a lookup method of its own."""
-    if type(origin) is not internals.thunder_module_class():
+    where ``origin`` is not thunder's own class (`internals.is_thunder_module`), or its instance has a lookup method of
+    its own."""
+    if not internals.is_thunder_module(origin):
         return None
     d = origin.__dict__
     if any(name in d for name in METHODS):

@@ -14,7 +14,8 @@ from .version import supported
 __all__ = ["CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class",
            "own_parameters", "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward",
            "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off", "write_through", "hooks_made",
-           "module_hook_dicts", "global_hook_dicts", "autocast_stack"]
+           "module_hook_dicts", "global_hook_dicts", "autocast_stack",
+           "is_thunder_module"]
 
 
 class CallPath(NamedTuple):
@@ -76,6 +77,13 @@ def thunder_module_class() -> type:
     from thunder.core.module import ThunderModule
 
     return ThunderModule
+
+
+def is_thunder_module(obj: Any) -> bool:
+    """Whether ``obj``'s class is exactly ``thunder.ThunderModule``, or thunder-nb's `write_through` subclass of it,
+    which looks its members up as thunder's does (not a user's subclass, which may look them up its own way)."""
+    cls = type(obj)
+    return cls is thunder_module_class() or cls in _WRITING_THROUGH.values()
 
 
 def own_parameters(module: Any) -> dict[str, Any]:
