@@ -23,8 +23,9 @@ def _batch(i: int) -> torch.Tensor:
     return torch.randn(3, 4, generator=torch.Generator().manual_seed(i))
 
 
-@pytest.mark.parametrize("fast_call", [True, False], ids=["fast_call", "thunders call path"])
-@pytest.mark.parametrize("what", ["model", "function"])
+@pytest.mark.parametrize("what,fast_call", [
+    ("model", True), ("function", False),  # NOTE: the other two in the slow tier (each path once in the fast one)
+    pytest.param("model", False, marks=pytest.mark.slow), pytest.param("function", True, marks=pytest.mark.slow)])
 def test_a_call_without_autocast_after_calls_under_it_computes_as_a_fresh_compile(what, fast_call):
     model = _model()
     fn = model if what == "model" else (lambda x: model(x))
@@ -39,7 +40,7 @@ def test_a_call_without_autocast_after_calls_under_it_computes_as_a_fresh_compil
     assert torch.equal(got, fresh)  # NOTE: the same kernels: exact
 
 
-@pytest.mark.parametrize("capture", [False, "emulated"])
+@pytest.mark.parametrize("capture", [pytest.param(False, marks=pytest.mark.slow), "emulated"])
 def test_the_whole_step_after_autocast_computes_its_first_step_without_it_as_a_fresh_compile(capture):
     """Three steps of ``jit_step`` under bfloat16 autocast, then one without: that step's loss is what a loss function
     never compiled under autocast computes from the same weights (its capture path builds a new batch key's traces

@@ -62,7 +62,7 @@ def _train(compile_model, *, on_the_model: bool = False) -> dict:
             "parameters": sorted(n for n, _ in handle.named_parameters())}
 
 
-@pytest.mark.parametrize("capture", [False, "emulated"])
+@pytest.mark.parametrize("capture", [pytest.param(False, marks=pytest.mark.slow), "emulated"])
 def test_a_head_and_a_flag_set_on_the_compiled_module_are_the_models_and_train_as_in_eager(capture):
     eager = _train(lambda m: m)
     # NOTE: the yardstick: thunder without graphs, given the same writes where its module reads them
