@@ -103,3 +103,17 @@ def test_the_compiled_modules_lookups_are_still_proved_by_the_walks_guard():
     walk = next(v for k, v in thunder.last_prologue_traces(compiled)[-1].python_ctx().items()
                 if k.startswith("thunder_nb_module_walk"))
     assert walk._guard is not None  # NOTE: the later calls were proved by the guard
+
+
+def test_thunders_jit_with_the_fixed_transform_writes_through_too():
+    """The fixed transform makes the module write through where thunder makes it (`transform_module`): with
+    ``thunder.jit(model, transforms=[FixedCUDAGraphTransform()])`` as with `thunder_nb.jit`, and after
+    ``thunder.distributed.ddp`` or ``fsdp``, which jit the model again with the same transforms."""
+    model = Net()
+    compiled = thunder.jit(model, transforms=[thunder_nb.FixedCUDAGraphTransform(capture=False)])
+    compiled.scale = 3.0
+    assert model.scale == 3.0 and "scale" not in vars(compiled)
+    other = Net()
+    plain = thunder.jit(other)  # NOTE: thunder's own module, left as thunder makes it
+    plain.scale = 3.0
+    assert "scale" in vars(plain) and other.scale == 1.0

@@ -89,7 +89,7 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     Returns:
         thunder's jitted function; its transform is ``jfn._lc_transforms[0]``. For a module, thunder's
         `thunder.ThunderModule`, on which an attribute set or deleted is set on or deleted from the model, as on
-        torch.compile's module (``compiled.head = nn.Linear(...)``: `thunder_nb.internals.write_through`).
+        torch.compile's module (``compiled.head = nn.Linear(...)``: `FixedCUDAGraphTransform.transform_module`).
 
     Data parallelism wraps the result: ``thunder.distributed.ddp(thunder_nb.jit(model))`` (or ``fsdp``, or torch's
     ``DistributedDataParallel`` or ``FullyShardedDataParallel``) synchronises the gradients as around
@@ -107,8 +107,6 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
     options = {} if split_autograd else dict(ONE_AUTOGRAD_FUNCTION)
     options["executors"] = jit_executors(executors)
     jfn = thunder.jit(fn, transforms=[FixedCUDAGraphTransform(**transform_options)], **options)
-    if isinstance(jfn, internals.thunder_module_class()):
-        internals.write_through(jfn)  # NOTE: ``compiled.head2 = ...`` reaches the model, as with torch.compile
     return call.fast_call(jfn) if fast_call else call.without_cyclic_gc(jfn)
 
 
@@ -193,6 +191,14 @@ class FixedCUDAGraphTransform(RegionTransform):
         self.defer_items = defer_items
         self.fast_prologue = fast_prologue
         self.in_place_updates = in_place_updates
+
+    def transform_module(self, model: Any) -> None:
+        """thunder calls it on the `thunder.ThunderModule` it made of a module (``thunder.jit(model,
+        transforms=[...])``, `thunder_nb.jit`, and ``thunder.distributed.ddp`` or ``fsdp`` around them, which jit the
+        model again): an attribute set or deleted on that module is set on or deleted from the model
+        (`internals.write_through`)."""
+        super().transform_module(model)
+        internals.write_through(model)
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         """As the base transform; then make the prologue's module lookups path walks (`thunder_nb.cudagraph.prologue`), and
