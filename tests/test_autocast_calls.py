@@ -59,3 +59,18 @@ def test_the_whole_step_after_autocast_computes_its_first_step_without_it_as_a_f
         want = thunder_nb.jit(lambda x: before(x).float().square().mean(), capture=False)(_batch(3))
         got = step(_batch(3))
     assert torch.equal(got.detach(), want.detach())  # NOTE: the same kernels: exact
+
+
+def test_a_module_jitted_by_thunder_with_the_fixed_transform_computes_as_a_fresh_compile_too():
+    """``thunder.jit(model, transforms=[FixedCUDAGraphTransform()])`` (and ``thunder.distributed.ddp`` around
+    `thunder_nb.jit`, which jits the model so again): the transform makes each call of the module thunder made trace
+    under that call's autocast state alone (`thunder_nb.cudagraph.call.autocast_of_each_call`)."""
+    import thunder
+
+    model = _model()
+    compiled = thunder.jit(model, transforms=[thunder_nb.FixedCUDAGraphTransform(capture=False)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compiled(_batch(0)).dtype == torch.bfloat16
+    got = compiled(_batch(1))
+    fresh = thunder.jit(_model(), transforms=[thunder_nb.FixedCUDAGraphTransform(capture=False)])(_batch(1))
+    assert got.dtype == torch.float32 and torch.equal(got, fresh)

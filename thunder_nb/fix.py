@@ -196,9 +196,11 @@ class FixedCUDAGraphTransform(RegionTransform):
         """thunder calls it on the `thunder.ThunderModule` it made of a module (``thunder.jit(model,
         transforms=[...])``, `thunder_nb.jit`, and ``thunder.distributed.ddp`` or ``fsdp`` around them, which jit the
         model again): an attribute set or deleted on that module is set on or deleted from the model
-        (`internals.write_through`)."""
+        (`internals.write_through`), and each call traces under its own autocast state alone
+        (`thunder_nb.cudagraph.call.autocast_of_each_call`)."""
         super().transform_module(model)
         internals.write_through(model)
+        call.autocast_of_each_call(model)
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         """As the base transform; then make the prologue's module lookups path walks (`thunder_nb.cudagraph.prologue`), and

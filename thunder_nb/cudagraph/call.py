@@ -35,7 +35,7 @@ import torch
 
 from .. import internals
 
-__all__ = ["fast_call", "without_cyclic_gc", "cache_info", "tensor_aliases"]
+__all__ = ["fast_call", "without_cyclic_gc", "autocast_of_each_call", "cache_info", "tensor_aliases"]
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
@@ -134,6 +134,26 @@ def fast_call(jfn: Any) -> Any:
         internals.set_module_forward(jfn, call)
         return jfn
     return functools.wraps(jfn)(call)
+
+
+def autocast_of_each_call(module: Any) -> None:
+    """Make the `thunder.ThunderModule` ``module`` call its forward function with thunder's autocast stack emptied
+    first (`thunder_nb.internals.autocast_stack`): a module jitted by thunder alone (``thunder.jit(model,
+    transforms=[FixedCUDAGraphTransform()])``, or again by ``thunder.distributed.ddp``), whose calls no other wrapper
+    of thunder-nb's makes. Nothing with another thunder."""
+    import thunder
+
+    stale = internals.autocast_stack(thunder.compile_data(module))
+    if stale is None:
+        return
+    forward = internals.module_forward(module)
+
+    def forward_under_this_calls_autocast(*args: Any, **kwargs: Any) -> Any:
+        if stale:
+            stale.clear()
+        return forward(*args, **kwargs)
+
+    internals.set_module_forward(module, forward_under_this_calls_autocast)
 
 
 def without_cyclic_gc(jfn: Any) -> Any:
