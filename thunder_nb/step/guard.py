@@ -88,7 +88,8 @@ class Snapshot:
         self._sizes = tuple(len(g["params"]) for g in optimizer.param_groups)
         self._hyper = tuple(tuple((k, v) for k, v in g.items() if k != "params" and not (k in LIVE and lr_live))
                             for g in optimizer.param_groups)
-        self._hooks = HookState(lambda: self.modules)
+        modules = self.modules
+        self._hooks = HookState(lambda: modules)  # NOTE: not ``self``: no reference cycle through the snapshot
 
     def change(self) -> Change | None:
         """What changed since the snapshot (`Change`: in words, whether thunder's trace changes with it, whether
