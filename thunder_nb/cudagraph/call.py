@@ -138,22 +138,13 @@ def fast_call(jfn: Any) -> Any:
 
 def autocast_of_each_call(module: Any) -> None:
     """Make the `thunder.ThunderModule` ``module`` call its forward function with thunder's autocast stack emptied
-    first (`thunder_nb.internals.autocast_stack`): a module jitted by thunder alone (``thunder.jit(model,
+    first (`thunder_nb.internals.under_own_autocast`): a module jitted by thunder alone (``thunder.jit(model,
     transforms=[FixedCUDAGraphTransform()])``, or again by ``thunder.distributed.ddp``), whose calls no other wrapper
     of thunder-nb's makes. Nothing with another thunder."""
     import thunder
 
-    stale = internals.autocast_stack(thunder.compile_data(module))
-    if stale is None:
-        return
-    forward = internals.module_forward(module)
-
-    def forward_under_this_calls_autocast(*args: Any, **kwargs: Any) -> Any:
-        if stale:
-            stale.clear()
-        return forward(*args, **kwargs)
-
-    internals.set_module_forward(module, forward_under_this_calls_autocast)
+    internals.set_module_forward(module, internals.under_own_autocast(internals.module_forward(module),
+                                                                      thunder.compile_data(module)))
 
 
 def without_cyclic_gc(jfn: Any) -> Any:
@@ -166,13 +157,11 @@ def without_cyclic_gc(jfn: Any) -> Any:
     module = isinstance(jfn, torch.nn.Module)
     if module and not internals.supported():
         return jfn
-    slow: Callable[..., Any] = internals.module_forward(jfn) if module else jfn
+    # NOTE: each call under its own autocast state alone (`internals.under_own_autocast`)
+    slow = internals.under_own_autocast(internals.module_forward(jfn) if module else jfn, thunder.compile_data(jfn))
     gc_off = internals.cyclic_gc_off()
-    stale = internals.autocast_stack(thunder.compile_data(jfn))
 
     def thunders_path(*args: Any, **kwargs: Any) -> Any:
-        if stale:
-            stale.clear()  # NOTE: the autocast states of earlier calls (`internals.autocast_stack`)
         with gc_off:
             return slow(*args, **kwargs)
 
@@ -196,12 +185,10 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
     undecorated: dict[Any, Any] = {}  # an entry's computation -> it without thunder's decorators, or None
     now = time.perf_counter_ns
     gc_off = internals.cyclic_gc_off()  # NOTE: around thunder's path, which traces there (see cyclic_gc_off)
-    stale = internals.autocast_stack(cd)  # NOTE: emptied before each call of thunder's path (see autocast_stack)
+    slow = internals.under_own_autocast(slow, cd)  # NOTE: each call of thunder's path under its own autocast state
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if not entries or autocast_on() or autocast_on("cpu") or is_tracing():
-            if stale:
-                stale.clear()
             with gc_off:
                 return slow(*args, **kwargs)
         start = now()
@@ -223,8 +210,6 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
             lang_var.reset(lang_token)
             info_var.reset(info_token)
         if entry is None:
-            if stale:
-                stale.clear()
             with gc_off:  # NOTE: a miss: thunder tries them again, then traces and adds the entry
                 return slow(*args, **kwargs)
         cs.calls += 1

@@ -45,7 +45,8 @@ from .jitted import (THUNDER_MODULE_LOOKUPS, CallPath, call_path, compiling_now,
                      cyclic_gc_off, default_device,
                      is_jitted, jit_transforms, module_forward, own_buffers, own_modules, own_parameters,
                      set_module_forward, thunder_module_class, thunder_modules_of, write_through, hooks_made,
-                     module_hook_dicts, global_hook_dicts, autocast_stack, is_thunder_module)
+                     module_hook_dicts, global_hook_dicts, autocast_stack, under_own_autocast,
+                     is_thunder_module)
 from .memory import (clear_cublas_workspaces, copy_all, copy_into, current_stream, data_ptrs_equal, graph_pool_bytes,
                      is_view, recover_capture, recover_generators, recover_stream, storage_handle, storage_use_count,
                      use_counters, version_counter)
@@ -67,7 +68,8 @@ __all__ = [
     "CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", "thunder_module_class", "own_parameters",
     "own_buffers", "own_modules", "compiling_now", "compiling_with_grad", "thunder_modules_of", "module_forward",
     "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off", "write_through", "hooks_made",
-    "module_hook_dicts", "global_hook_dicts", "autocast_stack", "is_thunder_module",
+    "module_hook_dicts", "global_hook_dicts", "autocast_stack", "under_own_autocast",
+    "is_thunder_module",
     # memory
     "copy_all", "copy_into", "clear_cublas_workspaces", "storage_use_count", "data_ptrs_equal", "recover_generators",
     "current_stream", "recover_stream", "recover_capture", "graph_pool_bytes", "use_counters", "storage_handle",

@@ -15,7 +15,7 @@ __all__ = ["CallPath", "call_path", "default_device", "THUNDER_MODULE_LOOKUPS", 
            "own_parameters", "own_buffers", "own_modules", "compiling_now", "thunder_modules_of", "module_forward",
            "set_module_forward", "is_jitted", "jit_transforms", "cyclic_gc_off", "write_through", "hooks_made",
            "module_hook_dicts", "global_hook_dicts", "autocast_stack",
-           "is_thunder_module"]
+           "under_own_autocast", "is_thunder_module"]
 
 
 class CallPath(NamedTuple):
@@ -147,12 +147,29 @@ def autocast_stack(cd: Any) -> Any:
     ``cd.autocast_stack.stack``, a deque), or None with another thunder (`supported` False).
 
     thunder pushes the caller's autocast state there at every call made under autocast (``populate_cache_info``) and
-    never takes it off: a function first called under autocast was traced again, for a call without it, with autocast
-    on, and returned bfloat16 where eager PyTorch returns float32. The caller empties it before each call of thunder's
-    path (`thunder_nb.cudagraph.call`); the autocast regions of the traced code push and pop their own."""
+    never takes it off: a function first called under autocast was traced again, for a call without it, with
+    autocast on, and returned bfloat16 where eager PyTorch returns float32. `under_own_autocast` empties it before
+    each call of thunder's path (`thunder_nb.cudagraph.call`) and trace building; the autocast regions of the traced
+    code push and pop their own."""
     if not supported():
         return None
     return cd.autocast_stack.stack
+
+
+def under_own_autocast(fn: Callable[..., Any], cd: Any) -> Callable[..., Any]:
+    """``fn`` (a call into thunder for the compilation whose compile data is ``cd``) made with `autocast_stack` emptied
+    first, so that what thunder traces there sees this call's autocast state alone; ``fn`` itself with another
+    thunder."""
+    stale = autocast_stack(cd)
+    if stale is None:
+        return fn
+
+    def under_this_calls_autocast(*args: Any, **kwargs: Any) -> Any:
+        if stale:
+            stale.clear()
+        return fn(*args, **kwargs)
+
+    return under_this_calls_autocast
 
 
 def compiling_now() -> Any:

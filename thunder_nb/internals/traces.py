@@ -22,17 +22,14 @@ def del_last_used(bsyms: Sequence[Any], protected: Sequence[Any], *,
 def build_traces(jfn: Any, *args: Any, **kwargs: Any) -> None:
     """Build ``jfn``'s traces for these inputs without running the computation (the cyclic collector off
     meanwhile: `thunder_nb.internals.jitted.cyclic_gc_off`), under the caller's autocast state alone (earlier calls'
-    emptied: `thunder_nb.internals.jitted.autocast_stack`)."""
+    emptied: `thunder_nb.internals.jitted.under_own_autocast`)."""
     import thunder
 
-    from .jitted import autocast_stack, cyclic_gc_off
+    from .jitted import cyclic_gc_off, under_own_autocast
 
     cd = thunder.compile_data(jfn)
-    stale = autocast_stack(cd)
-    if stale:
-        stale.clear()
     with cyclic_gc_off():
-        cd._get_computation_and_inputs(*args, **kwargs)
+        under_own_autocast(cd._get_computation_and_inputs, cd)(*args, **kwargs)
 
 
 def has_traces(jfn: Any) -> bool:
