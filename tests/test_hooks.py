@@ -41,22 +41,15 @@ def _train(config: str, hook: str) -> dict:
     """Six SGD steps under ``config``; the hook registered before step 2 and removed before step 4."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    if config == "eager":
-        def step(x):
-            opt.zero_grad()
-            loss = _loss(model(x))
-            loss.backward()
-            opt.step()
-            return loss
-    elif config == "jit_step":
+    if config == "jit_step":
         step = thunder_nb.jit_step(model, lambda x: _loss(model(x)), opt, capture="emulated", warmup=1)
     else:
-        compiled = thunder_nb.jit(model) if config == "thunder_nb.jit(model)" else thunder_nb.jit(
-            lambda x: model(x))
+        forward = model if config == "eager" else thunder_nb.jit(
+            model if config == "thunder_nb.jit(model)" else lambda x: model(x))
 
         def step(x):
             opt.zero_grad()
-            loss = _loss(compiled(x))
+            loss = _loss(forward(x))
             loss.backward()
             opt.step()
             return loss
