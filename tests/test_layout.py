@@ -6,6 +6,7 @@ private names are used in `thunder_nb.internals` alone (issue #51)."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("thunder_nb.notebook.*",),  # compare, the widget, exported pages
     ("thunder_nb", "thunder_nb.magics", "thunder_nb.__main__", "thunder_nb.testing.*"),  # the front doors
 )
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """``path`` parsed once for all the checks (each reads every module)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
 
 
 def _module_name(path: Path) -> str:
@@ -53,7 +60,7 @@ def _imports(path: Path) -> set[str]:
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "thunder_nb"}
         elif isinstance(node, ast.ImportFrom):
@@ -66,6 +73,7 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     return {_module_name(p): _imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
 
@@ -183,7 +191,7 @@ def _private_imports(path: Path) -> list[str]:
     import or as an attribute of a module it imported (``from . import verdict`` ... ``verdict._phrase``)."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     found, modules = [], {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -228,7 +236,7 @@ def _defined_names() -> set[str]:
     attributes it sets on ``self`` or ``cls`` (also by ``setattr``)."""
     names = set()
     for p in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(p.read_text())):
+        for node in ast.walk(_tree(p)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -259,7 +267,7 @@ def _private_thunder_torch(path: Path, own: set[str]) -> list[str]:
     thunder's or torch's unless `OTHER_LIBRARIES` names it. A private name used as a dict key
     (``m.__dict__["_modules"]``) is not seen."""
     name = _module_name(path)
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     found, roots = [], set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
