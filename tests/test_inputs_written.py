@@ -4,6 +4,7 @@ code writes it (the CPU fuzzer's programs 4373, 5168, 6802). Real thunder traces
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -121,14 +122,30 @@ def test_no_warning_where_thunder_and_eager_agree(fn):
     assert_equal(x2.grad, expected[1], label="gradient")
 
 
-def test_batchnorms_running_statistics_are_not_warned():
+@pytest.mark.parametrize("how", ["thunder.jit", "thunder_nb.jit(model)", "thunder_nb.jit(loss_fn)", "jit_step"])
+def test_batchnorms_running_statistics_are_not_warned(how):
     """BatchNorm updates its running statistics (buffers, no grad) from activations that require grad: PyTorch's own
-    code, which eager runs in a kernel without autograd, as thunder does."""
+    code, which eager runs in a kernel without autograd, as thunder does, and as thunder-nb's executor of PyTorch's
+    batch norm kernel does (which warned of every BatchNorm trained so, before it wrote them with grad disabled)."""
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
-    out, said = _warned(thunder.jit(m), torch.randn(2, 3, 8, 8))
-    out.sum().backward()
+    x = torch.randn(2, 3, 8, 8)
+    model, before = copy.deepcopy(m), [b.clone() for b in m.buffers()]
+    expected = m(x).sum()
+    if how == "jit_step":
+        step = thunder_nb.jit_step(model, lambda x: model(x).sum(), torch.optim.SGD(model.parameters(), lr=0.0))
+        out, said = _warned(step, x)
+    else:
+        fn = {"thunder.jit": lambda: thunder.jit(model), "thunder_nb.jit(model)": lambda: thunder_nb.jit(model),
+              "thunder_nb.jit(loss_fn)": lambda: thunder_nb.jit(lambda x: model(x))}[how]()
+        out, said = _warned(fn, x)
+        out = out.sum()
+        out.backward()
     assert said == []
+    assert_equal(out.detach(), expected.detach(), label="loss")
+    for (name, got), want, old in zip(model.named_buffers(), m.buffers(), before):
+        assert not torch.equal(want, old), name  # NOTE: the step did update them
+        assert_equal(got, want, label=name)
 
 
 @pytest.mark.parametrize("seed,class_", [(6802, "does not require grad"), (8273, "does not require grad"),

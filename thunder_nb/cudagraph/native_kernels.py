@@ -99,7 +99,7 @@ def native_batch_norm() -> Any:
     ``ltorch.batch_norm`` in training mode with running statistics, and runs it as eager PyTorch's
     ``native_batch_norm`` does, in its functional form (``aten._native_batch_norm_legit_functional``: the normalised
     output, the batch's mean and inverse standard deviation, and the new running statistics). The running statistics
-    are then written back with thunder's ``copy_``, as its decomposition writes them. The backward is
+    are then written back with thunder's ``copy_`` (grad disabled, as in eager's kernel). The backward is
     ``aten.native_batch_norm_backward``. Evaluation mode, and a layer without running statistics, keep thunder's
     decomposition.
     """
@@ -141,8 +141,11 @@ def native_batch_norm() -> Any:
         """The output, the batch's mean and inverse standard deviation; the running statistics written back."""
         out, save_mean, save_invstd, new_mean, new_var = forward(a, weight, bias, running_mean, running_var, momentum,
                                                                  eps)
-        prims.copy_(new_mean, running_mean, grad_enabled=True)
-        prims.copy_(new_var, running_var, grad_enabled=True)
+        # NOTE: grad disabled, as eager writes them (inside its kernel, no autograd): with grad enabled the write
+        # read as the user's code writing a value that requires grad into a plain input (an InPlaceGradientWarning
+        # for every BatchNorm trained under thunder-nb's executor)
+        prims.copy_(new_mean, running_mean, grad_enabled=False)
+        prims.copy_(new_var, running_var, grad_enabled=False)
         return out, save_mean, save_invstd
 
     def execution_transform(a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
