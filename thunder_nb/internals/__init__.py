@@ -29,8 +29,11 @@ any of them):
 - `ordering`: thunder's dataflow ordering made to keep an in-place write after the reads of its memory
   (`ordering.install`, from `check_versions`): with ``fusion_type="dataflow"`` thunder 0.2.6 could move a write
   before a read of the same memory under another name.
+- `checkpoint`: thunder's activation checkpointing made to warn where eager's differs (`checkpoint.install`, from
+  `check_versions`): a BatchNorm trained inside ``torch.utils.checkpoint``, whose running statistics eager PyTorch
+  updates again in the recomputation.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
-  `saved` and `ordering`.
+  `saved`, `ordering` and `checkpoint`.
 """
 
 from __future__ import annotations

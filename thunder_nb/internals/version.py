@@ -82,16 +82,18 @@ def check_versions() -> bool:
     what is slower; where it is True, thunder's interpreter is made faster (`thunder_nb.internals.tracing.install`,
     once), its backward reduces a 0-dim tensor's gradient (`thunder_nb.internals.grads.install`, once) and its forward
     keeps what the backward reads from in-place writes (`thunder_nb.internals.saved.install`, once), and its dataflow
-    ordering keeps a write after the reads of its memory (`thunder_nb.internals.ordering.install`, once). Every entry
+    ordering keeps a write after the reads of its memory (`thunder_nb.internals.ordering.install`, once), and its
+    checkpointing warns where eager's differs (`thunder_nb.internals.checkpoint.install`, once). Every entry
     point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
-        from . import grads, ordering, saved, tracing
+        from . import checkpoint, grads, ordering, saved, tracing
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
         saved.install()  # NOTE: what it saves, kept from in-place writes (`thunder_nb.internals.saved`)
         ordering.install()  # NOTE: writes kept after the reads of their memory (`thunder_nb.internals.ordering`)
+        checkpoint.install()  # NOTE: a warning where eager's checkpointing differs (`thunder_nb.internals.checkpoint`)
         return True
     if _warned:
         return False

@@ -36,7 +36,7 @@ PRECISIONS = ("fp32", "bf16", "fp16-scaler")
 EVENTS = ("eval", "freeze", "unfreeze", "add-head", "save", "load")
 #: Each feature a loop can have, by name, for `generate`'s ``require``.
 FEATURES = (*EVENTS, *SCHEDULERS[1:], "clip", "accumulate", "bf16", "fp16-scaler", "logged", "ragged", "conv-bn",
-            "embed", "inplace-batch", "param-groups", "ema", "hook", "eval-fp32")
+            "embed", "inplace-batch", "param-groups", "ema", "hook", "eval-fp32", "tied", "checkpoint")
 #: The size of a ragged loop's last batch.
 RAGGED_BATCH = 4
 
@@ -60,6 +60,9 @@ class Loop:
     ema: bool = False  # an exponential moving average of the weights, updated after every step
     hook: int = 0  # a forward hook on the head (it halves its output) registered before this step, removed 2 later
     eval_fp32: bool = False  # under bf16 or fp16 training, the validation loss in float32 (no autocast)
+    # NOTE: as nanoGPT and llama tie the embedding and the output layer: a second layer holding the same weight
+    tied: bool = False
+    checkpoint: bool = False  # the features after the first layer recomputed in the backward (torch.utils.checkpoint)
     steps: int = 6
     events: tuple[tuple[int, str], ...] = ()
     seed: int = 0
@@ -70,7 +73,8 @@ class Loop:
         out |= {name for name, on in (("clip", self.clip), ("accumulate", self.accumulate > 1),
                                       ("logged", self.logged), ("ragged", self.ragged),
                                       ("inplace-batch", self.inplace), ("param-groups", self.groups),
-                                      ("ema", self.ema), ("hook", self.hook)) if on}
+                                      ("ema", self.ema), ("hook", self.hook), ("tied", self.tied),
+                                      ("checkpoint", self.checkpoint)) if on}
         if self.eval_fp32 and self.precision != "fp32" and "eval" in out:
             out.add("eval-fp32")
         return (out | ({"bf16", "fp16-scaler"} & {self.precision})) & set(FEATURES)
@@ -88,6 +92,8 @@ class Loop:
         parts += ["an EMA of the weights"] if self.ema else []
         parts += [f"a forward hook on the head from step {self.hook} to {self.hook + 2}"] if self.hook else []
         parts += ["validation in float32"] if "eval-fp32" in self.features() else []
+        parts += ["a layer tied to another's weight"] if self.tied else []
+        parts += ["activation checkpointing"] if self.checkpoint else []
         parts += [f"{e} before step {i}" for i, e in self.events]
         return f"Loop(seed {self.seed}: " + "; ".join(parts) + ")"
 
@@ -143,6 +149,8 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
         ema=chooser.boolean(0.2) or "ema" in need,
         hook=chooser.integer(1, steps - 3) if (chooser.boolean(0.2) or "hook" in need) else 0,
         eval_fp32=chooser.boolean(0.4) or "eval-fp32" in need,
+        tied=chooser.boolean(0.2) or "tied" in need,
+        checkpoint=chooser.boolean(0.2) or "checkpoint" in need,
         steps=steps, events=tuple(sorted(events, key=lambda e: (e[0], EVENTS.index(e[1])))), seed=seed)
 
 

@@ -36,12 +36,15 @@ _BATCH = 8
 # --- the model and the data -----------------------------------------------------------------------
 
 
-def _net(kind: str) -> Any:
+def _net(kind: str, *, tied: bool = False, checkpoint: bool = False) -> Any:
     import torch
+    import torch.utils.checkpoint
     from torch import nn
 
     class Net(nn.Module):
-        """A first layer (``body``, the one frozen), the rest of the features and a head."""
+        """A first layer (``body``, the one frozen), the rest of the features and a head; with ``tied``, a layer
+        ``tied`` after them that holds the weight of a layer of its own (``mix``, as nanoGPT's output layer holds the
+        embedding's); with ``checkpoint``, the rest (after a BatchNorm) recomputed in the backward."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -55,10 +58,28 @@ def _net(kind: str) -> Any:
             else:
                 self.body, self.rest = nn.Embedding(32, 16), nn.Sequential(nn.LayerNorm(16), nn.GELU())
             self.head = nn.Linear(16, 4)
+            if tied:
+                self.mix, self.tied = nn.Linear(16, 16), nn.Linear(16, 16, bias=False)
+                self.tied.weight = self.mix.weight
+
+        def _features(self, h: torch.Tensor, start: int) -> torch.Tensor:
+            for i, layer in enumerate(self.rest):
+                h = layer(h) if i >= start else h
+            return h
 
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            h = self.rest(self.body(x))
+            h = self.body(x)
+            if checkpoint:
+                # NOTE: a BatchNorm stays out of the recomputed part: eager PyTorch updates its running statistics
+                # again in the recomputation, thunder once (`thunder_nb.internals.checkpoint`, which warns of it)
+                start = 1 if kind == "conv-bn" else 0
+                h = self.rest[0](h) if start else h
+                h = torch.utils.checkpoint.checkpoint(self._features, h, start, use_reentrant=False)
+            else:
+                h = self.rest(h)
             h = h.mean(1) if kind == "embed" else h
+            if tied:
+                h = self.tied(torch.tanh(self.mix(h)))
             if hasattr(self, "head2"):  # NOTE: a head added mid-run: the trace branches on the name's presence
                 return self.head(h), self.head2(h)
             return (self.head(h),)
@@ -187,7 +208,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     out = LoopRun(config)
     compiled_mode = config in ("thunder_nb.jit", "fused", "thunder_nb.jit(model)")
     torch.manual_seed(loop.seed)
-    model = _net(loop.model).to(device)
+    model = _net(loop.model, tied=loop.tied, checkpoint=loop.checkpoint).to(device)
     handle = writes = model  # NOTE: what the loop holds and calls, and what it sets a head on
     if config in _MODULE_CONFIGS:
         import thunder

@@ -6,10 +6,11 @@ mode for a validation loss (under autocast training, in float32 too), freezing a
 param group added mid-run, a checkpoint of the model, optimizer and scheduler saved and loaded back, bf16 autocast or
 fp16 with a GradScaler, a logged ``loss.item()``, a ragged last batch, a loss function that updates its batch in place,
 param groups (weights with weight decay, biases and norms without, the head at half the learning rate), a moving average
-of the weights, and a forward hook registered and removed mid-run. `run` runs one under a configuration (`CONFIGS`) and
-records every step; `judge` runs it eagerly and under each configuration (and without graphs where a step needs that
-yardstick), and names each run's first step that leaves eager's. The loops and their generator are in `loop_features`,
-running one in `loop_run`; this module judges.
+of the weights, a forward hook registered and removed mid-run, a layer tied to another's weight, and activation
+checkpointing. `run` runs one under a configuration (`CONFIGS`) and records every step; `judge` runs it eagerly and
+under each configuration (and without graphs where a step needs that yardstick), and names each run's first step that
+leaves eager's, and each run that warned falsely that thunder gets a gradient wrong. The loops and their generator are
+in `loop_features`, running one in `loop_run`; this module judges.
 
 Dropout's masks come from different random streams under thunder and eager PyTorch, so no loop trains with active
 dropout: BatchNorm is what makes train and eval mode differ here.
@@ -18,7 +19,7 @@ dropout: BatchNorm is what makes train and eval mode differ here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .loop_features import EVENTS, FEATURES, MODELS, OPTIMIZERS, PRECISIONS, SCHEDULERS, Loop, generate, loops
@@ -46,13 +47,22 @@ class LoopVerdict:
     wrong: dict[tuple[str, Any], str]  # the first divergence of each run that left eager's
     references: dict[str, LoopRun]  # the runs without graphs that `judge` needed
     reference_problems: dict[str, str]  # where thunder without graphs itself leaves eager: thunder's own gap
+    # NOTE: a loop writes in place only its batch, with values that need no gradient: a warning that thunder gets a
+    # gradient wrong there is false
+    false_alarms: dict[tuple[str, Any], str] = field(default_factory=dict)
 
     def report(self) -> str:
-        """Every wrong run with its first diverging step, under the loop."""
+        """Every wrong run with its first diverging step, and every false alarm, under the loop."""
         lines = [str(self.loop)]
         lines += [f"  {c} (capture={m!r}): {why}" for (c, m), why in self.wrong.items()]
+        lines += [f"  {c} (capture={m!r}) warned falsely: {why}" for (c, m), why in self.false_alarms.items()]
         lines += [f"  ({name}, the reference: {why})" for name, why in self.reference_problems.items()]
         return "\n".join(lines)
+
+
+#: The warning that thunder gets a gradient wrong (`thunder_nb.internals.saved.InPlaceGradientWarning`), as a run
+#: records it: no loop writes an input so.
+_GRADIENT_ALARM = "InPlaceGradientWarning:"
 
 
 def _difference(a: dict[str, Any], b: dict[str, Any], ref: dict[str, Any] | None, precision: str) -> str | None:
@@ -126,4 +136,6 @@ def judge(loop: Loop, runs: Sequence[tuple[str, Any]], device: Any = "cpu") -> L
             if why is not None:
                 problems[name] = f"thunder without graphs leaves eager at step {i}: {why}"
                 break
-    return LoopVerdict(loop, eager, done, wrong, refs, problems)
+    alarms = {key: next(w for w in got.warnings if w.startswith(_GRADIENT_ALARM)) for key, got in done.items()
+              if any(w.startswith(_GRADIENT_ALARM) for w in got.warnings)}
+    return LoopVerdict(loop, eager, done, wrong, refs, problems, alarms)
