@@ -32,8 +32,11 @@ any of them):
 - `checkpoint`: thunder's activation checkpointing made to warn where eager's differs (`checkpoint.install`, from
   `check_versions`): a BatchNorm trained inside ``torch.utils.checkpoint``, whose running statistics eager PyTorch
   updates again in the recomputation.
+- `losses`: thunder's label-smoothed cross entropy made to average over the counted targets, as eager does
+  (`losses.install`, from `check_versions`): with an ``ignore_index`` target, thunder 0.2.6's loss and gradient were
+  wrong, silently.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
-  `saved`, `ordering` and `checkpoint`.
+  `saved`, `ordering`, `checkpoint` and `losses`.
 """
 
 from __future__ import annotations
