@@ -120,6 +120,11 @@ LIMITS: dict[str, tuple[str, str]] = {
                        "reads one): a race, so the same call may pass next time. thunder_nb.jit and jit_step trace "
                        "with the cyclic collector off and do not meet it; around thunder.jit's own first call, "
                        "gc.disable() before it and gc.enable() after"),
+    "embedding-max-norm": ("thunder's embedding (thunder/core/prims.py), which has no max_norm",
+                           "torch.nn.Embedding(max_norm=...) renormalizes the rows it reads in place at every "
+                           "forward, which thunder 0.2.6 does not implement (it raises NotImplementedError with no "
+                           "message): drop max_norm, or renormalize the weight outside the compiled function "
+                           "(with torch.no_grad(): torch.embedding_renorm_(emb.weight, ids, max_norm, 2.0))"),
     "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py) with an executor that claims the op",
                           "an executor before thunder's torch executor took the op the error names, and only the torch "
                           "executor has its backward: thunder's own torchcompile executor takes adaptive_avg_pool2d "

@@ -4,7 +4,9 @@ limits that packaged models meet (`thunder_limit`)."""
 
 from __future__ import annotations
 
+import os
 import re
+import traceback
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -90,6 +92,12 @@ _LIMIT_MESSAGES: tuple[tuple[str, str], ...] = (
 )
 
 
+#: thunder's limits that raise with no message, by the function of thunder's that raises them.
+_LIMIT_RAISERS: dict[str, str] = {
+    "embedding_meta": "embedding-max-norm",  # NOTE: ``if max_norm is not None: raise NotImplementedError``
+}
+
+
 def thunder_limit(e: BaseException) -> str | None:
     """The key of a known limit of thunder that ``e`` (or an exception it chains) reports, or None."""
     seen: set[int] = set()
@@ -99,6 +107,10 @@ def thunder_limit(e: BaseException) -> str | None:
         for pattern, key in _LIMIT_MESSAGES:
             if re.search(pattern, text):
                 return key
+        if not text and e.__traceback__ is not None:
+            last = traceback.extract_tb(e.__traceback__)[-1]
+            if last.name in _LIMIT_RAISERS and f"{os.sep}thunder{os.sep}" in last.filename:
+                return _LIMIT_RAISERS[last.name]
         e = e.__cause__ or e.__context__
     return None
 
