@@ -159,9 +159,10 @@ def autocast_stack(cd: Any) -> Any:
 def under_own_autocast(fn: Callable[..., Any], cd: Any) -> Callable[..., Any]:
     """``fn`` (a call into thunder for the compilation whose compile data is ``cd``) made with `autocast_stack` emptied
     first, so that what thunder traces there sees this call's autocast state alone; ``fn`` itself with another
-    thunder."""
+    thunder, or where ``fn`` empties that stack already (a module's forward that the fixed transform wrapped, then
+    wrapped again by `thunder_nb.cudagraph.call`'s paths)."""
     stale = autocast_stack(cd)
-    if stale is None:
+    if stale is None or getattr(fn, "thunder_nb_autocast_stack", None) is stale:
         return fn
 
     def under_this_calls_autocast(*args: Any, **kwargs: Any) -> Any:
@@ -169,6 +170,7 @@ def under_own_autocast(fn: Callable[..., Any], cd: Any) -> Callable[..., Any]:
             stale.clear()
         return fn(*args, **kwargs)
 
+    under_this_calls_autocast.thunder_nb_autocast_stack = stale  # type: ignore[attr-defined]
     return under_this_calls_autocast
 
 
