@@ -54,26 +54,25 @@ def test_a_padded_language_model_loss_trains_as_in_eager(how):
             return F.cross_entropy(m(x).flatten(0, 1), y.flatten(), ignore_index=-100, label_smoothing=0.1)
         return loss_fn
 
-    want = []
-    opt = torch.optim.SGD(eager.parameters(), lr=0.5)
-    for x, y in batches:
-        opt.zero_grad()
-        loss = loss_of(eager)(x, y)
-        loss.backward()
-        opt.step()
-        want.append(loss.detach())
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    got = []
-    if how == "jit_step":
-        step = thunder_nb.jit_step(model, loss_of(model), opt, capture=False)
-        got = [step(x, y).detach().clone() for x, y in batches]
-    else:
-        fn = thunder_nb.jit(loss_of(model))
+    def sgd_steps(m, loss_fn, whole_step=False):
+        """The losses of SGD steps over ``batches``: the user's loop around ``loss_fn``, or `jit_step`'s."""
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        if whole_step:
+            step = thunder_nb.jit_step(m, loss_fn, opt, capture=False)
+            return [step(x, y).detach().clone() for x, y in batches]
+        losses = []
         for x, y in batches:
             opt.zero_grad()
-            loss = fn(x, y)
+            loss = loss_fn(x, y)
             loss.backward()
             opt.step()
-            got.append(loss.detach())
+            losses.append(loss.detach())
+        return losses
+
+    want = sgd_steps(eager, loss_of(eager))
+    if how == "jit_step":
+        got = sgd_steps(model, loss_of(model), whole_step=True)
+    else:
+        got = sgd_steps(model, thunder_nb.jit(loss_of(model)))
     assert_equal(got, want, label="losses")
     assert_equal(dict(model.named_parameters()), dict(eager.named_parameters()), label="weights")

@@ -63,8 +63,8 @@ def _net(kind: str, *, tied: bool = False, checkpoint: bool = False) -> Any:
                 self.tied.weight = self.mix.weight
 
         def _features(self, h: torch.Tensor, start: int) -> torch.Tensor:
-            for i, layer in enumerate(self.rest):
-                h = layer(h) if i >= start else h
+            for layer in list(self.rest)[start:]:
+                h = layer(h)
             return h
 
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
