@@ -91,6 +91,9 @@ def jit(fn: Any, *, executors: Sequence[Any] = (), split_autograd: bool = False,
         `thunder.ThunderModule`, on which an attribute set or deleted is set on or deleted from the model, as on
         torch.compile's module (``compiled.head = nn.Linear(...)``: `FixedCUDAGraphTransform.transform_module`).
 
+    Where thunder cannot trace ``fn`` at a call (an op with a data-dependent shape, one of thunder's known limits), the
+    call raises thunder's own error with a note of what to do (`thunder_nb.diagnosis.failures.explain_trace_failure`).
+
     Data parallelism wraps the result: ``thunder.distributed.ddp(thunder_nb.jit(model))`` (or ``fsdp``, or torch's
     ``DistributedDataParallel`` or ``FullyShardedDataParallel``) synchronises the gradients as around
     ``thunder.jit(model)``. The reverse order (a model already compiled, or wrapped for data parallelism) and torch's

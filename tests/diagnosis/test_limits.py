@@ -24,3 +24,32 @@ def test_an_embedding_with_max_norm_is_named_with_what_to_do():
     report = capturability(net, lambda x: net(x).sum(), torch.optim.SGD(net.parameters(), lr=0.1), x)
     (blocker,) = report.blockers
     assert "drop max_norm" in blocker.fix, blocker
+
+
+@pytest.mark.parametrize("fast_call", [True, False])
+def test_a_direct_call_says_what_thunder_cannot_trace_under_its_own_error(fast_call):
+    """``thunder_nb.jit(...)(x)`` raises thunder's own error, its type and message kept (an ``except`` catches it as
+    before), with one note of what thunder cannot trace and what to do: a known limit raised bare, an op with a
+    data-dependent shape. A function's own error gets no note."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4, max_norm=1.0)
+    with pytest.raises(NotImplementedError) as raised:
+        thunder_nb.jit(emb, fast_call=fast_call)(torch.tensor([1, 2]))
+    (note,) = raised.value.__notes__
+    assert note.startswith("thunder-nb: thunder cannot trace Embedding") and "embedding_renorm_" in note, note
+    assert str(raised.value) == ""
+
+    def count_nonzero(x):
+        return x.nonzero().shape[0]
+
+    with pytest.raises(NotImplementedError, match="automatic registration for nonzero") as raised:
+        thunder_nb.jit(count_nonzero, fast_call=fast_call)(torch.tensor([0, 2]))
+    (note,) = raised.value.__notes__
+    assert "thunder cannot trace nonzero in count_nonzero" in note and "x.nonzero()" in note, note
+
+    def users_own_error(x):
+        raise ValueError("the user's own message")
+
+    with pytest.raises(ValueError, match="the user's own message") as raised:
+        thunder_nb.jit(users_own_error, fast_call=fast_call)(torch.ones(2))
+    assert not getattr(raised.value, "__notes__", None)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .. import internals
+from ..diagnosis.failures import explain_trace_failure
 
 __all__ = ["fast_call", "without_cyclic_gc", "autocast_of_each_call", "cache_info", "tensor_aliases"]
 
@@ -158,7 +159,8 @@ def without_cyclic_gc(jfn: Any) -> Any:
     if module and not internals.supported():
         return jfn
     # NOTE: each call under its own autocast state alone (`internals.under_own_autocast`)
-    slow = internals.under_own_autocast(internals.module_forward(jfn) if module else jfn, thunder.compile_data(jfn))
+    cd = thunder.compile_data(jfn)
+    slow = _explained(internals.under_own_autocast(internals.module_forward(jfn) if module else jfn, cd), cd)
     gc_off = internals.cyclic_gc_off()
 
     def thunders_path(*args: Any, **kwargs: Any) -> Any:
@@ -169,6 +171,22 @@ def without_cyclic_gc(jfn: Any) -> Any:
         internals.set_module_forward(jfn, thunders_path)
         return jfn
     return functools.wraps(jfn)(thunders_path)
+
+
+def _explained(slow: Callable[..., Any], cd: Any) -> Callable[..., Any]:
+    """``slow`` (thunder's path) adding to what it raises, where thunder cannot trace an op or meets a known limit of
+    its own, a note with what to do (`thunder_nb.diagnosis.failures.explain_trace_failure`): thunder's error alone is
+    a registration's internals, or for ``nn.Embedding(max_norm=...)`` a bare ``NotImplementedError()``."""
+    name = getattr(cd.fn, "__name__", type(cd.fn).__name__)
+
+    def thunders_path(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return slow(*args, **kwargs)
+        except Exception as e:
+            explain_trace_failure(e, name)
+            raise
+
+    return thunders_path
 
 
 def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., Any], *, check_aliases: bool,
@@ -185,7 +203,7 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
     undecorated: dict[Any, Any] = {}  # an entry's computation -> it without thunder's decorators, or None
     now = time.perf_counter_ns
     gc_off = internals.cyclic_gc_off()  # NOTE: around thunder's path, which traces there (see cyclic_gc_off)
-    slow = internals.under_own_autocast(slow, cd)  # NOTE: each call of thunder's path under its own autocast state
+    slow = _explained(internals.under_own_autocast(slow, cd), cd)  # NOTE: each call under its own autocast state
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if not entries or autocast_on() or autocast_on("cpu") or is_tracing():

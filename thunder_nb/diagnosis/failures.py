@@ -15,7 +15,7 @@ from .. import internals
 from ..internals import error_line
 
 __all__ = ["Where", "Failure", "FAILURE_KINDS", "error_line", "user_frame", "where_text", "untraceable", "trace_failure",
-           "LIMITS", "known_limit", "NO_GPU", "is_user_file"]
+           "explain_trace_failure", "NOTE_START", "LIMITS", "known_limit", "NO_GPU", "is_user_file"]
 
 #: What a side says when thunder's own runner needs a GPU this machine does not have.
 NO_GPU = "needs a GPU to run: thunder's transform captures CUDA graphs, and torch sees no GPU here; only its trace is shown"
@@ -165,6 +165,25 @@ def trace_failure(name: str, e: BaseException, where: Where | None) -> tuple[str
     # NOTE: an unknown failure: its own first line, without thunder's internal exception reprs
     text = re.sub(r",? please use manual registration: .*", "", error_line(e))
     return f"thunder cannot trace {name}{at}: {text}", ""
+
+
+#: The first words of the note `explain_trace_failure` adds (one per exception, however many wrappers it crosses).
+NOTE_START = "thunder-nb: "
+
+
+def explain_trace_failure(e: BaseException, name: str) -> None:
+    """Add to ``e``, raised by thunder's path for ``name``, a note (PEP 678: shown under the traceback, by IPython too)
+    with `trace_failure`'s words, where thunder cannot trace an op (`untraceable`) or meets one of its known `LIMITS`:
+    thunder's own error is often a registration's internals or, for a limit, bare (``NotImplementedError()``). The
+    exception, its type and its message stay thunder's, so ``except`` clauses catch it as before; any other error
+    (the user's own code, a wrong argument) gets no note. Nothing on Python 3.10, which has no notes."""
+    if not hasattr(e, "add_note") or any(str(n).startswith(NOTE_START) for n in getattr(e, "__notes__", ())):
+        return
+    if untraceable(e) is None and known_limit(e) is None:
+        return
+    where = user_frame(e.__traceback__)
+    text, advice = trace_failure(name, e, where)
+    e.add_note(NOTE_START + text.format(where=where) + (f". {advice}" if advice else ""))
 
 
 # --- how a compiled version failed ------------------------------------------------------------------
