@@ -125,6 +125,13 @@ LIMITS: dict[str, tuple[str, str]] = {
                            "forward, which thunder 0.2.6 does not implement (it raises NotImplementedError with no "
                            "message): drop max_norm, or renormalize the weight outside the compiled function "
                            "(with torch.no_grad(): torch.embedding_renorm_(emb.weight, ids, max_norm, 2.0))"),
+    "module-buffer-set": ("thunder's interpreter (thunder/core/jit_ext.py), which names a buffer a forward sets "
+                          "again only where the compiled function is the module itself",
+                          "a module's forward sets a buffer (self.count += 1, self.ema = 0.9 * self.ema + ...) inside "
+                          "a function that calls the module (a loss function, jit_step's step), and thunder 0.2.6 "
+                          "cannot name it there: write it in place, which thunder traces anywhere "
+                          "(self.count.add_(1); with torch.no_grad(): self.ema.mul_(0.9).add_(0.1 * x)), or compile "
+                          "the module itself: thunder_nb.jit(model)"),
     "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py) with an executor that claims the op",
                           "an executor before thunder's torch executor took the op the error names, and only the torch "
                           "executor has its backward: thunder's own torchcompile executor takes adaptive_avg_pool2d "
@@ -183,7 +190,7 @@ def explain_trace_failure(e: BaseException, name: str) -> None:
         return
     where = user_frame(e.__traceback__)
     text, advice = trace_failure(name, e, where)
-    e.add_note(NOTE_START + text.format(where=where) + (f". {advice}" if advice else ""))
+    e.add_note(NOTE_START + text.format(where=where) + (f". {advice[:1].upper()}{advice[1:]}" if advice else ""))
 
 
 # --- how a compiled version failed ------------------------------------------------------------------

@@ -35,8 +35,11 @@ any of them):
 - `losses`: thunder's label-smoothed cross entropy made to average over the counted targets, as eager does
   (`losses.install`, from `check_versions`): with an ``ignore_index`` target, thunder 0.2.6's loss and gradient were
   wrong, silently.
+- `buffers`: a buffer that a module's forward sets again (``self.ema = 0.9 * self.ema + ...``) set as eager sets it
+  (`buffers.install`, from `check_versions`): thunder 0.2.6 kept the jitted module's own under a name nothing read
+  (every call read the first value, silently), and never set the user's module.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
-  `saved`, `ordering`, `checkpoint` and `losses`.
+  `saved`, `ordering`, `checkpoint`, `losses` and `buffers`.
 """
 
 from __future__ import annotations

@@ -95,6 +95,8 @@ _LIMIT_MESSAGES: tuple[tuple[str, str], ...] = (
 #: thunder's limits that raise with no message, by the function of thunder's that raises them.
 _LIMIT_RAISERS: dict[str, str] = {
     "embedding_meta": "embedding-max-norm",  # NOTE: ``if max_norm is not None: raise NotImplementedError``
+    # NOTE: ``assert provenance.inputs[0].inputs[0].ext_flag & EXT_FLAG_IS_MODULE``: a buffer set in a called module
+    "get_parameter_or_buffer_or_submodule_name_and_root": "module-buffer-set",
 }
 
 

@@ -84,11 +84,12 @@ def check_versions() -> bool:
     keeps what the backward reads from in-place writes (`thunder_nb.internals.saved.install`, once), and its dataflow
     ordering keeps a write after the reads of its memory (`thunder_nb.internals.ordering.install`, once), and its
     checkpointing warns where eager's differs (`thunder_nb.internals.checkpoint.install`, once), and its label-smoothed
-    cross entropy averages over the counted targets (`thunder_nb.internals.losses.install`, once). Every entry
+    cross entropy averages over the counted targets (`thunder_nb.internals.losses.install`, once), and a buffer a
+    forward sets again is set as eager sets it (`thunder_nb.internals.buffers.install`, once). Every entry
     point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
-        from . import checkpoint, grads, losses, ordering, saved, tracing
+        from . import buffers, checkpoint, grads, losses, ordering, saved, tracing
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -96,6 +97,7 @@ def check_versions() -> bool:
         ordering.install()  # NOTE: writes kept after the reads of their memory (`thunder_nb.internals.ordering`)
         checkpoint.install()  # NOTE: a warning where eager's checkpointing differs (`thunder_nb.internals.checkpoint`)
         losses.install()  # NOTE: label smoothing's mean over the counted targets (`thunder_nb.internals.losses`)
+        buffers.install()  # NOTE: a buffer a forward sets again, set as eager sets it (`thunder_nb.internals.buffers`)
         return True
     if _warned:
         return False

@@ -264,8 +264,16 @@ def _python_only(trace: Any, *, cuda: bool) -> list[Any]:
 def refuse_blockers(jfn: Any, loss_fn: Callable[..., Any], first: Sequence[Any], device: torch.device,
                     optimizer_blocker: Blocker | None) -> None:
     """Raise `StepRefused` naming what keeps one iteration of ``loss_fn`` on the micro-batch ``first`` from one graph
-    (thunder's traces built by ``jfn``, then read; the optimizer's blocker); nothing runs."""
-    internals.build_traces(jfn, *first)
+    (thunder's traces built by ``jfn``, then read; the optimizer's blocker); nothing runs. Where thunder cannot trace
+    ``loss_fn``, its error, with a note of what to do where it is known (`explain_trace_failure`), as at a call of
+    `thunder_nb.jit`."""
+    from ..diagnosis.failures import explain_trace_failure
+
+    try:
+        internals.build_traces(jfn, *first)
+    except Exception as e:
+        explain_trace_failure(e, getattr(loss_fn, "__name__", type(loss_fn).__name__))
+        raise
     blockers, _, _ = trace_blockers(jfn, loss_fn, cuda=device.type == "cuda")
     if optimizer_blocker is not None:
         blockers.append(optimizer_blocker)
