@@ -38,8 +38,10 @@ any of them):
 - `buffers`: a buffer that a module's forward sets again (``self.ema = 0.9 * self.ema + ...``) set as eager sets it
   (`buffers.install`, from `check_versions`): thunder 0.2.6 kept the jitted module's own under a name nothing read
   (every call read the first value, silently), and never set the user's module.
+- `instance_norm`: thunder's instance norm made to update its running statistics in training mode
+  (`instance_norm.install`, from `check_versions`): thunder 0.2.6 left them as they were, silently.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
-  `saved`, `ordering`, `checkpoint`, `losses` and `buffers`.
+  `saved`, `ordering`, `checkpoint`, `losses`, `buffers` and `instance_norm`.
 """
 
 from __future__ import annotations
