@@ -138,3 +138,36 @@ def test_a_sigmoid_far_below_zero_has_eagers_gradient_under_plain_thunder():
         assert torch.isnan(_grads(thunder.jit(fn), x)[0][0])
     finally:
         assert grads.install()
+
+
+FLIPS = {
+    "a flipped input": lambda w, x: (w * x.flip(0)).square().sum(),
+    "a flipped weight, two dims": lambda w, x: (w.flip(0, 1) * x).square().sum(),
+    "both, the last dim": lambda w, x: (w.flip(-1) * x.flip(0) + w).sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(FLIPS))
+def test_a_flip_in_the_step_has_eagers_gradient(name):
+    """thunder 0.2.6 has no gradient rule for ``prims.flip``: any ``torch.flip`` in a step that is differentiated, of
+    a tensor that needs a gradient or not, failed ("Failed to find a gradient transform"); `grads.install` gives it
+    eager's, the gradient flipped back (the same kernels: exact)."""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+
+    def grad_of(compiled):
+        wg = w.clone().requires_grad_()
+        return torch.autograd.grad(compiled(FLIPS[name])(wg, x), [wg])[0]
+
+    assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), tolerance=EXACT, label="gradient")
+
+
+def test_a_flip_augmented_batch_trains_under_jit_step_as_eager():
+    """A loss that averages the model's output over the batch and its flipped copy (test-time-augmentation style)."""
+    torch.manual_seed(0)
+
+    def flipped(model, x):
+        return (model(x) - model(x.flip(-1))).square().mean() + model(x).mean()
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    assert_jit_step_trains_as_eager(net, flipped)

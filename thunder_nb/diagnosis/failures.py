@@ -132,12 +132,15 @@ LIMITS: dict[str, tuple[str, str]] = {
                           "cannot name it there: write it in place, which thunder traces anywhere "
                           "(self.count.add_(1); with torch.no_grad(): self.ema.mul_(0.9).add_(0.1 * x)), or compile "
                           "the module itself: thunder_nb.jit(model)"),
-    "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py) with an executor that claims the op",
-                          "an executor before thunder's torch executor took the op the error names, and only the torch "
-                          "executor has its backward: thunder's own torchcompile executor takes adaptive_avg_pool2d "
-                          "(the pooling of torchvision's resnets) so. Use thunder-nb's instead, which leaves such ops "
-                          "to the torch executor: thunder_nb.jit(fn, executors=['torchcompile']) or --executors "
-                          "torchcompile; or leave the executor out (thunder's defaults train resnet18)"),
+    "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py), which has no backward for the op the "
+                          "error names with these executors",
+                          "where you named a fusion executor, it may have taken an op whose backward only thunder's "
+                          "torch executor has (thunder's own torchcompile executor takes adaptive_avg_pool2d, the "
+                          "pooling of torchvision's resnets, so): use thunder-nb's, which leaves such ops to the torch "
+                          "executor (thunder_nb.jit(fn, executors=['torchcompile']) or --executors torchcompile), or "
+                          "leave the executor out. With thunder's defaults, thunder 0.2.6 has no backward for that op "
+                          "at all, even where its input needs no gradient: compute it outside the function you compile "
+                          "(before it, on the batch), or write it with ops thunder differentiates"),
 }
 
 

@@ -26,7 +26,8 @@ bound; eager's ``clamp_backward`` hands it to ``a``: ``x.clamp(max=x.max().item(
 fuzzer's program 12). Its forward runs ``torch.clamp`` itself, one kernel where the decomposition took four. And
 ``torch.sigmoid`` eager's (`_sigmoid_grad`, from its output: thunder's gradient of ``1 / (1 + exp(-a))`` is NaN below
 about -88, program 440; `thunder_nb.cudagraph.native_kernels.native_sigmoid`, where thunder_nb.jit names no fusion
-executor, runs eager's kernels themselves and takes precedence).
+executor, runs eager's kernels themselves and takes precedence). And ``prims.flip`` a gradient at all (`_flip_grad`:
+thunder 0.2.6 failed the backward of any ``torch.flip``).
 """
 
 from __future__ import annotations
@@ -85,8 +86,29 @@ def _sigmoid_grad(a: Any) -> Any:
     return fwd
 
 
+def _flip_grad(a: Any, dims: Any) -> Any:
+    """``prims.flip``'s gradient, the gradient flipped back along the same dimensions (eager's ``flip_backward``).
+    thunder 0.2.6 has none, and a training step failed at any ``torch.flip`` (``x.flip(0)``), even of a tensor that
+    needs no gradient: "Failed to find a gradient transform for bound symbol ... prims.flip"."""
+    import thunder.core.prims as prims
+    from thunder.core import transforms
+
+    fwd = prims.flip(a, dims)
+    transforms.put_grad(a, prims.flip(transforms.get_grad(fwd), dims))
+    return fwd
+
+
 #: thunder's ops with no gradient rule of their own in 0.2.6, given eager's
 _RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad}
+#: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
+_PRIM_RULES = {"FLIP": _flip_grad}
+
+
+def _rule_ids() -> dict[Any, Any]:
+    """`_RULES` and `_PRIM_RULES`, keyed as ``thunder.core.transforms.register_grad`` takes them."""
+    import thunder.core.prims as prims
+
+    return {**_RULES, **{getattr(prims.PrimIDs, name): rule for name, rule in _PRIM_RULES.items()}}
 
 
 def _apply() -> dict[str, Any] | None:
@@ -95,10 +117,10 @@ def _apply() -> dict[str, Any] | None:
     from thunder.core import transforms
 
     put_grad, rules = getattr(transforms, "put_grad", None), getattr(transforms, "_grad_fn_map", None)
-    if not callable(put_grad) or not isinstance(rules, dict) or rules.keys() & _RULES.keys():
+    if not callable(put_grad) or not isinstance(rules, dict) or rules.keys() & _rule_ids().keys():
         return None
     transforms.put_grad = _put_grad_summed_to_0_dim(put_grad)
-    for op, rule in _RULES.items():
+    for op, rule in _rule_ids().items():
         transforms.register_grad(op, rule)
     return {"put_grad": put_grad}
 
@@ -107,7 +129,7 @@ def _restore(originals: dict[str, Any]) -> None:
     from thunder.core import transforms
 
     transforms.put_grad = originals["put_grad"]
-    for op in _RULES:
+    for op in _rule_ids():
         transforms._grad_fn_map.pop(op, None)
 
 
