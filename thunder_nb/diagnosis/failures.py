@@ -132,12 +132,12 @@ LIMITS: dict[str, tuple[str, str]] = {
                           "cannot name it there: write it in place, which thunder traces anywhere "
                           "(self.count.add_(1); with torch.no_grad(): self.ema.mul_(0.9).add_(0.1 * x)), or compile "
                           "the module itself: thunder_nb.jit(model)"),
-    "named-tuple-fields": ("thunder's torch front end (thunder/torch/__init__.py), which returns torch's named tuples as "
-                           "plain tuples",
+    "named-tuple-fields": ("thunder's torch front end (thunder/torch/__init__.py), which returns torch's named "
+                           "tuples as plain tuples",
                            "x.max(dim=...), x.min(dim=...), x.topk(k), x.sort(), x.median(dim), x.mode(dim), "
-                           "x.kthvalue(k, dim), x.cummax(dim), x.cummin(dim) and torch.aminmax give a plain tuple under "
-                           "thunder 0.2.6, which has no .values or .indices (.min, .max): index it instead, [0] for the "
-                           "values and [1] for the indices (x.max(dim=1)[1] for x.max(dim=1).indices)"),
+                           "x.kthvalue(k, dim), x.cummax(dim), x.cummin(dim) and torch.aminmax give a plain tuple "
+                           "under thunder 0.2.6, which has no .values or .indices (.min, .max): index it instead, [0] "
+                           "for the values and [1] for the indices (x.max(dim=1)[1] for x.max(dim=1).indices)"),
     "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py), which has no backward for the op the "
                           "error names with these executors",
                           "where you named a fusion executor, it may have taken an op whose backward only thunder's "
