@@ -140,24 +140,28 @@ def test_a_sigmoid_far_below_zero_has_eagers_gradient_under_plain_thunder():
         assert grads.install()
 
 
-FLIPS = {
+NEW_RULES = {
     "a flipped input": lambda w, x: (w * x.flip(0)).square().sum(),
     "a flipped weight, two dims": lambda w, x: (w.flip(0, 1) * x).square().sum(),
     "both, the last dim": lambda w, x: (w.flip(-1) * x.flip(0) + w).sum(),
+    "index_add of messages into nodes": lambda w, x: torch.zeros(3, 6).index_add(
+        0, torch.tensor([0, 2, 2, 1]), w * x).square().sum(),
+    "index_add into a weight, dim 1": lambda w, x: w.index_add(1, torch.tensor([5, 0]), x[:, :2] * w[:, 2:4]).square()
+    .sum(),
 }
 
 
-@pytest.mark.parametrize("name", list(FLIPS))
-def test_a_flip_in_the_step_has_eagers_gradient(name):
-    """thunder 0.2.6 has no gradient rule for ``prims.flip``: any ``torch.flip`` in a step that is differentiated, of
-    a tensor that needs a gradient or not, failed ("Failed to find a gradient transform"); `grads.install` gives it
-    eager's, the gradient flipped back (the same kernels: exact)."""
+@pytest.mark.parametrize("name", list(NEW_RULES))
+def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name):
+    """thunder 0.2.6 has no gradient rule for ``prims.flip`` or ``prims.index_add``: any ``torch.flip`` in a step that
+    is differentiated, of a tensor that needs a gradient or not, and any ``torch.index_add`` failed ("Failed to find a
+    gradient transform"); `grads.install` gives them eager's (the same kernels: exact)."""
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
 
     def grad_of(compiled):
         wg = w.clone().requires_grad_()
-        return torch.autograd.grad(compiled(FLIPS[name])(wg, x), [wg])[0]
+        return torch.autograd.grad(compiled(NEW_RULES[name])(wg, x), [wg])[0]
 
     assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), tolerance=EXACT, label="gradient")
 

@@ -26,8 +26,9 @@ bound; eager's ``clamp_backward`` hands it to ``a``: ``x.clamp(max=x.max().item(
 fuzzer's program 12). Its forward runs ``torch.clamp`` itself, one kernel where the decomposition took four. And
 ``torch.sigmoid`` eager's (`_sigmoid_grad`, from its output: thunder's gradient of ``1 / (1 + exp(-a))`` is NaN below
 about -88, program 440; `thunder_nb.cudagraph.native_kernels.native_sigmoid`, where thunder_nb.jit names no fusion
-executor, runs eager's kernels themselves and takes precedence). And ``prims.flip`` a gradient at all (`_flip_grad`:
-thunder 0.2.6 failed the backward of any ``torch.flip``).
+executor, runs eager's kernels themselves and takes precedence). And ``prims.flip`` and ``prims.index_add`` a
+gradient at all (`_flip_grad`, `_index_add_grad`: thunder 0.2.6 failed the backward of any ``torch.flip`` and
+``torch.index_add``).
 """
 
 from __future__ import annotations
@@ -98,10 +99,26 @@ def _flip_grad(a: Any, dims: Any) -> Any:
     return fwd
 
 
+def _index_add_grad(a: Any, index: Any, value: Any, dim: int) -> Any:
+    """``prims.index_add``'s gradients, as eager's autograd gives them: ``a`` gets the gradient as it is, ``value``
+    (the source) the gradient's rows at ``index`` along ``dim``. thunder 0.2.6 has none: a step with
+    ``torch.index_add`` (a graph network's sum of messages into nodes) failed its backward."""
+    import thunder.core.prims as prims
+    from thunder.core import transforms, utils
+
+    fwd = prims.index_add(a, index, value, dim)
+    g = transforms.get_grad(fwd)
+    transforms.put_grad(a, g)
+    rows = index if index.ndim == 1 else prims.reshape(index, (1,))
+    taken = prims.take(g, rows, utils.canonicalize_dim(a.ndim, dim))
+    transforms.put_grad(value, taken if tuple(taken.shape) == tuple(value.shape) else prims.reshape(taken, value.shape))
+    return fwd
+
+
 #: thunder's ops with no gradient rule of their own in 0.2.6, given eager's
 _RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad}
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
-_PRIM_RULES = {"FLIP": _flip_grad}
+_PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad}
 
 
 def _rule_ids() -> dict[Any, Any]:
