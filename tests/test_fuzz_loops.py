@@ -54,7 +54,7 @@ def test_a_layer_frozen_then_unfrozen_is_left_alone_while_frozen_in_every_mode()
 SLICE = (
     ("lambda", "eval", "clip", "conv-bn", "logged", "unfreeze", "inplace-batch", "param-groups"),
     ("step", "accumulate", "embed", "load", "freeze", "inplace-batch", "hook"),
-    ("onecycle", "bf16", "ragged", "eval", "param-groups", "eval-fp32", "tied"),
+    ("onecycle", "bf16", "ragged", "eval", "param-groups", "eval-fp32", "tied", "buffer"),
     ("cosine", "fp16-scaler", "freeze", "eval", "conv-bn", "ema"),
     ("manual", "add-head", "load", "clip", "logged", "ema", "checkpoint"),
 )

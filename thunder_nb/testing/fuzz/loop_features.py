@@ -36,7 +36,8 @@ PRECISIONS = ("fp32", "bf16", "fp16-scaler")
 EVENTS = ("eval", "freeze", "unfreeze", "add-head", "save", "load")
 #: Each feature a loop can have, by name, for `generate`'s ``require``.
 FEATURES = (*EVENTS, *SCHEDULERS[1:], "clip", "accumulate", "bf16", "fp16-scaler", "logged", "ragged", "conv-bn",
-            "embed", "inplace-batch", "param-groups", "ema", "hook", "eval-fp32", "tied", "checkpoint")
+            "embed", "inplace-batch", "param-groups", "ema", "hook", "eval-fp32", "tied", "checkpoint",
+            "buffer")
 #: The size of a ragged loop's last batch.
 RAGGED_BATCH = 4
 
@@ -63,6 +64,9 @@ class Loop:
     # NOTE: as nanoGPT and llama tie the embedding and the output layer: a second layer holding the same weight
     tied: bool = False
     checkpoint: bool = False  # the features after the first layer recomputed in the backward (torch.utils.checkpoint)
+    # NOTE: a running statistic the forward keeps in a buffer of its own, written in place in training mode (what
+    # thunder traces inside a function that calls the module too), read by every forward
+    buffer: bool = False
     steps: int = 6
     events: tuple[tuple[int, str], ...] = ()
     seed: int = 0
@@ -74,7 +78,7 @@ class Loop:
                                       ("logged", self.logged), ("ragged", self.ragged),
                                       ("inplace-batch", self.inplace), ("param-groups", self.groups),
                                       ("ema", self.ema), ("hook", self.hook), ("tied", self.tied),
-                                      ("checkpoint", self.checkpoint)) if on}
+                                      ("checkpoint", self.checkpoint), ("buffer", self.buffer)) if on}
         if self.eval_fp32 and self.precision != "fp32" and "eval" in out:
             out.add("eval-fp32")
         return (out | ({"bf16", "fp16-scaler"} & {self.precision})) & set(FEATURES)
@@ -94,6 +98,7 @@ class Loop:
         parts += ["validation in float32"] if "eval-fp32" in self.features() else []
         parts += ["a layer tied to another's weight"] if self.tied else []
         parts += ["activation checkpointing"] if self.checkpoint else []
+        parts += ["a running statistic in a buffer"] if self.buffer else []
         parts += [f"{e} before step {i}" for i, e in self.events]
         return f"Loop(seed {self.seed}: " + "; ".join(parts) + ")"
 
@@ -151,6 +156,7 @@ def generate(chooser: Chooser, *, seed: int = 0, require: str | Iterable[str] = 
         eval_fp32=chooser.boolean(0.4) or "eval-fp32" in need,
         tied=chooser.boolean(0.2) or "tied" in need,
         checkpoint=chooser.boolean(0.2) or "checkpoint" in need,
+        buffer=chooser.boolean(0.2) or "buffer" in need,
         steps=steps, events=tuple(sorted(events, key=lambda e: (e[0], EVENTS.index(e[1])))), seed=seed)
 
 

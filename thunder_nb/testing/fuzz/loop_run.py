@@ -36,7 +36,7 @@ _BATCH = 8
 # --- the model and the data -----------------------------------------------------------------------
 
 
-def _net(kind: str, *, tied: bool = False, checkpoint: bool = False) -> Any:
+def _net(kind: str, *, tied: bool = False, checkpoint: bool = False, buffer: bool = False) -> Any:
     import torch
     import torch.utils.checkpoint
     from torch import nn
@@ -44,7 +44,9 @@ def _net(kind: str, *, tied: bool = False, checkpoint: bool = False) -> Any:
     class Net(nn.Module):
         """A first layer (``body``, the one frozen), the rest of the features and a head; with ``tied``, a layer
         ``tied`` after them that holds the weight of a layer of its own (``mix``, as nanoGPT's output layer holds the
-        embedding's); with ``checkpoint``, the rest (after a BatchNorm) recomputed in the backward."""
+        embedding's); with ``checkpoint``, the rest (after a BatchNorm) recomputed in the backward; with ``buffer``,
+        a moving average of the features' mean kept in the buffer ``level``, updated in place in training mode, and
+        taken out of the features by every forward."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -61,6 +63,8 @@ def _net(kind: str, *, tied: bool = False, checkpoint: bool = False) -> Any:
             if tied:
                 self.mix, self.tied = nn.Linear(16, 16), nn.Linear(16, 16, bias=False)
                 self.tied.weight = self.mix.weight
+            if buffer:
+                self.register_buffer("level", torch.zeros(()))
 
         def _features(self, h: torch.Tensor, start: int) -> torch.Tensor:
             for layer in list(self.rest)[start:]:
@@ -78,6 +82,11 @@ def _net(kind: str, *, tied: bool = False, checkpoint: bool = False) -> Any:
             else:
                 h = self.rest(h)
             h = h.mean(1) if kind == "embed" else h
+            if buffer:
+                if self.training:
+                    with torch.no_grad():
+                        self.level.mul_(0.9).add_(0.1 * h.float().mean())
+                h = h - self.level.to(h.dtype)
             if tied:
                 h = self.tied(torch.tanh(self.mix(h)))
             if hasattr(self, "head2"):  # NOTE: a head added mid-run: the trace branches on the name's presence
@@ -208,7 +217,7 @@ def run(loop: Loop, config: str = "eager", *, capture: Any = False, device: Any 
     out = LoopRun(config)
     compiled_mode = config in ("thunder_nb.jit", "fused", "thunder_nb.jit(model)")
     torch.manual_seed(loop.seed)
-    model = _net(loop.model, tied=loop.tied, checkpoint=loop.checkpoint).to(device)
+    model = _net(loop.model, tied=loop.tied, checkpoint=loop.checkpoint, buffer=loop.buffer).to(device)
     handle = writes = model  # NOTE: what the loop holds and calls, and what it sets a head on
     if config in _MODULE_CONFIGS:
         import thunder

@@ -6,8 +6,8 @@ mode for a validation loss (under autocast training, in float32 too), freezing a
 param group added mid-run, a checkpoint of the model, optimizer and scheduler saved and loaded back, bf16 autocast or
 fp16 with a GradScaler, a logged ``loss.item()``, a ragged last batch, a loss function that updates its batch in place,
 param groups (weights with weight decay, biases and norms without, the head at half the learning rate), a moving average
-of the weights, a forward hook registered and removed mid-run, a layer tied to another's weight, and activation
-checkpointing. `run` runs one under a configuration (`CONFIGS`) and records every step; `judge` runs it eagerly and
+of the weights, a forward hook registered and removed mid-run, a layer tied to another's weight, activation
+checkpointing, and a running statistic the forward keeps in a buffer (written in place in training mode). `run` runs one under a configuration (`CONFIGS`) and records every step; `judge` runs it eagerly and
 under each configuration (and without graphs where a step needs that yardstick), and names each run's first step that
 leaves eager's, and each run that warned falsely that thunder gets a gradient wrong. The loops and their generator are
 in `loop_features`, running one in `loop_run`; this module judges.
