@@ -40,8 +40,11 @@ any of them):
   (every call read the first value, silently), and never set the user's module.
 - `instance_norm`: thunder's instance norm made to update its running statistics in training mode
   (`instance_norm.install`, from `check_versions`): thunder 0.2.6 left them as they were, silently.
+- `named_tuples`: torch's named tuples (``x.max(dim=1)``, ``x.topk(k)``, ``x.sort()``, ...) with their fields while
+  thunder traces (`named_tuples.install`, from `check_versions`): thunder 0.2.6 gave plain tuples, and
+  ``.values``/``.indices`` failed the trace.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
-  `saved`, `ordering`, `checkpoint`, `losses`, `buffers` and `instance_norm`.
+  `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm` and `named_tuples`.
 """
 
 from __future__ import annotations
