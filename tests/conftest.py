@@ -60,7 +60,7 @@ def pytest_collection_finish(session):
         # every test's traces (plain thunder.jit's too) take the same, faster path (tests/test_tracing.py) and the same
         # backward (tests/test_grads.py)
         from thunder_nb.internals import (buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering,
-                                          saved, tracing)
+                                          padding, saved, tracing)
 
         tracing.install()
         grads.install()
@@ -71,6 +71,7 @@ def pytest_collection_finish(session):
         buffers.install()
         instance_norm.install()
         named_tuples.install()
+        padding.install()
     # NOTE: what the collection made (torch, thunder, every test module: about 360,000 objects) lives for the session;
     # frozen, the collector's full passes, which thunder's tracing sets off hundreds of times a model, leave it alone
     # (a zoo case's collections: 0.89 -> 0.27 s of CPU, 2026-12-05). What the tests make is collected as before.

@@ -120,7 +120,7 @@ with warnings.catch_warnings(record=True) as caught:
     from thunder.transforms import autodiff as thunders_autodiff
     from thunder.executors import data_dependent_partition as thunders_partition
     from thunder_nb.internals import (buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering,
-                                      saved, tracing)
+                                      padding, saved, tracing)
     facts["thunders_interpreter"] = (thunders_interpreter.dis is dis and not tracing.installed()
                                      and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
     facts["thunders_backward"] = (not grads.installed()
@@ -144,6 +144,7 @@ with warnings.catch_warnings(record=True) as caught:
                                        and ltorch.instance_norm.meta.__module__ == ltorch.__name__)
     facts["thunders_named_tuples"] = (not named_tuples.installed() and jit_ext.record_source_loc_in_symbol_header
                                       .__module__ == jit_ext.__name__)
+    facts["thunders_pad"] = not padding.installed() and ltorch.pad.meta.__module__ == ltorch.__name__
     facts["thunders_set_buffer"] = (not buffers.installed() and thunders_module.ThunderModule.set_buffer.__module__
                                     == thunders_module.__name__)
 
@@ -190,6 +191,7 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["thunders_set_buffer"]  # thunder's ThunderModule.set_buffer as it is (internals.buffers)
     assert unsupported["thunders_instance_norm"]  # thunder's instance_norm as it is (internals.instance_norm)
     assert unsupported["thunders_named_tuples"]  # thunder's lookasides as they are (internals.named_tuples)
+    assert unsupported["thunders_pad"]  # thunder's pad as it is (internals.padding)
     # NOTE: no use counts: nothing is handed out to stay in graph memory (gradients copied, no rotation), and a graph
     # whose saved tensors went to a backward is not replayed again (`internals.use_counters`)
     assert unsupported["rotation"] == 0 and unsupported["lend_gradients"] is False

@@ -43,8 +43,10 @@ any of them):
 - `named_tuples`: torch's named tuples (``x.max(dim=1)``, ``x.topk(k)``, ``x.sort()``, ...) with their fields while
   thunder traces (`named_tuples.install`, from `check_versions`): thunder 0.2.6 gave plain tuples, and
   ``.values``/``.indices`` failed the trace.
+- `padding`: ``F.pad`` in reflect, replicate and circular modes (``nn.ReflectionPad2d``) built from slices, flips and
+  a concatenation (`padding.install`, from `check_versions`): thunder 0.2.6 pads with a constant only.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
-  `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm` and `named_tuples`.
+  `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples` and `padding`.
 """
 
 from __future__ import annotations

@@ -87,11 +87,13 @@ def check_versions() -> bool:
     cross entropy averages over the counted targets (`thunder_nb.internals.losses.install`, once), and a buffer a
     forward sets again is set as eager sets it (`thunder_nb.internals.buffers.install`, once), and its instance norm
     updates the running statistics (`thunder_nb.internals.instance_norm.install`, once), and torch's named tuples
-    have their fields while thunder traces (`thunder_nb.internals.named_tuples.install`, once). Every entry
+    have their fields while thunder traces (`thunder_nb.internals.named_tuples.install`, once), and ``F.pad`` traces
+    in reflect, replicate and circular modes (`thunder_nb.internals.padding.install`, once). Every entry
     point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
-        from . import buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering, saved, tracing
+        from . import (buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering, padding, saved,
+                       tracing)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -102,6 +104,7 @@ def check_versions() -> bool:
         buffers.install()  # NOTE: a buffer a forward sets again, set as eager sets it (`thunder_nb.internals.buffers`)
         instance_norm.install()  # NOTE: its running statistics updated (`thunder_nb.internals.instance_norm`)
         named_tuples.install()  # NOTE: x.max(dim=1).indices read while tracing (`thunder_nb.internals.named_tuples`)
+        padding.install()  # NOTE: F.pad's reflect, replicate and circular modes (`thunder_nb.internals.padding`)
         return True
     if _warned:
         return False
