@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import attribute_patch
 
 __all__ = ["install", "uninstall", "installed", "set_buffer"]
 
@@ -39,22 +39,12 @@ def set_buffer(module: Any, name: str, value: Any) -> None:
     module._model.get_submodule(owner)._buffers[attr] = value
 
 
-def _apply() -> dict[str, Any] | None:
+def _thunder_module() -> Any:
     from thunder.core.module import ThunderModule
 
-    original = ThunderModule.__dict__.get("set_buffer")
-    if not callable(original) or not hasattr(ThunderModule, "get_buffer"):
-        return None
-    ThunderModule.set_buffer = set_buffer
-    return {"set_buffer": original}
-
-
-def _restore(originals: dict[str, Any]) -> None:
-    from thunder.core.module import ThunderModule
-
-    ThunderModule.set_buffer = originals["set_buffer"]
+    return ThunderModule
 
 
 #: thunder's ThunderModule.set_buffer changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = attribute_patch(_thunder_module, "set_buffer", lambda _: set_buffer)
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import attribute_patch
 
 __all__ = ["install", "uninstall", "installed", "instance_norm"]
 
@@ -51,23 +51,13 @@ def instance_norm(a: Any, /, running_mean: Any = None, running_var: Any = None, 
     return ltorch.reshape(out, shape)
 
 
-def _apply() -> dict[str, Any] | None:
+def _symbol() -> Any:
     import thunder.torch as ltorch
 
-    symbol = getattr(ltorch, "instance_norm", None)
-    original = getattr(symbol, "meta", None)
-    if not callable(original) or getattr(original, "__name__", None) != "instance_norm":
-        return None
-    object.__setattr__(symbol, "meta", instance_norm)  # NOTE: thunder's Symbol is a frozen dataclass
-    return {"meta": original}
-
-
-def _restore(originals: dict[str, Any]) -> None:
-    import thunder.torch as ltorch
-
-    object.__setattr__(ltorch.instance_norm, "meta", originals["meta"])
+    return ltorch.instance_norm
 
 
 #: thunder's instance_norm symbol changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = attribute_patch(_symbol, "meta", lambda _: instance_norm,
+                         expected=lambda meta: callable(meta) and getattr(meta, "__name__", None) == "instance_norm")
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import attribute_patch
 
 __all__ = ["install", "uninstall", "installed", "label_smoothed_cross_entropy"]
 
@@ -46,22 +46,12 @@ def label_smoothed_cross_entropy(a: Any, target: Any, weight: Any, ignore_index:
     return nll * (1.0 - label_smoothing) + smoothed * (label_smoothing / classes)
 
 
-def _apply() -> dict[str, Any] | None:
+def _thunder_torch() -> Any:
     import thunder.torch as ltorch
 
-    original = getattr(ltorch, "_cross_entropy_loss_label_smoothing", None)
-    if not callable(original):
-        return None
-    ltorch._cross_entropy_loss_label_smoothing = label_smoothed_cross_entropy
-    return {"_cross_entropy_loss_label_smoothing": original}
-
-
-def _restore(originals: dict[str, Any]) -> None:
-    import thunder.torch as ltorch
-
-    ltorch._cross_entropy_loss_label_smoothing = originals["_cross_entropy_loss_label_smoothing"]
+    return ltorch
 
 
 #: thunder's label-smoothed cross entropy changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = attribute_patch(_thunder_torch, "_cross_entropy_loss_label_smoothing", lambda _: label_smoothed_cross_entropy)
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import attribute_patch
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -69,24 +69,13 @@ def _padding(original: Any) -> Any:
     return pad
 
 
-def _apply() -> dict[str, Any] | None:
+def _symbol() -> Any:
     import thunder.torch as ltorch
 
-    symbol = getattr(ltorch, "pad", None)
-    original = getattr(symbol, "meta", None)
-    if not callable(original) or getattr(original, "__name__", None) != "pad":
-        return None
-    object.__setattr__(symbol, "meta", _padding(original))  # NOTE: thunder's Symbol is a frozen dataclass
-    return {"meta": original}
-
-
-def _restore(originals: dict[str, Any]) -> None:
-    import thunder.torch as ltorch
-
-    object.__setattr__(ltorch.pad, "meta", originals["meta"])
+    return ltorch.pad
 
 
 #: thunder's pad symbol changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = attribute_patch(_symbol, "meta", _padding,
+                         expected=lambda meta: callable(meta) and getattr(meta, "__name__", None) == "pad")
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall
-

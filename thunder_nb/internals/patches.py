@@ -1,13 +1,15 @@
 """A change to thunder's own modules, made once per process and undone on demand: `ProcessPatch`, which `tracing` (the
-interpreter) and `grads` (the backward) each make one of."""
+interpreter) and `grads` (the backward) each make one of, and `attribute_patch`, the one that replaces a single
+attribute (`losses`, `buffers`, `instance_norm`, `padding`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ProcessPatch"]
+__all__ = ["ProcessPatch", "attribute_patch"]
 
 
 class ProcessPatch:
@@ -46,3 +48,28 @@ class ProcessPatch:
             if self._originals:
                 self._restore(self._originals)
                 self._originals.clear()
+
+
+def attribute_patch(owner: Callable[[], Any], name: str, replacement: Callable[[Any], Any], *,
+                    expected: Callable[[Any], bool] = callable) -> ProcessPatch:
+    """A `ProcessPatch` that sets ``owner()``'s attribute ``name`` (a module's function, a class's method, a thunder
+    symbol's ``meta``) to ``replacement(original)`` where ``expected(original)`` says thunder is the one it was written
+    for, and puts the original back. A frozen dataclass's field (thunder's ``Symbol``) is set as its own
+    ``__init__`` sets it."""
+
+    def put(target: Any, value: Any) -> None:
+        frozen = dataclasses.is_dataclass(target) and not isinstance(target, type)
+        (object.__setattr__ if frozen else setattr)(target, name, value)
+
+    def apply() -> dict[str, Any] | None:
+        target = owner()
+        original = getattr(target, name, None)
+        if not expected(original):
+            return None
+        put(target, replacement(original))
+        return {name: original}
+
+    def restore(originals: dict[str, Any]) -> None:
+        put(owner(), originals[name])
+
+    return ProcessPatch(apply, restore)
