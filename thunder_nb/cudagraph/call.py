@@ -160,31 +160,30 @@ def without_cyclic_gc(jfn: Any) -> Any:
         return jfn
     # NOTE: each call under its own autocast state alone (`internals.under_own_autocast`)
     cd = thunder.compile_data(jfn)
-    slow = _explained(internals.under_own_autocast(internals.module_forward(jfn) if module else jfn, cd), cd)
-    gc_off = internals.cyclic_gc_off()
-
-    def thunders_path(*args: Any, **kwargs: Any) -> Any:
-        with gc_off:
-            return slow(*args, **kwargs)
-
+    thunders_path = _thunders_path(internals.under_own_autocast(internals.module_forward(jfn) if module else jfn, cd),
+                                   cd)
     if module:
         internals.set_module_forward(jfn, thunders_path)
         return jfn
     return functools.wraps(jfn)(thunders_path)
 
 
-def _explained(slow: Callable[..., Any], cd: Any) -> Callable[..., Any]:
-    """``slow`` (thunder's path) adding to what it raises, where thunder cannot trace an op or meets a known limit of
-    its own, a note with what to do (`thunder_nb.diagnosis.failures.explain_trace_failure`): thunder's error alone is
-    a registration's internals, or for ``nn.Embedding(max_norm=...)`` a bare ``NotImplementedError()``."""
+def _thunders_path(slow: Callable[..., Any], cd: Any) -> Callable[..., Any]:
+    """``slow`` (thunder's own path, which traces on a miss) called with Python's cyclic garbage collector off
+    (`thunder_nb.internals.cyclic_gc_off`: a collection inside thunder's tracing can fail the trace), adding to what it
+    raises, where thunder cannot trace an op or meets a known limit of its own, a note with what to do
+    (`thunder_nb.diagnosis.failures.explain_trace_failure`): thunder's error alone is a registration's internals, or
+    for ``nn.Embedding(max_norm=...)`` a bare ``NotImplementedError()``."""
+    gc_off = internals.cyclic_gc_off()
     name = getattr(cd.fn, "__name__", type(cd.fn).__name__)
 
     def thunders_path(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return slow(*args, **kwargs)
-        except Exception as e:
-            explain_trace_failure(e, name)
-            raise
+        with gc_off:
+            try:
+                return slow(*args, **kwargs)
+            except Exception as e:
+                explain_trace_failure(e, name)
+                raise
 
     return thunders_path
 
@@ -202,13 +201,12 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
     identity: dict[Any, bool] = {}  # an entry's epilogue -> whether it returns its one argument as it is
     undecorated: dict[Any, Any] = {}  # an entry's computation -> it without thunder's decorators, or None
     now = time.perf_counter_ns
-    gc_off = internals.cyclic_gc_off()  # NOTE: around thunder's path, which traces there (see cyclic_gc_off)
-    slow = _explained(internals.under_own_autocast(slow, cd), cd)  # NOTE: each call under its own autocast state
+    # NOTE: each call of thunder's path under its own autocast state, the collector off, its errors explained
+    thunders = _thunders_path(internals.under_own_autocast(slow, cd), cd)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if not entries or autocast_on() or autocast_on("cpu") or is_tracing():
-            with gc_off:
-                return slow(*args, **kwargs)
+            return thunders(*args, **kwargs)
         start = now()
         info = cache_info(args, kwargs, check_aliases)
         cd.is_grad_enabled = info["is_grad_enabled"]
@@ -227,9 +225,8 @@ def _hit_path(cd: Any, cs: Any, path: internals.CallPath, slow: Callable[..., An
             data_var.reset(data_token)
             lang_var.reset(lang_token)
             info_var.reset(info_token)
-        if entry is None:
-            with gc_off:  # NOTE: a miss: thunder tries them again, then traces and adds the entry
-                return slow(*args, **kwargs)
+        if entry is None:  # NOTE: a miss: thunder tries them again, then traces and adds the entry
+            return thunders(*args, **kwargs)
         cs.calls += 1
         cs.cache_hits += 1
         cs.last_trace_host_start, cs.last_trace_cache_start = start, cache_start
