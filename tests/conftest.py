@@ -56,22 +56,10 @@ def pytest_collection_finish(session):
     from thunder_nb import internals
 
     if internals.supported():
-        # NOTE: what thunder-nb's first entry point does in a user's process, from the start of the session, so that
-        # every test's traces (plain thunder.jit's too) take the same, faster path (tests/test_tracing.py) and the same
-        # backward (tests/test_grads.py)
-        from thunder_nb.internals import (buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering,
-                                          padding, saved, tracing)
-
-        tracing.install()
-        grads.install()
-        saved.install()
-        ordering.install()
-        checkpoint.install()
-        losses.install()
-        buffers.install()
-        instance_norm.install()
-        named_tuples.install()
-        padding.install()
+        # NOTE: what thunder-nb's first entry point does in a user's process (its patches of thunder, each once), from
+        # the start of the session, so that every test's traces (plain thunder.jit's too) take the same, faster path
+        # (tests/test_tracing.py) and the same backward (tests/test_grads.py)
+        internals.check_versions()
     # NOTE: what the collection made (torch, thunder, every test module: about 360,000 objects) lives for the session;
     # frozen, the collector's full passes, which thunder's tracing sets off hundreds of times a model, leave it alone
     # (a zoo case's collections: 0.89 -> 0.27 s of CPU, 2026-12-05). What the tests make is collected as before.
