@@ -138,6 +138,12 @@ LIMITS: dict[str, tuple[str, str]] = {
                            "x.kthvalue(k, dim), x.cummax(dim), x.cummin(dim) and torch.aminmax give a plain tuple "
                            "under thunder 0.2.6, which has no .values or .indices (.min, .max): index it instead, [0] "
                            "for the values and [1] for the indices (x.max(dim=1)[1] for x.max(dim=1).indices)"),
+    "random-opaque-grad": ("thunder's automatic registration (thunder/torch/__init__.py), which differentiates an op "
+                           "it has no rule for by calling it again",
+                           "F.fractional_max_pool2d/3d (nn.FractionalMaxPool2d) draws its pooling windows at random, "
+                           "and the second call would draw others, so thunder-nb refuses its gradient rather than give "
+                           "a wrong one: use F.max_pool2d or F.adaptive_max_pool2d, or apply it outside the function "
+                           "you compile; without a gradient (torch.no_grad(), evaluation) it runs"),
     "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py), which has no backward for the op the "
                           "error names with these executors",
                           "where you named a fusion executor, it may have taken an op whose backward only thunder's "

@@ -60,7 +60,11 @@ HOST_SYNC_NAMES = frozenset(
 #: Ops that draw random numbers (thunder's names, and the torch executor's): a compiled run draws other numbers
 #: than eager PyTorch, so its values cannot be held against eager's.
 RANDOM_NAMES = frozenset({"uniform", "uniform_philox", "bernoulli", "randn", "rand", "randint", "normal", "randn_like",
-                          "rand_like", "randint_like", "multinomial", "dropout", "native_dropout", "randperm"})
+                          "rand_like", "randint_like", "multinomial", "dropout", "native_dropout", "randperm",
+                          "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
+                          "dropout3d", "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d",
+                          "fractional_max_pool2d_with_indices", "fractional_max_pool3d_with_indices", "poisson",
+                          "binomial"})
 #: Ops that change device by name.
 TRANSFER_NAMES = frozenset({"cpu", "cuda", "device_put"})
 #: Ops that take a tensor and yield numbers from metadata only (no host sync).

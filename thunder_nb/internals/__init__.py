@@ -45,8 +45,17 @@ any of them):
   ``.values``/``.indices`` failed the trace.
 - `padding`: ``F.pad`` in reflect, replicate and circular modes (``nn.ReflectionPad2d``) built from slices, flips and
   a concatenation (`padding.install`, from `check_versions`): thunder 0.2.6 pads with a constant only.
+- `random_ops`: the random ops thunder runs as opaque calls (``nn.Dropout2d``, ``nn.AlphaDropout``,
+  ``F.gumbel_softmax``) made thunder's own, with the gradients of their own draws (`random_ops.install`, from
+  `check_versions`): thunder 0.2.6 drew them anew for the backward (wrong gradients, silently).
+- `attention`: ``nn.MultiheadAttention`` and the Transformer layers traced as PyTorch's Python writes them
+  (`attention.install`, from `check_versions`): thunder 0.2.6's opaque call failed with ``need_weights=False``, and
+  their inference fast path could not be traced.
+- `torch_metadata`: a traced tensor's ``.dtype`` read as torch's (`torch_metadata.install`, from `check_versions`):
+  under thunder 0.2.6 ``x.dtype == torch.float32`` was False, and an ``if`` on it took the other branch, silently.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
-  `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples` and `padding`.
+  `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
+  `attention` and `torch_metadata`.
 """
 
 from __future__ import annotations

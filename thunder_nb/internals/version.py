@@ -88,12 +88,15 @@ def check_versions() -> bool:
     forward sets again is set as eager sets it (`thunder_nb.internals.buffers.install`, once), and its instance norm
     updates the running statistics (`thunder_nb.internals.instance_norm.install`, once), and torch's named tuples
     have their fields while thunder traces (`thunder_nb.internals.named_tuples.install`, once), and ``F.pad`` traces
-    in reflect, replicate and circular modes (`thunder_nb.internals.padding.install`, once). Every entry
+    in reflect, replicate and circular modes (`thunder_nb.internals.padding.install`, once), and the random ops
+    thunder ran as opaque calls get the gradients of their own draws (`thunder_nb.internals.random_ops.install`,
+    once), and PyTorch's attention modules trace as their Python writes them (`thunder_nb.internals.attention.install`,
+    once), and a traced tensor's dtype is torch's (`thunder_nb.internals.torch_metadata.install`, once). Every entry
     point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
-        from . import (buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering, padding, saved,
-                       tracing)
+        from . import (attention, buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering, padding,
+                       random_ops, saved, torch_metadata, tracing)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -105,6 +108,9 @@ def check_versions() -> bool:
         instance_norm.install()  # NOTE: its running statistics updated (`thunder_nb.internals.instance_norm`)
         named_tuples.install()  # NOTE: x.max(dim=1).indices read while tracing (`thunder_nb.internals.named_tuples`)
         padding.install()  # NOTE: F.pad's reflect, replicate and circular modes (`thunder_nb.internals.padding`)
+        random_ops.install()  # NOTE: a random op's gradients of its own draws (`thunder_nb.internals.random_ops`)
+        attention.install()  # NOTE: nn.MultiheadAttention traced as its Python (`thunder_nb.internals.attention`)
+        torch_metadata.install()  # NOTE: x.dtype == torch.float32 (`thunder_nb.internals.torch_metadata`)
         return True
     if _warned:
         return False
