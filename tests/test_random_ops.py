@@ -57,8 +57,36 @@ class _Lambda(torch.nn.Module):
         return self.f(x)
 
 
+class DropPath(torch.nn.Module):
+    """timm's ``drop_path`` on a residual branch: one Bernoulli draw per sample, by ``bernoulli_``."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p, self.branch = p, torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        keep = 1 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x + self.branch(x) * mask.div_(keep)
+
+
+class StochasticDepth(torch.nn.Module):
+    """torchvision's ``StochasticDepth`` on a residual branch (its noise by ``torch.empty(...).bernoulli_``)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        import torchvision.ops
+
+        self.branch, self.depth = torch.nn.Linear(8, 8), torchvision.ops.StochasticDepth(p, "row")
+
+    def forward(self, x):
+        return x + self.depth(self.branch(x))
+
+
 #: (input shape, module): each draws at random in training mode
 CASES = {
+    "timm's DropPath (bernoulli_)": ((6, 8), DropPath(0.5)),
+    "torchvision's StochasticDepth": ((6, 8), StochasticDepth(0.5)),
     "nn.Dropout1d": ((3, 4, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout1d(0.5))),
     "nn.Dropout2d": ((2, 3, 4, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout2d(0.5))),
     "nn.Dropout3d": ((2, 3, 2, 2, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout3d(0.5))),
@@ -152,6 +180,55 @@ def test_the_dropouts_keep_whole_channels_at_the_rate_asked_and_scale_as_eager()
         assert abs(float(noise.mean()) - (1 - p)) < 0.01, name
 
 
+def test_the_random_fills_draw_anew_at_each_call_as_eager_draws():
+    """``bernoulli_(p)`` (a number or a tensor), ``torch.bernoulli(x, p)``, ``uniform_`` and ``normal_``, which thunder
+    0.2.6 lacked: each call draws anew, from eager's distribution (five sigmas of 65,536 draws)."""
+    fills = {"bernoulli_(0.7)": (lambda x: x.new_empty(x.shape).bernoulli_(0.7), 0.7, (0.7 * 0.3) ** 0.5),
+             "bernoulli_(tensor)": (lambda x: x.new_empty(x.shape).bernoulli_(torch.full_like(x, 0.7)), 0.7,
+                                    (0.7 * 0.3) ** 0.5),
+             "torch.bernoulli(x, 0.7)": (lambda x: torch.bernoulli(x, 0.7), 0.7, (0.7 * 0.3) ** 0.5),
+             "uniform_(-1, 3)": (lambda x: x.new_empty(x.shape).uniform_(-1, 3), 1.0, 4 / 12 ** 0.5),
+             "normal_(1, 2)": (lambda x: x.new_empty(x.shape).normal_(1, 2), 1.0, 2.0)}
+    x = torch.zeros(256, 256)
+    for name, (fill, mean, std) in fills.items():
+        compiled = thunder.jit(lambda x: fill(x) * 1)
+        first, second = compiled(x), compiled(x)
+        assert not torch.equal(first, second), f"{name}: the same draws twice"
+        bound = 5 * std / x.numel() ** 0.5
+        assert abs(float(first.mean()) - mean) < bound and abs(float(first.std()) - std) < 5 * bound, name
+        if name.startswith("uniform"):
+            assert float(first.min()) >= -1 and float(first.max()) < 3, name
+
+
+def test_a_python_random_draw_is_refused_with_what_to_write_instead():
+    """``random.random()`` and ``np.random.rand()`` in a traced forward ran once, while thunder traced, and every call
+    kept the first draw (a layer skipped at random always skipped, or never), silently: now refused, with a note.
+    A generator made and seeded in the traced code, which draws nothing, still traces."""
+    import random
+
+    import numpy as np
+
+    warnings.simplefilter("ignore", EagerFallbackWarning)  # NOTE: on the CPU, regions run eagerly
+
+    class SkippedAtRandom(torch.nn.Module):
+        def __init__(self, draw):
+            super().__init__()
+            self.branch, self.draw = torch.nn.Linear(8, 8), draw
+
+        def forward(self, x):
+            return x if self.training and self.draw() < 0.5 else x + self.branch(x)
+
+    for draw, name in ((random.random, "random.random"), (np.random.rand, "numpy.random.rand")):
+        with pytest.raises(NotImplementedError, match=f"{name}\\(\\) draws a Python random number") as raised:
+            thunder_nb.jit(SkippedAtRandom(draw))(torch.randn(2, 8))
+        component, advice = known_limit(raised.value)
+        assert "keeps its result for every call" in component and "StochasticDepth" in advice, advice
+        (note,) = raised.value.__notes__
+        assert note.startswith("thunder-nb:") and "bernoulli_" in note, note
+    seeded = thunder_nb.jit(lambda x: x * (random.Random(0) is not None) * (np.random.default_rng(0) is not None))
+    assert_equal(seeded(torch.ones(2)), torch.ones(2), tolerance=EXACT, label="seeded, no draw")
+
+
 def test_a_hard_gumbel_softmax_is_one_hot_with_the_soft_ones_gradient():
     """``hard=True``: a one-hot forward, and the gradient of the soft sample of the same noise (the straight-through
     estimator PyTorch defines)."""
@@ -214,7 +291,9 @@ def test_attention_modules_train_and_evaluate_as_eager(case, mode):
     make, call = ATTENTION[case]
     device = device_of(mode)
     torch.manual_seed(0)
-    module = make().to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # NOTE: nn.Transformer's, of no nested tensors with norm_first
+        module = make().to(device)
     q, k = torch.randn(3, 5, 8, device=device), torch.randn(3, 4, 8, device=device)
 
     def trained(fn):

@@ -120,7 +120,7 @@ with warnings.catch_warnings(record=True) as caught:
     from thunder.transforms import autodiff as thunders_autodiff
     from thunder.executors import data_dependent_partition as thunders_partition
     from thunder_nb.internals import (attention, buffers, checkpoint, grads, instance_norm, losses, named_tuples,
-                                      ordering, padding, random_ops, saved, torch_metadata, tracing)
+                                      ordering, padding, python_random, random_ops, saved, torch_metadata, tracing)
     facts["thunders_interpreter"] = (thunders_interpreter.dis is dis and not tracing.installed()
                                      and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
     facts["thunders_backward"] = (not grads.installed()
@@ -146,14 +146,18 @@ with warnings.catch_warnings(record=True) as caught:
                                       .__module__ == jit_ext.__name__)
     facts["thunders_pad"] = not padding.installed() and ltorch.pad.meta.__module__ == ltorch.__name__
     import torch.nn.functional as F
+    from thunder.torch.langctx import _method_name_to_fn_map as tensor_methods
     facts["thunders_random_ops"] = (not random_ops.installed() and all(
         "AUTO_REGISTERED" in str(ltorch._torch_to_thunder_function_map[fn].tags)
-        for fn in (torch.feature_dropout, torch.alpha_dropout, F.dropout2d, F.gumbel_softmax)))
+        for fn in (torch.feature_dropout, torch.alpha_dropout, F.dropout2d, F.gumbel_softmax))
+        and "bernoulli_" not in tensor_methods)
     lookasides = jit_ext._general_jit_lookaside_map
     facts["thunders_attention"] = (not attention.installed() and F.multi_head_attention_forward in lookasides
                                    and torch.backends.mha.get_fastpath_enabled not in lookasides)
     facts["thunders_getattr"] = (not torch_metadata.installed() and jit_ext._general_jit_lookaside_map[getattr]
                                  .__module__ == jit_ext.__name__)
+    facts["thunders_lookaside_function"] = (not python_random.installed()
+                                            and jit_ext.general_jit_lookaside.__module__ == jit_ext.__name__)
     facts["thunders_set_buffer"] = (not buffers.installed() and thunders_module.ThunderModule.set_buffer.__module__
                                     == thunders_module.__name__)
 
@@ -204,6 +208,7 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["thunders_random_ops"]  # thunder's opaque random calls as they are (internals.random_ops)
     assert unsupported["thunders_attention"]  # thunder's opaque attention call as it is (internals.attention)
     assert unsupported["thunders_getattr"]  # thunder's getattr lookaside as it is (internals.torch_metadata)
+    assert unsupported["thunders_lookaside_function"]  # thunder's lookaside function (internals.python_random)
     # NOTE: no use counts: nothing is handed out to stay in graph memory (gradients copied, no rotation), and a graph
     # whose saved tensors went to a backward is not replayed again (`internals.use_counters`)
     assert unsupported["rotation"] == 0 and unsupported["lend_gradients"] is False

@@ -144,6 +144,13 @@ LIMITS: dict[str, tuple[str, str]] = {
                            "and the second call would draw others, so thunder-nb refuses its gradient rather than give "
                            "a wrong one: use F.max_pool2d or F.adaptive_max_pool2d, or apply it outside the function "
                            "you compile; without a gradient (torch.no_grad(), evaluation) it runs"),
+    "python-random": ("thunder's interpreter (thunder/core/jit_ext.py), which runs a call it has no rule for once, "
+                      "while it traces, and keeps its result for every call",
+                      "a draw of Python's random module or NumPy's (random.random(), np.random.rand()) would be the "
+                      "first call's at every call: draw with torch instead, which thunder draws anew each call "
+                      "(torch.rand(()), x.new_empty(shape).bernoulli_(p)), and for a layer skipped at random "
+                      "(stochastic depth) multiply by a mask rather than branch: torchvision.ops.StochasticDepth, or "
+                      "x + f(x) * x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - p) / (1 - p)"),
     "no-grad-transform": ("thunder's autodiff (thunder/core/transforms.py), which has no backward for the op the "
                           "error names with these executors",
                           "where you named a fusion executor, it may have taken an op whose backward only thunder's "

@@ -47,15 +47,18 @@ any of them):
   a concatenation (`padding.install`, from `check_versions`): thunder 0.2.6 pads with a constant only.
 - `random_ops`: the random ops thunder runs as opaque calls (``nn.Dropout2d``, ``nn.AlphaDropout``,
   ``F.gumbel_softmax``) made thunder's own, with the gradients of their own draws (`random_ops.install`, from
-  `check_versions`): thunder 0.2.6 drew them anew for the backward (wrong gradients, silently).
+  `check_versions`): thunder 0.2.6 drew them anew for the backward (wrong gradients, silently); and the in-place
+  fills it lacked (``bernoulli_``, ``uniform_``, ``normal_``: stochastic depth).
 - `attention`: ``nn.MultiheadAttention`` and the Transformer layers traced as PyTorch's Python writes them
   (`attention.install`, from `check_versions`): thunder 0.2.6's opaque call failed with ``need_weights=False``, and
   their inference fast path could not be traced.
 - `torch_metadata`: a traced tensor's ``.dtype`` read as torch's (`torch_metadata.install`, from `check_versions`):
   under thunder 0.2.6 ``x.dtype == torch.float32`` was False, and an ``if`` on it took the other branch, silently.
+- `python_random`: Python's and NumPy's random draws refused in traced code (`python_random.install`, from
+  `check_versions`): thunder 0.2.6 drew once, while tracing, and kept the number for every call, silently.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
   `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
-  `attention` and `torch_metadata`.
+  `attention`, `torch_metadata` and `python_random`.
 """
 
 from __future__ import annotations

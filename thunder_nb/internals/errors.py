@@ -93,6 +93,8 @@ _LIMIT_MESSAGES: tuple[tuple[str, str], ...] = (
     (r"\A(values|indices|min|max)\Z", "named-tuple-fields"),
     # NOTE: thunder-nb's refusal (`thunder_nb.internals.random_ops.REFUSAL`) of thunder's wrong gradients
     (r"draws at random, and thunder 0\.2\.6 differentiates it by calling it again", "random-opaque-grad"),
+    # NOTE: thunder-nb's refusal (`thunder_nb.internals.python_random.REFUSAL`) of a draw fixed at tracing
+    (r"draws a Python random number, which thunder would draw once", "python-random"),
 )
 
 

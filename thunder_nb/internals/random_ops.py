@@ -16,7 +16,9 @@ gradients were those of another mask than its output's, silently: ``nn.Dropout1d
   through to them;
 - builds ``F.gumbel_softmax`` from thunder's ops;
 - refuses to differentiate ``F.fractional_max_pool2d``/``3d``, with `REFUSAL` (its windows are drawn at random, and
-  samples handed to the opaque call would be differentiated too, which torch refuses).
+  samples handed to the opaque call would be differentiated too, which torch refuses);
+- adds the random fills thunder 0.2.6 lacks: ``Tensor.bernoulli_(p)`` (torchvision's ``StochasticDepth``, timm's
+  ``DropPath``), ``Tensor.uniform_``, ``Tensor.normal_`` and ``torch.bernoulli(x, p)``.
 
 ``F.multi_head_attention_forward``, whose dropout was drawn twice so too, is traced through (`attention`).
 """
@@ -106,6 +108,57 @@ def gumbel_softmax(logits: Any, tau: Any = 1.0, hard: bool = False, eps: Any = 1
     return one_hot - ltorch.detach(soft) + soft
 
 
+def _draw(a: Any, p: Any) -> Any:
+    """Bernoulli draws of probability ``p`` (a number, or a tensor that broadcasts to ``a``) in ``a``'s shape and
+    dtype."""
+    import thunder.torch as ltorch
+    import torch
+    from thunder.core import dtypes
+
+    dtype = a.dtype if dtypes.is_float_dtype(a.dtype) else torch.float32
+    return ltorch.to(ltorch.uniform(tuple(a.shape), 0.0, 1.0, device=a.device, dtype=dtype) < p, a.dtype)
+
+
+def bernoulli(a: Any, p: Any = None, *, generator: Any = None) -> Any:
+    """``torch.bernoulli(probabilities)`` (thunder's own) and ``torch.bernoulli(a, p)``: draws of probability ``p``
+    in ``a``'s shape."""
+    import thunder.torch as ltorch
+    from thunder.core import utils
+
+    if p is None:
+        return ltorch.bernoulli(a, generator=generator)
+    utils.check(generator is None, lambda: "bernoulli: a generator is not supported", NotImplementedError)
+    return _draw(a, p)
+
+
+def bernoulli_(a: Any, p: Any = 0.5, *, generator: Any = None) -> Any:
+    """``Tensor.bernoulli_(p)`` (torchvision's ``StochasticDepth``, timm's ``DropPath``): ``a`` filled with draws of
+    probability ``p``."""
+    import thunder.torch as ltorch
+    from thunder.core import utils
+
+    utils.check(generator is None, lambda: "bernoulli_: a generator is not supported", NotImplementedError)
+    return ltorch._copy_(a, _draw(a, p))
+
+
+def uniform_(a: Any, low: Any = 0.0, high: Any = 1.0, *, generator: Any = None) -> Any:
+    """``Tensor.uniform_(low, high)``: ``a`` filled with uniform draws."""
+    import thunder.torch as ltorch
+    from thunder.core import utils
+
+    utils.check(generator is None, lambda: "uniform_: a generator is not supported", NotImplementedError)
+    return ltorch._copy_(a, ltorch.uniform_like(a, low, high))
+
+
+def normal_(a: Any, mean: Any = 0.0, std: Any = 1.0, *, generator: Any = None) -> Any:
+    """``Tensor.normal_(mean, std)``: ``a`` filled with normal draws."""
+    import thunder.torch as ltorch
+    from thunder.core import utils
+
+    utils.check(generator is None, lambda: "normal_: a generator is not supported", NotImplementedError)
+    return ltorch._copy_(a, ltorch.randn_like(a) * std + mean)
+
+
 #: What a differentiated random opaque call raises (`_refusing`): `thunder_nb.diagnosis.failures.LIMITS`
 #: "random-opaque-grad" reads it.
 REFUSAL = ("{name} draws at random, and thunder 0.2.6 differentiates it by calling it again, which draws anew: its "
@@ -122,12 +175,22 @@ def _refusing(name: str) -> Any:
     return augmented_forward
 
 
-def _symbol(name: str, fn: Any) -> Any:
-    """A thunder symbol that traces to ``fn``'s thunder ops, as ``thunder.torch``'s own composite symbols do."""
+def _symbol(name: str, fn: Any, *, in_place: bool = False) -> Any:
+    """A thunder symbol that traces to ``fn``'s thunder ops, as ``thunder.torch``'s own composite symbols do (tagged
+    as writing its first argument where ``in_place``, as thunder's ``exponential_`` is)."""
     from thunder.core.langctxs import Languages, langctx
+    from thunder.core.prims import OpTags
     from thunder.core.symbol import Symbol
 
-    return Symbol(name=name, meta=langctx(Languages.TORCH)(fn), id=f"thunder_nb.{name}", is_prim=False)
+    return Symbol(name=name, meta=langctx(Languages.TORCH)(fn), id=f"thunder_nb.{name}", is_prim=False,
+                  tags=(OpTags.IN_PLACE,) if in_place else None)
+
+
+def _methods() -> dict[str, Any]:
+    """{a tensor method thunder 0.2.6 has not, or has in part: the symbol it traces to now}."""
+    return {"bernoulli_": _symbol("bernoulli_", bernoulli_, in_place=True),
+            "uniform_": _symbol("uniform_", uniform_, in_place=True),
+            "normal_": _symbol("normal_", normal_, in_place=True), "bernoulli": _symbol("bernoulli", bernoulli)}
 
 
 def _replacements() -> tuple[dict[Any, Any], list[Any], list[Any]]:
@@ -156,9 +219,11 @@ def _opaque(symbol: Any) -> bool:
 
 
 def _apply() -> dict[str, Any] | None:
+    import torch
     from thunder.core import jit_ext
     from thunder.core.transforms import augmented_forward_impls
     from thunder.torch import _torch_to_thunder_function_map as table
+    from thunder.torch.langctx import _method_name_to_fn_map as method_table
 
     lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
     if not isinstance(lookasides, dict) or not hasattr(jit_ext, "ensure_recursive_proxies"):
@@ -168,7 +233,16 @@ def _apply() -> dict[str, Any] | None:
         return None  # NOTE: not the thunder this was written for: thunder's own stays
     if not all(table[fn].id in augmented_forward_impls for fn in refused):
         return None
-    saved = {fn: (table[fn], lookasides[fn]) for fn in [*own, *through]}
+    methods = _methods()
+    if any(name in method_table for name in methods if name != "bernoulli") or getattr(
+            table.get(torch.bernoulli), "id", None) != "torch.bernoulli":
+        return None
+    for name, symbol in methods.items():  # NOTE: x.bernoulli_(p) through the method table, torch.bernoulli(x, p) below
+        own[getattr(torch.Tensor, name)] = symbol
+    own[torch.bernoulli] = methods["bernoulli"]
+    saved = {fn: (table.get(fn), lookasides.get(fn)) for fn in [*own, *through]}
+    saved_methods = {name: method_table.get(name) for name in methods}
+    method_table.update(methods)
     forwards = {table[fn].id: augmented_forward_impls[table[fn].id] for fn in refused}
     for fn in refused:
         augmented_forward_impls[table[fn].id] = _refusing(f"F.{fn.__name__}")
@@ -179,17 +253,29 @@ def _apply() -> dict[str, Any] | None:
             jit_ext.interpreter_needs_wrap(jit_ext.record_source_loc_in_symbol_header(symbol)))
     for fn in through:  # NOTE: no entry: the interpreter runs PyTorch's Python function
         del table[fn], lookasides[fn]
-    return {"saved": saved, "forwards": forwards}
+    return {"saved": saved, "forwards": forwards, "methods": saved_methods}
 
 
 def _restore(originals: dict[str, Any]) -> None:
     from thunder.core import jit_ext
     from thunder.core.transforms import augmented_forward_impls
     from thunder.torch import _torch_to_thunder_function_map as table
+    from thunder.torch.langctx import _method_name_to_fn_map as method_table
 
     augmented_forward_impls.update(originals["forwards"])
     for fn, (symbol, lookaside) in originals["saved"].items():
-        table[fn], jit_ext._general_jit_lookaside_map[fn] = symbol, lookaside
+        _put(table, fn, symbol)
+        _put(jit_ext._general_jit_lookaside_map, fn, lookaside)
+    for name, method in originals["methods"].items():
+        _put(method_table, name, method)
+
+
+def _put(mapping: dict[Any, Any], key: Any, value: Any) -> None:
+    """``mapping[key] = value``, or no entry where ``value`` is None (there was none)."""
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value
 
 
 #: thunder's tables changed as this module's docstring says, once per process

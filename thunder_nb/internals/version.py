@@ -91,12 +91,13 @@ def check_versions() -> bool:
     in reflect, replicate and circular modes (`thunder_nb.internals.padding.install`, once), and the random ops
     thunder ran as opaque calls get the gradients of their own draws (`thunder_nb.internals.random_ops.install`,
     once), and PyTorch's attention modules trace as their Python writes them (`thunder_nb.internals.attention.install`,
-    once), and a traced tensor's dtype is torch's (`thunder_nb.internals.torch_metadata.install`, once). Every entry
-    point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
+    once), and a traced tensor's dtype is torch's (`thunder_nb.internals.torch_metadata.install`, once), and Python's
+    and NumPy's random draws in traced code are refused (`thunder_nb.internals.python_random.install`, once). Every
+    entry point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
         from . import (attention, buffers, checkpoint, grads, instance_norm, losses, named_tuples, ordering, padding,
-                       random_ops, saved, torch_metadata, tracing)
+                       python_random, random_ops, saved, torch_metadata, tracing)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -111,6 +112,7 @@ def check_versions() -> bool:
         random_ops.install()  # NOTE: a random op's gradients of its own draws (`thunder_nb.internals.random_ops`)
         attention.install()  # NOTE: nn.MultiheadAttention traced as its Python (`thunder_nb.internals.attention`)
         torch_metadata.install()  # NOTE: x.dtype == torch.float32 (`thunder_nb.internals.torch_metadata`)
+        python_random.install()  # NOTE: random.random() refused, not fixed (`thunder_nb.internals.python_random`)
         return True
     if _warned:
         return False
