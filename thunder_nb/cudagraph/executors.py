@@ -200,10 +200,12 @@ def checked_sdpa() -> Any:
     thunder 0.2.6's checker asks torch which fused kernel would run, but not whether the attention mask's batch
     matches the query's: a KV-cache decode step (litgpt's mask broadcast over the batch) then fails while it is
     traced, "grad_forward_sdpa: Expected all inputs to have same batch_size", where thunder could have run
-    attention with torch's own kernel. With this checker such a call goes to the next executor; every call the
-    fused kernels take runs as with thunder's executor (the same transforms, the same symbols), but for the backward's
-    incoming gradient, cast to the attention's dtype first (`internals.sdpa_grad_in_its_dtype`: under autocast
-    thunder's own backward refuses a float32 gradient of a bfloat16 attention).
+    attention with torch's own kernel; nor whether the mask has the query's and the key's lengths, which thunder
+    hands the kernel unexpanded: ``nn.MultiheadAttention`` with a key padding mask (a mask of one query row)
+    failed "attn_bias: wrong shape (seqlenQ dimension)". With this checker such a call goes to the next executor;
+    every call the fused kernels take runs as with thunder's executor (the same transforms, the same symbols), but
+    for the backward's incoming gradient, cast to the attention's dtype first (`internals.sdpa_grad_in_its_dtype`:
+    under autocast thunder's own backward refuses a float32 gradient of a bfloat16 attention).
     """
     sdpa_checker, sdpa_fused = internals.sdpa_implementation()
 
@@ -211,6 +213,8 @@ def checked_sdpa() -> Any:
         tensors = [t for t in (query, key, value, attn_mask) if t is not None]
         if any(t.ndim != 4 for t in tensors) or any(t.shape[0] != query.shape[0] for t in tensors):
             return False
+        if attn_mask is not None and tuple(attn_mask.shape[2:]) != (query.shape[2], key.shape[2]):
+            return False  # NOTE: broadcast over the query's or the key's length: eager's sdpa expands it first
         return sdpa_checker(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
 
     return _sdpa_executor("thunder_nb_sdpa", checker, sdpa_fused)
