@@ -285,9 +285,9 @@ ATTENTION = {
                                   for c in ATTENTION])  # NOTE: slow: nn.Transformer's two stacks traced, 6 s
 def test_attention_modules_train_and_evaluate_as_eager(case, mode):
     """Outputs and gradients in training mode, then outputs under ``torch.no_grad()`` in evaluation mode (eager's fused
-    inference path), of ``thunder_nb.jit(module)``: equal to eager's within float32's tolerance (the same function
-    computed by other kernels). thunder 0.2.6 failed the backward without attention weights, the boolean masks and
-    every evaluation."""
+    inference path), of ``thunder_nb.jit(module)``: equal to eager's within the tolerance thunder without graphs needs
+    on the same inputs (the same function computed by other kernels). thunder 0.2.6 failed the backward without
+    attention weights, the boolean masks and every evaluation."""
     make, call = ATTENTION[case]
     device = device_of(mode)
     torch.manual_seed(0)
@@ -307,10 +307,16 @@ def test_attention_modules_train_and_evaluate_as_eager(case, mode):
         return call(jitted, q, k)
 
     eager = trained(lambda q, k: call(module, q, k))
+    plain = thunder_nb.jit(module, capture=False)  # NOTE: the yardstick: the same executors, no graphs
+    without_graphs = trained(lambda q, k: call(plain, q, k))
     with capturing(mode):
         jitted = _compile(module, "thunder_nb.jit", mode)
-        assert_equal(trained(compiled_call), eager, label=f"{case}: outputs and gradients")
+        assert_equal(trained(compiled_call), eager, without_graphs=without_graphs,
+                     label=f"{case}: outputs and gradients")
         module.eval()
-        jitted = _compile(module, "thunder_nb.jit", mode)
+        jitted, plain = _compile(module, "thunder_nb.jit", mode), thunder_nb.jit(module, capture=False)
         with torch.no_grad():
-            assert_equal(call(jitted, q, k), call(module, q, k), label=f"{case}: evaluation")
+            # NOTE: on the GPU eager's fused inference path differs from the Python path by more than float32's
+            # rounding (1e-4 on the H100), thunder without graphs alike: the yardstick says so
+            assert_equal(call(jitted, q, k), call(module, q, k), without_graphs=call(plain, q, k),
+                         label=f"{case}: evaluation")
