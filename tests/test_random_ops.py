@@ -125,9 +125,12 @@ def _compile(module, how, mode):
     return jitted
 
 
+#: the cases also run under plain ``thunder.jit`` (the mends are thunder's tables, which thunder_nb.jit goes through)
+PLAIN = ("nn.Dropout2d", "nn.AlphaDropout", "attention's dropout, weights asked", "torchvision's StochasticDepth")
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("how", ["thunder.jit", "thunder_nb.jit"])
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case,how", [(c, "thunder_nb.jit") for c in CASES] + [(c, "thunder.jit") for c in PLAIN])
 def test_a_random_ops_gradient_is_that_of_its_own_draws(case, how, mode):
     """The compiled module's gradient along a direction equals the central difference of its seeded outputs, as
     eager's does (checked first: the judge itself holds)."""

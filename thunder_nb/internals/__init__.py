@@ -56,9 +56,12 @@ any of them):
   under thunder 0.2.6 ``x.dtype == torch.float32`` was False, and an ``if`` on it took the other branch, silently.
 - `python_random`: Python's and NumPy's random draws refused in traced code (`python_random.install`, from
   `check_versions`): thunder 0.2.6 drew once, while tracing, and kept the number for every call, silently.
+- `interpolate`: ``F.interpolate``'s nearest and linear modes as ATen computes them (`interpolate.install`, from
+  `check_versions`): differentiated, thunder 0.2.6's bilinear took another scale than PyTorch's (wrong values,
+  silently), and it refused ``align_corners``, ``linear`` and ``trilinear``.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
   `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
-  `attention`, `torch_metadata` and `python_random`.
+  `attention`, `torch_metadata`, `python_random` and `interpolate`.
 """
 
 from __future__ import annotations
