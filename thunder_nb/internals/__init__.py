@@ -59,9 +59,11 @@ any of them):
 - `interpolate`: ``F.interpolate``'s nearest and linear modes as ATen computes them (`interpolate.install`, from
   `check_versions`): differentiated, thunder 0.2.6's bilinear took another scale than PyTorch's (wrong values,
   silently), and it refused ``align_corners``, ``linear`` and ``trilinear``.
+- `nll_loss`: ``F.nll_loss`` traced with PyTorch's signature and defaults (`nll_loss.install`, from
+  `check_versions`): thunder 0.2.6 failed ``F.nll_loss(F.log_softmax(x, 1), target)``.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
   `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
-  `attention`, `torch_metadata`, `python_random` and `interpolate`.
+  `attention`, `torch_metadata`, `python_random`, `interpolate` and `nll_loss`; and the thunder symbols those make.
 """
 
 from __future__ import annotations

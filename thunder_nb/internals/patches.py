@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ProcessPatch", "attribute_patch"]
+__all__ = ["ProcessPatch", "attribute_patch", "composite_symbol", "traced_as"]
 
 
 class ProcessPatch:
@@ -73,3 +73,23 @@ def attribute_patch(owner: Callable[[], Any], name: str, replacement: Callable[[
         put(owner(), originals[name])
 
     return ProcessPatch(apply, restore)
+
+
+def composite_symbol(name: str, fn: Callable[..., Any], *, in_place: bool = False) -> Any:
+    """A thunder symbol named ``thunder_nb.<name>`` that traces to ``fn``'s thunder ops, as ``thunder.torch``'s own
+    composite symbols do (tagged as writing its first argument where ``in_place``, as thunder's ``exponential_``)."""
+    from thunder.core.langctxs import Languages, langctx
+    from thunder.core.prims import OpTags
+    from thunder.core.symbol import Symbol
+
+    return Symbol(name=name, meta=langctx(Languages.TORCH)(fn), id=f"thunder_nb.{name}", is_prim=False,
+                  tags=(OpTags.IN_PLACE,) if in_place else None)
+
+
+def traced_as(symbol: Any) -> Any:
+    """The lookaside by which thunder's interpreter calls ``symbol`` for a torch function, built as thunder builds the
+    ones of its own table at import (``thunder.core.jit_ext``)."""
+    from thunder.core import jit_ext
+
+    return jit_ext.ensure_recursive_proxies(
+        jit_ext.interpreter_needs_wrap(jit_ext.record_source_loc_in_symbol_header(symbol)))

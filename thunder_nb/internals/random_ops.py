@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import ProcessPatch, composite_symbol, traced_as
 
 __all__ = ["install", "uninstall", "installed", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
            "gumbel_softmax"]
@@ -175,22 +175,12 @@ def _refusing(name: str) -> Any:
     return augmented_forward
 
 
-def _symbol(name: str, fn: Any, *, in_place: bool = False) -> Any:
-    """A thunder symbol that traces to ``fn``'s thunder ops, as ``thunder.torch``'s own composite symbols do (tagged
-    as writing its first argument where ``in_place``, as thunder's ``exponential_`` is)."""
-    from thunder.core.langctxs import Languages, langctx
-    from thunder.core.prims import OpTags
-    from thunder.core.symbol import Symbol
-
-    return Symbol(name=name, meta=langctx(Languages.TORCH)(fn), id=f"thunder_nb.{name}", is_prim=False,
-                  tags=(OpTags.IN_PLACE,) if in_place else None)
-
-
 def _methods() -> dict[str, Any]:
     """{a tensor method thunder 0.2.6 has not, or has in part: the symbol it traces to now}."""
-    return {"bernoulli_": _symbol("bernoulli_", bernoulli_, in_place=True),
-            "uniform_": _symbol("uniform_", uniform_, in_place=True),
-            "normal_": _symbol("normal_", normal_, in_place=True), "bernoulli": _symbol("bernoulli", bernoulli)}
+    return {"bernoulli_": composite_symbol("bernoulli_", bernoulli_, in_place=True),
+            "uniform_": composite_symbol("uniform_", uniform_, in_place=True),
+            "normal_": composite_symbol("normal_", normal_, in_place=True),
+            "bernoulli": composite_symbol("bernoulli", bernoulli)}
 
 
 def _replacements() -> tuple[dict[Any, Any], list[Any], list[Any]]:
@@ -199,12 +189,12 @@ def _replacements() -> tuple[dict[Any, Any], list[Any], list[Any]]:
     import torch
     import torch.nn.functional as F
 
-    own = {torch.feature_dropout: _symbol("feature_dropout", feature_dropout),
-           torch.alpha_dropout: _symbol("alpha_dropout", alpha_dropout),
-           torch.feature_alpha_dropout: _symbol("feature_alpha_dropout", feature_alpha_dropout),
-           torch.dropout: _symbol("dropout", _plain_dropout),
-           torch.native_dropout: _symbol("native_dropout", _native_dropout),
-           F.gumbel_softmax: _symbol("gumbel_softmax", gumbel_softmax)}
+    own = {torch.feature_dropout: composite_symbol("feature_dropout", feature_dropout),
+           torch.alpha_dropout: composite_symbol("alpha_dropout", alpha_dropout),
+           torch.feature_alpha_dropout: composite_symbol("feature_alpha_dropout", feature_alpha_dropout),
+           torch.dropout: composite_symbol("dropout", _plain_dropout),
+           torch.native_dropout: composite_symbol("native_dropout", _native_dropout),
+           F.gumbel_softmax: composite_symbol("gumbel_softmax", gumbel_softmax)}
     through = [F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout]
     refused = [F.fractional_max_pool2d, F.fractional_max_pool2d_with_indices, F.fractional_max_pool3d,
                F.fractional_max_pool3d_with_indices]
@@ -248,9 +238,7 @@ def _apply() -> dict[str, Any] | None:
         augmented_forward_impls[table[fn].id] = _refusing(f"F.{fn.__name__}")
     for fn, symbol in own.items():
         table[fn] = symbol
-        # NOTE: as thunder builds its lookasides from this table (jit_ext, at import)
-        lookasides[fn] = jit_ext.ensure_recursive_proxies(
-            jit_ext.interpreter_needs_wrap(jit_ext.record_source_loc_in_symbol_header(symbol)))
+        lookasides[fn] = traced_as(symbol)
     for fn in through:  # NOTE: no entry: the interpreter runs PyTorch's Python function
         del table[fn], lookasides[fn]
     return {"saved": saved, "forwards": forwards, "methods": saved_methods}

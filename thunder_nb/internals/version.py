@@ -93,12 +93,13 @@ def check_versions() -> bool:
     once), and PyTorch's attention modules trace as their Python writes them (`thunder_nb.internals.attention.install`,
     once), and a traced tensor's dtype is torch's (`thunder_nb.internals.torch_metadata.install`, once), and Python's
     and NumPy's random draws in traced code are refused (`thunder_nb.internals.python_random.install`, once), and
-    ``F.interpolate`` traces as ATen computes it (`thunder_nb.internals.interpolate.install`, once). Every
-    entry point calls it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
+    ``F.interpolate`` traces as ATen computes it (`thunder_nb.internals.interpolate.install`, once), and
+    ``F.nll_loss`` with PyTorch's signature (`thunder_nb.internals.nll_loss.install`, once). Every entry point calls
+    it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
         from . import (attention, buffers, checkpoint, grads, instance_norm, interpolate, losses, named_tuples,
-                       ordering, padding, python_random, random_ops, saved, torch_metadata, tracing)
+                       nll_loss, ordering, padding, python_random, random_ops, saved, torch_metadata, tracing)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -115,6 +116,7 @@ def check_versions() -> bool:
         torch_metadata.install()  # NOTE: x.dtype == torch.float32 (`thunder_nb.internals.torch_metadata`)
         python_random.install()  # NOTE: random.random() refused, not fixed (`thunder_nb.internals.python_random`)
         interpolate.install()  # NOTE: F.interpolate as ATen computes it (`thunder_nb.internals.interpolate`)
+        nll_loss.install()  # NOTE: F.nll_loss with PyTorch's signature (`thunder_nb.internals.nll_loss`)
         return True
     if _warned:
         return False
