@@ -61,9 +61,13 @@ any of them):
   silently), and it refused ``align_corners``, ``linear`` and ``trilinear``.
 - `nll_loss`: ``F.nll_loss`` traced with PyTorch's signature and defaults (`nll_loss.install`, from
   `check_versions`): thunder 0.2.6 failed ``F.nll_loss(F.log_softmax(x, 1), target)``.
+- `pooling`: max and average pooling with ``ceil_mode=True`` or ``count_include_pad=False``, and ``max_pool1d``'s
+  backward as ATen's (`pooling.install`, from `check_versions`): thunder 0.2.6 refused the first two and gave the
+  last NaN gradients where a window overlaps the padding, silently.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
   `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
-  `attention`, `torch_metadata`, `python_random`, `interpolate` and `nll_loss`; and the thunder symbols those make.
+  `attention`, `torch_metadata`, `python_random`, `interpolate`, `nll_loss` and `pooling`; and the thunder symbols
+  those make.
 """
 
 from __future__ import annotations

@@ -94,12 +94,13 @@ def check_versions() -> bool:
     once), and a traced tensor's dtype is torch's (`thunder_nb.internals.torch_metadata.install`, once), and Python's
     and NumPy's random draws in traced code are refused (`thunder_nb.internals.python_random.install`, once), and
     ``F.interpolate`` traces as ATen computes it (`thunder_nb.internals.interpolate.install`, once), and
-    ``F.nll_loss`` with PyTorch's signature (`thunder_nb.internals.nll_loss.install`, once). Every entry point calls
-    it: the transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
+    ``F.nll_loss`` with PyTorch's signature (`thunder_nb.internals.nll_loss.install`, once), and pooling in ceil mode
+    (`thunder_nb.internals.pooling.install`, once). Every entry point calls it: the transforms, ``thunder_nb.jit``,
+    ``jit_step``, ``analyze``."""
     global _warned
     if supported():
         from . import (attention, buffers, checkpoint, grads, instance_norm, interpolate, losses, named_tuples,
-                       nll_loss, ordering, padding, python_random, random_ops, saved, torch_metadata, tracing)
+                       nll_loss, ordering, padding, pooling, python_random, random_ops, saved, torch_metadata, tracing)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -117,6 +118,7 @@ def check_versions() -> bool:
         python_random.install()  # NOTE: random.random() refused, not fixed (`thunder_nb.internals.python_random`)
         interpolate.install()  # NOTE: F.interpolate as ATen computes it (`thunder_nb.internals.interpolate`)
         nll_loss.install()  # NOTE: F.nll_loss with PyTorch's signature (`thunder_nb.internals.nll_loss`)
+        pooling.install()  # NOTE: ceil_mode, count_include_pad=False, max_pool1d's backward (`internals.pooling`)
         return True
     if _warned:
         return False
