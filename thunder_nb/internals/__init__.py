@@ -59,8 +59,9 @@ any of them):
 - `interpolate`: ``F.interpolate``'s nearest and linear modes as ATen computes them (`interpolate.install`, from
   `check_versions`): differentiated, thunder 0.2.6's bilinear took another scale than PyTorch's (wrong values,
   silently), and it refused ``align_corners``, ``linear`` and ``trilinear``.
-- `nll_loss`: ``F.nll_loss`` traced with PyTorch's signature and defaults (`nll_loss.install`, from
-  `check_versions`): thunder 0.2.6 failed ``F.nll_loss(F.log_softmax(x, 1), target)``.
+- `nll_loss`: ``F.nll_loss`` traced with PyTorch's signature and defaults, and ``F.binary_cross_entropy_with_logits``
+  with a ``pos_weight`` (`nll_loss.install`, from `check_versions`): thunder 0.2.6 failed ``F.nll_loss(F.log_softmax(x,
+  1), target)`` and refused the weight.
 - `pooling`: max and average pooling with ``ceil_mode=True`` or ``count_include_pad=False``, and ``max_pool1d``'s
   backward as ATen's (`pooling.install`, from `check_versions`): thunder 0.2.6 refused the first two and gave the
   last NaN gradients where a window overlaps the padding, silently.

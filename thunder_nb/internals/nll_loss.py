@@ -1,6 +1,7 @@
-"""``F.nll_loss`` traced with PyTorch's signature and defaults: one change to the tables by which thunder's interpreter
-maps torch functions to thunder symbols (lightning-thunder 0.2.6), installed once per process by `install` where
-`thunder_nb.internals.supported` (from `thunder_nb.internals.check_versions`).
+"""``F.nll_loss`` traced with PyTorch's signature and defaults, and ``F.binary_cross_entropy_with_logits`` with its
+``pos_weight``: one change to the tables by which thunder's interpreter maps torch functions to thunder symbols
+(lightning-thunder 0.2.6), installed once per process by `install` where `thunder_nb.internals.supported` (from
+`thunder_nb.internals.check_versions`).
 
 thunder 0.2.6's ``nll_loss`` symbol has its own signature, ``(a, target, weight, ignore_index=None, reduction)``:
 ``F.nll_loss(F.log_softmax(x, 1), target)`` (PyTorch's MNIST example's loss) failed with or without a gradient (its
@@ -9,6 +10,11 @@ argument went to ``ignore_index`` where PyTorch's is the deprecated ``size_avera
 argument it ignored the targets -1, not PyTorch's -100. `install` traces ``F.nll_loss`` to a symbol with PyTorch's
 signature that calls thunder's with every argument named (``ignore_index=-100`` unless given; the deprecated
 ``size_average``/``reduce`` read into ``reduction`` as PyTorch reads them).
+
+thunder 0.2.6 runs ``F.binary_cross_entropy_with_logits`` as an opaque call it differentiates by calling it again, which
+refuses a ``pos_weight`` or ``weight`` tensor ("keyword argument that requires gradient": an imbalanced multi-label
+classifier's loss). `install` builds it from thunder's ops as ATen does: ``(1 - y) x - w_p log sigmoid(x)``, with
+``w_p = 1 + (pos_weight - 1) y``, times ``weight``, reduced.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 from .patches import ProcessPatch, composite_symbol, traced_as
 
-__all__ = ["install", "uninstall", "installed", "nll_loss"]
+__all__ = ["install", "uninstall", "installed", "nll_loss", "binary_cross_entropy_with_logits"]
 
 
 def nll_loss(input: Any, target: Any, weight: Any = None, size_average: Any = None, ignore_index: int = -100,
@@ -31,28 +37,52 @@ def nll_loss(input: Any, target: Any, weight: Any = None, size_average: Any = No
     return ltorch.nll_loss(input, target, weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
+def binary_cross_entropy_with_logits(input: Any, target: Any, weight: Any = None, size_average: Any = None,
+                                     reduce: Any = None, reduction: str = "mean", pos_weight: Any = None) -> Any:
+    """``F.binary_cross_entropy_with_logits`` in thunder's ops, as ATen's ``binary_cross_entropy_with_logits``."""
+    import thunder.torch as ltorch
+    from torch.nn import _reduction
+
+    if size_average is not None or reduce is not None:
+        reduction = _reduction.legacy_get_string(size_average, reduce)
+    log_sigmoid = ltorch.logsigmoid(input)
+    if pos_weight is not None:
+        log_sigmoid = log_sigmoid * ((pos_weight - 1) * target + 1)
+    loss = (1 - target) * input - log_sigmoid
+    if weight is not None:
+        loss = loss * weight
+    if reduction == "none":
+        return loss
+    return ltorch.sum(loss) if reduction == "sum" else ltorch.mean(loss)
+
+
 def _apply() -> dict[str, Any] | None:
     import torch.nn.functional as F
     from thunder.core import jit_ext
     from thunder.torch import _torch_to_thunder_function_map as table
 
+    from thunder.core.prims import OpTags
+
     lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
-    symbol = table.get(F.nll_loss)
-    if (not isinstance(lookasides, dict) or F.nll_loss not in lookasides or getattr(symbol, "id", None)
-            != "torch.nn.functional.nll_loss"):
+    bce = F.binary_cross_entropy_with_logits
+    if (not isinstance(lookasides, dict) or F.nll_loss not in lookasides or bce not in lookasides
+            or getattr(table.get(F.nll_loss), "id", None) != "torch.nn.functional.nll_loss"
+            or OpTags.AUTO_REGISTERED not in (getattr(table.get(bce), "tags", None) or ())):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
-    saved = {"symbol": symbol, "lookaside": lookasides[F.nll_loss]}
-    ours = composite_symbol("nll_loss", nll_loss)
-    table[F.nll_loss], lookasides[F.nll_loss] = ours, traced_as(ours)
-    return saved
+    own = {F.nll_loss: composite_symbol("nll_loss", nll_loss),
+           bce: composite_symbol("binary_cross_entropy_with_logits", binary_cross_entropy_with_logits)}
+    saved = {fn: (table[fn], lookasides[fn]) for fn in own}
+    for fn, symbol in own.items():
+        table[fn], lookasides[fn] = symbol, traced_as(symbol)
+    return {"saved": saved}
 
 
 def _restore(originals: dict[str, Any]) -> None:
-    import torch.nn.functional as F
     from thunder.core import jit_ext
     from thunder.torch import _torch_to_thunder_function_map as table
 
-    table[F.nll_loss], jit_ext._general_jit_lookaside_map[F.nll_loss] = originals["symbol"], originals["lookaside"]
+    for fn, (symbol, lookaside) in originals["saved"].items():
+        table[fn], jit_ext._general_jit_lookaside_map[fn] = symbol, lookaside
 
 
 #: thunder's tables changed as this module's docstring says, once per process
