@@ -121,7 +121,7 @@ with warnings.catch_warnings(record=True) as caught:
     from thunder.executors import data_dependent_partition as thunders_partition
     from thunder_nb.internals import (attention, buffers, checkpoint, grads, instance_norm, interpolate, losses,
                                       named_tuples, nll_loss, ordering, padding, pooling, python_random, random_ops,
-                                      saved, torch_metadata, tracing)
+                                      saved, star_args, torch_metadata, tracing, weight_norm)
     facts["thunders_interpreter"] = (thunders_interpreter.dis is dis and not tracing.installed()
                                      and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
     facts["thunders_backward"] = (not grads.installed()
@@ -152,6 +152,10 @@ with warnings.catch_warnings(record=True) as caught:
         torch.nn.functional.nll_loss] is ltorch.nll_loss)
     facts["thunders_pooling"] = (not pooling.installed() and ltorch._torch_to_thunder_function_map[
         torch.nn.functional.max_pool2d] is ltorch.max_pool2d)
+    wrap_args = thunders_interpreter.wrap_args_from_list
+    facts["thunders_star_args"] = not star_args.installed() and wrap_args.__module__ == thunders_interpreter.__name__
+    facts["thunders_weight_norm"] = (not weight_norm.installed()
+                                     and torch._weight_norm not in ltorch._torch_to_thunder_function_map)
     import torch.nn.functional as F
     from thunder.torch.langctx import _method_name_to_fn_map as tensor_methods
     facts["thunders_random_ops"] = (not random_ops.installed() and all(
@@ -215,6 +219,8 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["thunders_interpolate"]  # thunder's interpolate as it is (internals.interpolate)
     assert unsupported["thunders_nll_loss"]  # thunder's nll_loss symbol as it is (internals.nll_loss)
     assert unsupported["thunders_pooling"]  # thunder's pooling symbols as they are (internals.pooling)
+    assert unsupported["thunders_star_args"]  # thunder's CALL_FUNCTION_EX as it is (internals.star_args)
+    assert unsupported["thunders_weight_norm"]  # no rule for torch._weight_norm (internals.weight_norm)
     assert unsupported["thunders_random_ops"]  # thunder's opaque random calls as they are (internals.random_ops)
     assert unsupported["thunders_attention"]  # thunder's opaque attention call as it is (internals.attention)
     assert unsupported["thunders_getattr"]  # thunder's getattr lookaside as it is (internals.torch_metadata)

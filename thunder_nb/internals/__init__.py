@@ -65,10 +65,14 @@ any of them):
 - `pooling`: max and average pooling with ``ceil_mode=True`` or ``count_include_pad=False``, and ``max_pool1d``'s
   backward as ATen's (`pooling.install`, from `check_versions`): thunder 0.2.6 refused the first two and gave the
   last NaN gradients where a window overlaps the padding, silently.
+- `star_args`: a call with ``*`` over a generator traced as Python makes it (`star_args.install`, from
+  `check_versions`): thunder 0.2.6 failed PyTorch's parametrizations' ``self[0](*originals)``.
+- `weight_norm`: ``torch._weight_norm`` (``nn.utils.parametrizations.weight_norm``) from thunder's ops
+  (`weight_norm.install`, from `check_versions`): thunder 0.2.6 had no rule for it.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
   `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
-  `attention`, `torch_metadata`, `python_random`, `interpolate`, `nll_loss` and `pooling`; and the thunder symbols
-  those make.
+  `attention`, `torch_metadata`, `python_random`, `interpolate`, `nll_loss`, `pooling`, `star_args` and
+  `weight_norm`; and the thunder symbols those make.
 """
 
 from __future__ import annotations
