@@ -121,7 +121,7 @@ with warnings.catch_warnings(record=True) as caught:
     from thunder.executors import data_dependent_partition as thunders_partition
     from thunder_nb.internals import (attention, buffers, checkpoint, grads, instance_norm, interpolate, losses,
                                       named_tuples, nll_loss, ordering, padding, pooling, python_random, random_ops,
-                                      saved, star_args, torch_metadata, tracing, weight_norm)
+                                      saved, star_args, tensor_api, torch_metadata, tracing, weight_norm)
     facts["thunders_interpreter"] = (thunders_interpreter.dis is dis and not tracing.installed()
                                      and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
     facts["thunders_backward"] = (not grads.installed()
@@ -156,6 +156,9 @@ with warnings.catch_warnings(record=True) as caught:
     facts["thunders_star_args"] = not star_args.installed() and wrap_args.__module__ == thunders_interpreter.__name__
     facts["thunders_weight_norm"] = (not weight_norm.installed()
                                      and torch._weight_norm not in ltorch._torch_to_thunder_function_map)
+    from thunder.torch.langctx import _property_name_to_fn_map as tensor_properties
+    facts["thunders_tensor_api"] = (not tensor_api.installed() and "H" not in tensor_properties
+                                    and ltorch.clone.meta.__module__ == ltorch.__name__)
     import torch.nn.functional as F
     from thunder.torch.langctx import _method_name_to_fn_map as tensor_methods
     facts["thunders_random_ops"] = (not random_ops.installed() and all(
@@ -221,6 +224,7 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["thunders_pooling"]  # thunder's pooling symbols as they are (internals.pooling)
     assert unsupported["thunders_star_args"]  # thunder's CALL_FUNCTION_EX as it is (internals.star_args)
     assert unsupported["thunders_weight_norm"]  # no rule for torch._weight_norm (internals.weight_norm)
+    assert unsupported["thunders_tensor_api"]  # no x.H, thunder's clone as it is (internals.tensor_api)
     assert unsupported["thunders_random_ops"]  # thunder's opaque random calls as they are (internals.random_ops)
     assert unsupported["thunders_attention"]  # thunder's opaque attention call as it is (internals.attention)
     assert unsupported["thunders_getattr"]  # thunder's getattr lookaside as it is (internals.torch_metadata)

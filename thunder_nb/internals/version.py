@@ -97,13 +97,14 @@ def check_versions() -> bool:
     ``F.nll_loss`` with PyTorch's signature (`thunder_nb.internals.nll_loss.install`, once), and pooling in ceil mode
     (`thunder_nb.internals.pooling.install`, once), and a call with ``*`` over a generator
     (`thunder_nb.internals.star_args.install`, once), and weight normalization
-    (`thunder_nb.internals.weight_norm.install`, once). Every entry point calls it: the transforms, ``thunder_nb.jit``,
-    ``jit_step``, ``analyze``."""
+    (`thunder_nb.internals.weight_norm.install`, once), and ``x.H``, ``clone(memory_format=...)`` and
+    ``F.normalize(out=...)`` (`thunder_nb.internals.tensor_api.install`, once). Every entry point calls it: the
+    transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
         from . import (attention, buffers, checkpoint, grads, instance_norm, interpolate, losses, named_tuples,
                        nll_loss, ordering, padding, pooling, python_random, random_ops, saved, star_args,
-                       torch_metadata, tracing, weight_norm)
+                       tensor_api, torch_metadata, tracing, weight_norm)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -124,6 +125,7 @@ def check_versions() -> bool:
         pooling.install()  # NOTE: ceil_mode, count_include_pad=False, max_pool1d's backward (`internals.pooling`)
         star_args.install()  # NOTE: f(*generator), as PyTorch's parametrizations call (`internals.star_args`)
         weight_norm.install()  # NOTE: torch._weight_norm from thunder's ops (`thunder_nb.internals.weight_norm`)
+        tensor_api.install()  # NOTE: x.H, clone's memory format, F.normalize(out=) (`internals.tensor_api`)
         return True
     if _warned:
         return False

@@ -1,0 +1,96 @@
+"""Three parts of PyTorch's tensor API that thunder 0.2.6 lacks, which PyTorch's spectral norm and orthogonal
+parametrizations use at every forward: one change to thunder's tables and its ``clone`` symbol (lightning-thunder
+0.2.6), installed once per process by `install` where `thunder_nb.internals.supported` (from
+`thunder_nb.internals.check_versions`).
+
+- ``x.H`` and ``x.mH`` (the conjugate transpose; ``nn.utils.parametrizations.spectral_norm``'s power iteration reads
+  ``weight.H``): "Unknown attribute H";
+- ``x.clone(memory_format=torch.contiguous_format)``: "only preserve_format is currently supported", where thunder
+  models no strides (its clone is contiguous, the torch executor runs PyTorch's own with the format asked);
+- ``F.normalize(x, out=u)`` (the power iteration's update of its vectors, in place): "out is not None which is
+  currently unsupported"; `install` normalizes and copies into ``out``, as PyTorch's ``torch.div(..., out=out)``.
+
+A property thunder lacks raised ``AttributeError`` inside the parametrization's ``weight`` property, which Python took
+for a missing attribute: "'ParametrizedLinear' object has no attribute 'weight'".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .patches import ProcessPatch, composite_symbol, traced_as
+
+__all__ = ["install", "uninstall", "installed"]
+
+
+def _conjugate_transpose(last_two: bool) -> Any:
+    def transpose(a: Any) -> Any:
+        """``x.mH`` (the last two dimensions), or ``x.H`` (a matrix; a vector or a number as it is)."""
+        import thunder.torch as ltorch
+        from thunder.core import dtypes
+
+        if last_two or a.ndim == 2:
+            a = ltorch.transpose(a, -2, -1)
+        return ltorch.conj(a) if dtypes.is_complex_dtype(a.dtype) else a
+
+    return transpose
+
+
+def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Any:
+    """``F.normalize``: thunder's, copied into ``out`` where one is given."""
+    import thunder.torch as ltorch
+
+    result = ltorch.normalize(input, p, dim, eps)
+    return result if out is None else ltorch.copy_(out, result)
+
+
+def _cloning(original: Any) -> Any:
+    import torch
+
+    def clone(a: Any, *, memory_format: Any = torch.preserve_format) -> Any:
+        """``x.clone()``: a contiguous format asked for is thunder's clone (which models no strides)."""
+        if memory_format == torch.contiguous_format:
+            memory_format = torch.preserve_format
+        return original(a, memory_format=memory_format)
+
+    return clone
+
+
+def _apply() -> dict[str, Any] | None:
+    import torch.nn.functional as F
+    import thunder.torch as ltorch
+    from thunder.core import jit_ext
+    from thunder.torch import _torch_to_thunder_function_map as table
+    from thunder.torch.langctx import _property_name_to_fn_map as properties
+
+    lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
+    clone_meta = getattr(ltorch.clone, "meta", None)
+    if (not isinstance(lookasides, dict) or "H" in properties or "mH" in properties
+            or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize"
+            or getattr(clone_meta, "__name__", None) != "clone"):
+        return None  # NOTE: not the thunder this was written for: thunder's own stays
+    saved = {"normalize": (table[F.normalize], lookasides[F.normalize]), "clone": clone_meta}
+    properties["H"] = composite_symbol("H", _conjugate_transpose(False))
+    properties["mH"] = composite_symbol("mH", _conjugate_transpose(True))
+    ours = composite_symbol("normalize", normalize)
+    table[F.normalize], lookasides[F.normalize] = ours, traced_as(ours)
+    object.__setattr__(ltorch.clone, "meta", _cloning(clone_meta))  # NOTE: a frozen dataclass, as its __init__ sets it
+    return saved
+
+
+def _restore(originals: dict[str, Any]) -> None:
+    import torch.nn.functional as F
+    import thunder.torch as ltorch
+    from thunder.core import jit_ext
+    from thunder.torch import _torch_to_thunder_function_map as table
+    from thunder.torch.langctx import _property_name_to_fn_map as properties
+
+    properties.pop("H", None)
+    properties.pop("mH", None)
+    table[F.normalize], jit_ext._general_jit_lookaside_map[F.normalize] = originals["normalize"]
+    object.__setattr__(ltorch.clone, "meta", originals["clone"])
+
+
+#: thunder's tables and clone changed as this module's docstring says, once per process
+_patch = ProcessPatch(_apply, _restore)
+installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall
