@@ -64,7 +64,7 @@ RANDOM_NAMES = frozenset({"uniform", "uniform_philox", "bernoulli", "randn", "ra
                           "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
                           "dropout3d", "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d",
                           "fractional_max_pool2d_with_indices", "fractional_max_pool3d_with_indices", "poisson",
-                          "binomial"})
+                          "binomial", "bernoulli_", "uniform_", "normal_", "exponential_", "exponential"})
 #: Ops that change device by name.
 TRANSFER_NAMES = frozenset({"cpu", "cuda", "device_put"})
 #: Ops that take a tensor and yield numbers from metadata only (no host sync).
