@@ -148,14 +148,20 @@ NEW_RULES = {
         0, torch.tensor([0, 2, 2, 1]), w * x).square().sum(),
     "index_add into a weight, dim 1": lambda w, x: w.index_add(1, torch.tensor([5, 0]), x[:, :2] * w[:, 2:4]).square()
     .sum(),
+    "lerp, a number's weight": lambda w, x: torch.lerp(w, x, 0.3).square().sum(),
+    "lerp, a tensor weight": lambda w, x: torch.lerp(x, w * 2, torch.sigmoid(w)).square().sum(),
+    "remainder by a tensor": lambda w, x: torch.remainder(x * 5, w.abs() + 0.5).sum(),
+    "% by a number": lambda w, x: ((w * 5) % 1.5).square().sum(),
 }
 
 
 @pytest.mark.parametrize("name", list(NEW_RULES))
 def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name):
-    """thunder 0.2.6 has no gradient rule for ``prims.flip`` or ``prims.index_add``: any ``torch.flip`` in a step that
-    is differentiated, of a tensor that needs a gradient or not, and any ``torch.index_add`` failed ("Failed to find a
-    gradient transform"); `grads.install` gives them eager's (the same kernels: exact)."""
+    """thunder 0.2.6 has no gradient rule for ``prims.flip``, ``prims.index_add``, ``prims.lerp`` or
+    ``prims.remainder``: any ``torch.flip`` in a step that is differentiated, of a tensor that needs a gradient or not,
+    and any ``torch.index_add``, ``torch.lerp`` or ``torch.remainder`` failed ("Failed to find a gradient transform");
+    `grads.install` gives them eager's (the same kernels: exact). ``a % b`` of tensors
+    (`thunder_nb.internals.tensor_api`) failed before that."""
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
 

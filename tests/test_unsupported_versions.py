@@ -126,8 +126,9 @@ with warnings.catch_warnings(record=True) as caught:
                                      and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad
-                                  and not {"torch.clamp", "torch.sigmoid", thunders_transforms.prims.PrimIDs.FLIP,
-                                           thunders_transforms.prims.PrimIDs.INDEX_ADD}
+                                  and not ({"torch.clamp", "torch.sigmoid"} | {
+                                      getattr(thunders_transforms.prims.PrimIDs, name)
+                                      for name in ("FLIP", "INDEX_ADD", "LERP", "REMAINDER")})
                                   & thunders_transforms._grad_fn_map.keys())
     split, grad = thunders_autodiff.split_into_forward_and_backward, thunders_autodiff.grad_transform_on_trace
     facts["thunders_split"] = (not saved.installed() and split.__module__ == thunders_autodiff.__name__

@@ -69,8 +69,8 @@ any of them):
   `check_versions`): thunder 0.2.6 failed PyTorch's parametrizations' ``self[0](*originals)``.
 - `weight_norm`: ``torch._weight_norm`` (``nn.utils.parametrizations.weight_norm``) from thunder's ops
   (`weight_norm.install`, from `check_versions`): thunder 0.2.6 had no rule for it.
-- `tensor_api`: ``x.H``/``x.mH``, ``clone(memory_format=torch.contiguous_format)`` and ``F.normalize(out=...)``
-  (`tensor_api.install`, from `check_versions`): thunder 0.2.6 lacked them, which spectral norm uses.
+- `tensor_api`: ``x.H``/``x.mH``, ``clone(memory_format=torch.contiguous_format)``, ``F.normalize(out=...)`` and
+  ``a % b`` (`tensor_api.install`, from `check_versions`): thunder 0.2.6 lacked them (spectral norm uses three).
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
   `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
   `attention`, `torch_metadata`, `python_random`, `interpolate`, `nll_loss`, `pooling`, `star_args`,

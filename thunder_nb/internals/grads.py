@@ -118,7 +118,43 @@ def _index_add_grad(a: Any, index: Any, value: Any, dim: int) -> Any:
 #: thunder's ops with no gradient rule of their own in 0.2.6, given eager's
 _RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad}
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
-_PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad}
+def _lerp_grad(start: Any, end: Any, weight: Any) -> Any:
+    """``prims.lerp``'s gradients, eager's ``lerp`` backward: ``start`` gets ``g * (1 - weight)``, ``end`` ``g *
+    weight``, a tensor ``weight`` ``g * (end - start)``. thunder 0.2.6 has none ("Failed to find a gradient transform
+    ... prims.lerp": a mixup of two activations, ``torch.lerp(a, b, lam)``)."""
+    import thunder.torch as ltorch
+    from thunder import clang
+    from thunder.core import transforms
+    from thunder.core.proxies import TensorProxy
+
+    fwd = ltorch.lerp(start, end, weight)  # NOTE: torch's op (the torch executor runs no bare prims.lerp)
+    g = transforms.get_grad(fwd)
+    transforms.put_grad(start, clang.mul(g, clang.sub(1, weight)))
+    transforms.put_grad(end, clang.mul(g, weight))
+    if isinstance(weight, TensorProxy):
+        transforms.put_grad(weight, clang.mul(g, clang.sub(end, start)))
+    return fwd
+
+
+def _remainder_grad(a: Any, b: Any) -> Any:
+    """``prims.remainder``'s gradients, eager's: ``a`` gets the gradient as it is, a tensor ``b`` ``-g *
+    floor(a / b)``. thunder 0.2.6 has none ("Failed to find a gradient transform ... prims.remainder": a periodic
+    feature, ``torch.remainder(phase, 2 * pi)``)."""
+    import thunder.torch as ltorch
+    from thunder import clang
+    from thunder.core import transforms
+    from thunder.core.proxies import TensorProxy
+
+    fwd = ltorch.remainder(a, b)  # NOTE: torch's op, as for lerp
+    g = transforms.get_grad(fwd)
+    if isinstance(a, TensorProxy):
+        transforms.put_grad(a, g)
+    if isinstance(b, TensorProxy):
+        transforms.put_grad(b, clang.neg(clang.mul(g, clang.floor(clang.true_divide(a, b)))))
+    return fwd
+
+
+_PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad}
 
 
 def _rule_ids() -> dict[Any, Any]:

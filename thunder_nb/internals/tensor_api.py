@@ -1,4 +1,4 @@
-"""Three parts of PyTorch's tensor API that thunder 0.2.6 lacks, which PyTorch's spectral norm and orthogonal
+"""Parts of PyTorch's tensor API that thunder 0.2.6 lacks, three of which PyTorch's spectral norm and orthogonal
 parametrizations use at every forward: one change to thunder's tables and its ``clone`` symbol (lightning-thunder
 0.2.6), installed once per process by `install` where `thunder_nb.internals.supported` (from
 `thunder_nb.internals.check_versions`).
@@ -11,7 +11,8 @@ parametrizations use at every forward: one change to thunder's tables and its ``
   currently unsupported"; `install` normalizes and copies into ``out``, as PyTorch's ``torch.div(..., out=out)``.
 
 A property thunder lacks raised ``AttributeError`` inside the parametrization's ``weight`` property, which Python took
-for a missing attribute: "'ParametrizedLinear' object has no attribute 'weight'".
+for a missing attribute: "'ParametrizedLinear' object has no attribute 'weight'". And ``a % b`` of tensors
+(``torch.remainder``: "'NoneType' object is not callable", the method thunder's proxy looks up for ``%`` missing).
 """
 
 from __future__ import annotations
@@ -61,17 +62,19 @@ def _apply() -> dict[str, Any] | None:
     import thunder.torch as ltorch
     from thunder.core import jit_ext
     from thunder.torch import _torch_to_thunder_function_map as table
+    from thunder.torch.langctx import _method_name_to_fn_map as methods
     from thunder.torch.langctx import _property_name_to_fn_map as properties
 
     lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
     clone_meta = getattr(ltorch.clone, "meta", None)
-    if (not isinstance(lookasides, dict) or "H" in properties or "mH" in properties
+    if (not isinstance(lookasides, dict) or "H" in properties or "mH" in properties or "mod" in methods
             or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize"
             or getattr(clone_meta, "__name__", None) != "clone"):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
     saved = {"normalize": (table[F.normalize], lookasides[F.normalize]), "clone": clone_meta}
     properties["H"] = composite_symbol("H", _conjugate_transpose(False))
     properties["mH"] = composite_symbol("mH", _conjugate_transpose(True))
+    methods["mod"] = ltorch.remainder  # NOTE: what the proxy's __mod__ and __rmod__ look up
     ours = composite_symbol("normalize", normalize)
     table[F.normalize], lookasides[F.normalize] = ours, traced_as(ours)
     object.__setattr__(ltorch.clone, "meta", _cloning(clone_meta))  # NOTE: a frozen dataclass, as its __init__ sets it
@@ -83,8 +86,10 @@ def _restore(originals: dict[str, Any]) -> None:
     import thunder.torch as ltorch
     from thunder.core import jit_ext
     from thunder.torch import _torch_to_thunder_function_map as table
+    from thunder.torch.langctx import _method_name_to_fn_map as methods
     from thunder.torch.langctx import _property_name_to_fn_map as properties
 
+    methods.pop("mod", None)
     properties.pop("H", None)
     properties.pop("mH", None)
     table[F.normalize], jit_ext._general_jit_lookaside_map[F.normalize] = originals["normalize"]
