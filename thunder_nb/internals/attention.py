@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import ProcessPatch, auto_registered, restore_table, swap_table
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -26,27 +26,23 @@ def _apply() -> dict[str, Any] | None:
     import torch.backends.mha
     import torch.nn.functional as F
     from thunder.core import jit_ext
-    from thunder.core.prims import OpTags
     from thunder.torch import _torch_to_thunder_function_map as table
 
     lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
     mha, fastpath = F.multi_head_attention_forward, torch.backends.mha.get_fastpath_enabled
     if (not isinstance(lookasides, dict) or mha not in lookasides or fastpath in lookasides
-            or OpTags.AUTO_REGISTERED not in (getattr(table.get(mha), "tags", None) or ())):
+            or not auto_registered(table.get(mha))):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
-    saved = {"symbol": table.pop(mha), "lookaside": lookasides.pop(mha)}  # NOTE: no entry: its Python is traced
+    saved = swap_table({mha: None})  # NOTE: no entry: its Python is traced
     lookasides[fastpath] = jit_ext.interpreter_needs_wrap(lambda: False)
-    return saved
+    return {"saved": saved}
 
 
 def _restore(originals: dict[str, Any]) -> None:
     import torch.backends.mha
-    import torch.nn.functional as F
     from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
 
-    table[F.multi_head_attention_forward] = originals["symbol"]
-    jit_ext._general_jit_lookaside_map[F.multi_head_attention_forward] = originals["lookaside"]
+    restore_table(originals["saved"])
     jit_ext._general_jit_lookaside_map.pop(torch.backends.mha.get_fastpath_enabled, None)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch, composite_symbol, traced_as
+from .patches import auto_registered, composite_symbol, table_patch
 
 __all__ = ["install", "uninstall", "installed", "nll_loss", "binary_cross_entropy_with_logits"]
 
@@ -56,35 +56,22 @@ def binary_cross_entropy_with_logits(input: Any, target: Any, weight: Any = None
     return ltorch.sum(loss) if reduction == "sum" else ltorch.mean(loss)
 
 
-def _apply() -> dict[str, Any] | None:
+def _entries() -> dict[Any, Any]:
     import torch.nn.functional as F
-    from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
 
-    from thunder.core.prims import OpTags
-
-    lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
-    bce = F.binary_cross_entropy_with_logits
-    if (not isinstance(lookasides, dict) or F.nll_loss not in lookasides or bce not in lookasides
-            or getattr(table.get(F.nll_loss), "id", None) != "torch.nn.functional.nll_loss"
-            or OpTags.AUTO_REGISTERED not in (getattr(table.get(bce), "tags", None) or ())):
-        return None  # NOTE: not the thunder this was written for: thunder's own stays
-    own = {F.nll_loss: composite_symbol("nll_loss", nll_loss),
-           bce: composite_symbol("binary_cross_entropy_with_logits", binary_cross_entropy_with_logits)}
-    saved = {fn: (table[fn], lookasides[fn]) for fn in own}
-    for fn, symbol in own.items():
-        table[fn], lookasides[fn] = symbol, traced_as(symbol)
-    return {"saved": saved}
+    return {F.nll_loss: composite_symbol("nll_loss", nll_loss),
+            F.binary_cross_entropy_with_logits: composite_symbol("binary_cross_entropy_with_logits",
+                                                                 binary_cross_entropy_with_logits)}
 
 
-def _restore(originals: dict[str, Any]) -> None:
-    from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
+def _thunders(fn: Any, symbol: Any, lookaside: Any) -> bool:
+    """thunder 0.2.6's: its own ``nll_loss`` symbol, an opaque call of BCE with logits."""
+    import torch.nn.functional as F
 
-    for fn, (symbol, lookaside) in originals["saved"].items():
-        table[fn], jit_ext._general_jit_lookaside_map[fn] = symbol, lookaside
+    own = getattr(symbol, "id", None) == "torch.nn.functional.nll_loss" if fn is F.nll_loss else auto_registered(symbol)
+    return own and lookaside is not None
 
 
 #: thunder's tables changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = table_patch(_entries, _thunders)
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

@@ -1,6 +1,8 @@
 """A change to thunder's own modules, made once per process and undone on demand: `ProcessPatch`, which `tracing` (the
-interpreter) and `grads` (the backward) each make one of, and `attribute_patch`, the one that replaces a single
-attribute (`losses`, `buffers`, `instance_norm`, `padding`)."""
+interpreter) and `grads` (the backward) each make one of; `attribute_patch`, the one that replaces a single attribute
+(`losses`, `buffers`, `instance_norm`, `padding`, `interpolate`, `star_args`, `python_random`); and `table_patch`, the
+one that traces torch functions to other thunder symbols (`nll_loss`, `pooling`, `weight_norm`; `swap_table` for
+`random_ops`, `attention`, `tensor_api`), with the symbols `composite_symbol` makes."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ProcessPatch", "attribute_patch", "composite_symbol", "traced_as"]
+__all__ = ["ProcessPatch", "attribute_patch", "composite_symbol", "traced_as", "auto_registered", "put", "swap_table",
+           "restore_table", "table_patch"]
 
 
 class ProcessPatch:
@@ -93,3 +96,63 @@ def traced_as(symbol: Any) -> Any:
 
     return jit_ext.ensure_recursive_proxies(
         jit_ext.interpreter_needs_wrap(jit_ext.record_source_loc_in_symbol_header(symbol)))
+
+
+def auto_registered(symbol: Any) -> bool:
+    """Whether ``symbol`` is one of thunder's opaque calls of a torch function ("automatic registration",
+    ``thunder.torch.register_default_torch_op``), which thunder differentiates by calling it again."""
+    from thunder.core.prims import OpTags
+
+    return OpTags.AUTO_REGISTERED in (getattr(symbol, "tags", None) or ())
+
+
+def put(mapping: dict[Any, Any], key: Any, value: Any) -> None:
+    """``mapping[key] = value``, or no entry where ``value`` is None (there was none)."""
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value
+
+
+def swap_table(entries: dict[Any, Any]) -> dict[Any, tuple[Any, Any]]:
+    """Each torch function of ``entries`` traced to its thunder symbol, in thunder's table of torch functions and its
+    interpreter's lookasides (None: no entry, and the interpreter runs the function's own Python); {function: (the
+    symbol, the lookaside) that were there, None where none}, for `restore_table`."""
+    from thunder.core import jit_ext
+    from thunder.torch import _torch_to_thunder_function_map as table
+
+    lookasides = jit_ext._general_jit_lookaside_map
+    saved = {fn: (table.get(fn), lookasides.get(fn)) for fn in entries}
+    for fn, symbol in entries.items():
+        put(table, fn, symbol)
+        put(lookasides, fn, None if symbol is None else traced_as(symbol))
+    return saved
+
+
+def restore_table(saved: dict[Any, tuple[Any, Any]]) -> None:
+    """Put back what `swap_table` replaced."""
+    from thunder.core import jit_ext
+    from thunder.torch import _torch_to_thunder_function_map as table
+
+    for fn, (symbol, lookaside) in saved.items():
+        put(table, fn, symbol)
+        put(jit_ext._general_jit_lookaside_map, fn, lookaside)
+
+
+def table_patch(entries: Callable[[], dict[Any, Any]], expected: Callable[[Any, Any, Any], bool]) -> ProcessPatch:
+    """A `ProcessPatch` that makes `swap_table` of ``entries()`` where ``expected(function, thunder's symbol,
+    thunder's lookaside)`` holds for each (thunder is the one it was written for), and restores it."""
+
+    def apply() -> dict[str, Any] | None:
+        from thunder.core import jit_ext
+        from thunder.torch import _torch_to_thunder_function_map as table
+
+        lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
+        if not isinstance(lookasides, dict) or not hasattr(jit_ext, "ensure_recursive_proxies"):
+            return None
+        wanted = entries()
+        if not all(expected(fn, table.get(fn), lookasides.get(fn)) for fn in wanted):
+            return None
+        return {"table": swap_table(wanted)}
+
+    return ProcessPatch(apply, lambda originals: restore_table(originals["table"]))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .patches import ProcessPatch, composite_symbol, traced_as
+from .patches import composite_symbol, table_patch
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -143,29 +143,7 @@ def _replacements() -> dict[Any, Any]:
     return own
 
 
-def _apply() -> dict[str, Any] | None:
-    from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
-
-    lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
-    own = _replacements()
-    if not isinstance(lookasides, dict) or not all(
-            getattr(table.get(fn), "id", "").startswith("torch.nn.functional.") and fn in lookasides for fn in own):
-        return None  # NOTE: not the thunder this was written for: thunder's own stays
-    saved = {fn: (table[fn], lookasides[fn]) for fn in own}
-    for fn, symbol in own.items():
-        table[fn], lookasides[fn] = symbol, traced_as(symbol)
-    return {"saved": saved}
-
-
-def _restore(originals: dict[str, Any]) -> None:
-    from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
-
-    for fn, (symbol, lookaside) in originals["saved"].items():
-        table[fn], jit_ext._general_jit_lookaside_map[fn] = symbol, lookaside
-
-
 #: thunder's tables changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = table_patch(_replacements, lambda fn, symbol, lookaside: lookaside is not None
+                     and getattr(symbol, "id", "").startswith("torch.nn.functional."))
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

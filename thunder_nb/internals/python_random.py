@@ -17,7 +17,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import attribute_patch
 
 __all__ = ["install", "uninstall", "installed", "REFUSAL"]
 
@@ -75,22 +75,15 @@ def _refusing(original: Any, kinds: tuple[type, ...]) -> Any:
     return general_jit_lookaside
 
 
-def _apply() -> dict[str, Any] | None:
+def _jit_ext() -> Any:
     from thunder.core import jit_ext
 
-    original = getattr(jit_ext, "general_jit_lookaside", None)
-    if getattr(original, "__module__", None) != jit_ext.__name__ or not hasattr(jit_ext, "interpreter_needs_wrap"):
-        return None  # NOTE: not the thunder this was written for: thunder's own stays
-    jit_ext.general_jit_lookaside = _refusing(original, _generator_types())
-    return {"lookaside": original}
-
-
-def _restore(originals: dict[str, Any]) -> None:
-    from thunder.core import jit_ext
-
-    jit_ext.general_jit_lookaside = originals["lookaside"]
+    return jit_ext
 
 
 #: thunder's lookaside function changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = attribute_patch(_jit_ext, "general_jit_lookaside",
+                         lambda original: _refusing(original, _generator_types()),
+                         expected=lambda f: getattr(f, "__module__", None) == "thunder.core.jit_ext"
+                         and hasattr(_jit_ext(), "interpreter_needs_wrap"))
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .patches import ProcessPatch, composite_symbol, traced_as
+from .patches import ProcessPatch, auto_registered, composite_symbol, put, restore_table, swap_table
 
 __all__ = ["install", "uninstall", "installed", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
            "gumbel_softmax"]
@@ -201,13 +201,6 @@ def _replacements() -> tuple[dict[Any, Any], list[Any], list[Any]]:
     return own, through, refused
 
 
-def _opaque(symbol: Any) -> bool:
-    """Whether ``symbol`` is one of thunder's automatically registered opaque calls (what this module replaces)."""
-    from thunder.core.prims import OpTags
-
-    return OpTags.AUTO_REGISTERED in (getattr(symbol, "tags", None) or ())
-
-
 def _apply() -> dict[str, Any] | None:
     import torch
     from thunder.core import jit_ext
@@ -219,7 +212,7 @@ def _apply() -> dict[str, Any] | None:
     if not isinstance(lookasides, dict) or not hasattr(jit_ext, "ensure_recursive_proxies"):
         return None
     own, through, refused = _replacements()
-    if not all(_opaque(table.get(fn)) and fn in lookasides for fn in [*own, *through, *refused]):
+    if not all(auto_registered(table.get(fn)) and fn in lookasides for fn in [*own, *through, *refused]):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
     if not all(table[fn].id in augmented_forward_impls for fn in refused):
         return None
@@ -230,40 +223,24 @@ def _apply() -> dict[str, Any] | None:
     for name, symbol in methods.items():  # NOTE: x.bernoulli_(p) through the method table, torch.bernoulli(x, p) below
         own[getattr(torch.Tensor, name)] = symbol
     own[torch.bernoulli] = methods["bernoulli"]
-    saved = {fn: (table.get(fn), lookasides.get(fn)) for fn in [*own, *through]}
     saved_methods = {name: method_table.get(name) for name in methods}
     method_table.update(methods)
     forwards = {table[fn].id: augmented_forward_impls[table[fn].id] for fn in refused}
     for fn in refused:
         augmented_forward_impls[table[fn].id] = _refusing(f"F.{fn.__name__}")
-    for fn, symbol in own.items():
-        table[fn] = symbol
-        lookasides[fn] = traced_as(symbol)
-    for fn in through:  # NOTE: no entry: the interpreter runs PyTorch's Python function
-        del table[fn], lookasides[fn]
+    # NOTE: through: no entry, so the interpreter runs PyTorch's Python function
+    saved = swap_table({**own, **dict.fromkeys(through)})
     return {"saved": saved, "forwards": forwards, "methods": saved_methods}
 
 
 def _restore(originals: dict[str, Any]) -> None:
-    from thunder.core import jit_ext
     from thunder.core.transforms import augmented_forward_impls
-    from thunder.torch import _torch_to_thunder_function_map as table
     from thunder.torch.langctx import _method_name_to_fn_map as method_table
 
     augmented_forward_impls.update(originals["forwards"])
-    for fn, (symbol, lookaside) in originals["saved"].items():
-        _put(table, fn, symbol)
-        _put(jit_ext._general_jit_lookaside_map, fn, lookaside)
+    restore_table(originals["saved"])
     for name, method in originals["methods"].items():
-        _put(method_table, name, method)
-
-
-def _put(mapping: dict[Any, Any], key: Any, value: Any) -> None:
-    """``mapping[key] = value``, or no entry where ``value`` is None (there was none)."""
-    if value is None:
-        mapping.pop(key, None)
-    else:
-        mapping[key] = value
+        put(method_table, name, method)
 
 
 #: thunder's tables changed as this module's docstring says, once per process

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch
+from .patches import attribute_patch
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -30,22 +30,14 @@ def _tupling(original: Any) -> Any:
     return wrap_args_from_list
 
 
-def _apply() -> dict[str, Any] | None:
+def _interpreter() -> Any:
     from thunder.core import interpreter
 
-    original = getattr(interpreter, "wrap_args_from_list", None)
-    if getattr(original, "__module__", None) != interpreter.__name__ or not hasattr(interpreter, "_interpret_call"):
-        return None  # NOTE: not the thunder this was written for: thunder's own stays
-    interpreter.wrap_args_from_list = _tupling(original)
-    return {"wrap": original}
-
-
-def _restore(originals: dict[str, Any]) -> None:
-    from thunder.core import interpreter
-
-    interpreter.wrap_args_from_list = originals["wrap"]
+    return interpreter
 
 
 #: thunder's interpreter changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+_patch = attribute_patch(_interpreter, "wrap_args_from_list", _tupling,
+                         expected=lambda f: getattr(f, "__module__", None) == "thunder.core.interpreter"
+                         and hasattr(_interpreter(), "_interpret_call"))
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch, composite_symbol, traced_as
+from .patches import ProcessPatch, composite_symbol, restore_table, swap_table
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -71,28 +71,24 @@ def _apply() -> dict[str, Any] | None:
             or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize"
             or getattr(clone_meta, "__name__", None) != "clone"):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
-    saved = {"normalize": (table[F.normalize], lookasides[F.normalize]), "clone": clone_meta}
+    saved = {"clone": clone_meta}
     properties["H"] = composite_symbol("H", _conjugate_transpose(False))
     properties["mH"] = composite_symbol("mH", _conjugate_transpose(True))
     methods["mod"] = ltorch.remainder  # NOTE: what the proxy's __mod__ and __rmod__ look up
-    ours = composite_symbol("normalize", normalize)
-    table[F.normalize], lookasides[F.normalize] = ours, traced_as(ours)
+    saved["normalize"] = swap_table({F.normalize: composite_symbol("normalize", normalize)})
     object.__setattr__(ltorch.clone, "meta", _cloning(clone_meta))  # NOTE: a frozen dataclass, as its __init__ sets it
     return saved
 
 
 def _restore(originals: dict[str, Any]) -> None:
-    import torch.nn.functional as F
     import thunder.torch as ltorch
-    from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
     from thunder.torch.langctx import _method_name_to_fn_map as methods
     from thunder.torch.langctx import _property_name_to_fn_map as properties
 
     methods.pop("mod", None)
     properties.pop("H", None)
     properties.pop("mH", None)
-    table[F.normalize], jit_ext._general_jit_lookaside_map[F.normalize] = originals["normalize"]
+    restore_table(originals["normalize"])
     object.__setattr__(ltorch.clone, "meta", originals["clone"])
 
 

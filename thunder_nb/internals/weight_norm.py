@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patches import ProcessPatch, composite_symbol, traced_as
+from .patches import composite_symbol, table_patch
 
 __all__ = ["install", "uninstall", "installed", "weight_norm"]
 
@@ -29,28 +29,12 @@ def weight_norm(v: Any, g: Any, dim: int = 0) -> Any:
     return v * (g / ltorch.vector_norm(v, 2, others, keepdim=True)) if others else v * (g / ltorch.abs(v))
 
 
-def _apply() -> dict[str, Any] | None:
+def _entries() -> dict[Any, Any]:
     import torch
-    from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
 
-    lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
-    if not isinstance(lookasides, dict) or torch._weight_norm in table or torch._weight_norm in lookasides:
-        return None  # NOTE: not the thunder this was written for: thunder's own stays
-    symbol = composite_symbol("weight_norm", weight_norm)
-    table[torch._weight_norm], lookasides[torch._weight_norm] = symbol, traced_as(symbol)
-    return {"added": True}
+    return {torch._weight_norm: composite_symbol("weight_norm", weight_norm)}
 
 
-def _restore(originals: dict[str, Any]) -> None:
-    import torch
-    from thunder.core import jit_ext
-    from thunder.torch import _torch_to_thunder_function_map as table
-
-    table.pop(torch._weight_norm, None)
-    jit_ext._general_jit_lookaside_map.pop(torch._weight_norm, None)
-
-
-#: thunder's tables changed as this module's docstring says, once per process
-_patch = ProcessPatch(_apply, _restore)
+#: thunder's tables changed as this module's docstring says, once per process (where thunder has no rule of its own)
+_patch = table_patch(_entries, lambda fn, symbol, lookaside: symbol is None and lookaside is None)
 installed, install, uninstall = _patch.installed, _patch.install, _patch.uninstall
