@@ -152,6 +152,13 @@ NEW_RULES = {
     "lerp, a tensor weight": lambda w, x: torch.lerp(x, w * 2, torch.sigmoid(w)).square().sum(),
     "remainder by a tensor": lambda w, x: torch.remainder(x * 5, w.abs() + 0.5).sum(),
     "% by a number": lambda w, x: ((w * 5) % 1.5).square().sum(),
+    "index_put of rows made from the weight": lambda w, x: x.index_put((torch.tensor([0, 2]),), w[:2] * 2).square()
+    .sum(),
+    "index_put, accumulated into repeated rows": lambda w, x: (w * 1).index_put(
+        (torch.tensor([1, 1]),), x[:2] * w[2:4], accumulate=True).square().sum(),
+    "index_put of a broadcast number, two index tensors": lambda w, x: x.index_put(
+        (torch.tensor([0, 3]), torch.tensor([1, 5])), w.sum()).square().sum(),
+    "index_put_ in place": lambda w, x: (w * 1).index_put_((torch.tensor([3, 0]),), x[1:3] * w[:2]).square().sum(),
 }
 
 
@@ -161,7 +168,8 @@ def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name):
     ``prims.remainder``: any ``torch.flip`` in a step that is differentiated, of a tensor that needs a gradient or not,
     and any ``torch.index_add``, ``torch.lerp`` or ``torch.remainder`` failed ("Failed to find a gradient transform");
     `grads.install` gives them eager's (the same kernels: exact). ``a % b`` of tensors
-    (`thunder_nb.internals.tensor_api`) failed before that."""
+    (`thunder_nb.internals.tensor_api`) failed before that. ``torch.index_put``'s rule lost the gradient of the values
+    written: the weight here got none (thunder without graphs trained on another gradient, silently)."""
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
 

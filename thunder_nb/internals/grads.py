@@ -28,7 +28,8 @@ fuzzer's program 12). Its forward runs ``torch.clamp`` itself, one kernel where 
 about -88, program 440; `thunder_nb.cudagraph.native_kernels.native_sigmoid`, where thunder_nb.jit names no fusion
 executor, runs eager's kernels themselves and takes precedence). And ``prims.flip`` and ``prims.index_add`` a
 gradient at all (`_flip_grad`, `_index_add_grad`: thunder 0.2.6 failed the backward of any ``torch.flip`` and
-``torch.index_add``).
+``torch.index_add``). And ``torch.index_put`` eager's (`_index_put_grad`: thunder's own rule lost the gradient of the
+values written, silently).
 """
 
 from __future__ import annotations
@@ -115,8 +116,24 @@ def _index_add_grad(a: Any, index: Any, value: Any, dim: int) -> Any:
     return fwd
 
 
-#: thunder's ops with no gradient rule of their own in 0.2.6, given eager's
-_RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad}
+def _index_put_grad(a: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
+    """``torch.index_put``'s gradients, as eager's autograd gives them: ``a`` gets the gradient, zero at the indexed
+    places unless ``accumulate``; ``values`` the gradient at the indexed places, summed to its shape (a broadcast
+    value's). thunder 0.2.6's own rule (its older form) lost the one of ``values``: ``x.index_put((i,), x[:2] * 2)``
+    trained on another gradient, silently, and a tensor only written into ``a`` got no gradient at all."""
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+
+    fwd = ltorch.index_put(a, indices, values, accumulate)
+    g = transforms.get_grad(fwd)
+    transforms.put_grad(a, g if accumulate else ltorch.index_put(g, indices, ltorch.zeros_like(values), False))
+    taken = ltorch.getitem(g, tuple(indices))
+    transforms.put_grad(values, transforms.sum_to(taken, values.shape))
+    return fwd
+
+
+#: thunder's ops with no gradient rule of their own in 0.2.6 (or one that is wrong), given eager's
+_RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad, "torch.index_put": _index_put_grad}
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
 def _lerp_grad(start: Any, end: Any, weight: Any) -> Any:
     """``prims.lerp``'s gradients, eager's ``lerp`` backward: ``start`` gets ``g * (1 - weight)``, ``end`` ``g *
