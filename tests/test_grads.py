@@ -17,7 +17,7 @@ import thunder
 import thunder_nb
 from programs import assert_jit_step_trains_as_eager
 from thunder_nb.diagnosis.judge import assert_equal
-from thunder_nb.diagnosis.tolerances import EXACT
+from thunder_nb.diagnosis.tolerances import EXACT, dtype_tolerance
 from thunder_nb.internals import grads
 
 PATTERNS = {
@@ -178,6 +178,29 @@ def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name):
         return torch.autograd.grad(compiled(NEW_RULES[name])(wg, x), [wg])[0]
 
     assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), tolerance=EXACT, label="gradient")
+
+
+PRODUCTS = {
+    "rows with a zero in some": lambda w, x: (w * (x > -1)).prod(1).sum(),
+    "two zeros in a column": lambda w, x: torch.cat([w[:2] * 0, w[2:] * x[2:]]).prod(0).sum(),
+    "all, no zero": lambda w, x: (w * x).prod(),
+}
+
+
+@pytest.mark.parametrize("name", list(PRODUCTS))
+def test_a_products_gradient_is_eagers_at_a_zero_too(name):
+    """thunder 0.2.6's ``prims.prod`` rule divides the product by each element: NaN at a zero (a product of masked
+    values trained on NaN gradients, silently); `grads.install` gives eager's. Within float32's tolerance, not exact:
+    thunder reduces a product one dimension at a time, eager's kernel all at once."""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+
+    def grad_of(compiled):
+        wg = w.clone().requires_grad_()
+        return torch.autograd.grad(compiled(PRODUCTS[name])(wg, x), [wg])[0]
+
+    assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), tolerance=dtype_tolerance(torch.float32),
+                 label="gradient")
 
 
 def test_a_flip_augmented_batch_trains_under_jit_step_as_eager():

@@ -28,8 +28,8 @@ fuzzer's program 12). Its forward runs ``torch.clamp`` itself, one kernel where 
 about -88, program 440; `thunder_nb.cudagraph.native_kernels.native_sigmoid`, where thunder_nb.jit names no fusion
 executor, runs eager's kernels themselves and takes precedence). And ``prims.flip`` and ``prims.index_add`` a
 gradient at all (`_flip_grad`, `_index_add_grad`: thunder 0.2.6 failed the backward of any ``torch.flip`` and
-``torch.index_add``). And ``torch.index_put`` eager's (`_index_put_grad`: thunder's own rule lost the gradient of the
-values written, silently).
+``torch.index_add``). And ``torch.index_put`` and ``prims.prod`` eager's (`_index_put_grad`, `_prod_grad`: thunder's
+own rules lost the gradient of the values written, and gave NaN at a zero factor, silently).
 """
 
 from __future__ import annotations
@@ -132,6 +132,29 @@ def _index_put_grad(a: Any, indices: Any, values: Any, accumulate: bool = False)
     return fwd
 
 
+def _prod_grad(a: Any, dims: Any) -> Any:
+    """``prims.prod``'s gradient, as eager's ``prod_backward``: each element gets the product of the others, ``g *
+    (result / a)`` where the reduced slice holds no zero, the product of the others where it holds one zero (at that
+    element; 0 at the rest), 0 where it holds more. thunder 0.2.6's rule is ``result * g / a`` everywhere, ``0 / 0``
+    at a zero: ``(x * mask).prod(1)`` trained on NaN gradients, silently."""
+    import thunder.core.prims as prims
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+
+    fwd = prims.prod(a, dims)
+
+    def spread(t: Any) -> Any:  # a reduced tensor broadcast back to a's shape
+        return transforms.restore_reduced_dims(t, dims, a.shape)
+
+    g = spread(transforms.get_grad(fwd))
+    zero = ltorch.eq(a, 0)
+    zeros = spread(ltorch.sum(zero, dims))
+    others = spread(prims.prod(ltorch.where(zero, 1, a), dims))
+    lone = ltorch.where(ltorch.logical_and(zero, ltorch.eq(zeros, 1)), g * others, 0)
+    transforms.put_grad(a, ltorch.where(ltorch.eq(zeros, 0), g * (spread(fwd) / a), lone))
+    return fwd
+
+
 #: thunder's ops with no gradient rule of their own in 0.2.6 (or one that is wrong), given eager's
 _RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad, "torch.index_put": _index_put_grad}
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
@@ -171,7 +194,8 @@ def _remainder_grad(a: Any, b: Any) -> Any:
     return fwd
 
 
-_PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad}
+_PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad,
+               "PROD": _prod_grad}
 
 
 def _rule_ids() -> dict[Any, Any]:
