@@ -140,30 +140,39 @@ def test_a_sigmoid_far_below_zero_has_eagers_gradient_under_plain_thunder():
         assert grads.install()
 
 
+def _at(x, *rows):
+    """An index tensor on ``x``'s device."""
+    return torch.tensor(rows, device=x.device)
+
+
 NEW_RULES = {
     "a flipped input": lambda w, x: (w * x.flip(0)).square().sum(),
     "a flipped weight, two dims": lambda w, x: (w.flip(0, 1) * x).square().sum(),
     "both, the last dim": lambda w, x: (w.flip(-1) * x.flip(0) + w).sum(),
-    "index_add of messages into nodes": lambda w, x: torch.zeros(3, 6).index_add(
-        0, torch.tensor([0, 2, 2, 1]), w * x).square().sum(),
-    "index_add into a weight, dim 1": lambda w, x: w.index_add(1, torch.tensor([5, 0]), x[:, :2] * w[:, 2:4]).square()
-    .sum(),
+    "index_add of messages into nodes": lambda w, x: torch.zeros(3, 6, device=x.device).index_add(
+        0, _at(x, 0, 2, 2, 1), w * x).square().sum(),
+    "index_add into a weight, dim 1": lambda w, x: w.index_add(1, _at(x, 5, 0), x[:, :2] * w[:, 2:4]).square().sum(),
     "lerp, a number's weight": lambda w, x: torch.lerp(w, x, 0.3).square().sum(),
     "lerp, a tensor weight": lambda w, x: torch.lerp(x, w * 2, torch.sigmoid(w)).square().sum(),
     "remainder by a tensor": lambda w, x: torch.remainder(x * 5, w.abs() + 0.5).sum(),
     "% by a number": lambda w, x: ((w * 5) % 1.5).square().sum(),
-    "index_put of rows made from the weight": lambda w, x: x.index_put((torch.tensor([0, 2]),), w[:2] * 2).square()
-    .sum(),
+    "index_put of rows made from the weight": lambda w, x: x.index_put((_at(x, 0, 2),), w[:2] * 2).square().sum(),
     "index_put, accumulated into repeated rows": lambda w, x: (w * 1).index_put(
-        (torch.tensor([1, 1]),), x[:2] * w[2:4], accumulate=True).square().sum(),
+        (_at(x, 1, 1),), x[:2] * w[2:4], accumulate=True).square().sum(),
     "index_put of a broadcast number, two index tensors": lambda w, x: x.index_put(
-        (torch.tensor([0, 3]), torch.tensor([1, 5])), w.sum()).square().sum(),
-    "index_put_ in place": lambda w, x: (w * 1).index_put_((torch.tensor([3, 0]),), x[1:3] * w[:2]).square().sum(),
+        (_at(x, 0, 3), _at(x, 1, 5)), w.sum()).square().sum(),
+    "index_put_ in place": lambda w, x: (w * 1).index_put_((_at(x, 3, 0),), x[1:3] * w[:2]).square().sum(),
 }
 
 
+#: Where the rules run: the CPU, exact; a GPU too (``-m gpu``), within float32's tolerance (index_add's and an
+#: accumulating index_put's kernels add with atomics, in any order).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(NEW_RULES))
-def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name):
+def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name, device):
     """thunder 0.2.6 has no gradient rule for ``prims.flip``, ``prims.index_add``, ``prims.lerp`` or
     ``prims.remainder``: any ``torch.flip`` in a step that is differentiated, of a tensor that needs a gradient or not,
     and any ``torch.index_add``, ``torch.lerp`` or ``torch.remainder`` failed ("Failed to find a gradient transform");
@@ -171,13 +180,14 @@ def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name):
     (`thunder_nb.internals.tensor_api`) failed before that. ``torch.index_put``'s rule lost the gradient of the values
     written: the weight here got none (thunder without graphs trained on another gradient, silently)."""
     g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    w, x = torch.randn(4, 6, generator=g).to(device), torch.randn(4, 6, generator=g).to(device)
 
     def grad_of(compiled):
         wg = w.clone().requires_grad_()
         return torch.autograd.grad(compiled(NEW_RULES[name])(wg, x), [wg])[0]
 
-    assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), tolerance=EXACT, label="gradient")
+    assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), label="gradient",
+                 tolerance=EXACT if device == "cpu" else dtype_tolerance(torch.float32))
 
 
 PRODUCTS = {
@@ -187,13 +197,14 @@ PRODUCTS = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(PRODUCTS))
-def test_a_products_gradient_is_eagers_at_a_zero_too(name):
+def test_a_products_gradient_is_eagers_at_a_zero_too(name, device):
     """thunder 0.2.6's ``prims.prod`` rule divides the product by each element: NaN at a zero (a product of masked
     values trained on NaN gradients, silently); `grads.install` gives eager's. Within float32's tolerance, not exact:
     thunder reduces a product one dimension at a time, eager's kernel all at once."""
     g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    w, x = torch.randn(4, 6, generator=g).to(device), torch.randn(4, 6, generator=g).to(device)
 
     def grad_of(compiled):
         wg = w.clone().requires_grad_()
