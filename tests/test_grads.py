@@ -162,6 +162,9 @@ NEW_RULES = {
     "index_put of a broadcast number, two index tensors": lambda w, x: x.index_put(
         (_at(x, 0, 3), _at(x, 1, 5)), w.sum()).square().sum(),
     "index_put_ in place": lambda w, x: (w * 1).index_put_((_at(x, 3, 0),), x[1:3] * w[:2]).square().sum(),
+    "a straight-through round": lambda w, x: ((w + (torch.round(w * 4) / 4 - w).detach()) * x).square().sum(),
+    "round and trunc beside a product": lambda w, x: (w * x + torch.round(w) + torch.trunc(w * 3)
+                                                      + torch.div(w, 0.7, rounding_mode="trunc")).square().sum(),
 }
 
 
@@ -178,7 +181,8 @@ def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name, device):
     and any ``torch.index_add``, ``torch.lerp`` or ``torch.remainder`` failed ("Failed to find a gradient transform");
     `grads.install` gives them eager's (the same kernels: exact). ``a % b`` of tensors
     (`thunder_nb.internals.tensor_api`) failed before that. ``torch.index_put``'s rule lost the gradient of the values
-    written: the weight here got none (thunder without graphs trained on another gradient, silently)."""
+    written: the weight here got none (thunder without graphs trained on another gradient, silently). ``prims.round``
+    and ``prims.trunc`` had none either (a straight-through estimator failed)."""
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4, 6, generator=g).to(device), torch.randn(4, 6, generator=g).to(device)
 

@@ -29,7 +29,8 @@ about -88, program 440; `thunder_nb.cudagraph.native_kernels.native_sigmoid`, wh
 executor, runs eager's kernels themselves and takes precedence). And ``prims.flip`` and ``prims.index_add`` a
 gradient at all (`_flip_grad`, `_index_add_grad`: thunder 0.2.6 failed the backward of any ``torch.flip`` and
 ``torch.index_add``). And ``torch.index_put`` and ``prims.prod`` eager's (`_index_put_grad`, `_prod_grad`: thunder's
-own rules lost the gradient of the values written, and gave NaN at a zero factor, silently).
+own rules lost the gradient of the values written, and gave NaN at a zero factor, silently); ``prims.round`` and
+``prims.trunc`` eager's zero (`_round_grad`, `_trunc_grad`: none in thunder 0.2.6).
 """
 
 from __future__ import annotations
@@ -155,6 +156,32 @@ def _prod_grad(a: Any, dims: Any) -> Any:
     return fwd
 
 
+def _round_grad(a: Any) -> Any:
+    """``prims.round``'s gradient, eager's: zero. thunder 0.2.6 has none, and a step failed at any ``torch.round`` of
+    a tensor that needs a gradient ("Failed to find a gradient transform ... prims.round"), even one whose result is
+    detached after: the straight-through estimator ``h + (torch.round(h) - h).detach()`` of quantization-aware
+    training and VQ-VAEs."""
+    import thunder.core.prims as prims
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+
+    fwd = prims.round(a)
+    transforms.put_grad(a, ltorch.zeros_like(a))
+    return fwd
+
+
+def _trunc_grad(a: Any) -> Any:
+    """``prims.trunc``'s gradient, eager's: zero (thunder 0.2.6 has none: ``torch.trunc``, ``x.int()``-style rounding
+    in float and ``torch.div(a, b, rounding_mode="trunc")`` failed the backward as `_round_grad` says)."""
+    import thunder.core.prims as prims
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+
+    fwd = prims.trunc(a)
+    transforms.put_grad(a, ltorch.zeros_like(a))
+    return fwd
+
+
 #: thunder's ops with no gradient rule of their own in 0.2.6 (or one that is wrong), given eager's
 _RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad, "torch.index_put": _index_put_grad}
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
@@ -195,7 +222,7 @@ def _remainder_grad(a: Any, b: Any) -> Any:
 
 
 _PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad,
-               "PROD": _prod_grad}
+               "PROD": _prod_grad, "ROUND": _round_grad, "TRUNC": _trunc_grad}
 
 
 def _rule_ids() -> dict[Any, Any]:
