@@ -159,7 +159,8 @@ with warnings.catch_warnings(record=True) as caught:
                                      and torch._weight_norm not in ltorch._torch_to_thunder_function_map)
     from thunder.torch.langctx import _property_name_to_fn_map as tensor_properties
     facts["thunders_tensor_api"] = (not tensor_api.installed() and "H" not in tensor_properties
-                                    and ltorch.clone.meta.__module__ == ltorch.__name__)
+                                    and ltorch.clone.meta.__module__ == ltorch.__name__
+                                    and torch.eye not in ltorch._torch_to_thunder_function_map)
     import torch.nn.functional as F
     from thunder.torch.langctx import _method_name_to_fn_map as tensor_methods
     facts["thunders_random_ops"] = (not random_ops.installed() and all(

@@ -10,6 +10,10 @@ parametrizations use at every forward: one change to thunder's tables and its ``
 - ``F.normalize(x, out=u)`` (the power iteration's update of its vectors, in place): "out is not None which is
   currently unsupported"; `install` normalizes and copies into ``out``, as PyTorch's ``torch.div(..., out=out)``.
 
+- ``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported": an orthogonality penalty ``W @ W.T
+  - torch.eye(n)``, a spatial transformer's identity): `install` compares two ``arange`` on the device, which a
+  graph captures (no host data).
+
 A property thunder lacks raised ``AttributeError`` inside the parametrization's ``weight`` property, which Python took
 for a missing attribute: "'ParametrizedLinear' object has no attribute 'weight'". And ``a % b`` of tensors
 (``torch.remainder``: "'NoneType' object is not callable", the method thunder's proxy looks up for ``%`` missing).
@@ -45,6 +49,19 @@ def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out:
     return result if out is None else ltorch.copy_(out, result)
 
 
+def eye(n: int, m: Any = None, *, out: Any = None, dtype: Any = None, layout: Any = None, device: Any = None,
+        pin_memory: bool = False, requires_grad: bool = False) -> Any:
+    """``torch.eye``: ones where the row's index equals the column's."""
+    import thunder.torch as ltorch
+    import torch
+
+    rows = ltorch.arange(n, device=device)
+    cols = ltorch.arange(n if m is None else m, device=device)
+    result = ltorch.to(ltorch.eq(ltorch.unsqueeze(rows, 1), ltorch.unsqueeze(cols, 0)),
+                       dtype=torch.get_default_dtype() if dtype is None else dtype)
+    return result if out is None else ltorch.copy_(out, result)
+
+
 def _cloning(original: Any) -> Any:
     import torch
 
@@ -58,6 +75,7 @@ def _cloning(original: Any) -> Any:
 
 
 def _apply() -> dict[str, Any] | None:
+    import torch
     import torch.nn.functional as F
     import thunder.torch as ltorch
     from thunder.core import jit_ext
@@ -68,14 +86,15 @@ def _apply() -> dict[str, Any] | None:
     lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
     clone_meta = getattr(ltorch.clone, "meta", None)
     if (not isinstance(lookasides, dict) or "H" in properties or "mH" in properties or "mod" in methods
-            or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize"
+            or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize" or torch.eye in table
             or getattr(clone_meta, "__name__", None) != "clone"):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
     saved = {"clone": clone_meta}
     properties["H"] = composite_symbol("H", _conjugate_transpose(False))
     properties["mH"] = composite_symbol("mH", _conjugate_transpose(True))
     methods["mod"] = ltorch.remainder  # NOTE: what the proxy's __mod__ and __rmod__ look up
-    saved["normalize"] = swap_table({F.normalize: composite_symbol("normalize", normalize)})
+    saved["table"] = swap_table({F.normalize: composite_symbol("normalize", normalize),
+                                 torch.eye: composite_symbol("eye", eye)})
     object.__setattr__(ltorch.clone, "meta", _cloning(clone_meta))  # NOTE: a frozen dataclass, as its __init__ sets it
     return saved
 
@@ -88,7 +107,7 @@ def _restore(originals: dict[str, Any]) -> None:
     methods.pop("mod", None)
     properties.pop("H", None)
     properties.pop("mH", None)
-    restore_table(originals["normalize"])
+    restore_table(originals["table"])
     object.__setattr__(ltorch.clone, "meta", originals["clone"])
 
 

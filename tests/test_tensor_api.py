@@ -1,0 +1,48 @@
+"""``torch.eye`` in traced code (`thunder_nb.internals.tensor_api`): thunder 0.2.6 has no rule for it ("Trying to call
+function torch.eye, but it is not yet supported"); an orthogonality penalty and a masked diagonal now train as eager,
+through thunder and through `jit_step`. The same kernels run: exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thunder
+from programs import assert_jit_step_trains_as_eager
+from thunder_nb.diagnosis.judge import assert_equal
+from thunder_nb.diagnosis.tolerances import EXACT
+from thunder_nb.internals import tensor_api
+
+EYES = {
+    "an orthogonality penalty": lambda w: ((w[:, :4] @ w[:, :4].T - torch.eye(4)) ** 2).sum(),
+    "rectangular, times a weight": lambda w: (w[:, :3] * torch.eye(4, 3)).sum() + w.square().sum(),
+    "float64": lambda w: (torch.eye(4, dtype=torch.float64) @ w.double()).square().sum(),
+    "a boolean mask": lambda w: w.masked_fill(torch.eye(4, 6, dtype=torch.bool), 0).square().sum(),
+    "into out=": lambda w: (w[:, :4] + torch.eye(4, out=torch.empty(4, 4))).square().sum(),
+    "int32, promoted": lambda w: (w[:, :2] * torch.eye(4, 2, dtype=torch.int32)).square().sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(EYES))
+def test_eye_in_a_differentiated_function_is_eagers(name):
+    assert tensor_api.installed()  # NOTE: the conftest's check_versions
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 6, generator=g)
+
+    def value_and_grad(compiled):
+        wg = w.clone().requires_grad_()
+        y = compiled(EYES[name])(wg)
+        return y.detach(), torch.autograd.grad(y, [wg])[0]
+
+    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT, label="value and gradient")
+
+
+def test_an_orthogonality_penalty_trains_under_jit_step_as_eager():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def loss(model, x):
+        w = model[0].weight
+        return model(x).square().mean() + 0.1 * (w @ w.T - torch.eye(8)).square().sum()
+
+    assert_jit_step_trains_as_eager(net, loss)
