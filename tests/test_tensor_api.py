@@ -1,11 +1,13 @@
-"""``torch.eye`` in traced code (`thunder_nb.internals.tensor_api`): thunder 0.2.6 has no rule for it ("Trying to call
-function torch.eye, but it is not yet supported"); an orthogonality penalty and a masked diagonal now train as eager,
-through thunder and through `jit_step`. The same kernels run: exact."""
+"""``torch.eye`` and ``F.normalize`` in traced code (`thunder_nb.internals.tensor_api`): thunder 0.2.6 has no rule for
+``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported"), and its ``F.normalize`` gave a zero
+vector a NaN gradient where eager's is 0. An orthogonality penalty, a masked diagonal and normalized features with an
+all-zero row now train as eager, through thunder and through `jit_step`. The same kernels run: exact."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder
 from programs import assert_jit_step_trains_as_eager
@@ -33,6 +35,32 @@ def test_eye_in_a_differentiated_function_is_eagers(name):
         wg = w.clone().requires_grad_()
         y = compiled(EYES[name])(wg)
         return y.detach(), torch.autograd.grad(y, [wg])[0]
+
+    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT, label="value and gradient")
+
+
+def _zero_first_row(w):
+    return w * (torch.arange(w.shape[0]) > 0)[:, None]
+
+
+NORMALIZED = {
+    "p=2, a zero row": lambda w: F.normalize(_zero_first_row(w), dim=1),
+    "p=1, a zero row": lambda w: F.normalize(_zero_first_row(w), p=1.0, dim=1),
+    "p=3, over two dims": lambda w: F.normalize(_zero_first_row(w).view(2, 2, 6), p=3.0, dim=(1, 2)),
+    "ReLU features": lambda w: F.normalize(F.relu(w - 1), dim=1),
+    "no zero, dim 0": lambda w: F.normalize(w, dim=0),
+}
+
+
+@pytest.mark.parametrize("name", list(NORMALIZED))
+def test_normalize_has_eagers_gradient_at_a_zero_vector(name):
+    g = torch.Generator().manual_seed(0)
+    w, weights = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+
+    def value_and_grad(compiled):
+        wg = w.clone().requires_grad_()
+        y = compiled(NORMALIZED[name])(wg)
+        return y.detach(), torch.autograd.grad((y.reshape(4, 6) * weights).sum(), [wg])[0]
 
     assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT, label="value and gradient")
 

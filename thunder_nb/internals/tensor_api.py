@@ -8,7 +8,8 @@ parametrizations use at every forward: one change to thunder's tables and its ``
 - ``x.clone(memory_format=torch.contiguous_format)``: "only preserve_format is currently supported", where thunder
   models no strides (its clone is contiguous, the torch executor runs PyTorch's own with the format asked);
 - ``F.normalize(x, out=u)`` (the power iteration's update of its vectors, in place): "out is not None which is
-  currently unsupported"; `install` normalizes and copies into ``out``, as PyTorch's ``torch.div(..., out=out)``.
+  currently unsupported"; `install` normalizes and copies into ``out``, as PyTorch's ``torch.div(..., out=out)``; and
+  its gradient at a zero vector, NaN in thunder's (see `normalize`);
 
 - ``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported": an orthogonality penalty ``W @ W.T
   - torch.eye(n)``, a spatial transformer's identity): `install` compares two ``arange`` on the device, which a
@@ -41,11 +42,14 @@ def _conjugate_transpose(last_two: bool) -> Any:
     return transpose
 
 
-def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Any:
-    """``F.normalize``: thunder's, copied into ``out`` where one is given."""
+def normalize(input: Any, p: float = 2.0, dim: Any = 1, eps: float = 1e-12, out: Any = None) -> Any:
+    """``F.normalize`` as PyTorch computes it, ``input / vector_norm(input).clamp_min(eps)``, copied into ``out`` where
+    one is given. thunder's own takes the norm as ``sum(|a| ** p) ** (1 / p)``, whose gradient at a zero vector is
+    ``0 * inf``: NaN where eager's is 0 (an all-zero row of ReLU features, normalized, trained on NaN)."""
     import thunder.torch as ltorch
 
-    result = ltorch.normalize(input, p, dim, eps)
+    denom = ltorch.clamp(ltorch.vector_norm(input, p, dim, keepdim=True), min=eps)
+    result = ltorch.true_divide(input, denom)
     return result if out is None else ltorch.copy_(out, result)
 
 
