@@ -36,7 +36,8 @@ def test_eye_in_a_differentiated_function_is_eagers(name):
         y = compiled(EYES[name])(wg)
         return y.detach(), torch.autograd.grad(y, [wg])[0]
 
-    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT, label="value and gradient")
+    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
+                 label="value and gradient")
 
 
 def _zero_first_row(w):
@@ -62,7 +63,8 @@ def test_normalize_has_eagers_gradient_at_a_zero_vector(name):
         y = compiled(NORMALIZED[name])(wg)
         return y.detach(), torch.autograd.grad((y.reshape(4, 6) * weights).sum(), [wg])[0]
 
-    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT, label="value and gradient")
+    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
+                 label="value and gradient")
 
 
 def test_an_orthogonality_penalty_trains_under_jit_step_as_eager():
