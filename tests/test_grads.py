@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunder
 import thunder_nb
@@ -165,6 +166,15 @@ NEW_RULES = {
     "a straight-through round": lambda w, x: ((w + (torch.round(w * 4) / 4 - w).detach()) * x).square().sum(),
     "round and trunc beside a product": lambda w, x: (w * x + torch.round(w) + torch.trunc(w * 3)
                                                       + torch.div(w, 0.7, rounding_mode="trunc")).square().sum(),
+    "minimum, with ties": lambda w, x: torch.minimum(w, w.detach().clamp(max=0) + x * 0).square().sum(),
+    "polynomial features of zeros, x ** arange": lambda w, x: (
+        (w * (x > 0)).unsqueeze(-1) ** torch.arange(3.0, device=x.device)).square().sum(),
+    "a learnt exponent of a zero base": lambda w, x: torch.pow(torch.relu(x), w.abs()).sum(),
+    "x ** 0 and x ** 2 at zero": lambda w, x: ((w * (x > 0)) ** 0 + (w * (x > 0)) ** 2).sum(),
+    "hardtanh, relu6, hardsigmoid and hardswish at their bounds": lambda w, x: sum(
+        (f(w - w.detach() + _at(x, *at).float().view(-1, 1)) * x[:len(at)]).sum()
+        for f, at in ((F.hardtanh, (-1, 1, 0, 2)), (F.relu6, (0, 6, 3, -1)), (F.hardsigmoid, (-3, 3, 0, 4)),
+                      (F.hardswish, (-3, 3, 1, -4)))),
 }
 
 
@@ -181,8 +191,10 @@ def test_a_flip_or_index_add_in_the_step_has_eagers_gradient(name, device):
     and any ``torch.index_add``, ``torch.lerp`` or ``torch.remainder`` failed ("Failed to find a gradient transform");
     `grads.install` gives them eager's (the same kernels: exact). ``a % b`` of tensors
     (`thunder_nb.internals.tensor_api`) failed before that. ``torch.index_put``'s rule lost the gradient of the values
-    written: the weight here got none (thunder without graphs trained on another gradient, silently). ``prims.round``
-    and ``prims.trunc`` had none either (a straight-through estimator failed)."""
+    written: the weight here got none (thunder without graphs trained on another gradient, silently). ``prims.round``,
+    ``prims.trunc`` and ``prims.minimum`` had none either (a straight-through estimator failed). ``prims.pow``'s gave
+    NaN at a zero base where eager's gives 0, and ``hardtanh``, ``relu6``, ``hardsigmoid`` and ``hardswish``, made of
+    ``clamp``, took clamp's gradient at their bounds, where eager's kernels give 0."""
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(4, 6, generator=g).to(device), torch.randn(4, 6, generator=g).to(device)
 

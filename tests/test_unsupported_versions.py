@@ -124,12 +124,15 @@ with warnings.catch_warnings(record=True) as caught:
                                       saved, star_args, tensor_api, torch_metadata, tracing, weight_norm)
     facts["thunders_interpreter"] = (thunders_interpreter.dis is dis and not tracing.installed()
                                      and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
+    rules = thunders_transforms._grad_fn_map
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad
-                                  and not ({"torch.clamp", "torch.sigmoid"} | {
+                                  and not ({"torch.clamp", "torch.sigmoid", "torch.index_put", "torch.relu6"} | {
                                       getattr(thunders_transforms.prims.PrimIDs, name)
-                                      for name in ("FLIP", "INDEX_ADD", "LERP", "REMAINDER")})
-                                  & thunders_transforms._grad_fn_map.keys())
+                                      for name in ("FLIP", "INDEX_ADD", "LERP", "REMAINDER", "PROD", "MINIMUM")})
+                                  & rules.keys()
+                                  and rules[thunders_transforms.prims.PrimIDs.POW].__wrapped__
+                                  is thunders_transforms._pow_grad)
     split, grad = thunders_autodiff.split_into_forward_and_backward, thunders_autodiff.grad_transform_on_trace
     facts["thunders_split"] = (not saved.installed() and split.__module__ == thunders_autodiff.__name__
                                and grad.__module__ == thunders_autodiff.__name__)

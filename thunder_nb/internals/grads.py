@@ -30,7 +30,9 @@ executor, runs eager's kernels themselves and takes precedence). And ``prims.fli
 gradient at all (`_flip_grad`, `_index_add_grad`: thunder 0.2.6 failed the backward of any ``torch.flip`` and
 ``torch.index_add``). And ``torch.index_put`` and ``prims.prod`` eager's (`_index_put_grad`, `_prod_grad`: thunder's
 own rules lost the gradient of the values written, and gave NaN at a zero factor, silently); ``prims.round`` and
-``prims.trunc`` eager's zero (`_round_grad`, `_trunc_grad`: none in thunder 0.2.6).
+``prims.trunc`` eager's zero and ``prims.minimum`` eager's (`_round_grad`, `_trunc_grad`, `_minimum_grad`: none in
+thunder 0.2.6). `_REPLACED` puts eager's rule in place of thunder's ``prims.pow`` (NaN at a zero base, `_pow_grad`);
+and ``hardtanh``, ``relu6``, ``hardsigmoid`` and ``hardswish`` get eager's gradient at their bounds (`_hard_grad`).
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def _round_grad(a: Any) -> Any:
     from thunder.core import transforms
 
     fwd = prims.round(a)
-    transforms.put_grad(a, ltorch.zeros_like(a))
+    transforms.put_grad(a, ltorch.zeros_like(transforms.get_grad(fwd)))  # NOTE: of the gradient: see `_pow_grad`
     return fwd
 
 
@@ -178,12 +180,88 @@ def _trunc_grad(a: Any) -> Any:
     from thunder.core import transforms
 
     fwd = prims.trunc(a)
-    transforms.put_grad(a, ltorch.zeros_like(a))
+    transforms.put_grad(a, ltorch.zeros_like(transforms.get_grad(fwd)))  # NOTE: of the gradient: see `_pow_grad`
     return fwd
 
 
+def _minimum_grad(a: Any, b: Any) -> Any:
+    """``prims.minimum``'s gradients, eager's: the smaller operand gets the gradient, a tie half each (as thunder's own
+    ``maximum`` rule). thunder 0.2.6 has none: ``torch.minimum(x, t)`` failed the backward."""
+    import thunder.core.prims as prims
+    from thunder.core import transforms
+
+    fwd = prims.minimum(a, b)
+    g = transforms.get_grad(fwd)
+    shared = prims.where(a == b, g / 2, g)
+    transforms.put_grad(a, prims.where(b < a, 0.0, shared))
+    transforms.put_grad(b, prims.where(a < b, 0.0, shared))
+    return fwd
+
+
+def _pow_grad(a: Any, b: Any) -> Any:
+    """``prims.pow``'s gradients as eager's ``pow_backward_self`` / ``pow_backward_exponent``: the base's 0 where the
+    exponent is 0, the exponent's 0 where the base is 0 and the exponent not negative, and in eager's order of
+    operations. thunder 0.2.6's are ``0 * inf`` there: ``x ** 0`` at ``x == 0`` (polynomial features ``x **
+    torch.arange(n)``) and a learnt exponent of a zero base trained on NaN, silently. A zero gradient is made from the
+    incoming one (``zeros_like(g)``): a backward that reads no incoming gradient fails thunder's autograd function
+    ("assert not args")."""
+    import math
+
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+    from thunder.core.proxies import TensorProxy
+
+    fwd = ltorch.pow(a, b)
+    g = transforms.get_grad(fwd)
+    if isinstance(a, TensorProxy):
+        grad = ltorch.mul(g, ltorch.mul(b, ltorch.pow(a, ltorch.sub(b, 1))))
+        if isinstance(b, TensorProxy):
+            grad = ltorch.where(ltorch.eq(b, 0), 0, grad)
+        transforms.put_grad(a, ltorch.zeros_like(g) if not isinstance(b, TensorProxy) and b == 0 else grad)
+    if isinstance(b, TensorProxy):
+        if isinstance(a, TensorProxy):
+            zero = ltorch.logical_and(ltorch.eq(a, 0), ltorch.ge(b, 0))
+            transforms.put_grad(b, ltorch.mul(g, ltorch.where(zero, 0, ltorch.mul(fwd, ltorch.log(a)))))
+        elif a == 0:
+            transforms.put_grad(b, ltorch.mul(g, ltorch.where(ltorch.ge(b, 0), 0, ltorch.mul(fwd, -math.inf))))
+        else:
+            transforms.put_grad(b, ltorch.mul(g, ltorch.mul(fwd, math.log(a))))
+    return fwd
+
+
+def _hard_grad(name: str, bounds: Any) -> Any:
+    """The rule of thunder's ``name`` (``hardtanh``, ``relu6``, ``hardsigmoid``, ``hardswish``), a composite of
+    ``clamp``: its forward as thunder's, its gradient as eager's kernel, which is 0 at the bounds themselves
+    (`_clamp_grad` gives ``clamp`` eager's gradient, which keeps it there)."""
+
+    def rule(a: Any, *args: Any, **kwargs: Any) -> Any:
+        import thunder.torch as ltorch
+        from thunder.core import transforms
+
+        fwd = getattr(ltorch, name)(a, *args, **kwargs)  # NOTE: not in place: thunder functionalizes in-place ops first
+        g = transforms.get_grad(fwd)
+        low, high = bounds(*args, **kwargs)
+        outside = ltorch.logical_or(ltorch.le(a, low), ltorch.ge(a, high))
+        if name == "hardsigmoid":
+            grad = ltorch.where(outside, 0, ltorch.true_divide(g, 6))
+        elif name == "hardswish":  # NOTE: eager's: 0 at and below -3, the gradient at and above 3
+            ramp = ltorch.mul(g, ltorch.add(ltorch.true_divide(a, 3), 0.5))
+            grad = ltorch.where(ltorch.le(a, -3), 0, ltorch.where(ltorch.lt(a, 3), ramp, g))
+        else:
+            grad = ltorch.where(outside, 0, g)
+        transforms.put_grad(a, grad)
+        return fwd
+
+    return rule
+
+
 #: thunder's ops with no gradient rule of their own in 0.2.6 (or one that is wrong), given eager's
-_RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad, "torch.index_put": _index_put_grad}
+_RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad, "torch.index_put": _index_put_grad,
+          "torch.nn.functional.hardtanh": _hard_grad("hardtanh", lambda min_val=-1.0, max_val=1.0, inplace=False: (
+              min_val, max_val)),
+          "torch.relu6": _hard_grad("relu6", lambda inplace=False: (0.0, 6.0)),
+          "torch.nn.functional.hardsigmoid": _hard_grad("hardsigmoid", lambda inplace=False: (-3.0, 3.0)),
+          "torch.hardswish": _hard_grad("hardswish", lambda inplace=False: (-3.0, 3.0))}
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
 def _lerp_grad(start: Any, end: Any, weight: Any) -> Any:
     """``prims.lerp``'s gradients, eager's ``lerp`` backward: ``start`` gets ``g * (1 - weight)``, ``end`` ``g *
@@ -222,7 +300,9 @@ def _remainder_grad(a: Any, b: Any) -> Any:
 
 
 _PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad,
-               "PROD": _prod_grad, "ROUND": _round_grad, "TRUNC": _trunc_grad}
+               "PROD": _prod_grad, "ROUND": _round_grad, "TRUNC": _trunc_grad, "MINIMUM": _minimum_grad}
+#: thunder's primitives whose rule `install` replaces: {PrimIDs name: (the name of thunder's rule, eager's)}
+_REPLACED = {"POW": ("_pow_grad", _pow_grad)}
 
 
 def _rule_ids() -> dict[Any, Any]:
@@ -232,18 +312,31 @@ def _rule_ids() -> dict[Any, Any]:
     return {**_RULES, **{getattr(prims.PrimIDs, name): rule for name, rule in _PRIM_RULES.items()}}
 
 
+def _replaced_ids() -> dict[Any, tuple[str, Any]]:
+    """`_REPLACED`, keyed by ``PrimIDs``."""
+    import thunder.core.prims as prims
+
+    return {getattr(prims.PrimIDs, name): rules for name, rules in _REPLACED.items()}
+
+
 def _apply() -> dict[str, Any] | None:
-    """``thunder.core.transforms.put_grad`` made `_put_grad_summed_to_0_dim`, and `_RULES` registered (thunder 0.2.6
-    has none for them); what was there (None: not the module this was written for, unchanged)."""
+    """``thunder.core.transforms.put_grad`` made `_put_grad_summed_to_0_dim`, `_RULES` registered (thunder 0.2.6 has
+    none for them) and `_REPLACED`'s rules put in place of thunder's; what was there (None: not the module this was
+    written for, unchanged)."""
     from thunder.core import transforms
 
     put_grad, rules = getattr(transforms, "put_grad", None), getattr(transforms, "_grad_fn_map", None)
-    if not callable(put_grad) or not isinstance(rules, dict) or rules.keys() & _rule_ids().keys():
+    if (not callable(put_grad) or not isinstance(rules, dict) or rules.keys() & _rule_ids().keys()
+            or any(getattr(rules.get(op), "__wrapped__", None) is not getattr(transforms, own, None)
+                   for op, (own, _) in _replaced_ids().items())):  # NOTE: register_grad wraps a rule in a langctx
         return None
     transforms.put_grad = _put_grad_summed_to_0_dim(put_grad)
     for op, rule in _rule_ids().items():
         transforms.register_grad(op, rule)
-    return {"put_grad": put_grad}
+    replaced = {op: rules[op] for op in _replaced_ids()}
+    for op, (_, rule) in _replaced_ids().items():
+        transforms.register_grad(op, rule)
+    return {"put_grad": put_grad, "replaced": replaced}
 
 
 def _restore(originals: dict[str, Any]) -> None:
@@ -252,6 +345,7 @@ def _restore(originals: dict[str, Any]) -> None:
     transforms.put_grad = originals["put_grad"]
     for op in _rule_ids():
         transforms._grad_fn_map.pop(op, None)
+    transforms._grad_fn_map.update(originals["replaced"])
 
 
 #: thunder's backward changed as this module's docstring says, once per process (`thunder_nb.internals.patches`)
