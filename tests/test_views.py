@@ -230,10 +230,47 @@ def a_view_written_then_read_itself(x):
     return v * t[1:3]
 
 
+def two_slices_written_in_turn(x):
+    t = x * 2
+    t[:2].mul_(x[2:])
+    t[1:].mul_(3.0)  # NOTE: a second write through another view, after the first was rebuilt into the base
+    return t * x
+
+
+def written_through_a_view_then_the_base_written(x):
+    t = x * 2
+    t[1:].mul_(x[1:])
+    t.add_(x)  # NOTE: the base written again after: it goes on from the base rebuilt for this write
+    return t * x
+
+
+def the_same_view_written_twice(x):
+    t = x.cos()
+    v = t.flatten()
+    v.add_(x)
+    v.tanh_()  # NOTE: the same view written again before any read of the base (the CPU fuzzer's program 9780)
+    return t * x
+
+
+def copied_into_a_slice(x):
+    t = x.cos()
+    t[1:3].copy_(x[:2] * 5)  # NOTE: thunder 0.2.6 tags no copy_ as in-place: the copied values got no gradient
+    return t * x
+
+
+def copied_into_its_even_and_odd_elements(x):
+    t = torch.zeros_like(x)
+    t[::2].copy_(x[:2] * 2)
+    t[1::2].copy_(x[2:].sin())  # NOTE: two writes through views: the backward failed ("assert not args")
+    return t * x
+
+
 WRITTEN_THROUGH_A_VIEW = [a_base_read_after_a_write_into_its_slice,
                           a_base_returned_after_a_write_through_a_chain_of_views,
                           a_view_of_the_whole_base_written_then_a_sibling_view_read, a_view_written_then_read_itself,
-                          written_through_narrow_from_the_end, written_through_its_transpose_then_returned]
+                          written_through_narrow_from_the_end, written_through_its_transpose_then_returned,
+                          two_slices_written_in_turn, written_through_a_view_then_the_base_written,
+                          the_same_view_written_twice, copied_into_a_slice, copied_into_its_even_and_odd_elements]
 
 
 @pytest.mark.parametrize("jit", ["thunder_nb.jit", "thunder.jit"])
@@ -285,22 +322,23 @@ def written_through_a_reshape_then_the_base_read(x):
     return t.sum()
 
 
-def written_through_a_view_then_the_base_written(x):
+def written_through_a_view_then_through_a_slice_of_it(x):
     t = x * 2
-    t[1:].mul_(x[1:])
-    t.add_(x)  # NOTE: the base written again after: its reads would get the base rebuilt before it: not rebuilt
+    v = t[1:]
+    v.mul_(x[1:])
+    v[1:].add_(1.0)  # NOTE: a slice of the written view written before any read rebuilt the base: not rebuilt
     return t.sum()
 
 
 @pytest.mark.parametrize("fn", [written_through_a_reshape_then_the_base_read,
-                                written_through_a_view_then_the_base_written], ids=lambda f: f.__name__)
+                                written_through_a_view_then_through_a_slice_of_it], ids=lambda f: f.__name__)
 def test_a_write_through_a_view_it_cannot_mend_keeps_eagers_value_and_warns_naming_the_line(fn):
-    """Where the base cannot be rebuilt (a view through an op that may copy; the base written again after), the value
-    is eager's and the warning names the line of the write through the view."""
+    """Where the base cannot be rebuilt (a view through an op that may copy; a part of the written view written again
+    before the base is read), the value is eager's and the warning names the line of the write through the view."""
     x = _x()
     out, _, caught = _run(thunder.jit(fn), x)
     assert_equal(out, fn(x.clone()), label="value")
-    line = fn.__code__.co_firstlineno + 3 - (fn is written_through_a_view_then_the_base_written)
+    line = fn.__code__.co_firstlineno + 3
     assert len(caught) == 1 and f"test_views.py:{line}" in str(caught[0].message), [str(w.message) for w in caught]
 
 
@@ -308,7 +346,7 @@ def written_twice_through_its_view(x):
     t = x.cos()
     v = t.flatten()
     v.add_(x)
-    v.tanh_()  # NOTE: the view written again: the base is not rebuilt (the CPU fuzzer's program 9780, cut down)
+    v[1:].tanh_()  # NOTE: a slice of the written view written again: the base is not rebuilt (after program 9780)
     return x * 2, t  # NOTE: the first output needs no write: its get_grad is sorted before them
 
 

@@ -21,7 +21,8 @@ thunder 0.2.6 runs an in-place op as its functional op and a ``copy_`` into the 
   it was before the write: ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` had eager's value and a wrong gradient.
   The same for a base read after a write through its view. `install` also makes thunder's grad transform take such a
   view again from the written base, and rebuild such a base, first (`thunder_nb.internals.views.rebase_stale_views`);
-  where it cannot (a view through an op that may copy, a base written again after a write through its view),
+  where it cannot (a view through an op that may copy, a part of a written view written again before the base is
+  read),
   `stale_view_reads` finds it and the split warns (`InPlaceGradientWarning`), naming the user's line of the write.
 
 Where no write meets a saved tensor or a view read after it, the traces are thunder's own (an in-place ReLU saves its

@@ -18,11 +18,14 @@ base the gradient of its values before the write. Where the view was taken by ``
 plain indices and by views that take all of their input (`_WHOLE_VIEWS`), the base is rebuilt for the reads after the
 write: its old values with the written view put in by thunder's ``setitem`` (the views undone), copied back into the
 base's own memory (`_written_back`: one copy; a returned base still aliases what eager's does), so its gradient is
-eager's (``CopySlices``: none to the old values where the view lies). Left as thunder has it (and warned of by the
-split, `thunder_nb.internals.saved.stale_view_reads`): a view taken through an op that only may return a view
-(``reshape``, ``contiguous``, ``to``: a copy would not see the write; but a ``reshape`` to the same shape and a
-``flatten`` of one dimension return a view whatever the strides, and are taken as views) or read through one, a base
-that is an input, and a base written again after a write through its view.
+eager's (``CopySlices``: none to the old values where the view lies). Writes in turn are mended in turn: the same
+view written again before any read (its last value is put in), and a write into the base, or through another of its
+views, after a read rebuilt it (the base goes on from the rebuilt one). ``x.copy_(y)`` is a write too (thunder 0.2.6
+tags it as none: the values copied into a slice got no gradient). Left as thunder has it (and warned of by the split,
+`thunder_nb.internals.saved.stale_view_reads`): a view taken through an op that only may return a view (``reshape``,
+``contiguous``, ``to``: a copy would not see the write; but a ``reshape`` to the same shape and a ``flatten`` of one
+dimension return a view whatever the strides, and are taken as views) or read through one, a base that is an input,
+and a part of a written view written again before a read rebuilt the base.
 """
 
 from __future__ import annotations
@@ -65,15 +68,17 @@ def alias_update(bsym: Any) -> bool:
 
 def in_place(bsym: Any) -> bool:
     """Whether ``bsym`` writes its first input in place: a symbol thunder tags as in-place, or one of thunder's torch
-    ops with an in-place form whose symbols, at any depth, ``copy_`` into that input. thunder 0.2.6 tags ``mul_``
-    and the like but not the activations: ``relu_``, ``F.relu(t, inplace=True)``, ``silu``/``dropout(inplace=True)``
-    carry no tag, only the ``copy_`` inside."""
+    ops with an in-place form (or ``Tensor.copy_``) whose symbols, at any depth, ``copy_`` into that input. thunder
+    0.2.6 tags ``mul_`` and the like but not the activations: ``relu_``, ``F.relu(t, inplace=True)``,
+    ``silu``/``dropout(inplace=True)`` carry no tag, only the ``copy_`` inside."""
     import thunder.core.prims as prims
     import thunder.torch as ltorch
 
     if prims.OpTags.IN_PLACE in (getattr(bsym.sym, "tags", None) or ()):
         return True
-    if bsym.sym not in getattr(ltorch, "_inplace_to_out_of_place", {}) or not bsym.subsymbols:
+    if bsym.sym not in getattr(ltorch, "_inplace_to_out_of_place", {}) and bsym.sym.id != "torch.Tensor.copy_":
+        return False  # NOTE: x.copy_(y) carries no tag either (thunder 0.2.6 comments it out)
+    if not bsym.subsymbols:
         return False
     first = tensor_names(bsym.flat_proxy_args)[:1]
     return bool(first) and first[0] in _copied_into(bsym)
@@ -127,6 +132,7 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
     recipe: dict[str, _Recipe | None] = {}  # NOTE: view -> how it was taken (None: through an op that may copy)
     swap: dict[Any, Any] = {}  # NOTE: a stale view or base (thunder's variable of it) -> its proxy taken again
     written: dict[str, tuple[Any, _Recipe, Any]] = {}  # NOTE: base written through a view -> (view, recipe, write)
+    writes_mended: list[Any] = []  # NOTE: every write through a view this pass mends, in order
     loose: dict[str, tuple[str, int]] = {}  # NOTE: a view with no recipe -> its base and the writes into it before
     rebuilt: dict[str, Any] = {}  # NOTE: such a base -> its proxy rebuilt out of place
     invalid: set[str] = set()
@@ -232,14 +238,18 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
             destination = ins[0] if bsym.sym.id != prims.PrimIDs.COPY_ else tensor_names(bsym.args[1:2])[0]
             r = recipe.get(destination, False)
             root = r.base if r else base(destination)
-            if root in rebuilt or root in written:
-                invalid.add(root)  # NOTE: written again: the reads after it would get the rebuilt base, before it
+            if root in rebuilt:  # NOTE: the base rebuilt after the last write through a view: it goes on from there
+                latest_proxy[root] = rebuilt.pop(root)
+                del written[root]
+            elif root in written and not (r and r.chain == written[root][1].chain):
+                invalid.add(root)  # NOTE: written again, not through that view, before any read rebuilt it
             generation[root] = generation.get(root, 0) + 1
             mend = (r and root not in no_mend and root not in inputs and _writable(r.chain) and len(outs) == 1
                     and r.generation == generation[root] - 1)
             if mend:
                 o = next(p for p in bsym.flat_proxy_outs if getattr(p, "name", None) == outs[0])
                 written[root] = (o, r, bsym)
+                writes_mended.append(bsym)
                 recipe[o.name] = _Recipe(root, generation[root], r.chain)
                 continue
             if r is not False:
@@ -268,7 +278,7 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
                 latest_proxy.setdefault(base(o), next(p for p in bsym.flat_proxy_outs if p.name == o))
     if invalid:
         return trace, frozenset(), frozenset(invalid)
-    mended = frozenset(user_line(write) for _, _, write in written.values())
+    mended = frozenset(user_line(write) for write in writes_mended)
     if not swap:
         return trace, mended, frozenset()
     new_trace.bound_symbols = out
