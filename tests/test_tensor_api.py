@@ -1,7 +1,9 @@
-"""``torch.eye`` and ``F.normalize`` in traced code (`thunder_nb.internals.tensor_api`): thunder 0.2.6 has no rule for
-``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported"), and its ``F.normalize`` gave a zero
-vector a NaN gradient where eager's is 0. An orthogonality penalty, a masked diagonal and normalized features with an
-all-zero row now train as eager, through thunder and through `jit_step`. The same kernels run: exact."""
+"""``torch.eye``, ``F.normalize`` and in-place tensor methods in traced code (`thunder_nb.internals.tensor_api`):
+thunder 0.2.6 has no rule for ``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported"), none
+for 66 in-place methods whose op it has (``x.sigmoid_()``: "Unknown attribute sigmoid_") nor ``x.fill_(v)``, and its
+``F.normalize`` gave a zero vector a NaN gradient where eager's is 0. An orthogonality penalty, a masked diagonal,
+normalized features with an all-zero row and the in-place methods now train as eager, through thunder and through
+`jit_step`. The same kernels run: exact."""
 
 from __future__ import annotations
 
@@ -65,6 +67,45 @@ def test_normalize_has_eagers_gradient_at_a_zero_vector(name):
 
     assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
                  label="value and gradient")
+
+
+IN_PLACE = {
+    "sigmoid_": lambda w: (w * 2).sigmoid_(),
+    "clamp_min_ and clamp_max_": lambda w: (w * 2).clamp_min_(-0.5).clamp_max_(0.5),
+    "nan_to_num_": lambda w: (w.log()).nan_to_num_(0.0, 3.0, -3.0),
+    "index_fill_ of a row": lambda w: (w * 1).index_fill_(0, torch.tensor([1, 3]), -1.0),
+    "masked_scatter_": lambda w: (w * 1).masked_scatter_(w > 0, w.flip(0) * 3),
+    "multiply_, divide_ and subtract_": lambda w: (w * 1).multiply_(w).divide_(w.abs() + 1).subtract_(w, alpha=2),
+    "fill_ with a number, through a slice": lambda w: _filled(w * 1, 0.25),
+    "fill_ with a 0-dim tensor": lambda w: (w * 1).fill_(w.sum()),
+    "addmm_": lambda w: (w[:, :4] * 1).addmm_(w[:, :3], w[:3, :4], beta=0.5),
+}
+
+
+def _filled(t, value):
+    t[1:3].fill_(value)
+    return t
+
+
+@pytest.mark.parametrize("name", list(IN_PLACE))
+def test_an_in_place_method_thunder_lacks_has_eagers_value_and_gradient(name):
+    g = torch.Generator().manual_seed(0)
+    w, weights = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+
+    def value_and_grad(compiled):
+        wg = w.clone().requires_grad_()
+        y = compiled(IN_PLACE[name])(wg)
+        return y.detach(), torch.autograd.grad((y * weights[:, :y.shape[1]]).sum(), [wg])[0]
+
+    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
+                 label="value and gradient")
+
+
+def test_every_in_place_method_whose_op_thunder_has_is_made():
+    from thunder.torch.langctx import _method_name_to_fn_map as methods
+
+    assert not tensor_api._missing_in_place(methods) and "fill_" in methods and "sigmoid_" in methods
+    assert "unsqueeze_" not in methods  # NOTE: the in-place view ops change no value: not made from their op
 
 
 def test_an_orthogonality_penalty_trains_under_jit_step_as_eager():

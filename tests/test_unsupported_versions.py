@@ -127,7 +127,8 @@ with warnings.catch_warnings(record=True) as caught:
     rules = thunders_transforms._grad_fn_map
     facts["thunders_backward"] = (not grads.installed()
                                   and thunders_transforms.put_grad is thunders_transforms.prims.put_grad
-                                  and not ({"torch.clamp", "torch.sigmoid", "torch.index_put", "torch.relu6"} | {
+                                  and not ({"torch.clamp", "torch.sigmoid", "torch.index_put", "torch.relu6",
+                                            "torch.diagonal"} | {
                                       getattr(thunders_transforms.prims.PrimIDs, name)
                                       for name in ("FLIP", "INDEX_ADD", "LERP", "REMAINDER", "PROD", "MINIMUM")})
                                   & rules.keys()
@@ -160,10 +161,12 @@ with warnings.catch_warnings(record=True) as caught:
     facts["thunders_star_args"] = not star_args.installed() and wrap_args.__module__ == thunders_interpreter.__name__
     facts["thunders_weight_norm"] = (not weight_norm.installed()
                                      and torch._weight_norm not in ltorch._torch_to_thunder_function_map)
+    from thunder.torch.langctx import _method_name_to_fn_map
     from thunder.torch.langctx import _property_name_to_fn_map as tensor_properties
     facts["thunders_tensor_api"] = (not tensor_api.installed() and "H" not in tensor_properties
                                     and ltorch.clone.meta.__module__ == ltorch.__name__
-                                    and torch.eye not in ltorch._torch_to_thunder_function_map)
+                                    and torch.eye not in ltorch._torch_to_thunder_function_map
+                                    and "fill_" not in _method_name_to_fn_map)
     import torch.nn.functional as F
     from thunder.torch.langctx import _method_name_to_fn_map as tensor_methods
     facts["thunders_random_ops"] = (not random_ops.installed() and all(

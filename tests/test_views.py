@@ -265,12 +265,25 @@ def copied_into_its_even_and_odd_elements(x):
     return t * x
 
 
+def written_through_its_diagonal(x):
+    t = x.view(2, 2) * 2
+    t.diagonal().add_(x[:2].cos())  # NOTE: thunder differentiated diagonal as a gather, a copy: the write was lost
+    return t * x.view(2, 2)
+
+
+def its_diagonal_filled(x):
+    t = x.view(2, 2).sin()
+    t.diagonal().fill_(0.5)  # NOTE: fill_ (thunder_nb.internals.tensor_api) through the diagonal
+    return t * x.view(2, 2)
+
+
 WRITTEN_THROUGH_A_VIEW = [a_base_read_after_a_write_into_its_slice,
                           a_base_returned_after_a_write_through_a_chain_of_views,
                           a_view_of_the_whole_base_written_then_a_sibling_view_read, a_view_written_then_read_itself,
                           written_through_narrow_from_the_end, written_through_its_transpose_then_returned,
                           two_slices_written_in_turn, written_through_a_view_then_the_base_written,
-                          the_same_view_written_twice, copied_into_a_slice, copied_into_its_even_and_odd_elements]
+                          the_same_view_written_twice, copied_into_a_slice, copied_into_its_even_and_odd_elements,
+                          written_through_its_diagonal, its_diagonal_filled]
 
 
 @pytest.mark.parametrize("jit", ["thunder_nb.jit", "thunder.jit"])

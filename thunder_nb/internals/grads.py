@@ -32,7 +32,8 @@ gradient at all (`_flip_grad`, `_index_add_grad`: thunder 0.2.6 failed the backw
 own rules lost the gradient of the values written, and gave NaN at a zero factor, silently); ``prims.round`` and
 ``prims.trunc`` eager's zero and ``prims.minimum`` eager's (`_round_grad`, `_trunc_grad`, `_minimum_grad`: none in
 thunder 0.2.6). `_REPLACED` puts eager's rule in place of thunder's ``prims.pow`` (NaN at a zero base, `_pow_grad`);
-and ``hardtanh``, ``relu6``, ``hardsigmoid`` and ``hardswish`` get eager's gradient at their bounds (`_hard_grad`).
+and ``hardtanh``, ``relu6``, ``hardsigmoid`` and ``hardswish`` get eager's gradient at their bounds (`_hard_grad`);
+``torch.diagonal`` a rule of its own, so that it runs as PyTorch's view (`_diagonal_grad`: a write through it was lost).
 """
 
 from __future__ import annotations
@@ -255,8 +256,23 @@ def _hard_grad(name: str, bounds: Any) -> Any:
     return rule
 
 
+def _diagonal_grad(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """``torch.diagonal``'s gradient, eager's ``diagonal_backward``: the gradient put on the diagonal of zeros. thunder
+    0.2.6 has none and differentiates its decomposition, a gather (``index_select``) where eager's is a view: a write
+    through ``h.diagonal()`` (``cov.diagonal().add_(eps)``) was lost from ``h``'s value and gradient, silently. With
+    the rule, the diagonal runs as PyTorch's own, a view."""
+    import thunder.torch as ltorch
+    from thunder.core import transforms
+
+    fwd = ltorch.diagonal(a, offset, dim1, dim2)
+    g = transforms.get_grad(fwd)
+    transforms.put_grad(a, ltorch.diagonal_scatter(ltorch.zeros_like(a), g, offset, dim1, dim2))
+    return fwd
+
+
 #: thunder's ops with no gradient rule of their own in 0.2.6 (or one that is wrong), given eager's
 _RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad, "torch.index_put": _index_put_grad,
+          "torch.diagonal": _diagonal_grad,
           "torch.nn.functional.hardtanh": _hard_grad("hardtanh", lambda min_val=-1.0, max_val=1.0, inplace=False: (
               min_val, max_val)),
           "torch.relu6": _hard_grad("relu6", lambda inplace=False: (0.0, 6.0)),

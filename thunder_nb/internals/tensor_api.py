@@ -15,6 +15,12 @@ parametrizations use at every forward: one change to thunder's tables and its ``
   - torch.eye(n)``, a spatial transformer's identity): `install` compares two ``arange`` on the device, which a
   graph captures (no host data).
 
+- 66 in-place tensor methods whose out-of-place op thunder has (``x.sigmoid_()``, ``x.clamp_min_(0)``,
+  ``x.nan_to_num_()``, ``x.index_fill_(...)``, ``x.masked_scatter_(...)``, ``x.multiply_(y)``, ...) and ``x.fill_(v)``:
+  "Unknown attribute sigmoid_"; `install` makes each as thunder makes its own (``mul_``): the op, copied into ``x``,
+  tagged as in-place. The in-place view ops (``t_``, ``unsqueeze_``, ``transpose_``, ...) change no value and stay
+  missing.
+
 A property thunder lacks raised ``AttributeError`` inside the parametrization's ``weight`` property, which Python took
 for a missing attribute: "'ParametrizedLinear' object has no attribute 'weight'". And ``a % b`` of tensors
 (``torch.remainder``: "'NoneType' object is not callable", the method thunder's proxy looks up for ``%`` missing).
@@ -66,6 +72,38 @@ def eye(n: int, m: Any = None, *, out: Any = None, dtype: Any = None, layout: An
     return result if out is None else ltorch.copy_(out, result)
 
 
+#: In-place tensor methods that change a tensor's shape or metadata, not its values: not made from their op
+_NOT_VALUES = frozenset({"as_strided_", "conj_physical_", "detach_", "float_power_", "rename_", "resize_",
+                         "resize_as_", "squeeze_", "swapaxes_", "swapdims_", "t_", "transpose_", "unsqueeze_"})
+
+
+def _missing_in_place(methods: dict[str, Any]) -> list[str]:
+    """The in-place methods of ``torch.Tensor`` that thunder's method table lacks where it has their op."""
+    import torch
+
+    return [name for name in dir(torch.Tensor) if name.endswith("_") and not name.startswith("_")
+            and name[:-1] in methods and name not in methods and name not in _NOT_VALUES]
+
+
+def _in_place(op: Any) -> Any:
+    def method(a: Any, *args: Any, **kwargs: Any) -> Any:
+        """``a.<op>_(...)``: ``<op>``'s result copied into ``a``, as thunder's own in-place methods."""
+        import thunder.torch as ltorch
+
+        return ltorch._copy_(a, op(a, *args, **kwargs))
+
+    return method
+
+
+def fill_(a: Any, value: Any) -> Any:
+    """``x.fill_(value)``: a number, or a 0-dim tensor, written into every element."""
+    import thunder.torch as ltorch
+    from thunder.core.proxies import TensorProxy
+
+    filled = ltorch.expand(value, a.shape) if isinstance(value, TensorProxy) else ltorch.full_like(a, value)
+    return ltorch._copy_(a, filled)
+
+
 def _cloning(original: Any) -> Any:
     import torch
 
@@ -90,6 +128,7 @@ def _apply() -> dict[str, Any] | None:
     lookasides = getattr(jit_ext, "_general_jit_lookaside_map", None)
     clone_meta = getattr(ltorch.clone, "meta", None)
     if (not isinstance(lookasides, dict) or "H" in properties or "mH" in properties or "mod" in methods
+            or "fill_" in methods or not callable(getattr(ltorch, "_copy_", None))
             or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize" or torch.eye in table
             or getattr(clone_meta, "__name__", None) != "clone"):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
@@ -97,6 +136,10 @@ def _apply() -> dict[str, Any] | None:
     properties["H"] = composite_symbol("H", _conjugate_transpose(False))
     properties["mH"] = composite_symbol("mH", _conjugate_transpose(True))
     methods["mod"] = ltorch.remainder  # NOTE: what the proxy's __mod__ and __rmod__ look up
+    saved["in_place"] = _missing_in_place(methods) + ["fill_"]
+    for name in saved["in_place"][:-1]:
+        methods[name] = composite_symbol(name, _in_place(methods[name[:-1]]), in_place=True)
+    methods["fill_"] = composite_symbol("fill_", fill_, in_place=True)
     saved["table"] = swap_table({F.normalize: composite_symbol("normalize", normalize),
                                  torch.eye: composite_symbol("eye", eye)})
     object.__setattr__(ltorch.clone, "meta", _cloning(clone_meta))  # NOTE: a frozen dataclass, as its __init__ sets it
@@ -109,6 +152,8 @@ def _restore(originals: dict[str, Any]) -> None:
     from thunder.torch.langctx import _property_name_to_fn_map as properties
 
     methods.pop("mod", None)
+    for name in originals["in_place"]:
+        methods.pop(name, None)
     properties.pop("H", None)
     properties.pop("mH", None)
     restore_table(originals["table"])

@@ -18,7 +18,8 @@ base the gradient of its values before the write. Where the view was taken by ``
 plain indices and by views that take all of their input (`_WHOLE_VIEWS`), the base is rebuilt for the reads after the
 write: its old values with the written view put in by thunder's ``setitem`` (the views undone), copied back into the
 base's own memory (`_written_back`: one copy; a returned base still aliases what eager's does), so its gradient is
-eager's (``CopySlices``: none to the old values where the view lies). Writes in turn are mended in turn: the same
+eager's (``CopySlices``: none to the old values where the view lies); a diagonal's, by thunder's
+``diagonal_scatter``. Writes in turn are mended in turn: the same
 view written again before any read (its last value is put in), and a write into the base, or through another of its
 views, after a read rebuilt it (the base goes on from the rebuilt one). ``x.copy_(y)`` is a write too (thunder 0.2.6
 tags it as none: the values copied into a slice got no gradient). Left as thunder has it (and warned of by the split,
@@ -339,7 +340,8 @@ def _region_key(step: Any) -> Any:
 
 def _writable(chain: tuple[Any, ...]) -> bool:
     """Whether `_with_view_written` can rebuild a base written through the view ``chain`` takes."""
-    return all(step.sym.name in _WHOLE_VIEWS or _region_key(step) is not None for step in chain)
+    return all(step.sym.name in _WHOLE_VIEWS or step.sym.name == "diagonal" or _region_key(step) is not None
+               for step in chain)
 
 
 def _undo(step: Any, x: Any) -> Any:
@@ -371,6 +373,9 @@ def _with_view_written(base: Any, chain: tuple[Any, ...], new: Any) -> Any:
     key = _region_key(step)
     if key is not None:
         return ltorch.setitem(base, key, _with_view_written(ltorch.getitem(base, key), rest, new))
+    if step.sym.name == "diagonal":
+        part = _with_view_written(step.sym(base, *step.args[1:], **step.kwargs), rest, new)
+        return ltorch.diagonal_scatter(base, part, *step.args[1:], **step.kwargs)
     return _undo(step, _with_view_written(step.sym(base, *step.args[1:], **step.kwargs), rest, new))
 
 
