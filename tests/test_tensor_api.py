@@ -108,6 +108,24 @@ def test_every_in_place_method_whose_op_thunder_has_is_made():
     assert "unsqueeze_" not in methods  # NOTE: the in-place view ops change no value: not made from their op
 
 
+@pytest.mark.parametrize("padding_idx", [-1, -3, 2, None])
+def test_embeddings_padding_row_counted_from_the_end_gets_eagers_gradient(padding_idx):
+    """thunder 0.2.6 read ``padding_idx=-1`` as "no padding row" (`thunder_nb.internals.embedding`): the last row
+    trained on its gradient, where eager's is zero there."""
+    from thunder_nb.internals import embedding
+
+    assert embedding.installed()
+    ids = torch.tensor([[0, 5, 2, 5], [3, 0, 3, 2]])
+    weights = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(1))
+
+    def grad_of(compiled):
+        w = torch.randn(6, 5, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        fn = compiled(lambda w: F.embedding(ids, w, padding_idx=padding_idx))
+        return torch.autograd.grad((fn(w) * weights).sum(), [w])[0]
+
+    assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), tolerance=EXACT, label="gradient")
+
+
 def test_an_orthogonality_penalty_trains_under_jit_step_as_eager():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))

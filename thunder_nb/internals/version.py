@@ -98,12 +98,13 @@ def check_versions() -> bool:
     (`thunder_nb.internals.pooling.install`, once), and a call with ``*`` over a generator
     (`thunder_nb.internals.star_args.install`, once), and weight normalization
     (`thunder_nb.internals.weight_norm.install`, once), and ``x.H``, ``clone(memory_format=...)`` and
-    ``F.normalize(out=...)`` (`thunder_nb.internals.tensor_api.install`, once). Every entry point calls it: the
+    ``F.normalize(out=...)`` (`thunder_nb.internals.tensor_api.install`, once), and a negative ``padding_idx`` of
+    ``F.embedding`` (`thunder_nb.internals.embedding.install`, once). Every entry point calls it: the
     transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
-        from . import (attention, buffers, checkpoint, grads, instance_norm, interpolate, losses, named_tuples,
-                       nll_loss, ordering, padding, pooling, python_random, random_ops, saved, star_args,
+        from . import (attention, buffers, checkpoint, embedding, grads, instance_norm, interpolate, losses,
+                       named_tuples, nll_loss, ordering, padding, pooling, python_random, random_ops, saved, star_args,
                        tensor_api, torch_metadata, tracing, weight_norm)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
@@ -126,6 +127,7 @@ def check_versions() -> bool:
         star_args.install()  # NOTE: f(*generator), as PyTorch's parametrizations call (`internals.star_args`)
         weight_norm.install()  # NOTE: torch._weight_norm from thunder's ops (`thunder_nb.internals.weight_norm`)
         tensor_api.install()  # NOTE: x.H, clone's memory format, F.normalize(out=) (`internals.tensor_api`)
+        embedding.install()  # NOTE: F.embedding(padding_idx=-1) counted from the end (`internals.embedding`)
         return True
     if _warned:
         return False
