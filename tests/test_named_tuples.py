@@ -28,6 +28,7 @@ READS = {
     "x.kthvalue(2, 1).values": lambda x: x.kthvalue(2, 1).values,
     "x.cummax(1).values, x.cummin(1).indices": lambda x: (x.cummax(1).values, x.cummin(1).indices),
     "torch.aminmax(x, dim=1).min, .max": lambda x: (torch.aminmax(x, dim=1).min, torch.aminmax(x, dim=1).max),
+    "x.nanmedian(1).values": lambda x: x.nanmedian(1).values,
     "unpacked and indexed as before": lambda x: (x.topk(2)[0], *x.sort(1)),
 }
 

@@ -121,7 +121,8 @@ with warnings.catch_warnings(record=True) as caught:
     from thunder.executors import data_dependent_partition as thunders_partition
     from thunder_nb.internals import (attention, buffers, checkpoint, embedding, grads, instance_norm, interpolate,
                                       losses, named_tuples, nll_loss, ordering, padding, pooling, python_random,
-                                      random_ops, saved, star_args, tensor_api, torch_metadata, tracing, weight_norm)
+                                      random_ops, saved, star_args, tensor_api, torch_metadata, tracing, variance,
+                                      weight_norm)
     facts["thunders_interpreter"] = (thunders_interpreter.dis is dis and not tracing.installed()
                                      and thunders_interpreter.globals_lookup.__module__ == thunders_interpreter.__name__)
     rules = thunders_transforms._grad_fn_map
@@ -153,6 +154,8 @@ with warnings.catch_warnings(record=True) as caught:
     facts["thunders_pad"] = not padding.installed() and ltorch.pad.meta.__module__ == ltorch.__name__
     facts["thunders_embedding"] = (not embedding.installed() and ltorch._torch_to_thunder_function_map[
         torch.nn.functional.embedding] is ltorch.embedding)
+    facts["thunders_variance"] = (not variance.installed()
+                                  and ltorch._torch_to_thunder_function_map[torch.var] is ltorch.var)
     facts["thunders_interpolate"] = (not interpolate.installed()
                                      and ltorch.interpolate.meta.__module__ == ltorch.__name__)
     facts["thunders_nll_loss"] = (not nll_loss.installed() and ltorch._torch_to_thunder_function_map[
@@ -231,6 +234,7 @@ def test_each_fast_path_takes_thunders_own(unsupported):
     assert unsupported["thunders_pad"]  # thunder's pad as it is (internals.padding)
     assert unsupported["thunders_interpolate"]  # thunder's interpolate as it is (internals.interpolate)
     assert unsupported["thunders_embedding"]  # thunder's embedding as it is (internals.embedding)
+    assert unsupported["thunders_variance"]  # thunder's var and std as they are (internals.variance)
     assert unsupported["thunders_nll_loss"]  # thunder's nll_loss symbol as it is (internals.nll_loss)
     assert unsupported["thunders_pooling"]  # thunder's pooling symbols as they are (internals.pooling)
     assert unsupported["thunders_star_args"]  # thunder's CALL_FUNCTION_EX as it is (internals.star_args)

@@ -21,7 +21,8 @@ __all__ = ["install", "uninstall", "installed", "named"]
 
 #: thunder's symbol names of the ops torch returns a named tuple from, and the name of torch's type
 _KINDS = {"torch_max": "max", "min": "min", "topk": "topk", "sort": "sort", "median": "median", "mode": "mode",
-          "kthvalue": "kthvalue", "cummax": "cummax", "cummin": "cummin", "aminmax": "aminmax"}
+          "kthvalue": "kthvalue", "cummax": "cummax", "cummin": "cummin", "aminmax": "aminmax",
+          "nanmedian": "nanmedian"}
 
 
 def _fields(kind: str) -> tuple[str, str]:

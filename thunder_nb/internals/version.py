@@ -99,13 +99,14 @@ def check_versions() -> bool:
     (`thunder_nb.internals.star_args.install`, once), and weight normalization
     (`thunder_nb.internals.weight_norm.install`, once), and ``x.H``, ``clone(memory_format=...)`` and
     ``F.normalize(out=...)`` (`thunder_nb.internals.tensor_api.install`, once), and a negative ``padding_idx`` of
-    ``F.embedding`` (`thunder_nb.internals.embedding.install`, once). Every entry point calls it: the
+    ``F.embedding`` (`thunder_nb.internals.embedding.install`, once), and ``var``/``std`` with ``unbiased``
+    (`thunder_nb.internals.variance.install`, once). Every entry point calls it: the
     transforms, ``thunder_nb.jit``, ``jit_step``, ``analyze``."""
     global _warned
     if supported():
         from . import (attention, buffers, checkpoint, embedding, grads, instance_norm, interpolate, losses,
                        named_tuples, nll_loss, ordering, padding, pooling, python_random, random_ops, saved, star_args,
-                       tensor_api, torch_metadata, tracing, weight_norm)
+                       tensor_api, torch_metadata, tracing, variance, weight_norm)
 
         tracing.install()  # NOTE: thunder's interpreter, faster with the same traces (`thunder_nb.internals.tracing`)
         grads.install()  # NOTE: thunder's backward, right for a 0-dim tensor (`thunder_nb.internals.grads`)
@@ -128,6 +129,7 @@ def check_versions() -> bool:
         weight_norm.install()  # NOTE: torch._weight_norm from thunder's ops (`thunder_nb.internals.weight_norm`)
         tensor_api.install()  # NOTE: x.H, clone's memory format, F.normalize(out=) (`internals.tensor_api`)
         embedding.install()  # NOTE: F.embedding(padding_idx=-1) counted from the end (`internals.embedding`)
+        variance.install()  # NOTE: x.var(1, unbiased=False) and PyTorch's other forms (`internals.variance`)
         return True
     if _warned:
         return False
