@@ -125,12 +125,15 @@ def _compile(module, how, mode):
     return jitted
 
 
+#: the cases the fast tier leaves to the full suite (2 s: a whole encoder layer traced)
+SLOW = ("nn.TransformerEncoderLayer",)
 #: the cases also run under plain ``thunder.jit`` (the mends are thunder's tables, which thunder_nb.jit goes through)
 PLAIN = ("nn.Dropout2d", "nn.AlphaDropout", "attention's dropout, weights asked", "torchvision's StochasticDepth")
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case,how", [(c, "thunder_nb.jit") for c in CASES] + [(c, "thunder.jit") for c in PLAIN])
+@pytest.mark.parametrize("case,how", [pytest.param(c, "thunder_nb.jit", marks=[pytest.mark.slow] if c in SLOW else [])
+                                      for c in CASES] + [(c, "thunder.jit") for c in PLAIN])
 def test_a_random_ops_gradient_is_that_of_its_own_draws(case, how, mode):
     """The compiled module's gradient along a direction equals the central difference of its seeded outputs, as
     eager's does (checked first: the judge itself holds)."""
@@ -284,8 +287,8 @@ ATTENTION = {
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c.startswith("nn.Transformer") else [])
-                                  for c in ATTENTION])  # NOTE: slow: nn.Transformer's two stacks traced, 6 s
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c.startswith("padding") else [pytest.mark.slow])
+                                  for c in ATTENTION])  # NOTE: slow, 3-6 s each: the fast tier keeps the masks' case
 def test_attention_modules_train_and_evaluate_as_eager(case, mode):
     """Outputs and gradients in training mode, then outputs under ``torch.no_grad()`` in evaluation mode (eager's fused
     inference path), of ``thunder_nb.jit(module)``: equal to eager's within the tolerance thunder without graphs needs
