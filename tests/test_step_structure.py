@@ -23,7 +23,8 @@ from structure_changes import (STEPS, adamw, add_an_attribute, add_and_remove_a_
                                assert_same_training, batch, freeze_and_unfreeze, make_net, model_loss, remove_head2,
                                train_state)
 
-MODES = [pytest.param(False, id="uncaptured"), pytest.param("emulated", id="emulated")]
+#: the uncaptured mode takes the same guard path as the emulated one without its recordings: left to the full suite
+MODES = [pytest.param(False, id="uncaptured", marks=pytest.mark.slow), pytest.param("emulated", id="emulated")]
 
 _add_head2 = add_head2_at(8)
 
