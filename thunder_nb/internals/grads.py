@@ -278,7 +278,8 @@ _RULES = {"torch.clamp": _clamp_grad, "torch.sigmoid": _sigmoid_grad, "torch.ind
           "torch.relu6": _hard_grad("relu6", lambda inplace=False: (0.0, 6.0)),
           "torch.nn.functional.hardsigmoid": _hard_grad("hardsigmoid", lambda inplace=False: (-3.0, 3.0)),
           "torch.hardswish": _hard_grad("hardswish", lambda inplace=False: (-3.0, 3.0))}
-#: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
+
+
 def _lerp_grad(start: Any, end: Any, weight: Any) -> Any:
     """``prims.lerp``'s gradients, eager's ``lerp`` backward: ``start`` gets ``g * (1 - weight)``, ``end`` ``g *
     weight``, a tensor ``weight`` ``g * (end - start)``. thunder 0.2.6 has none ("Failed to find a gradient transform
@@ -315,6 +316,7 @@ def _remainder_grad(a: Any, b: Any) -> Any:
     return fwd
 
 
+#: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
 _PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad,
                "PROD": _prod_grad, "ROUND": _round_grad, "TRUNC": _trunc_grad, "MINIMUM": _minimum_grad}
 #: thunder's primitives whose rule `install` replaces: {PrimIDs name: (the name of thunder's rule, eager's)}
