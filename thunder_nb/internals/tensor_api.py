@@ -10,11 +10,9 @@ parametrizations use at every forward: one change to thunder's tables and its ``
 - ``F.normalize(x, out=u)`` (the power iteration's update of its vectors, in place): "out is not None which is
   currently unsupported"; `install` normalizes and copies into ``out``, as PyTorch's ``torch.div(..., out=out)``; and
   its gradient at a zero vector, NaN in thunder's (see `normalize`);
-
-- ``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported": an orthogonality penalty ``W @ W.T
-  - torch.eye(n)``, a spatial transformer's identity): `install` compares two ``arange`` on the device, which a
-  graph captures (no host data).
-
+- ``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported": an orthogonality penalty
+  ``W @ W.T - torch.eye(n)``, a spatial transformer's identity): `install` compares two ``arange`` on the device,
+  which a graph captures (no host data);
 - 66 in-place tensor methods whose out-of-place op thunder has (``x.sigmoid_()``, ``x.clamp_min_(0)``,
   ``x.nan_to_num_()``, ``x.index_fill_(...)``, ``x.masked_scatter_(...)``, ``x.multiply_(y)``, ...) and ``x.fill_(v)``:
   "Unknown attribute sigmoid_"; `install` makes each as thunder makes its own (``mul_``): the op, copied into ``x``,
