@@ -19,14 +19,14 @@ plain indices and by views that take all of their input (`_WHOLE_VIEWS`), the ba
 write: its old values with the written view put in by thunder's ``setitem`` (the views undone), copied back into the
 base's own memory (`_written_back`: one copy; a returned base still aliases what eager's does), so its gradient is
 eager's (``CopySlices``: none to the old values where the view lies); a diagonal's, by thunder's
-``diagonal_scatter``. Writes in turn are mended in turn: the same
-view written again before any read (its last value is put in), and a write into the base, or through another of its
-views, after a read rebuilt it (the base goes on from the rebuilt one). ``x.copy_(y)`` is a write too (thunder 0.2.6
-tags it as none: the values copied into a slice got no gradient). Left as thunder has it (and warned of by the split,
-`thunder_nb.internals.saved.stale_view_reads`): a view taken through an op that only may return a view (``reshape``,
-``contiguous``, ``to``: a copy would not see the write; but a ``reshape`` to the same shape and a ``flatten`` of one
-dimension return a view whatever the strides, and are taken as views) or read through one, a base that is an input,
-and a part of a written view written again before a read rebuilt the base.
+``diagonal_scatter``. Writes in turn are mended in turn: the same view written again before any read (its last value
+is put in), and a write into the base, or through another of its views, after a read rebuilt it (the base goes on
+from the rebuilt one). ``x.copy_(y)`` is a write too (thunder 0.2.6 tags it as none: the values copied into a slice
+got no gradient). Left as thunder has it (and warned of by the split, `thunder_nb.internals.saved.stale_view_reads`):
+a view taken through an op that only may return a view (``reshape``, ``contiguous``, ``to``: a copy would not see the
+write; but a ``reshape`` to the same shape and a ``flatten`` of one dimension return a view whatever the strides, and
+are taken as views) or read through one, a base that is an input, and a part of a written view written again before a
+read rebuilt the base.
 """
 
 from __future__ import annotations
@@ -247,6 +247,8 @@ def _rebase(trace: Any, no_mend: frozenset[str]) -> tuple[Any, frozenset[str], f
             generation[root] = generation.get(root, 0) + 1
             mend = (r and root not in no_mend and root not in inputs and _writable(r.chain) and len(outs) == 1
                     and r.generation == generation[root] - 1)
+            if not mend and root in written:
+                invalid.add(root)  # NOTE: its view written again where this pass cannot follow: not rebuilt at all
             if mend:
                 o = next(p for p in bsym.flat_proxy_outs if getattr(p, "name", None) == outs[0])
                 written[root] = (o, r, bsym)
