@@ -96,6 +96,12 @@ def test_a_tensor_the_backward_reads_is_kept_from_a_later_write(name, jit):
     assert_equal(_grad(jfn, x, *others), _grad(eager_fn or fn, x, *others), label=f"{name}: gradient")
 
 
+def _clones(trace) -> bool:
+    """Whether ``trace`` runs a ``clone`` (by its symbols: its text names the test's own file, whose path may say
+    "clone", as a checkout made by ``git clone`` into such a folder does)."""
+    return any(b.sym.name == "clone" for b in trace.bound_symbols)
+
+
 def test_thunders_own_split_reads_the_overwritten_tensor_that_install_keeps():
     """With thunder's split back, ``t.mul_(x)`` of a saved sine gets the gradient of ``sin(x) * x`` read where
     ``sin(x)`` belongs (what `saved.install` changes); installed, a clone of the sine is saved in its place."""
@@ -104,7 +110,7 @@ def test_thunders_own_split_reads_the_overwritten_tensor_that_install_keeps():
     try:
         jfn = thunder.jit(mul_of_a_saved_intermediate)
         wrong = _grad(jfn, x)
-        assert "clone" not in str(thunder.last_traces(jfn)[-1])
+        assert not _clones(thunder.last_traces(jfn)[-1])
     finally:
         assert saved.install()
     right = _grad(mul_of_a_saved_intermediate, x)
@@ -113,7 +119,7 @@ def test_thunders_own_split_reads_the_overwritten_tensor_that_install_keeps():
     assert_equal(right, sine + x * cosine, label="eager's gradient")
     jfn = thunder.jit(mul_of_a_saved_intermediate)
     assert_equal(_grad(jfn, x), right, label="installed: gradient")
-    assert "torch.clone" in str(thunder.last_traces(jfn)[-1])
+    assert _clones(thunder.last_traces(jfn)[-1])
 
 
 @pytest.mark.parametrize("model", ["Linear, ReLU(inplace=True)", "Conv2d, BatchNorm2d, ReLU(inplace=True)"])
@@ -136,7 +142,7 @@ def test_nothing_is_copied_where_nothing_saved_is_written(model):
         jref(x).square().sum().backward()
     finally:
         assert saved.install()
-    assert "clone" not in str(thunder.last_traces(jnet)[-1])
+    assert not _clones(thunder.last_traces(jnet)[-1])
     body = [str(thunder.last_traces(j)[-1]).split("\n", 1)[1] for j in (jnet, jref)]  # NOTE: past the timed header
     assert body[0] == body[1]
     assert_equal({k: p.grad for k, p in net.named_parameters()}, {k: p.grad for k, p in ref.named_parameters()},
