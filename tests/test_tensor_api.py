@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import thunder
 from programs import assert_jit_step_trains_as_eager
 from thunder_nb.diagnosis.judge import assert_equal
-from thunder_nb.diagnosis.tolerances import EXACT
+from thunder_nb.diagnosis.tolerances import EXACT, dtype_tolerance
 from thunder_nb.internals import tensor_api
 
 EYES = {
@@ -99,6 +99,22 @@ def test_an_in_place_method_thunder_lacks_has_eagers_value_and_gradient(name):
 
     assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
                  label="value and gradient")
+
+
+def test_nn_softmin_has_eagers_value_and_gradient():
+    """``nn.Softmin`` passes ``_stacklevel=5`` to ``F.softmin``, which thunder 0.2.6 maps to a symbol without it. The
+    value is eager's kernel's (exact); the gradient thunder's own softmax rule (float32's tolerance)."""
+    g = torch.Generator().manual_seed(0)
+    w, weights = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+
+    def value_and_grad(compiled):
+        wg = w.clone().requires_grad_()
+        y = compiled(torch.nn.Softmin(1))(wg)
+        return y.detach(), torch.autograd.grad((y * weights).sum(), [wg])[0]
+
+    (value, grad), (expected_value, expected_grad) = value_and_grad(thunder.jit), value_and_grad(lambda fn: fn)
+    assert_equal(value, expected_value, tolerance=EXACT, label="value")
+    assert_equal(grad, expected_grad, tolerance=dtype_tolerance(torch.float32), label="gradient")
 
 
 def test_every_in_place_method_whose_op_thunder_has_is_made():

@@ -10,6 +10,8 @@ parametrizations use at every forward: one change to thunder's tables and its ``
 - ``F.normalize(x, out=u)`` (the power iteration's update of its vectors, in place): "out is not None which is
   currently unsupported"; `install` normalizes and copies into ``out``, as PyTorch's ``torch.div(..., out=out)``; and
   its gradient at a zero vector, NaN in thunder's (see `normalize`);
+- ``nn.Softmin``, whose forward passes ``_stacklevel=5`` to ``F.softmin`` ("unexpected keyword argument
+  '_stacklevel'": thunder 0.2.6 wrote a wrapper that takes it and maps ``F.softmin`` to the symbol that does not);
 - ``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported": an orthogonality penalty
   ``W @ W.T - torch.eye(n)``, a spatial transformer's identity): `install` compares two ``arange`` on the device,
   which a graph captures (no host data);
@@ -55,6 +57,15 @@ def normalize(input: Any, p: float = 2.0, dim: Any = 1, eps: float = 1e-12, out:
     denom = ltorch.clamp(ltorch.vector_norm(input, p, dim, keepdim=True), min=eps)
     result = ltorch.true_divide(input, denom)
     return result if out is None else ltorch.copy_(out, result)
+
+
+def softmin(input: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Any:
+    """``F.softmin``: thunder's, with PyTorch's ``_stacklevel`` and its dimension where none is given."""
+    import thunder.torch as ltorch
+
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1  # NOTE: PyTorch's _get_softmax_dim, which warns of it
+    return ltorch._softmin(input, dim=dim, dtype=dtype)
 
 
 def eye(n: int, m: Any = None, *, out: Any = None, dtype: Any = None, layout: Any = None, device: Any = None,
@@ -128,6 +139,7 @@ def _apply() -> dict[str, Any] | None:
     if (not isinstance(lookasides, dict) or "H" in properties or "mH" in properties or "mod" in methods
             or "fill_" in methods or not callable(getattr(ltorch, "_copy_", None))
             or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize" or torch.eye in table
+            or table.get(F.softmin) is not getattr(ltorch, "_softmin", None)
             or getattr(clone_meta, "__name__", None) != "clone"):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
     saved = {"clone": clone_meta}
@@ -139,7 +151,8 @@ def _apply() -> dict[str, Any] | None:
         methods[name] = composite_symbol(name, _in_place(methods[name[:-1]]), in_place=True)
     methods["fill_"] = composite_symbol("fill_", fill_, in_place=True)
     saved["table"] = swap_table({F.normalize: composite_symbol("normalize", normalize),
-                                 torch.eye: composite_symbol("eye", eye)})
+                                 torch.eye: composite_symbol("eye", eye),
+                                 F.softmin: composite_symbol("softmin", softmin)})
     object.__setattr__(ltorch.clone, "meta", _cloning(clone_meta))  # NOTE: a frozen dataclass, as its __init__ sets it
     return saved
 
