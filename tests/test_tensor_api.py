@@ -117,6 +117,33 @@ def test_nn_softmin_has_eagers_value_and_gradient():
     assert_equal(grad, expected_grad, tolerance=dtype_tolerance(torch.float32), label="gradient")
 
 
+UNFOLDED = {
+    "frames without overlap": lambda w: w.unfold(1, 2, 2) * 2,
+    "overlapping windows, summed": lambda w: w.unfold(1, 3, 1).sum(-1),
+    "image patches, both dims": lambda w: w.view(1, 1, 4, 6).unfold(2, 2, 2).unfold(3, 3, 3).reshape(-1, 6),
+    "torch.Tensor.unfold, a negative dim": lambda w: torch.Tensor.unfold(w, -1, 4, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(UNFOLDED))
+def test_tensor_unfold_has_eagers_value_and_gradient(name):
+    """thunder 0.2.6 traced ``x.unfold(dim, size, step)`` as ``F.unfold`` (im2col), which failed, and had no gradient
+    rule for its own ``prims.unfold``. The windows are eager's (exact); their gradient, added back with ``index_add``,
+    within float32's tolerance (overlaps summed in another order)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(4, 6, generator=g)
+
+    def value_and_grad(compiled):
+        wg = w.clone().requires_grad_()
+        y = compiled(UNFOLDED[name])(wg)
+        weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+        return y.detach(), torch.autograd.grad((y * weights).sum(), [wg])[0]
+
+    (value, grad), (expected_value, expected_grad) = value_and_grad(thunder.jit), value_and_grad(lambda fn: fn)
+    assert_equal(value, expected_value, tolerance=EXACT, label="value")
+    assert_equal(grad, expected_grad, tolerance=dtype_tolerance(torch.float32), label="gradient")
+
+
 def test_every_in_place_method_whose_op_thunder_has_is_made():
     from thunder.torch.langctx import _method_name_to_fn_map as methods
 

@@ -131,7 +131,8 @@ with warnings.catch_warnings(record=True) as caught:
                                   and not ({"torch.clamp", "torch.sigmoid", "torch.index_put", "torch.relu6",
                                             "torch.diagonal"} | {
                                       getattr(thunders_transforms.prims.PrimIDs, name)
-                                      for name in ("FLIP", "INDEX_ADD", "LERP", "REMAINDER", "PROD", "MINIMUM")})
+                                      for name in ("FLIP", "INDEX_ADD", "LERP", "REMAINDER", "PROD", "MINIMUM",
+                                                   "UNFOLD")})
                                   & rules.keys()
                                   and rules[thunders_transforms.prims.PrimIDs.POW].__wrapped__
                                   is thunders_transforms._pow_grad)
@@ -171,7 +172,8 @@ with warnings.catch_warnings(record=True) as caught:
     facts["thunders_tensor_api"] = (not tensor_api.installed() and "H" not in tensor_properties
                                     and ltorch.clone.meta.__module__ == ltorch.__name__
                                     and torch.eye not in ltorch._torch_to_thunder_function_map
-                                    and "fill_" not in _method_name_to_fn_map)
+                                    and "fill_" not in _method_name_to_fn_map
+                                    and _method_name_to_fn_map["unfold"].id == "torch.nn.functional.unfold")
     import torch.nn.functional as F
     from thunder.torch.langctx import _method_name_to_fn_map as tensor_methods
     facts["thunders_random_ops"] = (not random_ops.installed() and all(

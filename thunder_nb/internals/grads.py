@@ -316,9 +316,30 @@ def _remainder_grad(a: Any, b: Any) -> Any:
     return fwd
 
 
+def _unfold_grad(a: Any, dim: int, size: int, step: int) -> Any:
+    """``prims.unfold``'s gradient (``x.unfold(dim, size, step)``'s windows), eager's ``unfold_backward``: each
+    window's gradient added back where the window lies, overlaps summed (an ``index_add`` of the windows' positions,
+    made on the device). thunder 0.2.6 has none: a step with ``x.unfold`` (audio frames, image patches) failed."""
+    import thunder.core.prims as prims
+    import thunder.torch as ltorch
+    from thunder.core import transforms, utils
+
+    fwd = prims.unfold(a, dim, size, step)
+    dim = utils.canonicalize_dim(a.ndim, dim)
+    g = transforms.get_grad(fwd)  # NOTE: a's shape with dim holding the windows, and each window's size last
+    windows = fwd.shape[dim]
+    starts = ltorch.mul(ltorch.arange(windows, device=a.device), step)
+    positions = ltorch.add(ltorch.unsqueeze(starts, 1), ltorch.unsqueeze(ltorch.arange(size, device=a.device), 0))
+    spread = ltorch.movedim(g, -1, dim + 1)
+    flat = ltorch.reshape(spread, (*a.shape[:dim], windows * size, *a.shape[dim + 1:]))
+    transforms.put_grad(a, ltorch.index_add(ltorch.zeros_like(a), dim, ltorch.reshape(positions, (-1,)), flat))
+    return fwd
+
+
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
 _PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad,
-               "PROD": _prod_grad, "ROUND": _round_grad, "TRUNC": _trunc_grad, "MINIMUM": _minimum_grad}
+               "PROD": _prod_grad, "ROUND": _round_grad, "TRUNC": _trunc_grad, "MINIMUM": _minimum_grad,
+               "UNFOLD": _unfold_grad}
 #: thunder's primitives whose rule `install` replaces: {PrimIDs name: (the name of thunder's rule, eager's)}
 _REPLACED = {"POW": ("_pow_grad", _pow_grad)}
 

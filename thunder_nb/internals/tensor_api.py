@@ -12,6 +12,9 @@ parametrizations use at every forward: one change to thunder's tables and its ``
   its gradient at a zero vector, NaN in thunder's (see `normalize`);
 - ``nn.Softmin``, whose forward passes ``_stacklevel=5`` to ``F.softmin`` ("unexpected keyword argument
   '_stacklevel'": thunder 0.2.6 wrote a wrapper that takes it and maps ``F.softmin`` to the symbol that does not);
+- ``x.unfold(dim, size, step)``, which thunder 0.2.6 traces as ``F.unfold`` (im2col: its automatic registration of
+  ``F.unfold`` took the name of ``Tensor.unfold``'s symbol, in its method table and its id): "Exception encountered
+  when doing automatic registration for unfold"; `install` traces it to ``prims.unfold``;
 - ``torch.eye`` ("Trying to call function torch.eye, but it is not yet supported": an orthogonality penalty
   ``W @ W.T - torch.eye(n)``, a spatial transformer's identity): `install` compares two ``arange`` on the device,
   which a graph captures (no host data);
@@ -66,6 +69,13 @@ def softmin(input: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None
     if dim is None:
         dim = 0 if input.ndim in (0, 1, 3) else 1  # NOTE: PyTorch's _get_softmax_dim, which warns of it
     return ltorch._softmin(input, dim=dim, dtype=dtype)
+
+
+def tensor_unfold(a: Any, dimension: int, size: int, step: int) -> Any:
+    """``x.unfold(dimension, size, step)``: the windows of ``size`` every ``step`` along ``dimension``."""
+    from thunder import clang
+
+    return clang.unfold(a, dimension, size, step)
 
 
 def eye(n: int, m: Any = None, *, out: Any = None, dtype: Any = None, layout: Any = None, device: Any = None,
@@ -140,9 +150,12 @@ def _apply() -> dict[str, Any] | None:
             or "fill_" in methods or not callable(getattr(ltorch, "_copy_", None))
             or getattr(table.get(F.normalize), "id", None) != "torch.nn.functional.normalize" or torch.eye in table
             or table.get(F.softmin) is not getattr(ltorch, "_softmin", None)
+            or getattr(methods.get("unfold"), "id", None) != "torch.nn.functional.unfold"
             or getattr(clone_meta, "__name__", None) != "clone"):
         return None  # NOTE: not the thunder this was written for: thunder's own stays
-    saved = {"clone": clone_meta}
+    saved = {"clone": clone_meta, "unfold": methods["unfold"]}
+    unfold = composite_symbol("tensor_unfold", tensor_unfold)
+    methods["unfold"] = unfold  # NOTE: F.unfold's symbol was there (see the module's docstring)
     properties["H"] = composite_symbol("H", _conjugate_transpose(False))
     properties["mH"] = composite_symbol("mH", _conjugate_transpose(True))
     methods["mod"] = ltorch.remainder  # NOTE: what the proxy's __mod__ and __rmod__ look up
@@ -152,7 +165,7 @@ def _apply() -> dict[str, Any] | None:
     methods["fill_"] = composite_symbol("fill_", fill_, in_place=True)
     saved["table"] = swap_table({F.normalize: composite_symbol("normalize", normalize),
                                  torch.eye: composite_symbol("eye", eye),
-                                 F.softmin: composite_symbol("softmin", softmin)})
+                                 F.softmin: composite_symbol("softmin", softmin), torch.Tensor.unfold: unfold})
     object.__setattr__(ltorch.clone, "meta", _cloning(clone_meta))  # NOTE: a frozen dataclass, as its __init__ sets it
     return saved
 
@@ -163,6 +176,7 @@ def _restore(originals: dict[str, Any]) -> None:
     from thunder.torch.langctx import _property_name_to_fn_map as properties
 
     methods.pop("mod", None)
+    methods["unfold"] = originals["unfold"]
     for name in originals["in_place"]:
         methods.pop(name, None)
     properties.pop("H", None)
