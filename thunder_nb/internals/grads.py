@@ -239,7 +239,7 @@ def _hard_grad(name: str, bounds: Any) -> Any:
         import thunder.torch as ltorch
         from thunder.core import transforms
 
-        fwd = getattr(ltorch, name)(a, *args, **kwargs)  # NOTE: not in place: thunder functionalizes in-place ops first
+        fwd = getattr(ltorch, name)(a, *args, **kwargs)  # NOTE: inplace=True too: thunder's own writes into a
         g = transforms.get_grad(fwd)
         low, high = bounds(*args, **kwargs)
         outside = ltorch.logical_or(ltorch.le(a, low), ltorch.ge(a, high))
