@@ -28,6 +28,23 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
 
 
+def _keep_screenshot(page, shot: Path, kept: list, **options) -> None:
+    """The page's screenshot, an artifact for a reader, not a check: Chromium at times refuses one under load
+    ("Page.captureScreenshot: Unable to capture screenshot", a clean clone's run at 9f00f06): tried twice, then said
+    as a warning; the page's assertions are the test."""
+    from playwright.sync_api import Error
+
+    for attempt in (1, 2):
+        try:
+            page.screenshot(path=str(shot), **options)
+        except Error as error:
+            if attempt == 2:
+                warnings.warn(f"no screenshot {shot.name}: {str(error).splitlines()[0]}", stacklevel=2)
+            continue
+        kept.append(shot)
+        return
+
+
 #: Notebook 01 executed here on the CPU: the outputs the code writes now (the stored ones come from an older GPU run).
 FRESH = "01_fresh_cpu.ipynb"
 NAMES = [p.name for p in NOTEBOOKS] + [FRESH]
@@ -145,8 +162,7 @@ def test_diagrams_show_without_javascript(name, kind, exported, nbconverted, bro
             broken = out.locator("img").evaluate_all("imgs => imgs.filter(i => !(i.naturalWidth > 0)).length")
             assert broken == 0, f"{where}: {broken} image(s) that did not decode"
         shot = ARTIFACTS / f"page-nojs-{kind}-{Path(name).stem}.png"
-        page.screenshot(path=str(shot), full_page=False)
-        screenshots.append(shot)
+        _keep_screenshot(page, shot, screenshots, full_page=False)
         if kind == "export":  # NOTE: nbconvert's own page refers to CDNs by design
             assert blocked == [], f"{name}: the page asked the network for {blocked}"
     finally:
@@ -199,8 +215,7 @@ def test_toggle_works_with_javascript_offline(name, kind, exported, nbconverted,
             expect(out.locator(".tnb-static")).to_be_hidden()
             box.scroll_into_view_if_needed()
             shot = ARTIFACTS / f"page-js-{kind}-{Path(name).stem}-cell{i}.png"
-            page.screenshot(path=str(shot))
-            screenshots.append(shot)
+            _keep_screenshot(page, shot, screenshots)
         assert errors == [], f"{name}: page errors {errors}"
         if kind == "nbconvert":  # NOTE: nbconvert's default page always asks for MathJax; the widget needs no network
             blocked = [u for u in blocked if "/mathjax/" not in u]
