@@ -30,7 +30,7 @@ executor, runs eager's kernels themselves and takes precedence). And ``prims.fli
 gradient at all (`_flip_grad`, `_index_add_grad`: thunder 0.2.6 failed the backward of any ``torch.flip`` and
 ``torch.index_add``). And ``torch.index_put`` and ``prims.prod`` eager's (`_index_put_grad`, `_prod_grad`: thunder's
 own rules lost the gradient of the values written, and gave NaN at a zero factor, silently); ``prims.round`` and
-``prims.trunc`` eager's zero and ``prims.minimum`` eager's (`_round_grad`, `_trunc_grad`, `_minimum_grad`: none in
+``prims.trunc`` eager's zero and ``prims.minimum`` eager's (`_zero_grad`, `_minimum_grad`: none in
 thunder 0.2.6). `_REPLACED` puts eager's rule in place of thunder's ``prims.pow`` (NaN at a zero base, `_pow_grad`);
 and ``hardtanh``, ``relu6``, ``hardsigmoid`` and ``hardswish`` get eager's gradient at their bounds (`_hard_grad`);
 ``torch.diagonal`` a rule of its own, so that it runs as PyTorch's view (`_diagonal_grad`: a write through it was lost).
@@ -159,30 +159,23 @@ def _prod_grad(a: Any, dims: Any) -> Any:
     return fwd
 
 
-def _round_grad(a: Any) -> Any:
-    """``prims.round``'s gradient, eager's: zero. thunder 0.2.6 has none, and a step failed at any ``torch.round`` of
-    a tensor that needs a gradient ("Failed to find a gradient transform ... prims.round"), even one whose result is
-    detached after: the straight-through estimator ``h + (torch.round(h) - h).detach()`` of quantization-aware
-    training and VQ-VAEs."""
-    import thunder.core.prims as prims
-    import thunder.torch as ltorch
-    from thunder.core import transforms
+def _zero_grad(name: str) -> Any:
+    """The rule of ``prims.<name>`` (``round``, ``trunc``): eager's gradient, zero. thunder 0.2.6 has none, and a step
+    failed at any ``torch.round`` of a tensor that needs a gradient ("Failed to find a gradient transform ...
+    prims.round"), even one whose result is detached after: the straight-through estimator ``h + (torch.round(h) -
+    h).detach()`` of quantization-aware training and VQ-VAEs; so did ``torch.trunc`` and ``torch.div(a, b,
+    rounding_mode="trunc")``."""
 
-    fwd = prims.round(a)
-    transforms.put_grad(a, ltorch.zeros_like(transforms.get_grad(fwd)))  # NOTE: of the gradient: see `_pow_grad`
-    return fwd
+    def rule(a: Any) -> Any:
+        import thunder.core.prims as prims
+        import thunder.torch as ltorch
+        from thunder.core import transforms
 
+        fwd = getattr(prims, name)(a)
+        transforms.put_grad(a, ltorch.zeros_like(transforms.get_grad(fwd)))  # NOTE: of the gradient: see `_pow_grad`
+        return fwd
 
-def _trunc_grad(a: Any) -> Any:
-    """``prims.trunc``'s gradient, eager's: zero (thunder 0.2.6 has none: ``torch.trunc``, ``x.int()``-style rounding
-    in float and ``torch.div(a, b, rounding_mode="trunc")`` failed the backward as `_round_grad` says)."""
-    import thunder.core.prims as prims
-    import thunder.torch as ltorch
-    from thunder.core import transforms
-
-    fwd = prims.trunc(a)
-    transforms.put_grad(a, ltorch.zeros_like(transforms.get_grad(fwd)))  # NOTE: of the gradient: see `_pow_grad`
-    return fwd
+    return rule
 
 
 def _minimum_grad(a: Any, b: Any) -> Any:
@@ -338,7 +331,7 @@ def _unfold_grad(a: Any, dim: int, size: int, step: int) -> Any:
 
 #: thunder's primitives with none, by their ``thunder.core.prims.PrimIDs`` name
 _PRIM_RULES = {"FLIP": _flip_grad, "INDEX_ADD": _index_add_grad, "LERP": _lerp_grad, "REMAINDER": _remainder_grad,
-               "PROD": _prod_grad, "ROUND": _round_grad, "TRUNC": _trunc_grad, "MINIMUM": _minimum_grad,
+               "PROD": _prod_grad, "ROUND": _zero_grad("round"), "TRUNC": _zero_grad("trunc"), "MINIMUM": _minimum_grad,
                "UNFOLD": _unfold_grad}
 #: thunder's primitives whose rule `install` replaces: {PrimIDs name: (the name of thunder's rule, eager's)}
 _REPLACED = {"POW": ("_pow_grad", _pow_grad)}
