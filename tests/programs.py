@@ -51,6 +51,24 @@ def vec(n=8, device="cpu", seed_=0, dtype=torch.float32):
     return torch.randn(n, generator=g).to(device=device, dtype=dtype)
 
 
+def assert_thunder_as_eager(fn, x, loss=torch.sum, gradient=None):
+    """``fn`` under ``thunder.jit`` against eager, each on its own copy of ``x``: the values exact (the same kernels),
+    and the gradients of ``loss(value)`` within ``gradient`` (exact where None; a tolerance where thunder
+    differentiates its own decomposition, not eager's backward)."""
+    import thunder
+    from thunder_nb.diagnosis.judge import assert_equal
+    from thunder_nb.diagnosis.tolerances import EXACT
+
+    def value_and_grad(compiled):
+        xg = x.clone().requires_grad_()
+        y = compiled(fn)(xg)
+        return y.detach(), torch.autograd.grad(loss(y), [xg])[0]
+
+    (value, grad), (expected_value, expected_grad) = value_and_grad(thunder.jit), value_and_grad(lambda f: f)
+    assert_equal(value, expected_value, tolerance=EXACT, label="value")
+    assert_equal(grad, expected_grad, tolerance=EXACT if gradient is None else gradient, label="gradient")
+
+
 def assert_jit_step_trains_as_eager(net, loss, steps: int = 4):
     """``thunder_nb.jit_step`` over ``net`` with ``loss(model, x)`` and AdamW, emulated capture, against eager's loop on
     a copy of ``net``: the losses of ``steps`` steps and the weights after them equal eager's."""

@@ -11,10 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import thunder
-from programs import assert_jit_step_trains_as_eager
-from thunder_nb.diagnosis.judge import assert_equal
-from thunder_nb.diagnosis.tolerances import EXACT, dtype_tolerance
+from programs import assert_jit_step_trains_as_eager, assert_thunder_as_eager
+from thunder_nb.diagnosis.tolerances import dtype_tolerance
 from thunder_nb.internals import tensor_api
 
 EYES = {
@@ -30,16 +28,7 @@ EYES = {
 @pytest.mark.parametrize("name", list(EYES))
 def test_eye_in_a_differentiated_function_is_eagers(name):
     assert tensor_api.installed()  # NOTE: the conftest's check_versions
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(4, 6, generator=g)
-
-    def value_and_grad(compiled):
-        wg = w.clone().requires_grad_()
-        y = compiled(EYES[name])(wg)
-        return y.detach(), torch.autograd.grad(y, [wg])[0]
-
-    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
-                 label="value and gradient")
+    assert_thunder_as_eager(EYES[name], torch.randn(4, 6, generator=torch.Generator().manual_seed(0)))
 
 
 def _zero_first_row(w):
@@ -59,14 +48,7 @@ NORMALIZED = {
 def test_normalize_has_eagers_gradient_at_a_zero_vector(name):
     g = torch.Generator().manual_seed(0)
     w, weights = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
-
-    def value_and_grad(compiled):
-        wg = w.clone().requires_grad_()
-        y = compiled(NORMALIZED[name])(wg)
-        return y.detach(), torch.autograd.grad((y.reshape(4, 6) * weights).sum(), [wg])[0]
-
-    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
-                 label="value and gradient")
+    assert_thunder_as_eager(NORMALIZED[name], w, loss=lambda y: (y.reshape(4, 6) * weights).sum())
 
 
 IN_PLACE = {
@@ -91,14 +73,7 @@ def _filled(t, value):
 def test_an_in_place_method_thunder_lacks_has_eagers_value_and_gradient(name):
     g = torch.Generator().manual_seed(0)
     w, weights = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
-
-    def value_and_grad(compiled):
-        wg = w.clone().requires_grad_()
-        y = compiled(IN_PLACE[name])(wg)
-        return y.detach(), torch.autograd.grad((y * weights[:, :y.shape[1]]).sum(), [wg])[0]
-
-    assert_equal(value_and_grad(thunder.jit), value_and_grad(lambda fn: fn), tolerance=EXACT,
-                 label="value and gradient")
+    assert_thunder_as_eager(IN_PLACE[name], w, loss=lambda y: (y * weights[:, :y.shape[1]]).sum())
 
 
 def test_nn_softmin_has_eagers_value_and_gradient():
@@ -106,15 +81,8 @@ def test_nn_softmin_has_eagers_value_and_gradient():
     value is eager's kernel's (exact); the gradient thunder's own softmax rule (float32's tolerance)."""
     g = torch.Generator().manual_seed(0)
     w, weights = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
-
-    def value_and_grad(compiled):
-        wg = w.clone().requires_grad_()
-        y = compiled(torch.nn.Softmin(1))(wg)
-        return y.detach(), torch.autograd.grad((y * weights).sum(), [wg])[0]
-
-    (value, grad), (expected_value, expected_grad) = value_and_grad(thunder.jit), value_and_grad(lambda fn: fn)
-    assert_equal(value, expected_value, tolerance=EXACT, label="value")
-    assert_equal(grad, expected_grad, tolerance=dtype_tolerance(torch.float32), label="gradient")
+    assert_thunder_as_eager(torch.nn.Softmin(1), w, loss=lambda y: (y * weights).sum(),
+                            gradient=dtype_tolerance(torch.float32))
 
 
 UNFOLDED = {
@@ -130,18 +98,9 @@ def test_tensor_unfold_has_eagers_value_and_gradient(name):
     """thunder 0.2.6 traced ``x.unfold(dim, size, step)`` as ``F.unfold`` (im2col), which failed, and had no gradient
     rule for its own ``prims.unfold``. The windows are eager's (exact); their gradient, added back with ``index_add``,
     within float32's tolerance (overlaps summed in another order)."""
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(4, 6, generator=g)
-
-    def value_and_grad(compiled):
-        wg = w.clone().requires_grad_()
-        y = compiled(UNFOLDED[name])(wg)
-        weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
-        return y.detach(), torch.autograd.grad((y * weights).sum(), [wg])[0]
-
-    (value, grad), (expected_value, expected_grad) = value_and_grad(thunder.jit), value_and_grad(lambda fn: fn)
-    assert_equal(value, expected_value, tolerance=EXACT, label="value")
-    assert_equal(grad, expected_grad, tolerance=dtype_tolerance(torch.float32), label="gradient")
+    assert_thunder_as_eager(UNFOLDED[name], torch.randn(4, 6, generator=torch.Generator().manual_seed(0)),
+                            loss=lambda y: (y * torch.randn(y.shape, generator=torch.Generator().manual_seed(1))).sum(),
+                            gradient=dtype_tolerance(torch.float32))
 
 
 def test_every_in_place_method_whose_op_thunder_has_is_made():
@@ -160,13 +119,9 @@ def test_embeddings_padding_row_counted_from_the_end_gets_eagers_gradient(paddin
     assert embedding.installed()
     ids = torch.tensor([[0, 5, 2, 5], [3, 0, 3, 2]])
     weights = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(1))
-
-    def grad_of(compiled):
-        w = torch.randn(6, 5, generator=torch.Generator().manual_seed(0)).requires_grad_()
-        fn = compiled(lambda w: F.embedding(ids, w, padding_idx=padding_idx))
-        return torch.autograd.grad((fn(w) * weights).sum(), [w])[0]
-
-    assert_equal(grad_of(thunder.jit), grad_of(lambda fn: fn), tolerance=EXACT, label="gradient")
+    assert_thunder_as_eager(lambda w: F.embedding(ids, w, padding_idx=padding_idx),
+                            torch.randn(6, 5, generator=torch.Generator().manual_seed(0)),
+                            loss=lambda y: (y * weights).sum())
 
 
 def test_an_orthogonality_penalty_trains_under_jit_step_as_eager():
