@@ -18,14 +18,16 @@ any of them):
 - `tracing`: thunder's interpreter made to trace faster with the same traces (`tracing.install`, from
   `check_versions`).
 - `grads`: thunder's backward made to sum a 0-dim tensor's gradient to its shape, as eager does, and to give
-  ``torch.clamp`` (at a tie) and ``torch.sigmoid`` (far below zero) eager's gradients (`grads.install`, from
-  `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` on the CPU a wrong gradient.
+  ``torch.clamp`` (at a tie), ``torch.sigmoid`` (far below zero), ``index_put``, ``prod`` and ``pow`` (at zeros), the
+  clamp-made activations (at their bounds) and ``diagonal`` eager's gradients, and the primitives without one theirs
+  (`grads.install`, from `check_versions`): thunder 0.2.6 gave ``x * 2 + x.sum()`` on the CPU a wrong gradient.
 - `saved`: thunder's split into forward and backward made right about in-place writes (`saved.install`, from
   `check_versions`): a tensor the backward reads kept from a later write (thunder 0.2.6 gave ``t = x.sin();
   t.mul_(x)`` a wrong gradient), a returned view's write kept in the forward, and the warning where a view read after
   a write keeps thunder's gradient;
-- `views`: a view read after a write into its base taken again from the written base before the grad transform (for
-  `saved`): thunder 0.2.6 gave ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` a wrong gradient.
+- `views`: a view read after a write into its base taken again from the written base, and a base written through
+  its view (``copy_`` included, writes in turn) rebuilt, before the grad transform (for `saved`): thunder 0.2.6 gave
+  ``v = t.unsqueeze(1); t.mul_(x); v.sum()`` a wrong gradient.
 - `ordering`: thunder's dataflow ordering made to keep an in-place write after the reads of its memory
   (`ordering.install`, from `check_versions`): with ``fusion_type="dataflow"`` thunder 0.2.6 could move a write
   before a read of the same memory under another name.
@@ -69,12 +71,18 @@ any of them):
   `check_versions`): thunder 0.2.6 failed PyTorch's parametrizations' ``self[0](*originals)``.
 - `weight_norm`: ``torch._weight_norm`` (``nn.utils.parametrizations.weight_norm``) from thunder's ops
   (`weight_norm.install`, from `check_versions`): thunder 0.2.6 had no rule for it.
-- `tensor_api`: ``x.H``/``x.mH``, ``clone(memory_format=torch.contiguous_format)``, ``F.normalize(out=...)`` and
-  ``a % b`` (`tensor_api.install`, from `check_versions`): thunder 0.2.6 lacked them (spectral norm uses three).
+- `tensor_api`: ``x.H``/``x.mH``, ``clone(memory_format=torch.contiguous_format)``, ``F.normalize`` (``out=``, a
+  zero vector's gradient), ``a % b``, ``torch.eye``, ``x.unfold``, ``nn.Softmin``, ``x.fill_`` and the in-place
+  methods whose op thunder has (`tensor_api.install`, from `check_versions`): thunder 0.2.6 lacked them (spectral
+  norm uses three).
+- `embedding`: ``F.embedding``'s negative ``padding_idx`` counted from the end (`embedding.install`, from
+  `check_versions`): thunder 0.2.6 read -1 as "no padding row" and trained that row, silently.
+- `variance`: ``var``, ``std``, ``var_mean`` and ``std_mean`` with PyTorch's signatures, ``unbiased`` included
+  (`variance.install`, from `check_versions`): thunder 0.2.6 took only ``correction``.
 - `patches`: such a change made once per process and undone on demand (`ProcessPatch`), for `tracing`, `grads`,
   `saved`, `ordering`, `checkpoint`, `losses`, `buffers`, `instance_norm`, `named_tuples`, `padding`, `random_ops`,
   `attention`, `torch_metadata`, `python_random`, `interpolate`, `nll_loss`, `pooling`, `star_args`,
-  `weight_norm` and `tensor_api`; and the thunder symbols those make.
+  `weight_norm`, `tensor_api`, `embedding` and `variance`; and the thunder symbols those make.
 """
 
 from __future__ import annotations
